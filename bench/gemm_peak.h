@@ -63,4 +63,16 @@ inline double GemmPeakGflops(bool bf16, int threads, int m = 1024, int k = 624, 
   }
 }
 
+// The MLP roof of DeepFM k=16, F=39, 400-400-400 in GFLOP/s: GemmPeakGflops at K = 624 and
+// K = 400 combined by their share of the MLP's FLOPs (one 624x400 layer, two 400x400 ones), i.e.
+// the rate at which the tower's GEMMs would run if every one ran at peak. Divide the tower's
+// GFLOP/s (Model::flops_per_example() x examples/s) by it for "fraction of roof".
+inline double DeepFmMlpRoofGflops(bool bf16, int threads, int runs = 5) {
+  const double first = GemmPeakGflops(bf16, threads, 1024, 624, 400, runs);
+  const double rest = GemmPeakGflops(bf16, threads, 1024, 400, 400, runs);
+  if (first <= 0 || rest <= 0) return 0.0;
+  const double a = 624.0 * 400, b = 2 * 400.0 * 400;
+  return (a + b) / (a / first + b / rest);
+}
+
 }  // namespace pstrain

@@ -219,6 +219,10 @@ absl::StatusOr<std::unique_ptr<Mlp::Plan>> Mlp::CreatePlan(int n) {
 }
 
 absl::StatusOr<Mlp::Plan*> Mlp::GetPlan(int n) {
+  if (n <= 0 || n > opt_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLP batch of ", n, ", expected 1..", opt_.max_batch));
+  }
   for (auto it = plans_.begin(); it != plans_.end(); ++it) {
     if ((*it)->n == n) {
       plans_.splice(plans_.begin(), plans_, it);
@@ -241,10 +245,6 @@ absl::StatusOr<std::string> Mlp::ImplInfo(int n) {
 
 absl::Status Mlp::Forward(int n, const float* dense, float* logits) {
   if (n <= 0) return absl::OkStatus();
-  if (n > opt_.max_batch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MLP batch of ", n, " exceeds max_batch ", opt_.max_batch));
-  }
   ASSIGN_OR_RETURN(Plan * plan, GetPlan(n));
   const int threads = opt_.threads;
   if (opt_.bf16) {

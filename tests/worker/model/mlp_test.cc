@@ -94,5 +94,24 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlpTest,
                                                std::get<3>(info.param));
                          });
 
+TEST(MlpTest, RejectsBadShapes) {
+  Mlp::Options opt;
+  opt.max_batch = 4;
+  EXPECT_FALSE(Mlp::Create(opt).ok());  // no layers
+  opt.hidden = {{8, 4, 0, 32}, {5, 2, 36, 46}};
+  EXPECT_FALSE(Mlp::Create(opt).ok());  // layer 1's input is not layer 0's output
+  opt.hidden = {{8, 4, 0, 32}};
+  opt.out_w = 36;
+  opt.out_b = 40;
+  auto mlp = Mlp::Create(opt);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  std::vector<float> dense(41, 0.1f), grad(41), logits(5), g(5);
+  EXPECT_EQ((*mlp)->Forward(5, dense.data(), logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*mlp)->Backward(5, dense.data(), g.data(), grad.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*mlp)->Forward(0, dense.data(), logits.data()).ok());
+}
+
 }  // namespace
 }  // namespace pstrain
