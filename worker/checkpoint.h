@@ -11,6 +11,7 @@
 // docs/CHECKPOINT.md describes the block file byte by byte.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -35,5 +36,47 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state);
+
+// How RunTraining saves and restores the parameters it trains, one implementation per mode:
+// LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
+// mode's rank-0 writer. The trainer calls, from its training thread only:
+//   - Restore once before the first step;
+//   - Requested() at every step boundary (it must be cheap: no RPC per call);
+//   - Save(state, final) at a step boundary when
+//       (a) options.chief and the checkpoint schedule (every_steps / every_seconds) says so,
+//       (b) Requested() returned true (another worker asked for a checkpoint),
+//       (c) the stop flag was raised (SIGTERM): training ends after this Save, or
+//       (d) training ended (final = true), before after_training and the final evaluation.
+//     `state` is this worker's position after state.step() steps of its own.
+// In multi-worker modes Save is collective: the implementation makes every worker take part in
+// the same checkpoint (and may block this worker until the others arrive, with a deadline).
+class Checkpointer {
+ public:
+  virtual ~Checkpointer() = default;
+  // Restores the newest usable checkpoint into the parameters and `state`; returns its
+  // directory, or nullopt for a fresh start.
+  virtual absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) = 0;
+  virtual bool Requested() { return false; }
+  // Returns the checkpoint directory written ("" if this worker does not know it).
+  virtual absl::StatusOr<std::string> Save(const WorkerState& state, bool final) = 0;
+};
+
+// `pstrain train`: SaveCheckpoint / RestoreLatestCheckpoint of in-process parameters.
+class LocalCheckpointer : public Checkpointer {
+ public:
+  LocalCheckpointer(std::string dir, LocalParams* params, int keep)
+      : dir_(std::move(dir)), params_(params), keep_(keep) {}
+  absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
+    return RestoreLatestCheckpoint(dir_, params_, state);
+  }
+  absl::StatusOr<std::string> Save(const WorkerState& state, bool /*final*/) override {
+    return SaveCheckpoint(dir_, state, *params_, keep_);
+  }
+
+ private:
+  const std::string dir_;
+  LocalParams* const params_;
+  const int keep_;
+};
 
 }  // namespace pstrain

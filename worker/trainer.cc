@@ -74,29 +74,34 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
   // Local parameters (with checkpoints) unless the caller brings its own.
   std::unique_ptr<LocalParams> local;
+  std::unique_ptr<LocalCheckpointer> local_checkpointer;
   ParameterAccess* params = opts.params;
+  Checkpointer* checkpointer = opts.checkpointer;
   if (params == nullptr) {
     ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config, T * I));
     params = local.get();
+    local_checkpointer = std::make_unique<LocalCheckpointer>(ckpt_dir, local.get(),
+                                                             config.checkpoint().keep());
+    checkpointer = local_checkpointer.get();
   }
   ASSIGN_OR_RETURN(auto progress, ProgressReporter::Create(model_dir, opts.tty));
   progress->Message(absl::StrFormat(
       "pstrain %s: %s k=%d, %d fields (%d rows), towers=%d intra_op=%d inter_op=%d, batch %d x %d%s",
-      local ? "train" : "host", ModelType_Name(config.model().type()),
+      opts.mode, ModelType_Name(config.model().type()),
       config.model().embedding_dim(), spec.num_fields(), spec.total_rows(), T, I, J, T, B,
-      local ? "" : absl::StrFormat(", worker %d of %d", opts.worker_index, opts.num_workers)));
+      opts.num_workers == 1 ? ""
+                            : absl::StrFormat(", worker %d of %d", opts.worker_index,
+                                              opts.num_workers)));
 
   // Resume from the latest good checkpoint, if any.
   WorkerState state;
-  if (local) {
-    ASSIGN_OR_RETURN(std::optional<std::string> restored,
-                     RestoreLatestCheckpoint(ckpt_dir, local.get(), &state));
+  if (checkpointer != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<std::string> restored, checkpointer->Restore(&state));
     if (restored) {
       progress->Message(absl::StrCat("resumed from ", *restored, " at step ", state.step()));
     }
   } else {
-    progress->Message(
-        "PS checkpoint shards are not implemented yet: no checkpoints are written or restored");
+    progress->Message("no checkpointer: no checkpoints are written or restored");
   }
 
   PipelineOptions po =
@@ -132,14 +137,14 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     }
     return absl::OkStatus();
   };
-  auto checkpoint = [&]() -> absl::Status {
-    if (!local) return absl::OkStatus();
+  auto checkpoint = [&](bool final) -> absl::Status {
+    if (checkpointer == nullptr) return absl::OkStatus();
     WorkerState ws;
     ws.set_step(step);
     ws.set_examples(examples);
     *ws.mutable_position() = pipeline->position();
-    ASSIGN_OR_RETURN(summary.checkpoint,
-                     SaveCheckpoint(ckpt_dir, ws, *local, config.checkpoint().keep()));
+    ASSIGN_OR_RETURN(std::string dir, checkpointer->Save(ws, final));
+    if (!dir.empty()) summary.checkpoint = dir;
     t_last_ckpt = Now();
     return absl::OkStatus();
   };
@@ -150,6 +155,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
       summary.preempted = true;
       break;
     }
+    if (checkpointer != nullptr && checkpointer->Requested()) RETURN_IF_ERROR(checkpoint(false));
     ASSIGN_OR_RETURN(bool more, pipeline->Next(&batch, &epoch));
     if (!more) break;
     if (batch.size == 0) continue;
@@ -175,9 +181,9 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     }
     RETURN_IF_ERROR(drain_eval());
     if (have_eval && eval_every > 0 && step % eval_every == 0) background.Start(step);
-    if ((ckpt_every > 0 && step % ckpt_every == 0) ||
-        (ckpt_seconds > 0 && now - t_last_ckpt > ckpt_seconds)) {
-      RETURN_IF_ERROR(checkpoint());
+    if (opts.chief && ((ckpt_every > 0 && step % ckpt_every == 0) ||
+                       (ckpt_seconds > 0 && now - t_last_ckpt > ckpt_seconds))) {
+      RETURN_IF_ERROR(checkpoint(false));
     }
   }
   const double train_seconds = Now() - t_start;
@@ -190,12 +196,12 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   summary.examples_per_sec =
       train_seconds > 0 ? (examples - state.examples()) / train_seconds : 0;
   summary.bad_records = static_cast<int64_t>(pipeline->stats().bad_records);
-  RETURN_IF_ERROR(checkpoint());
-  if (local) {
+  RETURN_IF_ERROR(checkpoint(/*final=*/!summary.preempted));
+  if (checkpointer != nullptr) {
     progress->Message(absl::StrCat(summary.preempted ? "stopped by SIGTERM; " : "",
                                    "checkpoint written: ", summary.checkpoint));
   } else if (summary.preempted) {
-    progress->Message("stopped by a signal; PS checkpoints are not implemented yet");
+    progress->Message("stopped by a signal; no checkpointer, so nothing was saved");
   }
   const StepProfile& prof = step_runner->profile();
   progress->Message(absl::StrFormat(

@@ -3,8 +3,8 @@
 // checkpoints and summary.json go to the model dir.
 //   - `pstrain train`: in-process parameter stores (LocalParams), one worker, checkpoints.
 //   - `pstrain host`: external parameters (a PsClient over the PS shards), worker i of N reading
-//     its share of the train channels; only the chief evaluates and writes summary.json. No
-//     checkpoints yet (PS checkpoint shards are later work).
+//     its share of the train channels; only the chief evaluates and writes summary.json.
+// Checkpoints go through a Checkpointer (worker/checkpoint.h) chosen by the caller.
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "pstrain/config.pb.h"
+#include "worker/checkpoint.h"
 #include "worker/params.h"
 
 namespace pstrain {
@@ -35,8 +36,11 @@ struct TrainerOptions {
   const std::atomic<bool>* stop = nullptr;   // set by a SIGTERM handler: checkpoint and stop
 
   // Parameters to train (not owned; must outlive RunTraining). Null = in-process LocalParams
-  // with checkpoints and resume. Not null: no checkpoints (summary.checkpoint stays "").
+  // with a LocalCheckpointer (checkpoints and resume in checkpoint.dir or the model dir).
   ParameterAccess* params = nullptr;
+  // How to checkpoint `params` when it is not null (not owned). Null: no checkpoints
+  // (summary.checkpoint stays "").
+  Checkpointer* checkpointer = nullptr;
   int worker_index = 0;  // this worker's shard of the train channels (Pipeline shard_index)
   int num_workers = 1;   // Pipeline num_shards of the train channels
   // Only the chief evaluates (periodically and at the end), writes summary.json and prints the
