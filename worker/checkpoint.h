@@ -11,6 +11,7 @@
 // docs/CHECKPOINT.md describes the block file byte by byte.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,31 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state);
+
+// ---- Building blocks shared by every mode's checkpoints ----
+
+// "worker-<j>.state".
+std::string WorkerStateFileName(int worker);
+// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it; returns its path.
+absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
+// Completes ckpt-<manifest.step()> under `dir` whose data files are written and listed in
+// `manifest`: writes worker-<j>.state for each of `workers`, then the MANIFEST (with
+// num_workers and the wall time filled in), then LATEST by atomic rename; then deletes all but
+// the newest `keep` checkpoints. Returns the checkpoint directory.
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
+                                             const std::map<int, WorkerState>& workers, int keep);
+
+struct CheckpointChoice {
+  std::string dir;  // <dir>/ckpt-<step>
+  CheckpointManifest manifest;
+};
+// The checkpoint to resume from: the one LATEST names, or, when it is missing or corrupt (said
+// on stderr), the next older complete one, every file verified completely (all checksums and
+// sizes). nullopt when there is no LATEST (a fresh start); DATA_LOSS when LATEST exists but no
+// checkpoint is usable.
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
+// Reads <ckpt>/worker-<j>.state.
+absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state);
 
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
