@@ -198,19 +198,23 @@ int RunHost(int argc, char** argv) {
     done.set_examples(summary->examples);
     done.set_steps(summary->steps);
     done.set_worker_state(checkpointer.final_state());
+    done.set_examples_this_run(summary->examples_this_run);
     if (!chief) return shard_zero.Report(done, barrier);
     (*server)->Report(done);
     PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
     ASSIGN_OR_RETURN(std::vector<ReportRequest> all,
                      (*server)->WaitForReports(TRAINING_DONE, N, barrier));
     summary->examples = 0;
+    summary->examples_this_run = 0;
     summary->steps = 0;
     for (const ReportRequest& r : all) {
       summary->examples += r.examples();
+      summary->examples_this_run += r.examples_this_run();
       summary->steps += r.steps();
     }
     summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
-    summary->examples_per_sec = summary->examples / std::max(1e-9, summary->wall_seconds);
+    summary->examples_per_sec =
+        summary->examples_this_run / std::max(1e-9, summary->wall_seconds);
     auto final_ckpt = checkpointer.SaveFinal();
     RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
     summary->checkpoint = *final_ckpt;

@@ -193,8 +193,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   summary.steps = step;
   summary.examples = examples;
   summary.wall_seconds = train_seconds;
-  summary.examples_per_sec =
-      train_seconds > 0 ? (examples - state.examples()) / train_seconds : 0;
+  summary.examples_this_run = examples - state.examples();
+  summary.examples_per_sec = train_seconds > 0 ? summary.examples_this_run / train_seconds : 0;
   summary.bad_records = static_cast<int64_t>(pipeline->stats().bad_records);
   RETURN_IF_ERROR(checkpoint(/*final=*/!summary.preempted));
   if (checkpointer != nullptr) {

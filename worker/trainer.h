@@ -23,7 +23,8 @@ struct TrainSummary {
   double test_auc = 0, test_logloss = 0;
   int64_t eval_examples = 0;
   double examples_per_sec = 0;
-  int64_t examples = 0, steps = 0;
+  int64_t examples = 0, steps = 0;  // since the job began (a resumed run counts the earlier ones)
+  int64_t examples_this_run = 0;     // trained by this process
   double wall_seconds = 0;
   int64_t bad_records = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
