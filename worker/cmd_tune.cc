@@ -349,6 +349,9 @@ int RunTune(int argc, char** argv) {
       ": best of ", results.size(), " measured settings on ", cores, " cores, ",
       absl::StrFormat("%.0f", top.examples_per_sec), " ex/s.\n# Use: pstrain train --config "
       "<base config> --config ", out, "\n", ConfigToText(fragment));
+  if (const size_t slash = out.rfind('/'); slash != std::string::npos && slash > 0) {
+    if (absl::Status s = MakeDirs(out.substr(0, slash)); !s.ok()) return fail(s);
+  }
   if (absl::Status s = WriteFileAtomic(out, text); !s.ok()) return fail(s);
   std::printf("wrote %s\n", out.c_str());
   return 0;
