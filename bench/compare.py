@@ -406,7 +406,7 @@ def main(argv):
                                 args.network_gbps)
     report = {
         "timestamp": stamp, "cores": cores(), "repeats": args.repeats, "hosts": args.hosts,
-        "command": " ".join([os.path.relpath(__file__)] + argv), "target_auc": target,
+        "command": " ".join(["python3", sys.argv[0]] + argv), "target_auc": target,
         "methods": ("ex/s from each run's summary.json; per core = ex/s / the machine's cores; "
                     "CPU util = (user+sys of the reaped process tree, os.wait4) / wall / cores; "
                     "peak memory = max over 0.2 s samples of the tree's summed VmRSS (or the "
