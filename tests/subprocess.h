@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -113,6 +115,25 @@ class Subprocess {
   int exit_status_ = -1;
   std::string buffer_;
 };
+
+// Runs argv to its end within timeout_ms (a child still running then is killed). Its stdout is not
+// read, so it must stay under a pipe buffer (64 KiB); stderr is inherited. Returns the exit code,
+// or -1 (with the reason on stderr) if it could not start, timed out or died by a signal.
+inline int RunToExit(const std::vector<std::string>& argv, int timeout_ms) {
+  Subprocess p;
+  std::string error;
+  if (!p.Start(argv, &error)) {
+    fprintf(stderr, "RunToExit: %s\n", error.c_str());
+    return -1;
+  }
+  const int status = p.WaitExit(timeout_ms);
+  if (status < 0 || !WIFEXITED(status)) {
+    fprintf(stderr, "RunToExit: %s %s\n", argv[0].c_str(),
+            status < 0 ? "timed out" : "died by a signal");
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
 
 }  // namespace testing
 }  // namespace pstrain

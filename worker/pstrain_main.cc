@@ -20,6 +20,7 @@ const Command kCommands[] = {
     {"ps", pstrain::RunPs, "serve one parameter-server shard (gRPC) until SIGTERM"},
     {"host", pstrain::RunHost, "one host of an async PS job: PS shard i and worker i"},
     {"local", pstrain::RunLocal, "async PS training on N local hosts (runs N `pstrain host`)"},
+    {"tune", pstrain::RunTune, "time towers x intra_op x inter_op (x batch) settings, write the best"},
 };
 
 void PrintUsage() {

@@ -49,6 +49,9 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("batch_size_per_tower", config.train().batch_size())
       .Add("hosts", opts.hosts)
       .Add("bad_records", s.bad_records)
+      .Add("unique_rows_per_step", s.unique_rows_per_step)
+      .Add("row_dim", s.row_dim)
+      .Add("dense_params", s.dense_params)
       .Add("preempted", s.preempted)
       .Add("checkpoint", s.checkpoint);
   return WriteFileAtomic(path, j.str() + "\n");
@@ -118,6 +121,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   TrainSummary summary;
   int64_t step = state.step();
   int64_t examples = state.examples();
+  int64_t unique_rows = 0;  // this run's steps only (not restored)
+  const int64_t first_step = step;
   const int64_t max_steps = config.train().max_steps();
   const int64_t log_every = std::max<int64_t>(1, config.train().log_every_steps());
   const int64_t eval_every = config.train().eval_every_steps();
@@ -167,6 +172,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     ++step;
     ASSIGN_OR_RETURN(StepResult r, step_runner->Run(batch, step, params));
     examples += r.examples;
+    unique_rows += r.unique_rows;
     ex_since_log += r.examples;
     loss_since_log += r.loss_sum;
 
@@ -191,6 +197,10 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   RETURN_IF_ERROR(drain_eval());
 
   summary.steps = step;
+  summary.unique_rows_per_step =
+      step > first_step ? static_cast<double>(unique_rows) / (step - first_step) : 0;
+  summary.row_dim = params->row_dim();
+  summary.dense_params = params->dense_size();
   summary.examples = examples;
   summary.wall_seconds = train_seconds;
   summary.examples_this_run = examples - state.examples();

@@ -27,6 +27,11 @@ struct TrainSummary {
   int64_t examples_this_run = 0;     // trained by this process
   double wall_seconds = 0;
   int64_t bad_records = 0;
+  // Sizes for traffic models (bench/compare): mean unique embedding rows per step of this
+  // worker (over the steps of this run), floats per row, floats of the dense vector.
+  double unique_rows_per_step = 0;
+  int row_dim = 0;
+  int64_t dense_params = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
   std::string checkpoint;  // path of the last checkpoint written, if any
 };

@@ -22,6 +22,7 @@
 namespace pstrain {
 namespace {
 
+using testing::RunToExit;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -42,17 +43,6 @@ int ProcessesMentioning(const std::string& needle) {
   }
   closedir(proc);
   return count;
-}
-
-int RunToExit(const std::vector<std::string>& argv, int timeout_ms) {
-  Subprocess p;
-  std::string error;
-  if (!p.Start(argv, &error)) {
-    ADD_FAILURE() << error;
-    return -1;
-  }
-  const int status = p.WaitExit(timeout_ms);
-  return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 class LocalClusterTest : public ::testing::TestWithParam<int> {
