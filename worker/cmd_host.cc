@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -213,16 +215,25 @@ int RunHost(int argc, char** argv) {
   opts.worker_index = me;
   opts.num_workers = N;
   opts.chief = chief;
-  opts.mode = "ps-async";
+  opts.mode = absl::AsciiStrToLower(absl::StrCat("ps-", Consistency_Name(cc->consistency())));
   opts.hosts = N;
   opts.after_training = [&](TrainSummary* summary) -> absl::Status {
     g_training = false;
-    RETURN_IF_ERROR(Annotate((*client)->Flush(), "flushing the last pushes"));
+    // Flushes, then tells the shards that this worker pushes no more (BOUNDED / SYNC stop
+    // waiting for it).
+    RETURN_IF_ERROR(Annotate((*client)->FinishTraining(), "finishing training on the shards"));
+    const PsClient::Staleness st = (*client)->staleness();
+    PSTRAIN_LOG(INFO) << "host " << me << ": " << Consistency_Name(cc->consistency())
+                      << " staleness over " << st.pulls << " training pulls: max " << st.max
+                      << ", mean " << absl::StrFormat("%.3f", st.mean());
     ReportRequest done;
     done.set_worker_id(me);
     done.set_phase(TRAINING_DONE);
     done.set_examples(summary->examples);
     done.set_steps(summary->steps);
+    done.set_training_pulls(st.pulls);
+    done.set_staleness_max(st.max);
+    done.set_staleness_sum(st.sum);
     if (!chief) return shard_zero.Report(done, barrier);
     (*server)->Report(done);
     PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
@@ -230,10 +241,15 @@ int RunHost(int argc, char** argv) {
                      (*server)->WaitForReports(TRAINING_DONE, N, barrier));
     summary->examples = 0;
     summary->steps = 0;
+    double staleness_sum = 0;
     for (const ReportRequest& r : all) {
       summary->examples += r.examples();
       summary->steps += r.steps();
+      summary->staleness_pulls += r.training_pulls();
+      summary->staleness_max = std::max(summary->staleness_max, r.staleness_max());
+      staleness_sum += r.staleness_sum();
     }
+    summary->staleness_mean = staleness_sum / std::max<int64_t>(1, summary->staleness_pulls);
     summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
     summary->examples_per_sec = summary->examples / std::max(1e-9, summary->wall_seconds);
     return absl::OkStatus();

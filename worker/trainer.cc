@@ -51,6 +51,9 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("bad_records", s.bad_records)
       .Add("preempted", s.preempted)
       .Add("checkpoint", s.checkpoint);
+  if (s.staleness_pulls > 0) {
+    j.Add("staleness_max", s.staleness_max).Add("staleness_mean", s.staleness_mean);
+  }
   return WriteFileAtomic(path, j.str() + "\n");
 }
 
