@@ -19,6 +19,7 @@
 namespace pstrain {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -145,6 +146,99 @@ TEST_F(LocalClusterTest, AFailingHostStopsTheOthers) {
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Reads <model_dir>/summary.json.
+google::protobuf::Struct ReadSummary(const std::string& model_dir) {
+  google::protobuf::Struct summary;
+  auto text = ReadFileToString(model_dir + "/summary.json");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (text.ok()) {
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
+  }
+  return summary;
+}
+
+// Runs `pstrain local` to its end, expecting success and no process left behind.
+void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {
+  Subprocess local;
+  std::string error;
+  ASSERT_TRUE(local.Start(args, &error)) << error;
+  EXPECT_THAT(local.ReadLineContaining("pstrain local: done", 240000), HasSubstr("test AUC"));
+  const int status = local.WaitExit(60000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Issue 4: SYNC mode with deterministic data matches single-process training with the same
+// global batch. Record sharding without any shuffle gives worker w of 2 the records w, w + 2, ...
+// in file order, so the union of the workers' step-j batches (B each) is exactly the single
+// process's step-j batch (2 towers x B). The shards apply the mean of the two workers' batch
+// means, which is the global batch mean; optimizer steps (Adam's bias correction, Adagrad's
+// accumulators) see the same step numbers. Only the order of float sums differs (per worker vs
+// per tower), hence a tolerance instead of equality.
+TEST_F(LocalClusterTest, SyncMatchesSingleProcessTrainingWithTheGlobalBatch) {
+  const std::string single_dir = Dir() + "/model_single";
+  const std::string sync_dir = Dir() + "/model_sync";
+  const std::vector<std::string> deterministic = {
+      "--set", "data.shuffle_buffer=0",          "--set", "data.shuffle_files=false",
+      "--set", "data.train[0].shard_policy=SHARD_BY_RECORD", "--set", "train.batch_size=250",
+      "--set", "threads.intra_op_threads=1"};
+  // kTrainRows / 500 = 40 full global batches.
+  std::vector<std::string> single = {PSTRAIN_BINARY, "train", "--train", Dir() + "/train/part-*",
+                                     "--eval", Dir() + "/test/part-*", "--epochs", "1",
+                                     "--model_dir", single_dir, "--set", "model.hidden=[32]",
+                                     "--set", "features.categorical_vocab_size=20000", "--set",
+                                     "threads.towers=2"};
+  single.insert(single.end(), deterministic.begin(), deterministic.end());
+  ASSERT_EQ(RunToExit(single, 240000), 0);
+
+  std::vector<std::string> sync = LocalArgs(2, 1, sync_dir);
+  sync.insert(sync.end(), deterministic.begin(), deterministic.end());
+  sync.insert(sync.end(), {"--set", "threads.towers=1", "--set", "cluster.consistency=SYNC"});
+  RunLocal(sync, sync_dir);
+
+  const auto s = ReadSummary(single_dir).fields();
+  const auto p = ReadSummary(sync_dir).fields();
+  ASSERT_TRUE(s.count("test_auc") && p.count("test_auc"));
+  EXPECT_EQ(s.at("steps").number_value(), kTrainRows / 500);
+  EXPECT_EQ(p.at("steps").number_value(), 2 * kTrainRows / 500);  // summed over the workers
+  EXPECT_EQ(p.at("examples").number_value(), kTrainRows);
+  EXPECT_EQ(p.at("mode").string_value(), "ps-sync");
+  EXPECT_EQ(p.at("staleness_max").number_value(), 0);
+  const double auc = s.at("test_auc").number_value();
+  const double logloss = s.at("test_logloss").number_value();
+  EXPECT_GT(auc, 0.6);  // it learned something, so the comparison means something
+  EXPECT_NEAR(p.at("test_auc").number_value(), auc, 1e-5 * auc);
+  EXPECT_NEAR(p.at("test_logloss").number_value(), logloss, 1e-5 * logloss);
+}
+
+// Uneven data: by-file sharding of 4 files over 3 hosts gives host 0 twice the records of the
+// others. The workers that run out say so (worker_done), and the last one trains on alone.
+void ExpectUnevenDataDoesNotHang(const std::vector<std::string>& local_args,
+                                 const std::string& mode, const std::string& model_dir) {
+  std::vector<std::string> args = local_args;
+  args.insert(args.end(), {"--set", "threads.towers=1", "--set",
+                           "cluster.consistency=" + mode, "--set", "cluster.staleness=2"});
+  RunLocal(args, model_dir);
+  const auto f = ReadSummary(model_dir).fields();
+  EXPECT_EQ(f.at("examples").number_value(), kTrainRows);
+  EXPECT_GT(f.at("test_auc").number_value(), 0.6);
+  const std::string lower = mode == "SYNC" ? "ps-sync" : "ps-bounded";
+  EXPECT_EQ(f.at("mode").string_value(), lower);
+  // The bound holds for every training pull of every worker.
+  EXPECT_LE(f.at("staleness_max").number_value(), mode == "SYNC" ? 0 : 2);
+}
+
+TEST_F(LocalClusterTest, UnevenDataDoesNotHangSync) {
+  const std::string model_dir = Dir() + "/model_uneven_sync";
+  ExpectUnevenDataDoesNotHang(LocalArgs(3, 1, model_dir), "SYNC", model_dir);
+}
+
+TEST_F(LocalClusterTest, UnevenDataDoesNotHangBounded) {
+  const std::string model_dir = Dir() + "/model_uneven_bounded";
+  ExpectUnevenDataDoesNotHang(LocalArgs(3, 1, model_dir), "BOUNDED", model_dir);
 }
 
 }  // namespace
