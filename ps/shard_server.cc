@@ -16,14 +16,13 @@
 
 namespace pstrain {
 
-// A training pull in BOUNDED / SYNC mode: held in ShardServer::held_ until it
-// may be answered. Exactly one of the push that releases it, its cancellation,
-// its expiry and Shutdown takes it off the list (under sync_mu_) and finishes
-// it; gRPC deletes it in OnDone, which comes after Finish and after OnCancel
-// has returned.
+// A training pull in BOUNDED / SYNC mode: held in ShardServer::held_ until it may be answered.
+// Exactly one of the push that releases it, its cancellation, its expiry and Shutdown takes it
+// off the list (under sync_mu_) and finishes it; gRPC deletes it in OnDone, which comes after
+// Finish and after OnCancel has returned.
 class ShardServer::DeferredPull final : public grpc::ServerUnaryReactor {
  public:
-  DeferredPull(ShardServer *shard, const PullRequest *request, PullResponse *response)
+  DeferredPull(ShardServer* shard, const PullRequest* request, PullResponse* response)
       : shard_(shard), request_(request), response_(response), since_(absl::Now()) {}
 
   void OnCancel() override {
@@ -38,15 +37,13 @@ class ShardServer::DeferredPull final : public grpc::ServerUnaryReactor {
   }
   void OnDone() override { delete this; }
 
-  ShardServer *const shard_;
-  const PullRequest *const request_;
-  PullResponse *const response_;
+  ShardServer* const shard_;
+  const PullRequest* const request_;
+  PullResponse* const response_;
   const absl::Time since_;
   uint64_t id_ = 0;  // guarded by shard_->sync_mu_; 0 = not held
 };
 
-// Each handler but a held pull's finishes its reactor before returning: the
-// work is CPU-bound and short.
 // Each handler but a held pull's finishes its reactor before returning: the work is CPU-bound
 // and short.
 class ShardServer::Service final : public ParameterServer::CallbackService {
@@ -408,7 +405,7 @@ absl::Status ShardServer::Push(const PushRequest& request, PushResponse* respons
   return absl::OkStatus();
 }
 
-absl::Status ShardServer::MarkDone(const PushRequest &request, PushResponse *response) {
+absl::Status ShardServer::MarkDone(const PushRequest& request, PushResponse* response) {
   if (!request.ids().empty() || !request.row_grads().empty() || !request.dense_grad().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.shard, ": worker ",
                                                    request.worker_id(),
@@ -429,9 +426,9 @@ absl::Status ShardServer::MarkDone(const PushRequest &request, PushResponse *res
   return absl::OkStatus();
 }
 
-absl::Status ShardServer::KeepSyncPush(const PushRequest &request, absl::Span<const int64_t> ids,
+absl::Status ShardServer::KeepSyncPush(const PushRequest& request, absl::Span<const int64_t> ids,
                                        absl::Span<const float> grads,
-                                       absl::Span<const float> dense_grad, bool *duplicate) {
+                                       absl::Span<const float> dense_grad, bool* duplicate) {
   const int w = request.worker_id();
   const int64_t t = request.step();
   absl::MutexLock lock(&sync_mu_);
@@ -448,7 +445,7 @@ absl::Status ShardServer::KeepSyncPush(const PushRequest &request, absl::Span<co
         "shard ", opt_.shard, ": worker ", w, " pushed step ", t, ", but SYNC step ", applied_,
         " is already applied (a restarted worker cannot rejoin a SYNC job)"));
   }
-  SyncPush &p = sync_steps_[t][w];
+  SyncPush& p = sync_steps_[t][w];
   p.ids.assign(ids.begin(), ids.end());
   p.row_grads.assign(grads.begin(), grads.end());
   p.dense_grad.assign(dense_grad.begin(), dense_grad.end());
@@ -462,8 +459,7 @@ void ShardServer::AdvanceSync() {
     int64_t t;
     {
       absl::MutexLock lock(&sync_mu_);
-      // One thread applies at a time, in step order; it loops and sees the
-      // others' pushes.
+      // One thread applies at a time, in step order; it loops and sees the others' pushes.
       if (applying_) return;
       t = applied_ + 1;
       if (sync_steps_.empty() || MinActivePushedLocked() < t) break;
@@ -482,22 +478,21 @@ void ShardServer::AdvanceSync() {
   ReleaseReady();
 }
 
-void ShardServer::ApplyMean(int64_t step, const std::map<int, SyncPush> &pushes) {
-  // Sum in worker order (deterministic whatever the arrival order), then scale
-  // once.
+void ShardServer::ApplyMean(int64_t step, const std::map<int, SyncPush>& pushes) {
+  // Sum in worker order (deterministic whatever the arrival order), then scale once.
   const int dim = opt_.row_dim;
   absl::flat_hash_map<int64_t, int64_t> slot;
   std::vector<int64_t> ids;
   std::vector<float> sum, dense;
-  for (const auto &[w, p] : pushes) {
+  for (const auto& [w, p] : pushes) {
     for (size_t i = 0; i < p.ids.size(); ++i) {
       auto [it, fresh] = slot.emplace(p.ids[i], static_cast<int64_t>(ids.size()));
       if (fresh) {
         ids.push_back(p.ids[i]);
         sum.resize(sum.size() + dim, 0.f);
       }
-      float *out = sum.data() + it->second * dim;
-      const float *in = p.row_grads.data() + i * dim;
+      float* out = sum.data() + it->second * dim;
+      const float* in = p.row_grads.data() + i * dim;
       for (int d = 0; d < dim; ++d) out[d] += in[d];
     }
     if (!p.dense_grad.empty()) {
@@ -516,10 +511,10 @@ void ShardServer::ApplyMean(int64_t step, const std::map<int, SyncPush> &pushes)
     sorted[j] = ids[order[j]];
     for (int d = 0; d < dim; ++d) grads[j * dim + d] = sum[order[j] * dim + d] * scale;
   }
-  for (float &g : dense) g *= scale;
+  for (float& g : dense) g *= scale;
   std::vector<Run> runs;
   absl::Status status = Route(sorted, &runs);  // every id was routed when its push came
-  for (const Run &r : runs) {
+  for (const Run& r : runs) {
     if (!status.ok()) break;
     status = stores_[r.store]->Apply(absl::MakeConstSpan(sorted).subspan(r.begin, r.end - r.begin),
                                      grads.data() + r.begin * dim, step);
@@ -557,8 +552,7 @@ int64_t ShardServer::StalenessLocked(int64_t step) const {
 }
 
 std::string ShardServer::WaitingForLocked(int64_t step) const {
-  // The active workers that have not pushed step `need` yet, with the step each
-  // is at.
+  // The active workers that have not pushed step `need` yet, with the step each is at.
   auto behind = [&](int64_t need) {
     std::string out;
     for (int w = 0; w < opt_.num_workers; ++w) {
@@ -577,7 +571,7 @@ std::string ShardServer::WaitingForLocked(int64_t step) const {
                       behind(applied_ + 1));
 }
 
-void ShardServer::HoldOrAnswer(DeferredPull *pull, absl::Time deadline) {
+void ShardServer::HoldOrAnswer(DeferredPull* pull, absl::Time deadline) {
   const int64_t step = pull->request_->step();
   int64_t staleness = 0;
   uint64_t id = 0;
@@ -599,8 +593,7 @@ void ShardServer::HoldOrAnswer(DeferredPull *pull, absl::Time deadline) {
                                      absl::StrCat("shard ", opt_.shard, " is shutting down")));
   }
   if (id == 0) return Answer(pull, staleness);
-  // Answer a little before the client's deadline, so that its error says what
-  // was missing.
+  // Answer a little before the client's deadline, so that its error says what was missing.
   const absl::Duration left = deadline - absl::Now();
   if (left < absl::Hours(24)) {
     timer_->At(deadline - std::min(left / 10, absl::Milliseconds(500)), [this, id] {
@@ -610,7 +603,7 @@ void ShardServer::HoldOrAnswer(DeferredPull *pull, absl::Time deadline) {
 }
 
 void ShardServer::ReleaseReady() {
-  std::vector<std::pair<DeferredPull *, int64_t>> ready;
+  std::vector<std::pair<DeferredPull*, int64_t>> ready;
   {
     absl::MutexLock lock(&sync_mu_);
     for (auto it = held_.begin(); it != held_.end();) {
@@ -623,11 +616,11 @@ void ShardServer::ReleaseReady() {
       }
     }
   }
-  for (auto &[pull, staleness] : ready) Answer(pull, staleness);
+  for (auto& [pull, staleness] : ready) Answer(pull, staleness);
 }
 
 void ShardServer::DropHeld(uint64_t id, grpc::Status status, bool expired) {
-  DeferredPull *pull = nullptr;
+  DeferredPull* pull = nullptr;
   {
     absl::MutexLock lock(&sync_mu_);
     auto it = held_.find(id);
@@ -646,7 +639,7 @@ void ShardServer::DropHeld(uint64_t id, grpc::Status status, bool expired) {
   pull->Finish(status);
 }
 
-void ShardServer::Answer(DeferredPull *pull, int64_t staleness) {
+void ShardServer::Answer(DeferredPull* pull, int64_t staleness) {
   pull->response_->set_staleness(staleness);
   pull->Finish(ToGrpcStatus(Gather(*pull->request_, pull->response_)));
 }
