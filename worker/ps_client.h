@@ -29,8 +29,9 @@
 // Consistency (Options.consistency; the shards enforce it, docs/PS.md):
 //   - Training pulls carry their step: PullAsync counts the pulls that ask for rows AND the dense
 //     vector (TrainStep's, one per step, in step order; the evaluator asks for one or the other)
-//     and labels the k-th one step k; PullAtStepAsync takes the step explicitly. Other pulls carry
-//     step 0 and are answered at once in every mode.
+//     and labels the k-th one step k, which assumes the worker's steps start at 1 (PS jobs do not
+//     resume yet); PullAtStepAsync takes the step explicitly, and a trainer that knows its step
+//     should use it. Other pulls carry step 0 and are answered at once in every mode.
 //   - ASYNC: a pull issued while a push is pending may or may not see it, shard by shard; a pull
 //     issued after a push's future completed (or after Flush) sees it: asynchronous SGD.
 //   - BOUNDED (staleness s): the shard answers the pull of step t once every active worker has
