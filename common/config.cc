@@ -229,7 +229,11 @@ absl::Status ValidateConfig(const Config& c) {
 
   const ClusterConfig& cl = c.cluster();
   if (cl.index() < 0 || (cl.ps_size() > 0 && cl.index() >= cl.ps_size())) return bad("cluster.index", "must be in [0, number of hosts)");
-  if (cl.staleness() < 0) return bad("cluster.staleness", "must be >= 0");
+  if (cl.staleness() < 0) {
+    return bad("cluster.staleness",
+               absl::StrCat("must be >= 0 (the steps a BOUNDED worker may run ahead of the "
+                            "slowest; 0 = lockstep), got ", cl.staleness()));
+  }
   if (cl.num_partitions() < 0) return bad("cluster.num_partitions", "must be >= 0");
   if (cl.rpc_deadline_ms() <= 0) return bad("cluster.rpc_deadline_ms", "must be > 0");
   if (cl.rpc_retries() < 0) return bad("cluster.rpc_retries", "must be >= 0");

@@ -2,6 +2,8 @@
 // write and restore. The protocol is in docs/CHECKPOINT.md "PS mode".
 #include <sys/stat.h>
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "ps/checkpoint_format.h"
@@ -11,6 +13,7 @@ namespace pstrain {
 namespace {
 
 constexpr char kShardHeaderTag[] = "SHRD";
+constexpr char kConsistencyTag[] = "CONS";
 
 }  // namespace
 
@@ -18,12 +21,13 @@ std::string ShardServer::ShardFileName(int shard, int num_shards) {
   return absl::StrCat("shard-", shard, "-of-", num_shards);
 }
 
-int64_t ShardServer::RequestCheckpoint(bool stop) {
+int64_t ShardServer::RequestCheckpoint(bool stop, int64_t target_step) {
   absl::MutexLock lock(&job_mu_);
   if (ckpt_round_ <= ckpt_released_) {  // no round open for arrivals: open the next one
     ++ckpt_round_;
     ckpt_arrivals_.clear();
     ckpt_stop_ = false;
+    ckpt_target_ = target_step;
   }
   ckpt_stop_ = ckpt_stop_ || stop;
   return ckpt_round_;
@@ -94,7 +98,7 @@ absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
   }
   switch (request.kind()) {
     case CoordinateRequest::REQUEST:
-      response->set_round(RequestCheckpoint(request.stop()));
+      response->set_round(RequestCheckpoint(request.stop(), request.target_step()));
       return absl::OkStatus();
     case CoordinateRequest::ARRIVE:
       return ArriveCheckpoint(request.round(), request.worker_id(), request.worker_state());
@@ -135,6 +139,8 @@ void ShardServer::CompleteCheckpoint(int64_t round, const std::string& dir,
 absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
   std::lock_guard<std::mutex> lock(snap_mu_);
   snap_round_ = round;
+  snap_header_ = Info().SerializeAsString();  // shard index, map and step of this instant
+  snap_consistency_ = SaveConsistency().SerializeAsString();
   snap_stores_.clear();
   int64_t rows = 0;
   for (const auto& store : stores_) {
@@ -157,8 +163,8 @@ absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
   response.set_file(ShardFileName(opt_.shard, opt_.num_shards));
   const std::string path = dir + "/" + response.file();
   ASSIGN_OR_RETURN(auto w, BlockWriter::Create(path));
-  InfoResponse header = Info();  // shard index and map; the rest is informative
-  RETURN_IF_ERROR(w->Add(kShardHeaderTag, header.SerializeAsString()));
+  RETURN_IF_ERROR(w->Add(kShardHeaderTag, snap_header_));
+  RETURN_IF_ERROR(w->Add(kConsistencyTag, snap_consistency_));
   for (const EmbeddingSnapshot& s : snap_stores_) RETURN_IF_ERROR(SaveEmbeddingStore(s, w.get()));
   if (snap_dense_) RETURN_IF_ERROR(SaveDenseStore(*snap_dense_, w.get()));
   RETURN_IF_ERROR(w->Finish());
@@ -181,7 +187,10 @@ absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
   }
   std::vector<EmbeddingStore*> stores;
   for (const auto& s : stores_) stores.push_back(s.get());
-  int64_t rows = 0, dense_floats = 0;
+  int64_t rows = 0, dense_floats = 0, step = 0;
+  // This shard's own file of a checkpoint of the same layout also holds its BOUNDED / SYNC
+  // bookkeeping (with SYNC, the kept pushes of a step only some workers had pushed).
+  std::optional<ConsistencyState> own;
   for (const auto& f : manifest.file()) {
     if (f.name().rfind("shard-", 0) != 0) continue;
     const std::string path = ckpt_dir + "/" + f.name();
@@ -193,11 +202,21 @@ absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
       return absl::DataLossError(absl::StrCat(path, ": expected a '", kShardHeaderTag,
                                               "' block with the shard's map first"));
     }
+    step = std::max(step, header.step());
     while (true) {
       ASSIGN_OR_RETURN(std::string tag, reader->PeekTag());
       if (tag.empty()) break;
       if (tag == kEmbeddingMetaTag) {
         RETURN_IF_ERROR(Annotate(LoadEmbeddingStores(reader.get(), stores, &rows), path));
+      } else if (tag == kConsistencyTag) {
+        RETURN_IF_ERROR(reader->Next(&b).status());
+        if (header.shard() == opt_.shard && header.map().shards() == opt_.num_shards &&
+            header.map().partitions() == opt_.partitions) {
+          own.emplace();
+          if (!own->ParseFromString(b.payload)) {
+            return reader->Corrupt(b, "payload is not a valid ConsistencyState");
+          }
+        }
       } else if (tag == kDenseTag) {
         ASSIGN_OR_RETURN(DenseSnapshot d, LoadDenseSnapshot(reader.get()));
         if (dense_ != nullptr) {
@@ -215,6 +234,9 @@ absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
                                             " of shard ", opt_.shard, "'s ", dense_slice_size_,
                                             " dense floats"));
   }
+  // With the same workers the exact bookkeeping comes back; otherwise (the workers restart their
+  // data) every worker counts as having pushed the last step.
+  if (!own || !RestoreConsistency(*own).ok()) ResumeSteps(step);
   absl::MutexLock lock(&job_mu_);
   restored_from_ = ckpt_dir;
   return absl::OkStatus();

@@ -5,9 +5,8 @@
 //     first dense_size mod S slices get one extra float). A shard with an empty slice has none.
 // and answers the ParameterServer gRPC service (proto/pstrain/ps_service.proto) with the gRPC
 // callback API: each handler does its work (gather, or the optimizer update) on the gRPC thread
-// that delivered the request and finishes the reactor before returning; nothing ever waits
-// inside a handler, except on the per-row locks of the stores and, for a push that is a retry
-// of one still being applied, on that push.
+// that delivered the request; nothing ever waits inside a handler, except on the per-row locks of
+// the stores and, for a push that is a retry of one still being applied, on that push.
 //
 // Push idempotence: a push carries (worker_id, incarnation, sequence). The shard keeps, per
 // (worker_id, incarnation), the last sequence it applied, and answers a push whose sequence is
@@ -15,8 +14,21 @@
 // therefore arrive in sequence order (PsClient sends them one at a time per shard). Sequence 0
 // opts out (always applied).
 //
-// Consistency: ASYNC only (every pull sees whatever has been applied). The BOUNDED and SYNC
-// modes of DESIGN.md are not implemented; the wire protocol reserves their fields.
+// Consistency (Options.consistency, docs/PS.md). The shard tracks, per worker in
+// [0, num_workers), the last step it pushed here and whether it has finished (a push with
+// worker_done). A pull carries the step it is for (0 = not a training pull: answered at once).
+//   ASYNC:   pushes are applied as they come, pulls answered at once.
+//   BOUNDED: pushes are applied as they come; the pull of step t is held until every active
+//            (not finished) worker has pushed step t - 1 - staleness (stale-synchronous parallel).
+//   SYNC:    the pushes of step t are kept until every active worker has pushed step t, then the
+//            mean of their gradients is applied once (rows summed by id, missing rows count 0,
+//            divided by the number of pushes); the pull of step t is held until step t - 1 is
+//            applied. Pushes are answered as soon as they are kept, never held.
+// A held pull is a reactor kept in a list (no thread blocked); the push or worker_done that
+// satisfies it answers it. A cancelled pull (client gone, deadline) is removed and finished
+// once; shortly before its deadline a held pull is answered DEADLINE_EXCEEDED with a message
+// naming the step and the workers it waits for, so the client's error says why. A worker must
+// push its steps 1, 2, ... in order (PsClient does), to every shard in BOUNDED and SYNC modes.
 //
 // Checkpoints (ps/shard_checkpoint.cc; protocol in docs/CHECKPOINT.md "PS mode"): every shard
 // copies its state into memory when asked (COPY, while all workers are paused, so the copy is
@@ -46,9 +58,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "ps/dense_store.h"
 #include "ps/embedding_store.h"
 #include "ps/partition.h"
+#include "ps/timer.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
 #include "pstrain/state.pb.h"
@@ -75,11 +89,18 @@ class ShardServer {
     // OpenMP threads one request's gather/update is split over. gRPC already runs requests on
     // several threads, so 1 (the default) avoids oversubscribing cores.
     int threads = 1;
+    // Consistency mode (see above) and the workers it waits for: worker ids [0, num_workers).
+    // ASYNC accepts any worker id (ids outside the range are not tracked).
+    Consistency consistency = ASYNC;
+    int num_workers = 1;  // N >= 1
+    int staleness = 0;    // BOUNDED: s >= 0
   };
 
   // Options of shard `shard` of `num_shards` from a job config: the partitions
-  // (NumPartitions(config.cluster(), num_shards)) and the sparse and dense optimizers. The caller
-  // sets row_init and dense_init (Model::InitRow / InitDense with the job's seed).
+  // (NumPartitions(config.cluster(), num_shards)), the sparse and dense optimizers, and
+  // cluster.consistency / staleness with num_workers = num_shards (a PS job runs one worker and
+  // one shard per host). The caller sets row_init and dense_init (Model::InitRow / InitDense with
+  // the job's seed).
   static Options OptionsFromConfig(const Config& config, int shard, int num_shards, int64_t rows,
                                    int row_dim, int64_t dense_size);
 
@@ -97,16 +118,29 @@ class ShardServer {
   absl::Status Start(const std::string& address);
   // The port Start bound (0 before Start).
   int port() const { return port_; }
-  // Stops accepting calls, lets calls in progress finish until `grace` has passed, cancels the
-  // rest, and waits for the handlers to return. Idempotent.
+  // Answers the held pulls UNAVAILABLE, stops accepting calls, lets calls in progress finish
+  // until `grace` has passed, cancels the rest, and waits for the handlers to return. Idempotent.
   void Shutdown(absl::Duration grace);
 
   // The service's operations, callable in-process (the gRPC handlers call these).
-  // Pull: rows of request.ids (owned by this shard) and optionally the dense slice.
+  // Pull: rows of request.ids (owned by this shard) and optionally the dense slice, at once (only
+  // the gRPC service holds pulls in BOUNDED / SYNC mode).
   absl::Status Pull(const PullRequest& request, PullResponse* response);
-  // Push: applies the gradients once per push id (see above). Nothing is applied when the
-  // request is invalid (sizes, foreign ids).
+  // Push: applies the gradients once per push id (see above; in SYNC mode keeps them for the
+  // step's mean), or records worker_done. Nothing is applied when the request is invalid (sizes,
+  // foreign ids; in BOUNDED / SYNC a worker id outside [0, num_workers); in SYNC a step already
+  // applied or a push after worker_done: FAILED_PRECONDITION).
   absl::Status Push(const PushRequest& request, PushResponse* response);
+  // SYNC: the last step whose mean update has been applied (0 before the first).
+  // Info().step: SYNC's applied step, else the largest step pushed. ResumeSteps sets the step
+  // bookkeeping of BOUNDED / SYNC after a restore (every worker as having pushed `step`).
+  int64_t consistency_step() const;
+  void ResumeSteps(int64_t step);
+  // The whole BOUNDED / SYNC bookkeeping, for checkpoints of a job that resumes with the same
+  // workers and shards (RestoreConsistency: INVALID_ARGUMENT for another worker count).
+  ConsistencyState SaveConsistency() const;
+  absl::Status RestoreConsistency(const ConsistencyState& state);
+  int64_t applied_step() const;
   InfoResponse Info() const;
   ShardStats Stats() const;
 
@@ -119,13 +153,13 @@ class ShardServer {
   std::vector<ReportRequest> Reports(JobPhase phase) const;
   void FinishJob();
   // RequestCheckpoint opens a round unless one is open for arrivals and returns the open round;
-  // `stop` marks it as the job's last. ArriveCheckpoint records a paused worker's state
+  // `stop` marks it as the job's last; a new round takes `target_step` (0: none). ArriveCheckpoint records a paused worker's state
   // (FAILED_PRECONDITION if `round` is not open). CollectArrivals fills out->worker_states with
   // the state each of workers 0..n-1 arrived with in `round` (a worker that reported
   // TRAINING_DONE stands in with its final state) and out->missing with the others;
   // FAILED_PRECONDITION if `round` is not the open round. ReleaseCheckpoint lets the arrived
   // workers go on (after every shard's COPY); CompleteCheckpoint publishes the result.
-  int64_t RequestCheckpoint(bool stop);
+  int64_t RequestCheckpoint(bool stop, int64_t target_step = 0);
   absl::Status ArriveCheckpoint(int64_t round, int worker, std::string state);
   absl::Status CollectArrivals(int64_t round, int n, CoordinateResponse* out) const;
   void ReleaseCheckpoint(int64_t round);
@@ -167,6 +201,11 @@ class ShardServer {
     std::mutex mu;    // held while that worker's push is applied (serializes a retry with it)
     uint64_t last_sequence = 0;
   };
+  class DeferredPull;
+  struct SyncPush {  // SYNC: one worker's gradients for a step not applied yet
+    std::vector<int64_t> ids;
+    std::vector<float> row_grads, dense_grad;
+  };
 
   explicit ShardServer(Options options);
   // Splits ids into runs of one store each; INVALID_ARGUMENT naming the first id that is out of
@@ -174,6 +213,35 @@ class ShardServer {
   absl::Status Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const;
   PushState* PushStateOf(int32_t worker_id, uint64_t incarnation);
   int64_t LastStep() const;
+  // The work of Pull after the staleness: gather and stats.
+  absl::Status Gather(const PullRequest& request, PullResponse* response);
+
+  // Consistency (sync_mu_).
+  bool Tracked(int32_t worker_id) const { return worker_id >= 0 && worker_id < opt_.num_workers; }
+  // Smallest step pushed by an active worker; INT64_MAX when every worker has finished.
+  int64_t MinActivePushedLocked() const ABSL_SHARED_LOCKS_REQUIRED(sync_mu_);
+  bool PullReadyLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(sync_mu_);
+  int64_t StalenessLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(sync_mu_);
+  // Why a pull of `step` is still held (for its DEADLINE_EXCEEDED message).
+  std::string WaitingForLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(sync_mu_);
+  // The gRPC Pull in BOUNDED / SYNC mode: answers `pull` now if it may be, else holds it (and
+  // arms its expiry shortly before `deadline`).
+  void HoldOrAnswer(DeferredPull* pull, absl::Time deadline);
+  // Answers the held pulls that may be answered now.
+  void ReleaseReady();
+  // Takes held pull `id` off the list (if still there) and finishes it with `status`, or with
+  // DEADLINE_EXCEEDED saying what it waits for when `expired`.
+  void DropHeld(uint64_t id, grpc::Status status, bool expired);
+  // Gathers the answer of a pull that is not (or no longer) held and finishes it.
+  void Answer(DeferredPull* pull, int64_t staleness);
+  absl::Status MarkDone(const PushRequest& request, PushResponse* response);
+  // SYNC: keeps a push for its step's mean; *duplicate if the worker had pushed that step.
+  absl::Status KeepSyncPush(const PushRequest& request, absl::Span<const int64_t> ids,
+                            absl::Span<const float> grads, absl::Span<const float> dense_grad,
+                            bool* duplicate);
+  // SYNC: applies every complete step in order, then answers the pulls that may be answered.
+  void AdvanceSync();
+  void ApplyMean(int64_t step, const std::map<int, SyncPush>& pushes);
 
   const Options opt_;
   const PartitionMap map_;
@@ -191,6 +259,19 @@ class ShardServer {
   std::atomic<int64_t> pull_requests_{0}, push_requests_{0}, duplicate_pushes_{0};
   std::atomic<int64_t> pull_rows_{0}, push_rows_{0}, bytes_in_{0}, bytes_out_{0};
 
+  // Consistency state (see the class comment).
+  mutable absl::Mutex sync_mu_;
+  std::vector<int64_t> pushed_ ABSL_GUARDED_BY(sync_mu_);  // per worker: last step pushed here
+  std::vector<bool> done_ ABSL_GUARDED_BY(sync_mu_);       // per worker: sent worker_done
+  int64_t applied_ ABSL_GUARDED_BY(sync_mu_) = 0;          // SYNC: last step applied
+  bool applying_ ABSL_GUARDED_BY(sync_mu_) = false;        // SYNC: a thread is applying a step
+  // SYNC: step -> worker -> its push of that step.
+  std::map<int64_t, std::map<int, SyncPush>> sync_steps_ ABSL_GUARDED_BY(sync_mu_);
+  std::map<uint64_t, DeferredPull*> held_ ABSL_GUARDED_BY(sync_mu_);  // by hold id
+  uint64_t next_hold_id_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  bool holding_stopped_ ABSL_GUARDED_BY(sync_mu_) = false;  // Shutdown: hold nothing more
+  std::unique_ptr<Timer> timer_;                            // expiry of held pulls (not ASYNC)
+
   mutable absl::Mutex job_mu_;
   // phase -> worker id -> its latest report
   std::map<int, std::map<int, ReportRequest>> reports_ ABSL_GUARDED_BY(job_mu_);
@@ -199,6 +280,7 @@ class ShardServer {
   // Checkpoint rounds (coordinator), under job_mu_.
   int64_t ckpt_round_ ABSL_GUARDED_BY(job_mu_) = 0;
   bool ckpt_stop_ ABSL_GUARDED_BY(job_mu_) = false;
+  int64_t ckpt_target_ ABSL_GUARDED_BY(job_mu_) = 0;
   std::map<int, std::string> ckpt_arrivals_ ABSL_GUARDED_BY(job_mu_);
   int64_t ckpt_released_ ABSL_GUARDED_BY(job_mu_) = 0;
   int64_t ckpt_done_ ABSL_GUARDED_BY(job_mu_) = 0;
@@ -208,6 +290,8 @@ class ShardServer {
   // The snapshot between COPY and WRITE.
   std::mutex snap_mu_;
   int64_t snap_round_ = 0;
+  std::string snap_header_;  // InfoResponse at the copy
+  std::string snap_consistency_;  // ConsistencyState at the copy
   std::vector<EmbeddingSnapshot> snap_stores_;
   std::unique_ptr<DenseSnapshot> snap_dense_;
 

@@ -67,13 +67,17 @@ absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* s
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
 // mode's rank-0 writer. The trainer calls, from its training thread only:
 //   - Restore once before the first step;
-//   - Requested() at every step boundary (it must be cheap: no RPC per call);
+//   - Requested(step) at every step boundary, after `step` steps (it must be cheap);
+//   - StopStep(step) at a step boundary once the stop flag is raised (SIGTERM): the trainer
+//     trains on until the step it returns (a synchronous job must stop at one common step);
 //   - Save(state, final) at a step boundary when
 //       (a) options.chief and the checkpoint schedule (every_steps / every_seconds) says so,
-//       (b) Requested() returned true (another worker asked for a checkpoint),
-//       (c) the stop flag was raised (SIGTERM): training ends after this Save, or
+//       (b) Requested(step) returned true (another worker asked for a checkpoint),
+//       (c) the trainer stops after a stop signal: training ends after this Save, or
 //       (d) training ended (final = true), before after_training and the final evaluation.
-//     `state` is this worker's position after state.step() steps of its own.
+//     `state` is this worker's position after state.step() steps of its own. An implementation
+//     may answer (a) by arranging a checkpoint at a later step (returning "" now) and asking for
+//     it with Requested() then.
 // In multi-worker modes Save is collective: the implementation makes every worker take part in
 // the same checkpoint (and may block this worker until the others arrive, with a deadline).
 class Checkpointer {
@@ -82,7 +86,8 @@ class Checkpointer {
   // Restores the newest usable checkpoint into the parameters and `state`; returns its
   // directory, or nullopt for a fresh start.
   virtual absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) = 0;
-  virtual bool Requested() { return false; }
+  virtual bool Requested(int64_t /*step*/) { return false; }
+  virtual absl::StatusOr<int64_t> StopStep(int64_t step) { return step; }
   // Returns the checkpoint directory written ("" if this worker does not know it).
   virtual absl::StatusOr<std::string> Save(const WorkerState& state, bool final) = 0;
 };

@@ -26,6 +26,7 @@ int RunPs(int argc, char** argv) {
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
   int port = 0, shard = 0, num_shards = 1, row_dim = 0, partitions = 0, threads = 1;
+  int num_workers = 0;
   int64_t rows = 0, dense_size = -1;
   std::string bind = "0.0.0.0";
   flags.Int("port", &port, "port to listen on (0 = pick a free one and print it)");
@@ -37,6 +38,8 @@ int RunPs(int argc, char** argv) {
   flags.Int("row_dim", &row_dim, "floats per row (0 = the model's, 1 + model.embedding_dim)");
   flags.Int("partitions", &partitions,
             "table partitions P (0 = cluster.num_partitions, or 4 x num_shards if that is 0)");
+  flags.Int("num_workers", &num_workers,
+            "workers of the job, ids [0, N), that BOUNDED / SYNC wait for (0 = num_shards)");
   flags.Int("threads", &threads,
             "OpenMP threads per request (gRPC already runs requests in "
             "parallel)");
@@ -51,6 +54,7 @@ int RunPs(int argc, char** argv) {
   if (!o.ok()) return fail(std::string(o.status().message()), 2);
   if (partitions > 0) o->partitions = partitions;
   o->threads = threads;
+  if (num_workers > 0) o->num_workers = num_workers;
   rows = o->rows;
   dense_size = o->dense_size;
   auto server = ShardServer::Create(*std::move(o));

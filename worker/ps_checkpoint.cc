@@ -45,19 +45,74 @@ absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* 
   const CheckpointChoice& c = *opt_.restored;
   if (c.manifest.num_workers() == opt_.num_workers) {
     RETURN_IF_ERROR(ReadWorkerState(c.dir, opt_.worker, state));
+    opt_.client->ResumeAtStep(state->step());
   } else {
+    // Go on counting steps where the shards are (BOUNDED / SYNC wait on step numbers).
+    ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
+    state->set_step(info.step());
+    opt_.client->ResumeAtStep(info.step());
     PSTRAIN_LOG(WARNING) << c.dir << " was written by " << c.manifest.num_workers()
                          << " workers and this job has " << opt_.num_workers
                          << ": the parameters are restored (re-partitioned onto "
                          << opt_.shards.size()
                          << " shards), but the data positions cannot be mapped onto another "
                             "number of readers, so the data starts from the beginning";
-    step_base_ = c.manifest.step();
+    step_base_ = c.manifest.step() - opt_.num_workers * info.step();
   }
   return std::optional<std::string>(c.dir);
 }
 
-bool PsCheckpointer::Requested() { return open_round_.load() > handled_round_; }
+bool PsCheckpointer::lockstep() const { return opt_.consistency != ASYNC; }
+
+int64_t PsCheckpointer::TargetAfter(int64_t step) const {
+  // Every worker must still be able to reach the target without anyone paused, and must reach
+  // its check at the target only after the request (docs/CHECKPOINT.md "BOUNDED and SYNC").
+  return step + 2 + (opt_.consistency == BOUNDED ? opt_.staleness : 0);
+}
+
+absl::StatusOr<InfoResponse> PsCheckpointer::OpenRound() {
+  ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
+  if (info.checkpoint_round() <= info.checkpoint_released_round() ||
+      info.checkpoint_round() <= handled_round_) {
+    info.set_checkpoint_round(0);  // none open for this worker
+  }
+  return info;
+}
+
+absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target) {
+  CoordinateRequest req;
+  req.set_kind(CoordinateRequest::REQUEST);
+  req.set_worker_id(opt_.worker);
+  req.set_stop(stop);
+  req.set_target_step(target);
+  ASSIGN_OR_RETURN(CoordinateResponse r, shards_[0]->Coordinate(req, opt_.timeout));
+  return r.round();
+}
+
+bool PsCheckpointer::Requested(int64_t step) {
+  if (!lockstep()) return open_round_.load() > handled_round_;
+  // A synchronous check every step: a worker that learnt of the round late could run past the
+  // common step and wait forever on the paused ones.
+  absl::StatusOr<InfoResponse> info = OpenRound();
+  if (!info.ok()) {
+    PSTRAIN_LOG(WARNING) << "checking for a checkpoint round: " << info.status();
+    return false;
+  }
+  return info->checkpoint_round() > 0 && step >= info->checkpoint_target_step();
+}
+
+absl::StatusOr<int64_t> PsCheckpointer::StopStep(int64_t step) {
+  if (!lockstep() || stopped_) return step;
+  ASSIGN_OR_RETURN(InfoResponse info, OpenRound());
+  if (info.checkpoint_round() > 0) {
+    if (!info.checkpoint_stop()) RETURN_IF_ERROR(Request(true, 0).status());  // mark it stopping
+    return std::max(step, info.checkpoint_target_step());
+  }
+  const int64_t target = TargetAfter(step);
+  RETURN_IF_ERROR(Request(true, target).status());
+  ASSIGN_OR_RETURN(info, OpenRound());  // another worker's round may have won
+  return std::max(step, info.checkpoint_round() > 0 ? info.checkpoint_target_step() : target);
+}
 
 absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
   if (final) {
@@ -67,15 +122,21 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
   // The trainer saves again when it stops after a round that asked it to stop: nothing changed.
   if (stopped_) return last_saved_dir_;
   const bool stop = opt_.stop != nullptr && opt_.stop->load();
-
-  CoordinateRequest req;
-  req.set_kind(CoordinateRequest::REQUEST);
-  req.set_worker_id(opt_.worker);
-  req.set_stop(stop);
-  ASSIGN_OR_RETURN(CoordinateResponse r, shards_[0]->Coordinate(req, opt_.timeout));
-  const int64_t round = r.round();
+  if (lockstep()) {
+    // Arrive only at the round's common step; the schedule's call asks for a round at a later
+    // step, which Requested() then reports.
+    ASSIGN_OR_RETURN(InfoResponse info, OpenRound());
+    if (info.checkpoint_round() == 0) {
+      RETURN_IF_ERROR(Request(stop, TargetAfter(state.step())).status());
+      return std::string();
+    }
+    if (state.step() < info.checkpoint_target_step()) return std::string();
+  }
+  ASSIGN_OR_RETURN(const int64_t round, Request(stop, 0));
   handled_round_ = round;
   RETURN_IF_ERROR(Annotate(opt_.client->Flush(), "flushing the pushes before a checkpoint"));
+  CoordinateRequest req;
+  req.set_worker_id(opt_.worker);
   req.set_kind(CoordinateRequest::ARRIVE);
   req.set_round(round);
   req.set_worker_state(state.SerializeAsString());
@@ -116,11 +177,8 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
 }
 
 absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
-  CoordinateRequest req;
-  req.set_kind(CoordinateRequest::REQUEST);
-  req.set_worker_id(opt_.worker);
-  ASSIGN_OR_RETURN(CoordinateResponse r, shards_[0]->Coordinate(req, opt_.timeout));
-  return RunRound(r.round());
+  ASSIGN_OR_RETURN(const int64_t round, Request(false, 0));
+  return RunRound(round);
 }
 
 absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {

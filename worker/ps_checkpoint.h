@@ -11,6 +11,11 @@
 //      the copies are one consistent instant), releases the workers, then has every shard WRITE
 //      its file, writes the worker states and the MANIFEST, and moves LATEST;
 //   4. a worker of a stopping round waits until the checkpoint is written, then the job ends.
+// With BOUNDED and SYNC, a worker paused in a round would make the others wait for its pushes, so
+// every worker arrives at one common step: the round's target, set by the first request to
+// (requester's step) + 2 (+ staleness with BOUNDED). That is the first step every worker can
+// reach without anyone paused, and each worker checks for a round by RPC at every step, so no
+// worker runs past it. A stop signal then trains on until the target (StopStep).
 // The checkpoint is named ckpt-<step> with step = the sum of the workers' steps (TF's
 // global_step in asynchronous training: one per applied update).
 //
@@ -47,6 +52,8 @@ class PsCheckpointer final : public Checkpointer {
     PsClient* client = nullptr;          // flushed before arriving
     std::atomic<bool>* stop = nullptr;   // raised when a round asks the job to stop
     absl::Duration timeout = absl::Minutes(10);  // for a round's waits
+    Consistency consistency = ASYNC;  // BOUNDED / SYNC: rounds at one common step (see .cc)
+    int staleness = 0;                // BOUNDED's
     // The checkpoint this host's shard restored (ChooseCheckpoint), if any.
     std::optional<CheckpointChoice> restored;
   };
@@ -58,7 +65,8 @@ class PsCheckpointer final : public Checkpointer {
   // number of workers, the data positions cannot be mapped: the parameters are restored, the
   // data starts from the beginning, and a warning says so.
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override;
-  bool Requested() override;
+  bool Requested(int64_t step) override;
+  absl::StatusOr<int64_t> StopStep(int64_t step) override;
   // final = true records the state for the end-of-job report (final_state()) and writes
   // nothing: the chief writes the job's last checkpoint with SaveFinal once every worker is done.
   absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override;
@@ -70,6 +78,13 @@ class PsCheckpointer final : public Checkpointer {
 
  private:
   bool chief() const { return opt_.worker == 0; }
+  // BOUNDED / SYNC: every worker pauses at the round's target step, checked by RPC every step.
+  bool lockstep() const;
+  int64_t TargetAfter(int64_t step) const;
+  // Shard 0's Info, with checkpoint_round set to 0 unless a round is open that this worker has
+  // not taken part in.
+  absl::StatusOr<InfoResponse> OpenRound();
+  absl::StatusOr<int64_t> Request(bool stop, int64_t target);
   // Chief: steps 3 of the protocol for `round`; returns the checkpoint directory.
   absl::StatusOr<std::string> RunRound(int64_t round);
   absl::StatusOr<std::string> RunRoundSteps(int64_t round);

@@ -9,9 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <queue>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +19,7 @@
 #include "common/status.h"
 #include "ps/grpc_status.h"
 #include "ps/shard_server.h"
+#include "ps/timer.h"
 #include "ps/wire.h"
 #include "pstrain/ps_service.grpc.pb.h"
 
@@ -57,72 +56,6 @@ bool Retryable(grpc::StatusCode code) {
 }
 
 }  // namespace
-
-// Runs retries after their backoff. One thread waiting on a condition variable until the earliest
-// deadline: gRPC's callback threads must not sleep, and grpc::Alarm cannot be re-armed safely from
-// its own callback.
-class PsClient::Timer {
- public:
-  Timer() : thread_([this] { Loop(); }) {}
-  ~Timer() {
-    Stop();
-    thread_.join();
-  }
-
-  // Runs fn on the timer thread at `when`; after Stop(), runs it on the caller at once.
-  void At(absl::Time when, std::function<void()> fn) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!stopped_) {
-        queue_.push(Entry{when, seq_++, std::move(fn)});
-        cv_.Signal();
-        return;
-      }
-    }
-    fn();
-  }
-  // Runs every pending function now, without waiting for its time.
-  void Stop() {
-    absl::MutexLock lock(&mu_);
-    stopped_ = true;
-    cv_.Signal();
-  }
-
- private:
-  struct Entry {
-    absl::Time when;
-    uint64_t seq;
-    std::function<void()> fn;
-    bool operator>(const Entry& o) const { return when != o.when ? when > o.when : seq > o.seq; }
-  };
-
-  void Loop() {
-    absl::MutexLock lock(&mu_);
-    while (true) {
-      if (queue_.empty()) {
-        if (stopped_) return;
-        cv_.Wait(&mu_);
-        continue;
-      }
-      if (!stopped_ && absl::Now() < queue_.top().when) {
-        cv_.WaitWithDeadline(&mu_, queue_.top().when);
-        continue;
-      }
-      std::function<void()> fn = std::move(const_cast<Entry&>(queue_.top()).fn);
-      queue_.pop();
-      mu_.Unlock();
-      fn();
-      mu_.Lock();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
 
 // One logical RPC to one shard: attempts until success, a non-retryable error, the retry limit or
 // the budget; then `done` runs once.
@@ -262,6 +195,8 @@ struct PsClient::PullOp {
   std::shared_ptr<PsFuture> future = std::make_shared<PsFuture>();
   float* rows = nullptr;
   float* dense = nullptr;
+  int64_t step = 0;
+  std::atomic<int64_t> staleness{0};  // max over the parts
   std::vector<std::unique_ptr<Part>> parts;
   std::atomic<int> remaining{0};
   absl::Mutex mu;
@@ -297,6 +232,7 @@ PsClient::Options PsClient::OptionsFromConfig(const ClusterConfig& cluster, int6
   o.initial_backoff_ms = cluster.rpc_backoff_ms();
   o.max_backoff_ms = cluster.rpc_max_backoff_ms();
   o.max_pushes_in_flight = cluster.max_pushes_in_flight();
+  o.consistency = cluster.consistency();
   return o;
 }
 
@@ -422,8 +358,9 @@ void PsClient::StartCall(int shard, const char* method, const Req* request, Resp
 }
 
 template <typename Req, typename Resp, typename Issue>
-absl::Status PsClient::CallAllShards(const char* method, bool wait_for_ready, absl::Duration budget,
-                                     Issue issue, std::vector<Resp>* responses) {
+absl::Status PsClient::CallAllShards(const char* method, const Req& request, bool wait_for_ready,
+                                     absl::Duration budget, Issue issue,
+                                     std::vector<Resp>* responses) {
   const int S = num_shards();
   struct State {
     std::vector<Req> requests;
@@ -433,7 +370,7 @@ absl::Status PsClient::CallAllShards(const char* method, bool wait_for_ready, ab
     PsFuture future;
   };
   auto state = std::make_shared<State>();
-  state->requests.resize(S);
+  state->requests.assign(S, request);
   state->remaining = S;
   responses->assign(S, Resp());
   OpStarted();
@@ -458,7 +395,7 @@ absl::Status PsClient::CallAllShards(const char* method, bool wait_for_ready, ab
 absl::Status PsClient::WaitForShards(absl::Duration timeout) {
   std::vector<InfoResponse> infos;
   RETURN_IF_ERROR((CallAllShards<InfoRequest, InfoResponse>(
-      "Info", /*wait_for_ready=*/true, timeout,
+      "Info", InfoRequest(), /*wait_for_ready=*/true, timeout,
       [](ParameterServer::Stub* stub, grpc::ClientContext* ctx, const InfoRequest* req,
          InfoResponse* resp, std::function<void(grpc::Status)> cb) {
         stub->async()->Info(ctx, req, resp, std::move(cb));
@@ -490,7 +427,7 @@ absl::Status PsClient::WaitForShards(absl::Duration timeout) {
 absl::StatusOr<std::vector<ShardStats>> PsClient::GetStats() {
   std::vector<ShardStats> stats;
   RETURN_IF_ERROR((CallAllShards<StatsRequest, ShardStats>(
-      "Stats", /*wait_for_ready=*/false, CallBudget(),
+      "Stats", StatsRequest(), /*wait_for_ready=*/false, CallBudget(),
       [](ParameterServer::Stub* stub, grpc::ClientContext* ctx, const StatsRequest* req,
          ShardStats* resp, std::function<void(grpc::Status)> cb) {
         stub->async()->Stats(ctx, req, resp, std::move(cb));
@@ -548,6 +485,12 @@ absl::Status PsClient::Push(absl::Span<const int64_t> ids, const float* row_grad
 
 std::shared_ptr<PsFuture> PsClient::PullAsync(absl::Span<const int64_t> ids, float* rows,
                                               float* dense) {
+  const int64_t step = !ids.empty() && dense != nullptr ? training_pulls_.fetch_add(1) + 1 : 0;
+  return PullAtStepAsync(ids, rows, dense, step);
+}
+
+std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> ids, float* rows,
+                                                    float* dense, int64_t step) {
   std::vector<int32_t> order;
   std::vector<int64_t> bounds;
   absl::Status grouped = GroupByShard(ids, &order, &bounds);
@@ -555,6 +498,7 @@ std::shared_ptr<PsFuture> PsClient::PullAsync(absl::Span<const int64_t> ids, flo
   auto op = std::make_shared<PullOp>();
   op->rows = rows;
   op->dense = dense;
+  op->step = step;
   for (int s = 0; s < num_shards(); ++s) {
     const bool want_dense = dense != nullptr && dense_map_.PartitionSize(s) > 0;
     if (bounds[s] == bounds[s + 1] && !want_dense) continue;
@@ -569,6 +513,7 @@ std::shared_ptr<PsFuture> PsClient::PullAsync(absl::Span<const int64_t> ids, flo
     }
     part->request.set_want_dense(want_dense);
     part->request.set_worker_id(opt_.worker_id);
+    part->request.set_step(step);
     op->parts.push_back(std::move(part));
   }
   if (op->parts.empty()) return CompletedFuture(absl::OkStatus());
@@ -603,6 +548,10 @@ std::shared_ptr<PsFuture> PsClient::PullAsync(absl::Span<const int64_t> ids, flo
           }
           if (st.ok()) {
             NoteIncarnation(part->shard, r.incarnation());
+            int64_t seen = op->staleness.load();
+            while (r.staleness() > seen &&
+                   !op->staleness.compare_exchange_weak(seen, r.staleness())) {
+            }
             const char* src = r.rows().data();
             const size_t row_bytes = dim * sizeof(float);
             for (size_t j = 0; j < part->positions.size(); ++j) {
@@ -621,10 +570,19 @@ std::shared_ptr<PsFuture> PsClient::PullAsync(absl::Span<const int64_t> ids, flo
             if (op->status.ok()) op->status = st;
           }
           if (op->remaining.fetch_sub(1) == 1) {
+            absl::Status status;
             {
               absl::MutexLock lock(&op->mu);
-              op->future->Complete(op->status);
+              status = op->status;
             }
+            if (status.ok() && op->step > 0) {
+              absl::MutexLock lock(&staleness_mu_);
+              const int64_t v = op->staleness.load();
+              ++staleness_.pulls;
+              staleness_.max = std::max(staleness_.max, v);
+              staleness_.sum += static_cast<double>(v);
+            }
+            op->future->Complete(status);
             OpFinished();
           }
         });
@@ -644,7 +602,8 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
   for (int s = 0; s < num_shards(); ++s) {
     const int64_t slice = dense_grad != nullptr ? dense_map_.PartitionSize(s) : 0;
     const int64_t n = bounds[s + 1] - bounds[s];
-    if (n == 0 && slice == 0) continue;
+    // BOUNDED / SYNC shards count every worker's every step: push to each, empty or not.
+    if (n == 0 && slice == 0 && opt_.consistency == ASYNC) continue;
     auto part = std::make_shared<PushPart>();
     part->op = op;
     part->shard = s;
@@ -752,6 +711,27 @@ absl::Status PsClient::Flush() {
   absl::MutexLock lock(&mu_);
   while (pushes_in_flight_ > 0) cv_.Wait(&mu_);
   return std::exchange(push_error_, absl::OkStatus());
+}
+
+absl::Status PsClient::FinishTraining() {
+  RETURN_IF_ERROR(Flush());
+  PushRequest done;
+  done.set_worker_id(opt_.worker_id);
+  done.set_incarnation(incarnation_);
+  done.set_worker_done(true);
+  std::vector<PushResponse> responses;
+  return CallAllShards<PushRequest, PushResponse>(
+      "Push(worker_done)", done, /*wait_for_ready=*/false, CallBudget(),
+      [](ParameterServer::Stub* stub, grpc::ClientContext* ctx, const PushRequest* req,
+         PushResponse* resp, std::function<void(grpc::Status)> cb) {
+        stub->async()->Push(ctx, req, resp, std::move(cb));
+      },
+      &responses);
+}
+
+PsClient::Staleness PsClient::staleness() const {
+  absl::MutexLock lock(&staleness_mu_);
+  return staleness_;
 }
 
 PsClient::Traffic PsClient::traffic() const {

@@ -17,18 +17,32 @@
 // fresh rows (initial values); the client notices the shard's new incarnation, logs a warning
 // and counts it in shard_restarts(). (Checkpoint restore of PS shards is later work.)
 //
-// Pipelining and consistency (the ASYNC mode of DESIGN.md):
+// Pipelining:
 //   - PullAsync returns at once with a PsFuture; the trainer can pull the next batch's rows while
 //     the current batch computes.
 //   - PushAsync copies the gradients into its requests and returns at once (or, when
 //     max_pushes_in_flight pushes are pending, once the oldest has finished: backpressure). The
 //     pushes of one client reach each shard one at a time, in order.
-//   - A pull issued while a push is pending may or may not see that push, shard by shard; a pull
-//     issued after a push's future completed (or after Flush) sees it. So with pipelining, the
-//     rows a step computes on may miss the previous step(s)' updates: asynchronous SGD with a
-//     staleness of up to max_pushes_in_flight + 1 steps from this worker's own updates.
 //   Pull() and Push() (the ParameterAccess methods) are PullAsync / PushAsync plus Wait: a
-//   trainer using only those gets read-your-writes from its own pushes.
+//   trainer using only those gets read-your-writes from its own pushes in ASYNC mode.
+//
+// Consistency (Options.consistency; the shards enforce it, docs/PS.md):
+//   - Training pulls carry their step: PullAsync counts the pulls that ask for rows AND the dense
+//     vector (TrainStep's, one per step, in step order; the evaluator asks for one or the other)
+//     and labels the k-th one step base + k, base being 0 or the step a resumed worker restarts
+//     from (ResumeAtStep); PullAtStepAsync takes the step explicitly, and a trainer that knows
+//     its step should use it. Other pulls carry step 0 and are answered at once in every mode.
+//   - ASYNC: a pull issued while a push is pending may or may not see it, shard by shard; a pull
+//     issued after a push's future completed (or after Flush) sees it: asynchronous SGD.
+//   - BOUNDED (staleness s): the shard answers the pull of step t once every active worker has
+//     pushed step t - 1 - s. SYNC: once the mean update of step t - 1 over all active workers
+//     has been applied. Pushes are answered when accepted, so a trainer may pull step t + 1
+//     before its push of step t completes; only the pull waits. In both modes every push goes to
+//     every shard (empty where the worker has nothing for it), so each shard counts every step.
+//   - FinishTraining() tells every shard that this worker will push no more, so the others stop
+//     waiting for it. A held pull that cannot be answered (a dead worker) fails within the call
+//     budget with the shard's message naming the step and the workers it waited for.
+//   - staleness(): how far ahead of the slowest active worker this worker's training pulls were.
 //
 // Thread-safety: every method may be called concurrently (the evaluator pulls while the trainer
 // pushes). The destructor cancels calls still in flight and waits for them (bounded by the
@@ -54,6 +68,8 @@
 #include "worker/params.h"
 
 namespace pstrain {
+
+class Timer;  // ps/timer.h
 
 // Completion of one asynchronous PsClient operation. Thread-safe.
 class PsFuture {
@@ -88,10 +104,11 @@ class PsClient final : public ParameterAccess {
     int initial_backoff_ms = 100;  // first retry delay; doubles per retry (jittered to 50..100%)
     int max_backoff_ms = 2000;     // also bounds gRPC's own reconnect backoff
     int max_pushes_in_flight = 2;  // PushAsync blocks beyond this many pending pushes, >= 1
+    Consistency consistency = ASYNC;  // must match the shards' (see above)
   };
 
   // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
-  // and max pushes in flight from `cluster`, worker_id = cluster.index().
+  // max pushes in flight and consistency from `cluster`, worker_id = cluster.index().
   static Options OptionsFromConfig(const ClusterConfig& cluster, int64_t rows, int row_dim,
                                    int64_t dense_size);
 
@@ -120,7 +137,16 @@ class PsClient final : public ParameterAccess {
   // and, if dense is not null, the dense vector into dense[dense_size]. `ids` is copied before
   // return; rows and dense must stay valid until the future completes. INVALID_ARGUMENT (in the
   // future) for an id outside [0, V).
+  // A pull with non-empty ids and dense is a training pull (see Consistency above).
   std::shared_ptr<PsFuture> PullAsync(absl::Span<const int64_t> ids, float* rows, float* dense);
+  // PullAsync for training step `step` (>= 1; 0 = not a training pull), e.g. for a trainer that
+  // knows its step. Does not advance PullAsync's count.
+  std::shared_ptr<PsFuture> PullAtStepAsync(absl::Span<const int64_t> ids, float* rows,
+                                            float* dense, int64_t step);
+
+  // A worker resumed from a checkpoint after `step` steps: the next training pull is step + 1.
+  // Call before the first training pull.
+  void ResumeAtStep(int64_t step) { training_pulls_ = step; }
 
   // Starts pushing row_grads[n x row_dim] for the unique `ids` and, if not null,
   // dense_grad[dense_size]; `step` is the 1-based global step. Everything is copied before
@@ -131,6 +157,21 @@ class PsClient final : public ParameterAccess {
   // Waits for every push started so far and returns the first error of a push that finished since
   // the previous Flush (OK if none failed).
   absl::Status Flush();
+
+  // End of this worker's training: Flush(), then tells every shard (PushRequest.worker_done) that
+  // this worker pushes no more steps, so BOUNDED / SYNC shards stop waiting for it. Returns the
+  // first error (of the flush or a shard). Call once, after the last push; pulls still work.
+  absl::Status FinishTraining();
+
+  // Staleness of this worker's training pulls that succeeded: per pull, the largest of its
+  // shards' PullResponse.staleness (steps ahead of the slowest active worker).
+  struct Staleness {
+    int64_t pulls = 0;  // training pulls measured
+    int64_t max = 0;
+    double sum = 0;  // mean = sum / pulls
+    double mean() const { return pulls > 0 ? sum / pulls : 0.0; }
+  };
+  Staleness staleness() const;
 
   // Each shard's counters, in shard order (see FormatShardBalance in ps/shard_server.h).
   absl::StatusOr<std::vector<ShardStats>> GetStats();
@@ -148,7 +189,6 @@ class PsClient final : public ParameterAccess {
 
  private:
   class Call;
-  class Timer;
   struct Shard;
   struct PullOp;
   struct PushOp;
@@ -161,10 +201,11 @@ class PsClient final : public ParameterAccess {
   void StartCall(int shard, const char* method, const Req* request, Resp* response,
                  bool wait_for_ready, absl::Duration budget, Issue issue,
                  std::function<void(absl::Status)> done);
-  // One call per shard, in parallel; waits for all and returns the first error.
+  // One call per shard, in parallel, each sending a copy of `request`; waits for all and returns
+  // the first error.
   template <typename Req, typename Resp, typename Issue>
-  absl::Status CallAllShards(const char* method, bool wait_for_ready, absl::Duration budget,
-                             Issue issue, std::vector<Resp>* responses);
+  absl::Status CallAllShards(const char* method, const Req& request, bool wait_for_ready,
+                             absl::Duration budget, Issue issue, std::vector<Resp>* responses);
   absl::Duration CallBudget() const;
   // Orders ids by owning shard, then partition: *order lists the positions of ids so sorted,
   // shard s's ids being (*order)[bounds[s], bounds[s + 1]). INVALID_ARGUMENT for an id out of
@@ -191,6 +232,10 @@ class PsClient final : public ParameterAccess {
   std::atomic<uint64_t> next_call_id_{0};
   std::atomic<int64_t> rpcs_{0}, retries_{0}, bytes_sent_{0}, bytes_received_{0};
   std::atomic<int64_t> shard_restarts_{0};
+  std::atomic<int64_t> training_pulls_{0};  // PullAsync's count of training pulls
+
+  mutable absl::Mutex staleness_mu_;
+  Staleness staleness_ ABSL_GUARDED_BY(staleness_mu_);
 
   absl::Mutex mu_;
   absl::CondVar cv_;

@@ -4,7 +4,9 @@
 
 #include <cstdio>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -56,6 +58,8 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   co.client = client.get();
   co.stop = o.stop;
   co.timeout = o.barrier_timeout;
+  co.consistency = config.cluster().consistency();
+  co.staleness = config.cluster().staleness();
   co.restored = o.restored;
   PsCheckpointer checkpointer(std::move(co));
   const absl::Time t_start = absl::Now();
@@ -69,16 +73,25 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   opts.worker_index = me;
   opts.num_workers = N;
   opts.chief = chief;
-  opts.mode = "ps-async";
+  opts.mode = absl::AsciiStrToLower(absl::StrCat("ps-", Consistency_Name(cc->consistency())));
   opts.hosts = static_cast<int>(o.shards.size());
   opts.after_training = [&](TrainSummary* summary) -> absl::Status {
     if (o.training != nullptr) *o.training = false;
-    RETURN_IF_ERROR(Annotate(client->Flush(), "flushing the last pushes"));
+    // Flushes, then tells the shards that this worker pushes no more (BOUNDED / SYNC stop
+    // waiting for it).
+    RETURN_IF_ERROR(Annotate(client->FinishTraining(), "finishing training on the shards"));
+    const PsClient::Staleness st = client->staleness();
+    PSTRAIN_LOG(INFO) << "worker " << me << ": " << Consistency_Name(cc->consistency())
+                      << " staleness over " << st.pulls << " training pulls: max " << st.max
+                      << ", mean " << absl::StrFormat("%.3f", st.mean());
     ReportRequest done;
     done.set_worker_id(me);
     done.set_phase(TRAINING_DONE);
     done.set_examples(summary->examples);
     done.set_steps(summary->steps);
+    done.set_training_pulls(st.pulls);
+    done.set_staleness_max(st.max);
+    done.set_staleness_sum(st.sum);
     done.set_worker_state(checkpointer.final_state());
     done.set_examples_this_run(summary->examples_this_run);
     RETURN_IF_ERROR(shard_zero.Report(done, o.barrier_timeout));
@@ -89,11 +102,16 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     summary->examples = 0;
     summary->examples_this_run = 0;
     summary->steps = 0;
+    double staleness_sum = 0;
     for (const ReportRequest& r : all) {
       summary->examples += r.examples();
       summary->examples_this_run += r.examples_this_run();
       summary->steps += r.steps();
+      summary->staleness_pulls += r.training_pulls();
+      summary->staleness_max = std::max(summary->staleness_max, r.staleness_max());
+      staleness_sum += r.staleness_sum();
     }
+    summary->staleness_mean = staleness_sum / std::max<int64_t>(1, summary->staleness_pulls);
     summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
     summary->examples_per_sec =
         summary->examples_this_run / std::max(1e-9, summary->wall_seconds);

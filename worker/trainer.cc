@@ -55,6 +55,9 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("dense_params", s.dense_params)
       .Add("preempted", s.preempted)
       .Add("checkpoint", s.checkpoint);
+  if (s.staleness_pulls > 0) {
+    j.Add("staleness_max", s.staleness_max).Add("staleness_mean", s.staleness_mean);
+  }
   return WriteFileAtomic(path, j.str() + "\n");
 }
 
@@ -158,10 +161,18 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   Batch batch;
   while (max_steps == 0 || step < max_steps) {
     if (opts.stop != nullptr && opts.stop->load()) {
-      summary.preempted = true;
-      break;
+      int64_t stop_at = step;
+      if (checkpointer != nullptr) {
+        ASSIGN_OR_RETURN(stop_at, checkpointer->StopStep(step));
+      }
+      if (step >= stop_at) {
+        summary.preempted = true;
+        break;
+      }
     }
-    if (checkpointer != nullptr && checkpointer->Requested()) RETURN_IF_ERROR(checkpoint(false));
+    if (checkpointer != nullptr && checkpointer->Requested(step)) {
+      RETURN_IF_ERROR(checkpoint(false));
+    }
     ASSIGN_OR_RETURN(bool more, pipeline->Next(&batch, &epoch));
     if (!more) break;
     if (batch.size == 0) continue;

@@ -34,6 +34,11 @@ struct TrainSummary {
   int64_t dense_params = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
   std::string checkpoint;  // path of the last checkpoint written, if any
+  // PS training: steps ahead of the slowest worker seen by the training pulls (PsClient
+  // staleness), over all workers. Written to summary.json when staleness_pulls > 0.
+  int64_t staleness_pulls = 0;
+  int64_t staleness_max = 0;
+  double staleness_mean = 0;
 };
 
 struct TrainerOptions {

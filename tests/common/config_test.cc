@@ -91,6 +91,11 @@ TEST(Config, ValidationNamesTheField) {
   c = Config();
   c.mutable_sparse_optimizer()->set_learning_rate(0);
   EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("sparse_optimizer.learning_rate"));
+  c = Config();
+  c.mutable_cluster()->set_consistency(BOUNDED);
+  c.mutable_cluster()->set_staleness(-1);
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("cluster.staleness: must be >= 0"));
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("BOUNDED"));
 }
 
 TEST(Config, DefaultsResolveThreadsFromCores) {

@@ -24,6 +24,7 @@ namespace pstrain {
 namespace {
 
 using testing::RunToExit;
+using ::testing::HasSubstr;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -111,7 +112,9 @@ google::protobuf::Struct ReadSummary(const std::string& model_dir) {
   google::protobuf::Struct summary;
   auto text = ReadFileToString(model_dir + "/summary.json");
   EXPECT_TRUE(text.ok()) << text.status();
-  if (text.ok()) EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok());
+  if (text.ok()) {
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
+  }
   return summary;
 }
 
@@ -281,6 +284,135 @@ TEST_F(LocalClusterTest, AFailingHostStopsTheOthers) {
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Reads <model_dir>/summary.json.
+// Runs `pstrain local` to its end, expecting success and no process left behind.
+void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {
+  Subprocess local;
+  std::string error;
+  ASSERT_TRUE(local.Start(args, &error)) << error;
+  EXPECT_THAT(local.ReadLineContaining("pstrain local: done", 240000), HasSubstr("test AUC"));
+  const int status = local.WaitExit(60000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Issue 4: SYNC mode with deterministic data matches single-process training with the same
+// global batch. Record sharding without any shuffle gives worker w of 2 the records w, w + 2, ...
+// in file order, so the union of the workers' step-j batches (B each) is exactly the single
+// process's step-j batch (2 towers x B). The shards apply the mean of the two workers' batch
+// means, which is the global batch mean; optimizer steps (Adam's bias correction, Adagrad's
+// accumulators) see the same step numbers. Only the order of float sums differs (per worker vs
+// per tower), hence a tolerance instead of equality.
+TEST_F(LocalClusterTest, SyncMatchesSingleProcessTrainingWithTheGlobalBatch) {
+  const std::string single_dir = Dir() + "/model_single";
+  const std::string sync_dir = Dir() + "/model_sync";
+  const std::vector<std::string> deterministic = {
+      "--set", "data.shuffle_buffer=0",          "--set", "data.shuffle_files=false",
+      "--set", "data.train[0].shard_policy=SHARD_BY_RECORD", "--set", "train.batch_size=250",
+      "--set", "threads.intra_op_threads=1"};
+  // kTrainRows / 500 = 40 full global batches.
+  std::vector<std::string> single = {PSTRAIN_BINARY, "train", "--train", Dir() + "/train/part-*",
+                                     "--eval", Dir() + "/test/part-*", "--epochs", "1",
+                                     "--model_dir", single_dir, "--set", "model.hidden=[32]",
+                                     "--set", "features.categorical_vocab_size=20000", "--set",
+                                     "threads.towers=2"};
+  single.insert(single.end(), deterministic.begin(), deterministic.end());
+  ASSERT_EQ(RunToExit(single, 240000), 0);
+
+  std::vector<std::string> sync = LocalArgs(2, 1, sync_dir);
+  sync.insert(sync.end(), deterministic.begin(), deterministic.end());
+  sync.insert(sync.end(), {"--set", "threads.towers=1", "--set", "cluster.consistency=SYNC"});
+  RunLocal(sync, sync_dir);
+
+  const auto s = ReadSummary(single_dir).fields();
+  const auto p = ReadSummary(sync_dir).fields();
+  ASSERT_TRUE(s.count("test_auc") && p.count("test_auc"));
+  EXPECT_EQ(s.at("steps").number_value(), kTrainRows / 500);
+  EXPECT_EQ(p.at("steps").number_value(), 2 * kTrainRows / 500);  // summed over the workers
+  EXPECT_EQ(p.at("examples").number_value(), kTrainRows);
+  EXPECT_EQ(p.at("mode").string_value(), "ps-sync");
+  EXPECT_EQ(p.at("staleness_max").number_value(), 0);
+  const double auc = s.at("test_auc").number_value();
+  const double logloss = s.at("test_logloss").number_value();
+  EXPECT_GT(auc, 0.6);  // it learned something, so the comparison means something
+  EXPECT_NEAR(p.at("test_auc").number_value(), auc, 1e-5 * auc);
+  EXPECT_NEAR(p.at("test_logloss").number_value(), logloss, 1e-5 * logloss);
+}
+
+// Issue 4: SIGTERM mid-run in SYNC mode, then the same command: the final model equals an
+// uninterrupted run's (the same test AUC and logloss to the last bit: the shards apply the same
+// means in the same order), and every record is trained once. Every worker pauses at one common
+// step, so the checkpoint is a state the uninterrupted run also passed through.
+TEST_F(LocalClusterTest, SyncSigtermAndResumeEqualsAnUninterruptedRun) {
+  const std::vector<std::string> deterministic = {
+      "--set", "data.shuffle_buffer=0", "--set", "data.shuffle_files=false",
+      "--set", "data.train[0].shard_policy=SHARD_BY_RECORD", "--set", "threads.towers=1",
+      "--set", "threads.intra_op_threads=1", "--set", "cluster.consistency=SYNC"};
+  const int epochs = 10;
+  auto args = [&](const std::string& dir) {
+    std::vector<std::string> a = LocalArgs(2, epochs, dir);
+    a.insert(a.end(), deterministic.begin(), deterministic.end());
+    return a;
+  };
+  const std::string whole = Dir() + "/model_sync_whole";
+  RunLocal(args(whole), whole);
+
+  // The interrupted job also checkpoints on a schedule: rounds at a common step, no deadlock.
+  const std::string parts = Dir() + "/model_sync_parts";
+  std::vector<std::string> scheduled = args(parts);
+  scheduled.insert(scheduled.end(), {"--set", "checkpoint.every_steps=7"});
+  Subprocess local;
+  std::string error;
+  ASSERT_TRUE(local.Start(scheduled, &error)) << error;
+  ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), HasSubstr("training"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(local.Signal(SIGTERM));
+  const int status = local.WaitExit(120000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const auto stopped = ReadSummary(parts).fields();
+  EXPECT_TRUE(stopped.at("preempted").bool_value());
+  EXPECT_LT(stopped.at("examples").number_value(), kTrainRows * epochs)
+      << "the job finished before the signal: make it longer";
+  RunLocal(scheduled, parts);
+
+  const auto w = ReadSummary(whole).fields();
+  const auto p = ReadSummary(parts).fields();
+  EXPECT_EQ(p.at("examples").number_value(), kTrainRows * epochs);
+  EXPECT_EQ(p.at("steps").number_value(), w.at("steps").number_value());
+  EXPECT_GT(w.at("test_auc").number_value(), 0.6);
+  EXPECT_EQ(p.at("test_auc").number_value(), w.at("test_auc").number_value());
+  EXPECT_EQ(p.at("test_logloss").number_value(), w.at("test_logloss").number_value());
+}
+
+// Uneven data: by-file sharding of 4 files over 3 hosts gives host 0 twice the records of the
+// others. The workers that run out say so (worker_done), and the last one trains on alone.
+void ExpectUnevenDataDoesNotHang(const std::vector<std::string>& local_args,
+                                 const std::string& mode, const std::string& model_dir) {
+  std::vector<std::string> args = local_args;
+  args.insert(args.end(), {"--set", "threads.towers=1", "--set",
+                           "cluster.consistency=" + mode, "--set", "cluster.staleness=2"});
+  RunLocal(args, model_dir);
+  const auto f = ReadSummary(model_dir).fields();
+  EXPECT_EQ(f.at("examples").number_value(), kTrainRows);
+  EXPECT_GT(f.at("test_auc").number_value(), 0.6);
+  const std::string lower = mode == "SYNC" ? "ps-sync" : "ps-bounded";
+  EXPECT_EQ(f.at("mode").string_value(), lower);
+  // The bound holds for every training pull of every worker.
+  EXPECT_LE(f.at("staleness_max").number_value(), mode == "SYNC" ? 0 : 2);
+}
+
+TEST_F(LocalClusterTest, UnevenDataDoesNotHangSync) {
+  const std::string model_dir = Dir() + "/model_uneven_sync";
+  ExpectUnevenDataDoesNotHang(LocalArgs(3, 1, model_dir), "SYNC", model_dir);
+}
+
+TEST_F(LocalClusterTest, UnevenDataDoesNotHangBounded) {
+  const std::string model_dir = Dir() + "/model_uneven_bounded";
+  ExpectUnevenDataDoesNotHang(LocalArgs(3, 1, model_dir), "BOUNDED", model_dir);
 }
 
 }  // namespace
