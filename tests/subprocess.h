@@ -3,6 +3,7 @@
 // leaves a process behind.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,6 +14,8 @@
 
 #include <cerrno>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -113,6 +116,37 @@ class Subprocess {
   int exit_status_ = -1;
   std::string buffer_;
 };
+
+// Runs argv to its exit, at most timeout_ms; returns its exit code, or -1 (with *error set) if it
+// could not start, timed out (it is killed) or died of a signal.
+inline int RunToExit(const std::vector<std::string>& argv, int timeout_ms, std::string* error) {
+  Subprocess p;
+  if (!p.Start(argv, error)) return -1;
+  const int status = p.WaitExit(timeout_ms);
+  if (status >= 0 && WIFEXITED(status)) return WEXITSTATUS(status);
+  *error = argv[0] + (status < 0 ? " timed out" : " died of a signal");
+  return -1;
+}
+
+// Processes (/proc) whose command line mentions `needle`, e.g. a test's unique model dir.
+inline std::vector<int> PidsMentioning(const std::string& needle) {
+  std::vector<int> pids;
+  DIR* proc = opendir("/proc");
+  while (dirent* e = readdir(proc)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
+    std::stringstream cmdline;
+    cmdline << in.rdbuf();
+    std::string text = cmdline.str();
+    for (char& c : text) c = c == '\0' ? ' ' : c;
+    if (text.find(needle) != std::string::npos) pids.push_back(atoi(e->d_name));
+  }
+  closedir(proc);
+  return pids;
+}
+inline int ProcessesMentioning(const std::string& needle) {
+  return static_cast<int>(PidsMentioning(needle).size());
+}
 
 }  // namespace testing
 }  // namespace pstrain

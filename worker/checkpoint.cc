@@ -20,7 +20,6 @@ namespace pstrain {
 namespace {
 
 constexpr char kShardFile[] = "shard-0-of-1";
-constexpr char kWorkerFile[] = "worker-0.state";
 constexpr char kManifestFile[] = "MANIFEST";
 constexpr char kWorkerStateTag[] = "WSTA";
 constexpr char kManifestTag[] = "MANI";
@@ -39,6 +38,8 @@ std::vector<int64_t> ListCheckpoints(const std::string& dir) {
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
+
+std::string WorkerFile(size_t worker) { return absl::StrCat("worker-", worker, ".state"); }
 
 std::string CkptName(int64_t step) { return absl::StrCat("ckpt-", step); }
 
@@ -106,6 +107,15 @@ absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manif
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep) {
+  return SaveCheckpoint(dir, absl::MakeConstSpan(&state, 1), params, keep, "pstrain train");
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir,
+                                           absl::Span<const WorkerState> states,
+                                           LocalParams& params, int keep,
+                                           absl::string_view created_by) {
+  PSTRAIN_CHECK(!states.empty());
+  const WorkerState& state = states[0];
   const std::string ckpt = dir + "/" + CkptName(state.step());
   RETURN_IF_ERROR(MakeDirs(ckpt));
   // A leftover MANIFEST from an interrupted earlier attempt at the same step must not vouch for
@@ -122,23 +132,26 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
     f->set_name(kShardFile);
     f->set_bytes(w->bytes());
   }
-  RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + kWorkerFile, kWorkerStateTag, state));
-  struct stat st;
-  if (::stat((ckpt + "/" + kWorkerFile).c_str(), &st) != 0) {
-    return absl::UnavailableError(absl::StrCat("stat ", ckpt, "/", kWorkerFile));
+  for (size_t j = 0; j < states.size(); ++j) {
+    const std::string name = WorkerFile(j);
+    RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + name, kWorkerStateTag, states[j]));
+    struct stat st;
+    if (::stat((ckpt + "/" + name).c_str(), &st) != 0) {
+      return absl::UnavailableError(absl::StrCat("stat ", ckpt, "/", name));
+    }
+    auto* wf = manifest.add_file();
+    wf->set_name(name);
+    wf->set_bytes(st.st_size);
   }
-  auto* wf = manifest.add_file();
-  wf->set_name(kWorkerFile);
-  wf->set_bytes(st.st_size);
 
   manifest.set_step(state.step());
   manifest.set_num_shards(1);
-  manifest.set_num_workers(1);
+  manifest.set_num_workers(static_cast<int32_t>(states.size()));
   manifest.set_table_rows(params.embedding()->end());
   manifest.set_partitions(1);
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
-  manifest.set_created_by("pstrain train");
+  manifest.set_created_by(std::string(created_by));
   manifest.set_wall_time(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + kManifestFile, kManifestTag, manifest));
@@ -152,6 +165,14 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state) {
+  return RestoreLatestCheckpoint(dir, params, state, 0, 0);
+}
+
+// num_workers == 0: any number of workers (the single-process entry point above).
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state, int worker,
+                                                                   int num_workers) {
   std::vector<int64_t> candidates;
   auto latest = ReadFileToString(dir + "/LATEST");
   int64_t latest_step = -1;
@@ -189,7 +210,12 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
           params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size(),
           ". Use a new --model_dir or the same config."));
     }
-    RETURN_IF_ERROR(ReadProtoBlockFile(ckpt + "/" + kWorkerFile, kWorkerStateTag, state));
+    if (num_workers > 0 && manifest.num_workers() != num_workers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ckpt, " was written by a job of ", manifest.num_workers(), " workers; this job has ",
+          num_workers, ". Resume with the same number of workers (ranks) or a new --model_dir."));
+    }
+    RETURN_IF_ERROR(ReadProtoBlockFile(ckpt + "/" + WorkerFile(worker), kWorkerStateTag, state));
     ASSIGN_OR_RETURN(auto r, BlockReader::Open(ckpt + "/" + kShardFile));
     EmbeddingStore* stores[] = {params->embedding()};
     RETURN_IF_ERROR(LoadEmbeddingStores(r.get(), stores, nullptr));

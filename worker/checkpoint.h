@@ -3,7 +3,8 @@
 //   <dir>/ckpt-<step>/shard-0-of-1     block file: the embedding store (EMBM + EMBR blocks) and
 //                                      the dense store (DNSE)
 //   <dir>/ckpt-<step>/worker-0.state   block file: one WSTA block, a WorkerState proto (step,
-//                                      examples, exact data-pipeline position)
+//                                      examples, exact data-pipeline position); the allreduce
+//                                      mode writes worker-<j>.state for each rank j
 //   <dir>/ckpt-<step>/MANIFEST         block file: one MANI block, a CheckpointManifest proto;
 //                                      written last
 //   <dir>/LATEST                       "ckpt-<step>\n", replaced by atomic rename after MANIFEST
@@ -16,6 +17,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "pstrain/state.pb.h"
 #include "worker/local_params.h"
 
@@ -27,6 +30,14 @@ namespace pstrain {
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep);
 
+// The same for a job of states.size() workers sharing one replica of the parameters (the
+// allreduce mode): worker j's state goes to worker-<j>.state, MANIFEST records num_workers and
+// `created_by`.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir,
+                                           absl::Span<const WorkerState> states,
+                                           LocalParams& params, int keep,
+                                           absl::string_view created_by);
+
 // Restores the checkpoint LATEST names; if it is missing or corrupt, says why on stderr and falls
 // back to the next older complete checkpoint. Every file is verified completely before anything
 // is loaded, so a refused checkpoint leaves `params` untouched. Returns the directory restored,
@@ -36,6 +47,12 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state);
+// The same for worker `worker` of a job of `num_workers` (> 0): reads worker-<worker>.state and
+// refuses (FAILED_PRECONDITION) a checkpoint written by another number of workers.
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state, int worker,
+                                                                   int num_workers);
 
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce

@@ -10,5 +10,6 @@ int RunTrain(int argc, char** argv);
 int RunPs(int argc, char** argv);
 int RunHost(int argc, char** argv);
 int RunLocal(int argc, char** argv);
+int RunAllreduce(int argc, char** argv);
 
 }  // namespace pstrain

@@ -20,6 +20,7 @@ const Command kCommands[] = {
     {"ps", pstrain::RunPs, "serve one parameter-server shard (gRPC) until SIGTERM"},
     {"host", pstrain::RunHost, "one host of an async PS job: PS shard i and worker i"},
     {"local", pstrain::RunLocal, "async PS training on N local hosts (runs N `pstrain host`)"},
+    {"allreduce", pstrain::RunAllreduce, "synchronous MPI data-parallel training (mpirun -np N)"},
 };
 
 void PrintUsage() {

@@ -50,7 +50,8 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("hosts", opts.hosts)
       .Add("bad_records", s.bad_records)
       .Add("preempted", s.preempted)
-      .Add("checkpoint", s.checkpoint);
+      .Add("checkpoint", s.checkpoint)
+      .Add("wire_bytes", s.wire_bytes);
   return WriteFileAtomic(path, j.str() + "\n");
 }
 

@@ -28,6 +28,9 @@ struct TrainSummary {
   int64_t bad_records = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
   std::string checkpoint;  // path of the last checkpoint written, if any
+  // Bytes all workers sent for parameter traffic (allreduce: the collectives, by the ring model
+  // of docs/ALLREDUCE.md); 0 when the mode does not count them. Set by after_training.
+  int64_t wire_bytes = 0;
 };
 
 struct TrainerOptions {

@@ -1,0 +1,133 @@
+// `pstrain allreduce`: synchronous MPI data parallelism (worker/allreduce_params.h), the baseline
+// the PS mode is compared with. The only command that initializes MPI.
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/flags.h"
+#include "common/status.h"
+#include "worker/allreduce_params.h"
+#include "worker/cli.h"
+#include "worker/commands.h"
+#include "worker/feature_spec.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnStopSignal(int sig) {
+  if (g_stop.exchange(true)) {
+    // A second signal: the user insists. Leave without the checkpoint.
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+absl::Status Train(Config config, int rank, int size, int local_ranks) {
+  const int cores =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
+  ResolveThreadDefaults(cores, config.mutable_threads());
+  const int threads = config.threads().towers() * config.threads().intra_op_threads();
+  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(auto replica, LocalParams::Create(*model, spec.total_rows(), config, threads));
+
+  AllreduceOptions ao;
+  ao.sparse_as_dense = config.allreduce().sparse_as_dense();
+  ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;
+  ao.checkpoint_dir =
+      config.checkpoint().dir().empty() ? config.train().model_dir() : config.checkpoint().dir();
+  ao.keep = config.checkpoint().keep();
+  ao.checkpoint_every_steps = config.checkpoint().every_steps();
+  ao.checkpoint_every_seconds = config.checkpoint().every_seconds();
+  ao.local_stop = &g_stop;
+  ASSIGN_OR_RETURN(auto params, AllreduceParams::Create(std::move(replica), std::move(ao)));
+  AllreduceCheckpointer checkpointer(params.get());
+  // The checkpoint schedule is agreed by the ranks inside AllreduceParams, not by the trainer's
+  // chief-only schedule.
+  config.mutable_checkpoint()->set_every_steps(0);
+  config.mutable_checkpoint()->set_every_seconds(0);
+  // Rank 0 logs to the model dir; the others to <model_dir>/rank-<r>/ (metrics, events).
+  if (rank != 0) {
+    config.mutable_train()->set_model_dir(
+        absl::StrCat(config.train().model_dir(), "/rank-", rank));
+  }
+
+  TrainerOptions opts;
+  opts.cores = cores;
+  opts.tty = rank == 0 && isatty(STDERR_FILENO);
+  opts.stop = params->agreed_stop();
+  opts.params = params.get();
+  opts.checkpointer = &checkpointer;
+  opts.worker_index = rank;
+  opts.num_workers = size;
+  opts.chief = rank == 0;
+  opts.mode = "allreduce";
+  opts.hosts = size;
+  opts.after_training = [&](TrainSummary* s) { return params->Finish(s); };
+  return RunTraining(config, opts).status();
+}
+
+}  // namespace
+
+int RunAllreduce(int argc, char** argv) {
+  FlagSet flags(
+      "allreduce",
+      "Synchronous data-parallel training over MPI, the baseline for the PS mode: run it as\n"
+      "  mpirun -np N pstrain allreduce --config FILE [flags]\n"
+      "Every rank holds a full replica, trains its shard of the data and applies the same\n"
+      "averaged update (dense gradient by MPI_Allreduce, sparse rows by allgather; see\n"
+      "docs/ALLREDUCE.md). Without mpirun it runs as one rank. Rank 0 evaluates and writes\n"
+      "<model_dir>/summary.json and the checkpoints; rank r > 0 logs to <model_dir>/rank-<r>/.\n"
+      "SIGTERM (to every rank) writes a checkpoint and exits 0; the next run with the same\n"
+      "--model_dir and N resumes exactly.");
+  TrainingFlags tf;
+  AddTrainingFlags(&flags, &tf);
+  Config config;
+  if (auto code = ParseTrainingCommand("allreduce", argc, argv, &flags, tf, &config)) return *code;
+  if (config.data().train_size() == 0) {
+    std::fprintf(stderr, "pstrain allreduce: no training data: pass --train PATH or set data.train\n");
+    return 2;
+  }
+  int provided = 0;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "pstrain allreduce: MPI_Init_thread failed\n");
+    return 1;
+  }
+  int rank = 0, size = 1, local_ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_ranks);
+  MPI_Comm_free(&local);
+  signal(SIGTERM, OnStopSignal);
+  signal(SIGINT, OnStopSignal);
+
+  absl::Status s = provided >= MPI_THREAD_FUNNELED
+                       ? Train(std::move(config), rank, size, local_ranks)
+                       : absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  if (!s.ok()) {
+    std::fprintf(stderr, "pstrain allreduce: rank %d of %d: %s\n", rank, size,
+                 s.ToString().c_str());
+    std::fflush(stderr);
+    // The other ranks may be waiting in a collective for this one: end the whole job.
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace pstrain
