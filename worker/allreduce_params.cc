@@ -219,12 +219,17 @@ absl::Status AllreduceParams::Exchange(const std::vector<Header>& all,
     }
     for (float& g : merged_rows_) g *= scale;
   }
+  last_step_ = step;
   return replica_->Push(merged_ids_, merged_rows_.data(), dense_.data(), step);
 }
 
 absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state) {
-  const int64_t step = state.step();
-  const std::string mine = state.SerializeAsString();
+  // Every rank records the job's step (a rank whose data ran out counted fewer steps of its
+  // own): the checkpoint is named after it and every rank resumes from it.
+  WorkerState job_state = state;
+  const int64_t step = std::max(state.step(), last_step_);
+  job_state.set_step(step);
+  const std::string mine = job_state.SerializeAsString();
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(size_), offsets(size_);
   RETURN_IF_ERROR(Check(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD),
@@ -327,6 +332,7 @@ absl::StatusOr<std::optional<std::string>> AllreduceParams::Restore(WorkerState*
                         "MPI_Allgather (restored step)", 0));
   CountAllgather(8);
   if (!restored.ok()) return restored.status();
+  if (*restored) last_step_ = state->step();
   for (int r = 0; r < size_; ++r) {
     if (all[r] == -2) {
       return absl::FailedPreconditionError(
@@ -363,7 +369,7 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   if (agreed_stop_) return absl::OkStatus();
   const uint32_t crc = ReplicaChecksum();
   std::printf("pstrain allreduce: rank %d of %d: replica crc32c %08x after step %lld\n", rank_,
-              size_, crc, static_cast<long long>(summary->steps));
+              size_, crc, static_cast<long long>(last_step_));
   std::fflush(stdout);
   struct {
     int64_t crc, examples;
@@ -373,8 +379,9 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   std::vector<decltype(mine)> all(size_);
   RETURN_IF_ERROR(Check(MPI_Allgather(&mine, 24, MPI_BYTE, all.data(), 24, MPI_BYTE,
                                       MPI_COMM_WORLD),
-                        "MPI_Allgather (replica checksums)", summary->steps));
+                        "MPI_Allgather (replica checksums)", last_step_));
   CountAllgather(24);
+  summary->steps = last_step_;  // the job's steps (a rank that joined early did fewer)
   summary->examples = 0;
   summary->examples_per_sec = 0;
   for (int r = 0; r < size_; ++r) {
@@ -390,7 +397,7 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   int64_t bytes = bytes_sent_;
   RETURN_IF_ERROR(Check(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_INT64_T, MPI_SUM,
                                       MPI_COMM_WORLD),
-                        "MPI_Allreduce (bytes sent)", summary->steps));
+                        "MPI_Allreduce (bytes sent)", last_step_));
   summary->wire_bytes = bytes;
   return absl::OkStatus();
 }

@@ -99,8 +99,8 @@ class AllreduceParams : public ParameterAccess {
   // End of job, every rank, as TrainerOptions::after_training (a no-op when the job was stopped
   // by agreed_stop: then the ranks are not all here). Compares the replicas' checksums (INTERNAL
   // error if they differ), prints "pstrain allreduce: rank r of N: replica crc32c XXXXXXXX after
-  // step S" on stdout, and replaces examples / examples_per_sec with the job's totals and sets
-  // wire_bytes.
+  // step S" on stdout, replaces examples / examples_per_sec with the job's totals and steps with
+  // the job's step count, and sets wire_bytes.
   absl::Status Finish(TrainSummary* summary);
 
   // crc32c of the replica's trained rows (ids, weights, optimizer state) and dense weights and
@@ -129,6 +129,7 @@ class AllreduceParams : public ParameterAccess {
   bool checkpoint_requested_ = false;
   double last_checkpoint_time_;
   int64_t bytes_sent_ = 0;  // by this rank
+  int64_t last_step_ = 0;   // the job's step of the last update applied
   // Step buffers, reused.
   std::vector<float> dense_;
   std::vector<int64_t> all_ids_, merged_ids_;

@@ -1,11 +1,14 @@
 // `pstrain allreduce`: synchronous MPI data parallelism (worker/allreduce_params.h), the baseline
 // the PS mode is compared with. The only command that initializes MPI.
 #include <mpi.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <thread>
 
@@ -24,12 +27,39 @@ namespace pstrain {
 namespace {
 
 std::atomic<bool> g_stop{false};
+// Posted by the first stop signal (sem_post is async-signal-safe) and by the end of training.
+sem_t g_wake;
+std::atomic<bool> g_training_done{false};
 
 void OnStopSignal(int sig) {
   if (g_stop.exchange(true)) {
     // A second signal: the user insists. Leave without the checkpoint.
     signal(sig, SIG_DFL);
     raise(sig);
+  }
+  sem_post(&g_wake);
+}
+
+// After a stop signal, the ranks agree to stop at the next step and write a checkpoint. When a
+// rank has died, mpirun signals the survivors, which may then be stuck in a collective that
+// OpenMPI never fails (it has no fault tolerance); mpirun kills them after
+// odls_base_sigkill_timeout. If that is raised for large checkpoints, this watchdog still bounds
+// the wait: a rank not done `timeout` seconds after the signal says why and exits.
+void StopWatchdog(int rank, int size, double timeout) {
+  sem_wait(&g_wake);
+  if (g_training_done) return;
+  timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += static_cast<time_t>(timeout);
+  while (sem_timedwait(&g_wake, &deadline) != 0) {
+    if (errno == EINTR) continue;  // another signal: not the end of training
+    std::fprintf(stderr,
+                 "pstrain allreduce: rank %d of %d: stopped by a signal, but the ranks did not "
+                 "reach the checkpoint within %.0f s (--stop_timeout): another rank has probably "
+                 "died (see mpirun's message); exiting without a checkpoint\n",
+                 rank, size, timeout);
+    std::fflush(stderr);
+    _exit(1);
   }
 }
 
@@ -93,6 +123,10 @@ int RunAllreduce(int argc, char** argv) {
       "--model_dir and N resumes exactly.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
+  double stop_timeout = 120;
+  flags.Double("stop_timeout", &stop_timeout,
+               "after SIGTERM, seconds to reach and write the checkpoint before this rank gives up "
+               "(a collective that never completes because another rank died)");
   Config config;
   if (auto code = ParseTrainingCommand("allreduce", argc, argv, &flags, tf, &config)) return *code;
   if (config.data().train_size() == 0) {
@@ -111,12 +145,17 @@ int RunAllreduce(int argc, char** argv) {
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   MPI_Comm_size(local, &local_ranks);
   MPI_Comm_free(&local);
+  sem_init(&g_wake, 0, 0);
+  std::thread watchdog(StopWatchdog, rank, size, stop_timeout);
   signal(SIGTERM, OnStopSignal);
   signal(SIGINT, OnStopSignal);
 
   absl::Status s = provided >= MPI_THREAD_FUNNELED
                        ? Train(std::move(config), rank, size, local_ranks)
                        : absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  g_training_done = true;
+  sem_post(&g_wake);
+  watchdog.join();
   if (!s.ok()) {
     std::fprintf(stderr, "pstrain allreduce: rank %d of %d: %s\n", rank, size,
                  s.ToString().c_str());

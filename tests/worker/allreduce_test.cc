@@ -26,8 +26,11 @@ using testing::PidsMentioning;
 using testing::ProcessesMentioning;
 using testing::Subprocess;
 
-constexpr int kTrainRows = 16384;
+// Odd: rank 0 gets one record more, so its last step has 1 example while rank 1, out of data,
+// joins (takes part with empty gradients); the single process's last batch is that example too.
+constexpr int kTrainRows = 16385;
 constexpr int kBatch = 64;  // per tower; 2 towers or 2 ranks: a global batch of 128
+constexpr int kSteps = (kTrainRows + 2 * kBatch - 1) / (2 * kBatch);
 
 // Per process: CTest runs the tests of this file in parallel processes.
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/allreduce_", getpid()); }
@@ -144,25 +147,33 @@ class AllreduceTest : public ::testing::Test {
         << error;
   }
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
+  // A failed test may leave ranks behind (mpirun itself is killed by ~Subprocess).
+  void TearDown() override {
+    for (int pid : PidsMentioning(Dir())) kill(pid, SIGKILL);
+  }
 };
 
 TEST_F(AllreduceTest, TwoRanksStayIdenticalAndMatchOneProcessWithTwoTowers) {
   const std::string ar_dir = Dir() + "/two_ranks";
-  const RunResult ar = RunAllreduce(2, JobArgs(ar_dir, 1, /*towers=*/1));
+  std::vector<std::string> args = JobArgs(ar_dir, 1, /*towers=*/1);
+  args.insert(args.end(), {"--set", "checkpoint.every_steps=50"});
+  const RunResult ar = RunAllreduce(2, args);
   ASSERT_EQ(ar.exit_code, 0);
   ASSERT_EQ(ar.crc_lines.size(), 2u);
   EXPECT_EQ(ar.crc_lines[0], ar.crc_lines[1]);  // bit-identical replicas
   EXPECT_EQ(SummaryField(ar_dir, "mode"), "\"allreduce\"");
   EXPECT_EQ(SummaryField(ar_dir, "hosts"), "2");
   EXPECT_EQ(SummaryField(ar_dir, "examples"), absl::StrCat(kTrainRows));
-  EXPECT_EQ(SummaryField(ar_dir, "steps"), absl::StrCat(kTrainRows / (2 * kBatch)));
+  EXPECT_EQ(SummaryField(ar_dir, "steps"), absl::StrCat(kSteps));
   int64_t wire_bytes = 0;
   ASSERT_TRUE(absl::SimpleAtoi(SummaryField(ar_dir, "wire_bytes"), &wire_bytes));
   EXPECT_GT(wire_bytes, 0);
-  // Rank 0 wrote both ranks' data positions.
-  const std::string ckpt = absl::StrCat(ar_dir, "/ckpt-", kTrainRows / (2 * kBatch));
-  EXPECT_TRUE(PathExists(ckpt + "/worker-0.state"));
-  EXPECT_TRUE(PathExists(ckpt + "/worker-1.state"));
+  // The agreed schedule and the final checkpoint; rank 0 wrote both ranks' data positions.
+  for (int step : {50, 100, kSteps}) {
+    const std::string ckpt = absl::StrCat(ar_dir, "/ckpt-", step);
+    EXPECT_TRUE(PathExists(ckpt + "/worker-0.state")) << ckpt;
+    EXPECT_TRUE(PathExists(ckpt + "/worker-1.state")) << ckpt;
+  }
 
   const std::string one_dir = Dir() + "/one_process";
   std::vector<std::string> train = {PSTRAIN_BINARY, "train"};
@@ -189,19 +200,51 @@ TEST_F(AllreduceTest, TwoRanksStayIdenticalAndMatchOneProcessWithTwoTowers) {
   }
   EXPECT_LT(max_row_diff, 1e-4);
   EXPECT_LT(max_dense_diff, 1e-4);
+  std::printf("allreduce vs train: %zu rows, max |diff| rows %.3g dense %.3g\n", a.rows.size(),
+              max_row_diff, max_dense_diff);
   double ll_a = 0, ll_b = 0;
   ASSERT_TRUE(absl::SimpleAtod(SummaryField(ar_dir, "test_logloss"), &ll_a));
   ASSERT_TRUE(absl::SimpleAtod(SummaryField(one_dir, "test_logloss"), &ll_b));
   EXPECT_NEAR(ll_a, ll_b, 1e-5);
+  std::printf("test logloss: allreduce %.8f train %.8f\n", ll_a, ll_b);
   EXPECT_GT(ll_a, 0.1);
+}
+
+TEST_F(AllreduceTest, ThreeRanksStayIdenticalAndOneRankRunsWithoutMpirun) {
+  // Three contributions per row: the rank-ordered merge and MPI's sum must still agree bitwise.
+  const std::string three = Dir() + "/three_ranks";
+  const RunResult r = RunAllreduce(3, JobArgs(three, 1, 1));
+  ASSERT_EQ(r.exit_code, 0);
+  ASSERT_EQ(r.crc_lines.size(), 3u);
+  EXPECT_EQ(r.crc_lines[0], r.crc_lines[1]);
+  EXPECT_EQ(r.crc_lines[0], r.crc_lines[2]);
+  EXPECT_EQ(SummaryField(three, "examples"), absl::StrCat(kTrainRows));
+  EXPECT_EQ(SummaryField(three, "hosts"), "3");
+
+  // Without mpirun: an MPI singleton, one rank.
+  const std::string one = Dir() + "/singleton";
+  std::vector<std::string> argv = {PSTRAIN_BINARY, "allreduce"};
+  for (const std::string& a : JobArgs(one, 1, 1)) argv.push_back(a);
+  Subprocess p;
+  std::string error;
+  ASSERT_TRUE(p.Start(argv, &error)) << error;
+  EXPECT_THAT(p.ReadLineContaining("replica crc32c", 120000), HasSubstr("rank 0 of 1"));
+  const int status = p.WaitExit(60000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(SummaryField(one, "examples"), absl::StrCat(kTrainRows));
+  EXPECT_EQ(SummaryField(one, "wire_bytes"), "0");
 }
 
 TEST_F(AllreduceTest, SparseAsDenseGivesTheSameModel) {
   // Allreducing the whole (small) table instead of allgathering rows: same sums per row.
   const std::string gather_dir = Dir() + "/gather", dense_dir = Dir() + "/as_dense";
-  const RunResult g = RunAllreduce(2, JobArgs(gather_dir, 1, 1));
+  std::vector<std::string> gather_args = JobArgs(gather_dir, 1, 1);
+  gather_args.insert(gather_args.end(), {"--set", "features.categorical_vocab_size=500"});
+  const RunResult g = RunAllreduce(2, gather_args);
   std::vector<std::string> args = JobArgs(dense_dir, 1, 1);
-  args.insert(args.end(), {"--set", "allreduce.sparse_as_dense=true"});
+  args.insert(args.end(), {"--set", "features.categorical_vocab_size=500", "--set",
+                           "allreduce.sparse_as_dense=true"});
   const RunResult d = RunAllreduce(2, args);
   ASSERT_EQ(g.exit_code, 0);
   ASSERT_EQ(d.exit_code, 0);
@@ -259,7 +302,7 @@ TEST_F(AllreduceTest, SigtermCheckpointsAndTheResumedJobEqualsAnUninterruptedOne
   int64_t step = 0;
   ASSERT_TRUE(absl::SimpleAtoi(resumed.substr(resumed.rfind(' ') + 1), &step)) << resumed;
   EXPECT_GE(step, 20);
-  EXPECT_LT(step, epochs * kTrainRows / (2 * kBatch));  // stopped before the end
+  EXPECT_LT(step, epochs * kSteps);  // stopped before the end
   std::vector<std::string> crcs;
   for (int i = 0; i < 2; ++i) crcs.push_back(p.ReadLineContaining("replica crc32c", 240000));
   const int status = p.WaitExit(120000);
@@ -283,6 +326,28 @@ TEST_F(AllreduceTest, AKilledRankEndsTheJobWithAClearError) {
   // mpirun reports the dead rank and ends the others: no hang.
   const std::string message = p.ReadLineContaining("exited on signal 9", 60000);
   EXPECT_THAT(message, HasSubstr("rank"));
+  const int status = p.WaitExit(60000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+TEST_F(AllreduceTest, AHungRankEndsTheJobAfterTheStopTimeout) {
+  // Rank 1 hangs (SIGSTOP: mpirun sees nothing wrong); SIGTERM to rank 0 cannot complete its
+  // checkpoint collective, so rank 0's watchdog says why and exits, and mpirun ends the job.
+  const std::string model_dir = Dir() + "/hung";
+  std::vector<std::string> args = JobArgs(model_dir, 100, 1);
+  args.insert(args.end(), {"--stop_timeout", "2"});
+  Subprocess p;
+  std::string error;
+  ASSERT_TRUE(p.Start(Mpirun(2, args), &error)) << error;
+  ASSERT_THAT(p.ReadLineContaining("step 20 ", 120000), HasSubstr("loss"));
+  const std::vector<int> ranks = RankPids(model_dir);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(kill(ranks[1], SIGSTOP), 0);
+  ASSERT_EQ(kill(ranks[0], SIGTERM), 0);
+  EXPECT_THAT(p.ReadLineContaining("did not reach the checkpoint", 30000),
+              HasSubstr("rank 0 of 2"));
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
