@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<AllreduceParams>> AllreduceParams::Create(
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (replica->dense_size() > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("dense size ", replica->dense_size(),
+                                                   " exceeds MPI's int counts"));
+  }
   if (options.sparse_as_dense) {
     const int64_t floats = replica->embedding()->end() * (replica->row_dim() + 1);
     if (floats * 4 > options.max_dense_table_bytes || floats > INT_MAX) {

@@ -332,6 +332,23 @@ TEST_F(AllreduceTest, AKilledRankEndsTheJobWithAClearError) {
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
+TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
+  // One train file cannot be sharded by file over 2 ranks: the ranks fail, say why, and
+  // MPI_Abort ends the job.
+  const std::string model_dir = Dir() + "/error";
+  std::vector<std::string> args = JobArgs(model_dir, 1, 1);
+  args.insert(args.end(), {"--set", "data.train[0].shard_policy=SHARD_BY_FILE"});
+  Subprocess p;
+  std::string error;
+  ASSERT_TRUE(p.Start(Mpirun(2, args), &error)) << error;
+  EXPECT_THAT(p.ReadLineContaining("cannot be sharded by file", 60000),
+              ::testing::ContainsRegex("pstrain allreduce: rank [01] of 2: FAILED_PRECONDITION"));
+  const int status = p.WaitExit(60000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
 TEST_F(AllreduceTest, AHungRankEndsTheJobAfterTheStopTimeout) {
   // Rank 1 hangs (SIGSTOP: mpirun sees nothing wrong); SIGTERM to rank 0 cannot complete its
   // checkpoint collective, so rank 0's watchdog says why and exits, and mpirun ends the job.
