@@ -7,7 +7,6 @@
 // usage: train_throughput_app [--out results.json] [--steps 20] [--windows 5]
 //                             [--settings 1x1,1x2,2x1] [--precisions f32,bf16]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -26,19 +25,11 @@
 #include "worker/feature_spec.h"
 #include "worker/local_params.h"
 #include "worker/model.h"
+#include "worker/step_timing.h"
 #include "worker/train_step.h"
 
 namespace pstrain {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct Result {
   int towers, intra;
@@ -100,53 +91,29 @@ int Main(int argc, char** argv) {
       if (!params.ok() || !step.ok()) return 1;
 
       // In-memory batches of T x batch rows from the datagen distribution.
-      std::vector<Batch> batches(pool);
-      RawRows raw;
-      std::vector<float> probs;
-      int64_t chunk = 0;
-      for (auto& b : batches) {
-        b.Clear(spec->num_fields());
-        while (b.size < T * batch) {
-          data->GenerateChunk(chunk++, std::min(4096, T * batch - b.size), &raw, &probs);
-          spec->Encode(raw, &b);
-        }
-      }
+      const std::vector<Batch> batches = DatagenBatches(*data, *spec, pool, T * batch);
       int64_t global_step = 0;
-      double unique = 0;
-      auto run = [&](int n) {
-        for (int i = 0; i < n; ++i) {
-          auto r = (*step)->Run(batches[global_step % pool], global_step + 1, params->get());
-          if (!r.ok()) { std::fprintf(stderr, "%s\n", r.status().ToString().c_str()); std::exit(1); }
-          unique += r->unique_rows;
-          ++global_step;
-        }
-      };
-      run(std::max(5, pool));  // warm-up: primitives, first-touch rows, caches
-      const StepProfile before = (*step)->profile();
-      const int64_t warm = global_step;
-      unique = 0;
-      std::vector<double> eps;
-      const double t0 = Now();
-      for (int w = 0; w < windows; ++w) {
-        const double s = Now();
-        run(steps);
-        eps.push_back(static_cast<double>(steps) * T * batch / (Now() - s));
-      }
-      const double elapsed = Now() - t0;
-      const StepProfile& p = (*step)->profile();
+      StepTimingOptions topt;
+      topt.warmup_steps = std::max(5, pool);
+      topt.windows = windows;
+      topt.min_steps = steps;
+      auto timing = TimeTrainSteps(step->get(), params->get(), CycleBatches(&batches), topt,
+                                   &global_step);
+      if (!timing.ok()) { std::fprintf(stderr, "%s\n", timing.status().ToString().c_str()); return 1; }
+      const double elapsed = timing->seconds;
+      const StepProfile& p = timing->profile;
       Result r;
       r.towers = T;
       r.intra = I;
       r.precision = std::string(prec);
-      r.ex_per_sec = Median(eps);
+      r.ex_per_sec = timing->examples_per_sec;
       r.model_gflops = r.ex_per_sec * (*model)->flops_per_example() * 1e-9;
       const bool bf16 = prec == "bf16";
       r.peak_gflops = (T * I >= cores) ? (bf16 ? peak_bf16_all : peak_f32_all)
                                        : (bf16 ? peak_bf16_1 : peak_f32_1) * T * I;
-      r.profile_fraction = {(p.dedup - before.dedup) / elapsed, (p.pull - before.pull) / elapsed,
-                            (p.compute - before.compute) / elapsed,
-                            (p.reduce - before.reduce) / elapsed, (p.push - before.push) / elapsed};
-      r.unique_rows_per_step = unique / (global_step - warm);
+      r.profile_fraction = {p.dedup / elapsed, p.pull / elapsed, p.compute / elapsed,
+                            p.reduce / elapsed, p.push / elapsed};
+      r.unique_rows_per_step = timing->unique_rows_per_step;
       results.push_back(r);
       std::printf("%-5s towers=%d intra=%d: %8.0f ex/s (%6.0f per core), %6.1f GFLOP/s = %.2f of peak;"
                   " dedup %.0f%% pull %.0f%% towers %.0f%% reduce %.0f%% push %.0f%%\n",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,6 +52,46 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     shard_->Report(*request);
     reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const CheckpointRequest* request,
+                                       CheckpointResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    absl::Status s;
+    if (shard_->shard() != 0) {
+      s = absl::FailedPreconditionError("checkpoint rounds are coordinated by shard 0");
+    } else if (request->kind() == CheckpointRequest::REQUEST) {
+      response->set_round(shard_->RequestCheckpoint(request->stop()));
+    } else if (request->kind() == CheckpointRequest::ARRIVE) {
+      s = shard_->ArriveCheckpoint(request->round(), request->worker_id(),
+                                   request->worker_state());
+    } else {
+      s = absl::InvalidArgumentError("Checkpoint: kind must be REQUEST or ARRIVE");
+    }
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  // COPY is a memory copy and runs on the gRPC thread; WRITE does file I/O for seconds, so it
+  // runs on its own thread and finishes the reactor from there.
+  grpc::ServerUnaryReactor* SaveShard(grpc::CallbackServerContext* ctx,
+                                      const SaveShardRequest* request,
+                                      SaveShardResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (request->phase() == SaveShardRequest::COPY) {
+      auto rows = shard_->CopyForCheckpoint(request->round());
+      if (rows.ok()) response->set_rows(*rows);
+      reactor->Finish(ToGrpcStatus(rows.status()));
+    } else if (request->phase() == SaveShardRequest::WRITE) {
+      std::thread([shard = shard_, request, response, reactor] {
+        auto r = shard->WriteCheckpoint(request->round(), request->dir());
+        if (r.ok()) *response = *r;
+        reactor->Finish(ToGrpcStatus(r.status()));
+      }).detach();
+    } else {
+      reactor->Finish(ToGrpcStatus(
+          absl::InvalidArgumentError("SaveShard: phase must be COPY or WRITE")));
+    }
     return reactor;
   }
 
@@ -334,6 +375,13 @@ InfoResponse ShardServer::Info() const {
   info.set_dense_optimizer(opt_.dense_optimizer.type());
   absl::MutexLock lock(&job_mu_);
   info.set_job_finished(job_finished_);
+  info.set_checkpoint_round(ckpt_round_);
+  info.set_checkpoint_stop(ckpt_stop_);
+  info.set_checkpoint_released_round(ckpt_released_);
+  info.set_checkpoint_done_round(ckpt_done_);
+  info.set_checkpoint_done_dir(ckpt_done_dir_);
+  info.set_checkpoint_error(ckpt_error_);
+  info.set_restored_from(restored_from_);
   return info;
 }
 

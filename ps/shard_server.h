@@ -18,8 +18,12 @@
 // Consistency: ASYNC only (every pull sees whatever has been applied). The BOUNDED and SYNC
 // modes of DESIGN.md are not implemented; the wire protocol reserves their fields.
 //
-// Checkpoints are later work: a restarted shard starts from fresh rows (row_init) and dense
-// values (dense_init). stores() and dense() give the checkpoint writer access to the state.
+// Checkpoints (ps/shard_checkpoint.cc; protocol in docs/CHECKPOINT.md "PS mode"): every shard
+// copies its state into memory when asked (COPY, while all workers are paused, so the copy is
+// one consistent instant of the whole cluster) and writes it as ckpt-<step>/shard-<i>-of-<S>
+// (WRITE, while training goes on). Shard 0 also coordinates the rounds: workers request a
+// round, arrive in it with their WorkerState, and the chief collects them. A shard restores
+// from any checkpoint's shard files, whatever their shard count (re-partitioning).
 //
 // Thread-safety: all public methods may be called concurrently.
 #pragma once
@@ -47,6 +51,7 @@
 #include "ps/partition.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
+#include "pstrain/state.pb.h"
 
 namespace pstrain {
 
@@ -114,6 +119,35 @@ class ShardServer {
                                                             absl::Duration timeout);
   void FinishJob();
 
+  // ---- Checkpoints (ps/shard_checkpoint.cc) ----
+  // Coordinator side (shard 0). RequestCheckpoint opens a round unless one is open for arrivals
+  // and returns the open round; `stop` marks it as the job's last. ArriveCheckpoint records a
+  // paused worker's state (FAILED_PRECONDITION if `round` is not open). WaitForArrivals blocks
+  // until each of workers 0..n-1 has arrived in `round` or reported TRAINING_DONE (its final
+  // state stands in), and returns the serialized WorkerStates by worker; DEADLINE_EXCEEDED
+  // naming the missing workers after `timeout`. ReleaseCheckpoint lets the arrived workers go
+  // on (after every shard's COPY); CompleteCheckpoint publishes the result.
+  int64_t RequestCheckpoint(bool stop);
+  absl::Status ArriveCheckpoint(int64_t round, int worker, std::string state);
+  absl::StatusOr<std::map<int, std::string>> WaitForArrivals(int64_t round, int n,
+                                                             absl::Duration timeout);
+  void ReleaseCheckpoint(int64_t round);
+  void CompleteCheckpoint(int64_t round, const std::string& dir, const std::string& error);
+
+  // Every shard. CopyForCheckpoint snapshots the stores and the dense slice into memory (each
+  // row consistent; the caller pauses the writers for a cluster-wide instant) and returns the
+  // rows copied. WriteCheckpoint writes that copy to <dir>/shard-<i>-of-<S> (block file: SHRD,
+  // then EMBM/EMBR groups, then DNSE) and frees it; returns the file name and size.
+  // FAILED_PRECONDITION when no copy of `round` is held.
+  absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round);
+  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& dir);
+  // Restores rows and dense values from every shard file the manifest lists (any shard count:
+  // rows this shard does not own are skipped, dense slices are cut to this shard's). Call before
+  // Start. The files must have been verified (checksums) by the caller; FAILED_PRECONDITION if
+  // they were written for another shape (rows, row_dim, dense size, optimizer).
+  absl::Status RestoreCheckpoint(const std::string& ckpt_dir, const CheckpointManifest& manifest);
+  static std::string ShardFileName(int shard, int num_shards);
+
   const PartitionMap& map() const { return map_; }
   int shard() const { return opt_.shard; }
   int64_t dense_begin() const { return dense_begin_; }
@@ -163,6 +197,21 @@ class ShardServer {
   // phase -> worker id -> its latest report
   std::map<int, std::map<int, ReportRequest>> reports_ ABSL_GUARDED_BY(job_mu_);
   bool job_finished_ ABSL_GUARDED_BY(job_mu_) = false;
+
+  // Checkpoint rounds (coordinator), under job_mu_.
+  int64_t ckpt_round_ ABSL_GUARDED_BY(job_mu_) = 0;
+  bool ckpt_stop_ ABSL_GUARDED_BY(job_mu_) = false;
+  std::map<int, std::string> ckpt_arrivals_ ABSL_GUARDED_BY(job_mu_);
+  int64_t ckpt_released_ ABSL_GUARDED_BY(job_mu_) = 0;
+  int64_t ckpt_done_ ABSL_GUARDED_BY(job_mu_) = 0;
+  std::string ckpt_done_dir_ ABSL_GUARDED_BY(job_mu_);
+  std::string ckpt_error_ ABSL_GUARDED_BY(job_mu_);
+  std::string restored_from_ ABSL_GUARDED_BY(job_mu_);
+  // The snapshot between COPY and WRITE.
+  std::mutex snap_mu_;
+  int64_t snap_round_ = 0;
+  std::vector<EmbeddingSnapshot> snap_stores_;
+  std::unique_ptr<DenseSnapshot> snap_dense_;
 
   absl::Mutex server_mu_;
   std::unique_ptr<Service> service_;

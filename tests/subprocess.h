@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -117,15 +119,23 @@ class Subprocess {
   std::string buffer_;
 };
 
-// Runs argv to its exit, at most timeout_ms; returns its exit code, or -1 (with *error set) if it
-// could not start, timed out (it is killed) or died of a signal.
-inline int RunToExit(const std::vector<std::string>& argv, int timeout_ms, std::string* error) {
+// Runs argv to its end within timeout_ms (a child still running then is killed). Its stdout is not
+// read, so it must stay under a pipe buffer (64 KiB); stderr is inherited. Returns the exit code,
+// or -1 (with the reason on stderr) if it could not start, timed out or died by a signal.
+inline int RunToExit(const std::vector<std::string>& argv, int timeout_ms) {
   Subprocess p;
-  if (!p.Start(argv, error)) return -1;
+  std::string error;
+  if (!p.Start(argv, &error)) {
+    fprintf(stderr, "RunToExit: %s\n", error.c_str());
+    return -1;
+  }
   const int status = p.WaitExit(timeout_ms);
-  if (status >= 0 && WIFEXITED(status)) return WEXITSTATUS(status);
-  *error = argv[0] + (status < 0 ? " timed out" : " died of a signal");
-  return -1;
+  if (status < 0 || !WIFEXITED(status)) {
+    fprintf(stderr, "RunToExit: %s %s\n", argv[0].c_str(),
+            status < 0 ? "timed out" : "died by a signal");
+    return -1;
+  }
+  return WEXITSTATUS(status);
 }
 
 // Processes (/proc) whose command line mentions `needle`, e.g. a test's unique model dir.

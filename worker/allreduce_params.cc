@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -253,7 +254,7 @@ absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state)
   // returns the same thing.
   absl::StatusOr<std::string> written = std::string();
   if (rank_ == 0) {
-    std::vector<WorkerState> states(size_);
+    std::map<int, WorkerState> states;
     for (int r = 0; r < size_; ++r) {
       if (!states[r].ParseFromArray(gathered.data() + offsets[r], lens[r])) {
         written = absl::InternalError(absl::StrCat("worker state of rank ", r, " does not parse"));
@@ -261,7 +262,7 @@ absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state)
       }
     }
     if (written.ok()) {
-      written = SaveCheckpoint(opt_.checkpoint_dir, states, *replica_, opt_.keep,
+      written = SaveCheckpoint(opt_.checkpoint_dir, step, states, *replica_, opt_.keep,
                                absl::StrCat("pstrain allreduce (", size_, " ranks)"));
     }
   }
@@ -375,18 +376,18 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   std::printf("pstrain allreduce: rank %d of %d: replica crc32c %08x after step %lld\n", rank_,
               size_, crc, static_cast<long long>(last_step_));
   std::fflush(stdout);
-  struct {
-    int64_t crc, examples;
+  struct Totals {
+    int64_t crc, examples, examples_this_run;
     double examples_per_sec;
-  } mine{crc, summary->examples, summary->examples_per_sec};
-  static_assert(sizeof(mine) == 24);
-  std::vector<decltype(mine)> all(size_);
-  RETURN_IF_ERROR(Check(MPI_Allgather(&mine, 24, MPI_BYTE, all.data(), 24, MPI_BYTE,
-                                      MPI_COMM_WORLD),
+  } mine{crc, summary->examples, summary->examples_this_run, summary->examples_per_sec};
+  std::vector<Totals> all(size_);
+  RETURN_IF_ERROR(Check(MPI_Allgather(&mine, sizeof(Totals), MPI_BYTE, all.data(),
+                                      sizeof(Totals), MPI_BYTE, MPI_COMM_WORLD),
                         "MPI_Allgather (replica checksums)", last_step_));
-  CountAllgather(24);
+  CountAllgather(sizeof(Totals));
   summary->steps = last_step_;  // the job's steps (a rank that joined early did fewer)
   summary->examples = 0;
+  summary->examples_this_run = 0;
   summary->examples_per_sec = 0;
   for (int r = 0; r < size_; ++r) {
     if (all[r].crc != all[0].crc) {
@@ -395,6 +396,7 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
           all[r].crc));
     }
     summary->examples += all[r].examples;
+    summary->examples_this_run += all[r].examples_this_run;
     summary->examples_per_sec += all[r].examples_per_sec;
   }
   // Every rank's bytes including this last exchange's.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -38,8 +39,6 @@ std::vector<int64_t> ListCheckpoints(const std::string& dir) {
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
-
-std::string WorkerFile(size_t worker) { return absl::StrCat("worker-", worker, ".state"); }
 
 std::string CkptName(int64_t step) { return absl::StrCat("ckpt-", step); }
 
@@ -105,23 +104,55 @@ absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manif
 
 }  // namespace
 
-absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
-                                           LocalParams& params, int keep) {
-  return SaveCheckpoint(dir, absl::MakeConstSpan(&state, 1), params, keep, "pstrain train");
+std::string WorkerStateFileName(int worker) { return absl::StrCat("worker-", worker, ".state"); }
+
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
+                                             const std::map<int, WorkerState>& workers, int keep) {
+  const std::string name = CkptName(manifest.step());
+  const std::string ckpt = dir + "/" + name;
+  for (const auto& [j, state] : workers) {
+    const std::string file = WorkerStateFileName(j);
+    RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + file, kWorkerStateTag, state));
+    struct stat st;
+    if (::stat((ckpt + "/" + file).c_str(), &st) != 0) {
+      return ErrnoError("stat", ckpt + "/" + file);
+    }
+    auto* f = manifest.add_file();
+    f->set_name(file);
+    f->set_bytes(st.st_size);
+  }
+  manifest.set_num_workers(static_cast<int>(workers.size()));
+  manifest.set_wall_time(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + kManifestFile, kManifestTag, manifest));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/LATEST", name + "\n"));
+
+  const std::vector<int64_t> steps = ListCheckpoints(dir);
+  for (size_t i = std::max(keep, 1); i < steps.size(); ++i) RemoveTree(dir + "/" + CkptName(steps[i]));
+  return ckpt;
 }
 
-absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir,
-                                           absl::Span<const WorkerState> states,
-                                           LocalParams& params, int keep,
-                                           absl::string_view created_by) {
-  PSTRAIN_CHECK(!states.empty());
-  const WorkerState& state = states[0];
-  const std::string ckpt = dir + "/" + CkptName(state.step());
+absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step) {
+  const std::string ckpt = dir + "/" + CkptName(step);
   RETURN_IF_ERROR(MakeDirs(ckpt));
   // A leftover MANIFEST from an interrupted earlier attempt at the same step must not vouch for
   // the new files before they are complete.
-  std::remove((ckpt + "/" + kManifestFile).c_str());
+  if (std::remove((ckpt + "/" + kManifestFile).c_str()) != 0 && errno != ENOENT) {
+    return ErrnoError("remove", ckpt + "/" + kManifestFile);
+  }
+  return ckpt;
+}
 
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
+                                           LocalParams& params, int keep) {
+  return SaveCheckpoint(dir, state.step(), {{0, state}}, params, keep, "pstrain train");
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
+                                           const std::map<int, WorkerState>& workers,
+                                           LocalParams& params, int keep,
+                                           absl::string_view created_by) {
+  ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, step));
   CheckpointManifest manifest;
   {
     ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + kShardFile));
@@ -132,47 +163,17 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir,
     f->set_name(kShardFile);
     f->set_bytes(w->bytes());
   }
-  for (size_t j = 0; j < states.size(); ++j) {
-    const std::string name = WorkerFile(j);
-    RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + name, kWorkerStateTag, states[j]));
-    struct stat st;
-    if (::stat((ckpt + "/" + name).c_str(), &st) != 0) {
-      return absl::UnavailableError(absl::StrCat("stat ", ckpt, "/", name));
-    }
-    auto* wf = manifest.add_file();
-    wf->set_name(name);
-    wf->set_bytes(st.st_size);
-  }
-
-  manifest.set_step(state.step());
+  manifest.set_step(step);
   manifest.set_num_shards(1);
-  manifest.set_num_workers(static_cast<int32_t>(states.size()));
   manifest.set_table_rows(params.embedding()->end());
   manifest.set_partitions(1);
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
   manifest.set_created_by(std::string(created_by));
-  manifest.set_wall_time(
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-  RETURN_IF_ERROR(WriteProtoBlockFile(ckpt + "/" + kManifestFile, kManifestTag, manifest));
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/LATEST", CkptName(state.step()) + "\n"));
-
-  const std::vector<int64_t> steps = ListCheckpoints(dir);
-  for (size_t i = std::max(keep, 1); i < steps.size(); ++i) RemoveTree(dir + "/" + CkptName(steps[i]));
-  return ckpt;
+  return CommitCheckpoint(dir, std::move(manifest), workers, keep);
 }
 
-absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
-                                                                   LocalParams* params,
-                                                                   WorkerState* state) {
-  return RestoreLatestCheckpoint(dir, params, state, 0, 0);
-}
-
-// num_workers == 0: any number of workers (the single-process entry point above).
-absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
-                                                                   LocalParams* params,
-                                                                   WorkerState* state, int worker,
-                                                                   int num_workers) {
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir) {
   std::vector<int64_t> candidates;
   auto latest = ReadFileToString(dir + "/LATEST");
   int64_t latest_step = -1;
@@ -187,7 +188,7 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
   } else if (!absl::IsNotFound(latest.status())) {
     PSTRAIN_LOG(WARNING) << latest.status();
   } else {
-    return std::optional<std::string>();  // no LATEST: a fresh start
+    return std::optional<CheckpointChoice>();  // no LATEST: a fresh start
   }
   // Fall back only to checkpoints older than LATEST: a newer directory without LATEST pointing
   // at it was never completed.
@@ -195,39 +196,62 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
     if (latest_step < 0 || s < latest_step) candidates.push_back(s);
   }
   for (int64_t step : candidates) {
-    const std::string ckpt = dir + "/" + CkptName(step);
-    CheckpointManifest manifest;
-    if (absl::Status s = VerifyCheckpoint(ckpt, &manifest); !s.ok()) {
-      PSTRAIN_LOG(ERROR) << "refusing checkpoint " << ckpt << ": " << s.message()
+    CheckpointChoice c;
+    c.dir = dir + "/" + CkptName(step);
+    if (absl::Status s = VerifyCheckpoint(c.dir, &c.manifest); !s.ok()) {
+      PSTRAIN_LOG(ERROR) << "refusing checkpoint " << c.dir << ": " << s.message()
                          << "; falling back to the previous checkpoint";
       continue;
     }
-    if (manifest.row_dim() != params->row_dim() || manifest.dense_size() != params->dense_size() ||
-        manifest.table_rows() != params->embedding()->end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          ckpt, " was written for another model: rows ", manifest.table_rows(), " x ",
-          manifest.row_dim(), ", dense ", manifest.dense_size(), "; this config has rows ",
-          params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size(),
-          ". Use a new --model_dir or the same config."));
-    }
-    if (num_workers > 0 && manifest.num_workers() != num_workers) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          ckpt, " was written by a job of ", manifest.num_workers(), " workers; this job has ",
-          num_workers, ". Resume with the same number of workers (ranks) or a new --model_dir."));
-    }
-    RETURN_IF_ERROR(ReadProtoBlockFile(ckpt + "/" + WorkerFile(worker), kWorkerStateTag, state));
-    ASSIGN_OR_RETURN(auto r, BlockReader::Open(ckpt + "/" + kShardFile));
-    EmbeddingStore* stores[] = {params->embedding()};
-    RETURN_IF_ERROR(LoadEmbeddingStores(r.get(), stores, nullptr));
-    ASSIGN_OR_RETURN(DenseSnapshot dense, LoadDenseSnapshot(r.get()));
-    RETURN_IF_ERROR(params->dense()->Restore(dense));
-    return std::optional<std::string>(ckpt);
+    return std::optional<CheckpointChoice>(std::move(c));
   }
   // LATEST exists but nothing under it is usable: starting over would silently discard the
   // job's progress, so stop and let the user decide.
   return absl::DataLossError(absl::StrCat(
       "no usable checkpoint in ", dir, " although LATEST exists (see the errors above); move the "
       "directory away to start from scratch"));
+}
+
+absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state) {
+  return ReadProtoBlockFile(ckpt + "/" + WorkerStateFileName(worker), kWorkerStateTag, state);
+}
+
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state) {
+  return RestoreLatestCheckpoint(dir, params, state, 0, 1);
+}
+
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state, int worker,
+                                                                   int num_workers) {
+  ASSIGN_OR_RETURN(std::optional<CheckpointChoice> choice, ChooseCheckpoint(dir));
+  if (!choice) return std::optional<std::string>();
+  const std::string& ckpt = choice->dir;
+  const CheckpointManifest& manifest = choice->manifest;
+  if (manifest.row_dim() != params->row_dim() || manifest.dense_size() != params->dense_size() ||
+      manifest.table_rows() != params->embedding()->end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ckpt, " was written for another model: rows ", manifest.table_rows(), " x ",
+        manifest.row_dim(), ", dense ", manifest.dense_size(), "; this config has rows ",
+        params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size(),
+        ". Use a new --model_dir or the same config."));
+  }
+  if (manifest.num_shards() != 1 || manifest.num_workers() != num_workers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ckpt, " was written by a job of ", manifest.num_shards(), " PS shards and ",
+        manifest.num_workers(), " workers (", manifest.created_by(), "); this job resumes only "
+        "checkpoints of one in-process replica and ", num_workers, " worker(s): use the same "
+        "command and number of ranks, or a new --model_dir"));
+  }
+  RETURN_IF_ERROR(ReadWorkerState(ckpt, worker, state));
+  ASSIGN_OR_RETURN(auto r, BlockReader::Open(ckpt + "/" + kShardFile));
+  EmbeddingStore* stores[] = {params->embedding()};
+  RETURN_IF_ERROR(LoadEmbeddingStores(r.get(), stores, nullptr));
+  ASSIGN_OR_RETURN(DenseSnapshot dense, LoadDenseSnapshot(r.get()));
+  RETURN_IF_ERROR(params->dense()->Restore(dense));
+  return std::optional<std::string>(ckpt);
 }
 
 }  // namespace pstrain

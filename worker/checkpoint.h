@@ -4,7 +4,7 @@
 //                                      the dense store (DNSE)
 //   <dir>/ckpt-<step>/worker-0.state   block file: one WSTA block, a WorkerState proto (step,
 //                                      examples, exact data-pipeline position); the allreduce
-//                                      mode writes worker-<j>.state for each rank j
+//                                      mode writes worker-<r>.state for each rank r
 //   <dir>/ckpt-<step>/MANIFEST         block file: one MANI block, a CheckpointManifest proto;
 //                                      written last
 //   <dir>/LATEST                       "ckpt-<step>\n", replaced by atomic rename after MANIFEST
@@ -12,13 +12,13 @@
 // docs/CHECKPOINT.md describes the block file byte by byte.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "pstrain/state.pb.h"
 #include "worker/local_params.h"
 
@@ -30,11 +30,10 @@ namespace pstrain {
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep);
 
-// The same for a job of states.size() workers sharing one replica of the parameters (the
-// allreduce mode): worker j's state goes to worker-<j>.state, MANIFEST records num_workers and
-// `created_by`.
-absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir,
-                                           absl::Span<const WorkerState> states,
+// The same for a job of several workers that share one replica of the parameters (the allreduce
+// mode): ckpt-<step> with worker-<j>.state for each entry of `workers`; MANIFEST created_by.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
+                                           const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
                                            absl::string_view created_by);
 
@@ -47,12 +46,37 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir,
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state);
-// The same for worker `worker` of a job of `num_workers` (> 0): reads worker-<worker>.state and
-// refuses (FAILED_PRECONDITION) a checkpoint written by another number of workers.
+// The same for worker `worker` of a job of `num_workers` sharing one replica (the allreduce
+// mode): reads worker-<worker>.state; a checkpoint of another number of workers is refused.
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state, int worker,
                                                                    int num_workers);
+
+// ---- Building blocks shared by every mode's checkpoints ----
+
+// "worker-<j>.state".
+std::string WorkerStateFileName(int worker);
+// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it; returns its path.
+absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
+// Completes ckpt-<manifest.step()> under `dir` whose data files are written and listed in
+// `manifest`: writes worker-<j>.state for each of `workers`, then the MANIFEST (with
+// num_workers and the wall time filled in), then LATEST by atomic rename; then deletes all but
+// the newest `keep` checkpoints. Returns the checkpoint directory.
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
+                                             const std::map<int, WorkerState>& workers, int keep);
+
+struct CheckpointChoice {
+  std::string dir;  // <dir>/ckpt-<step>
+  CheckpointManifest manifest;
+};
+// The checkpoint to resume from: the one LATEST names, or, when it is missing or corrupt (said
+// on stderr), the next older complete one, every file verified completely (all checksums and
+// sizes). nullopt when there is no LATEST (a fresh start); DATA_LOSS when LATEST exists but no
+// checkpoint is usable.
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
+// Reads <ckpt>/worker-<j>.state.
+absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state);
 
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce

@@ -10,7 +10,9 @@
 namespace pstrain {
 
 void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
-  f->String("config", &o->config, "config file (text proto of pstrain.Config; see configs/)");
+  f->List("config", &o->config,
+          "config file (text proto of pstrain.Config; see configs/); repeatable: later files "
+          "merge over earlier ones (e.g. a `pstrain tune` fragment)");
   f->List("set", &o->set, "override one config field: --set train.batch_size=512");
   f->List("train", &o->train, "training data: a file, directory, glob or .manifest");
   f->List("eval", &o->eval, "evaluation data: a file, directory, glob or .manifest");
@@ -21,8 +23,9 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
 
 absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   Config config;
-  if (!flags.config.empty()) {
-    ASSIGN_OR_RETURN(config, LoadConfigFile(flags.config));
+  for (const std::string& path : flags.config) {
+    ASSIGN_OR_RETURN(Config part, LoadConfigFile(path));
+    config.MergeFrom(part);
   }
   DataFormat format = FORMAT_UNSPECIFIED;
   if (!flags.format.empty()) {

@@ -13,7 +13,9 @@
 namespace pstrain {
 
 struct TrainingFlags {
-  std::string config;               // --config FILE (text proto)
+  // --config FILE (text proto; repeatable: each later file merges over the earlier ones with
+  // protobuf MergeFrom semantics: set scalars replace, repeated fields append).
+  std::vector<std::string> config;
   std::vector<std::string> set;     // --set a.b=value (repeatable)
   std::vector<std::string> train;   // --train PATH (repeatable): first train channel's paths
   std::vector<std::string> eval;    // --eval PATH (repeatable): first eval channel's paths
@@ -24,7 +26,7 @@ struct TrainingFlags {
 
 void AddTrainingFlags(FlagSet* flags, TrainingFlags* out);
 
-// Builds the effective config: --config file (or the schema defaults), then --train/--eval/
+// Builds the effective config: the --config files merged in order (or the schema defaults), then --train/--eval/
 // --format/--model_dir/--epochs, then each --set in order; then validates it.
 absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags);
 

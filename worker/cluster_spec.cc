@@ -125,25 +125,51 @@ absl::StatusOr<ClusterSpec> FromTfConfig(const std::string& text) {
   return spec;
 }
 
+// Hosts `names` (SageMaker names, no port), this one `current`; `source` names where they came
+// from in messages.
+absl::StatusOr<ClusterSpec> SageMakerSpec(const std::vector<std::string>& names,
+                                          const std::string& current, const std::string& source,
+                                          const std::string& current_what) {
+  ClusterSpec spec;
+  spec.source = source;
+  spec.index = -1;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty() || names[i].find(':') != std::string::npos) {
+      return Bad(source, absl::StrCat("host names without ':', got '", names[i], "'"));
+    }
+    if (names[i] == current) spec.index = static_cast<int>(i);
+    spec.hosts.push_back(absl::StrCat(names[i], ":", kDefaultPsPort));
+  }
+  if (spec.index < 0) {
+    return Bad(current_what, absl::StrCat("one of ", source, " [", absl::StrJoin(names, ","),
+                                          "], got '", current, "'"));
+  }
+  return spec;
+}
+
 absl::StatusOr<ClusterSpec> FromSageMaker(const std::string& hosts, const std::string* current) {
   ASSIGN_OR_RETURN(Value v, ParseJson(hosts, "SM_HOSTS"));
   ASSIGN_OR_RETURN(std::vector<std::string> names, StringList(v, "SM_HOSTS"));
   if (current == nullptr) return Bad("SM_CURRENT_HOST", "to be set when SM_HOSTS is");
-  ClusterSpec spec;
-  spec.source = "SM_HOSTS";
-  spec.index = -1;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i].empty() || names[i].find(':') != std::string::npos) {
-      return Bad("SM_HOSTS", absl::StrCat("host names without ':', got '", names[i], "'"));
-    }
-    if (names[i] == *current) spec.index = static_cast<int>(i);
-    spec.hosts.push_back(absl::StrCat(names[i], ":", kDefaultPsPort));
+  return SageMakerSpec(names, *current, "SM_HOSTS", "SM_CURRENT_HOST");
+}
+
+// resourceconfig.json: {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], ...}.
+absl::StatusOr<ClusterSpec> FromResourceConfig(const std::string& text) {
+  const std::string what = kSageMakerResourceConfig;
+  ASSIGN_OR_RETURN(Value v, ParseJson(text, what));
+  if (v.kind_case() != Value::kStructValue) return Bad(what, "a JSON object");
+  const auto& f = v.struct_value().fields();
+  auto hosts = f.find("hosts");
+  auto current = f.find("current_host");
+  if (hosts == f.end()) return Bad(what, "a \"hosts\" list");
+  if (current == f.end() || current->second.kind_case() != Value::kStringValue) {
+    return Bad(what, "a \"current_host\" string");
   }
-  if (spec.index < 0) {
-    return Bad("SM_CURRENT_HOST", absl::StrCat("one of SM_HOSTS [", absl::StrJoin(names, ","),
-                                               "], got '", *current, "'"));
-  }
-  return spec;
+  ASSIGN_OR_RETURN(std::vector<std::string> names,
+                   StringList(hosts->second, absl::StrCat(what, " hosts")));
+  return SageMakerSpec(names, current->second.string_value(), what,
+                       absl::StrCat(what, " current_host"));
 }
 
 }  // namespace
@@ -173,6 +199,7 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(absl::string_view cluster, int in
   }
   if (const std::string* tf = get("TF_CONFIG")) return FromTfConfig(*tf);
   if (const std::string* sm = get("SM_HOSTS")) return FromSageMaker(*sm, get("SM_CURRENT_HOST"));
+  if (const std::string* rc = get(kSageMakerResourceConfig)) return FromResourceConfig(*rc);
   if (const std::string* rank = get("OMPI_COMM_WORLD_RANK")) {
     if (cluster.empty()) {
       return Bad("OMPI_COMM_WORLD_RANK is set", "--cluster to list the hosts (rank i = host i)");
@@ -198,7 +225,8 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(absl::string_view cluster, int in
   if (!cluster.empty()) return Bad("--cluster", "--index too (or TF_CONFIG / SM_HOSTS / mpirun)");
   return absl::InvalidArgumentError(
       "no cluster spec: pass --cluster=h1:port,h2:port --index=i, or set TF_CONFIG, or "
-      "SM_HOSTS and SM_CURRENT_HOST, or run under mpirun with --cluster");
+      "SM_HOSTS and SM_CURRENT_HOST (or provide /opt/ml/input/config/resourceconfig.json), or run "
+      "under mpirun with --cluster");
 }
 
 }  // namespace pstrain

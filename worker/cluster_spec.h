@@ -14,6 +14,9 @@ namespace pstrain {
 
 // The PS port on hosts named without one (SageMaker, a bare host name in --cluster).
 inline constexpr int kDefaultPsPort = 2223;
+// SageMaker's resource config file. Its contents travel in `env` under this key (the launcher
+// reads the file; library code reads neither files nor the environment).
+inline constexpr char kSageMakerResourceConfig[] = "/opt/ml/input/config/resourceconfig.json";
 
 struct ClusterSpec {
   std::vector<std::string> hosts;  // "host:port" of PS shard i (and worker i), i in [0, N)
@@ -27,7 +30,9 @@ struct ClusterSpec {
 //      The ps list gives the hosts. T "ps" is host i; "chief" is host 0; "worker" is host i, or
 //      i + 1 when the cluster lists a chief (one chief/worker and one ps per host, so there must
 //      be exactly as many of them as ps entries). "evaluator" is refused.
-//   3. env SM_HOSTS (JSON list of names) and SM_CURRENT_HOST: host i = the i-th name, port 2223.
+//   3. env SM_HOSTS (JSON list of names) and SM_CURRENT_HOST: host i = the i-th name, port 2223;
+//      else the contents of SageMaker's resourceconfig.json (env[kSageMakerResourceConfig]):
+//      {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], ...}, the same way.
 //   4. env OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (mpirun) with `cluster` giving the hosts:
 //      index = rank, size must equal the number of hosts.
 // `env` holds the environment variables named above that are set (the launcher reads them).

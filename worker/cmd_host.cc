@@ -26,16 +26,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/file.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "ps/grpc_status.h"
 #include "ps/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "worker/checkpoint.h"
 #include "worker/cli.h"
 #include "worker/cluster_spec.h"
 #include "worker/commands.h"
+#include "worker/ps_checkpoint.h"
 #include "worker/ps_client.h"
+#include "worker/shard_rpc.h"
 #include "worker/ps_setup.h"
 #include "worker/trainer.h"
 
@@ -43,9 +47,10 @@ namespace pstrain {
 namespace {
 
 std::atomic<bool> g_stop{false};
-// True while the trainer's step loop runs and checks g_stop. Outside it (connecting, the
-// end-of-job waits) a stop signal ends the process at once with the signal's default action:
-// there is nothing to save (no PS checkpoints yet) and the waits are long.
+// True while the trainer's step loop runs and checks g_stop (a stop there writes a checkpoint
+// and exits 0). Outside it (connecting, the end-of-job waits) a stop signal ends the process at
+// once with the signal's default action: the waits are long, and the job's last checkpoint
+// round (or the final one) is what a restart resumes from.
 std::atomic<bool> g_training{false};
 
 void OnStopSignal(int sig) {
@@ -59,72 +64,6 @@ void OnStopSignal(int sig) {
 // the whole cluster on fresh ports).
 constexpr int kExitCannotListen = 3;
 
-// Shard 0's end-of-job calls, from a host other than the chief: blocking calls with a deadline,
-// UNAVAILABLE retried with backoff up to `deadline`.
-class ShardZero {
- public:
-  explicit ShardZero(const std::string& address)
-      : stub_(ParameterServer::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
-        address_(address) {}
-
-  absl::Status Report(const ReportRequest& request, absl::Duration timeout) {
-    ReportResponse response;
-    return Call(timeout, [&](grpc::ClientContext* ctx) {
-      return stub_->Report(ctx, request, &response);
-    });
-  }
-
-  // Polls Info with exponential backoff (100 ms .. 2 s) until job_finished or `timeout`. Shard 0
-  // cannot call back, and holding an RPC open for the whole evaluation would need a deferred
-  // reactor in the shard: a poll a second or two apart costs nothing here.
-  absl::Status WaitJobFinished(absl::Duration timeout) {
-    const absl::Time end = absl::Now() + timeout;
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (true) {
-      InfoResponse info;
-      absl::Status s = Call(end - absl::Now(), [&](grpc::ClientContext* ctx) {
-        return stub_->Info(ctx, InfoRequest(), &info);
-      });
-      if (s.ok() && info.job_finished()) return absl::OkStatus();
-      if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
-      if (absl::Now() + backoff >= end) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("shard 0 (", address_, ") did not report the job finished within ",
-                         absl::FormatDuration(timeout), " (is the chief still evaluating? see "
-                                                        "--barrier_timeout_s)"));
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(2 * backoff, absl::Seconds(2));
-    }
-  }
-
- private:
-  template <typename F>
-  absl::Status Call(absl::Duration timeout, F f) {
-    const absl::Time end = absl::Now() + timeout;
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (true) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + absl::Seconds(10))));
-      ctx.set_wait_for_ready(true);
-      grpc::Status g = f(&ctx);
-      if (g.ok()) return absl::OkStatus();
-      absl::Status s = FromGrpcStatus(g);
-      const bool retry = g.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         g.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (!retry || absl::Now() + backoff >= end) {
-        return Annotate(s, absl::StrCat("shard 0 (", address_, ")"));
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(2 * backoff, absl::Seconds(2));
-    }
-  }
-
-  std::unique_ptr<ParameterServer::Stub> stub_;
-  const std::string address_;
-};
-
 }  // namespace
 
 int RunHost(int argc, char** argv) {
@@ -133,14 +72,18 @@ int RunHost(int argc, char** argv) {
       "Runs PS shard i and worker i of an N-host asynchronous PS job (worker 0 is the chief: it "
       "evaluates and writes <model_dir>/summary.json; host i > 0 logs to <model_dir>/host-<i>/).\n"
       "Cluster: --cluster=h1:port,...,hN:port --index=i, else TF_CONFIG, else SM_HOSTS / "
-      "SM_CURRENT_HOST (port 2223), else OMPI_COMM_WORLD_RANK/_SIZE with --cluster.\nSIGTERM or "
-      "Ctrl-C stops training and exits 1: PS checkpoints are not implemented yet.");
+      "SM_CURRENT_HOST or --resource_config (port 2223), else OMPI_COMM_WORLD_RANK/_SIZE with --cluster.\nCheckpoints: "
+      "ckpt-<step>/shard-<i>-of-<N> in checkpoint.dir (default: the chief's model_dir, which must "
+      "be shared by the hosts); a job resumes from LATEST. SIGTERM or Ctrl-C during training "
+      "writes a checkpoint of the whole job and exits 0.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  std::string cluster, bind = "0.0.0.0";
+  std::string cluster, bind = "0.0.0.0", resource_config = kSageMakerResourceConfig;
   int index = -1, ps_threads = 1, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
   flags.String("cluster", &cluster, "PS shard addresses host:port of hosts 0..N-1, comma-separated");
   flags.Int("index", &index, "this host's index in --cluster (-1 = from the environment)");
+  flags.String("resource_config", &resource_config,
+               "SageMaker's resource config, read when present (after SM_HOSTS in the order)");
   flags.String("bind", &bind, "address the shard listens on (its port is from the cluster spec)");
   flags.Int("ps_threads", &ps_threads, "OpenMP threads per PS request");
   flags.Int("cores", &cores,
@@ -162,6 +105,11 @@ int RunHost(int argc, char** argv) {
   for (const std::string& name : ClusterEnvVariables()) {
     if (const char* v = std::getenv(name.c_str())) env[name] = v;
   }
+  if (auto rc = ReadFileToString(resource_config); rc.ok()) {
+    env[kSageMakerResourceConfig] = *rc;
+  } else if (!absl::IsNotFound(rc.status())) {
+    return fail(rc.status().ToString(), 2);
+  }
   auto spec = ResolveClusterSpec(cluster, index, env);
   if (!spec.ok()) return fail(std::string(spec.status().message()), 2);
   const int N = static_cast<int>(spec->hosts.size());
@@ -179,6 +127,20 @@ int RunHost(int argc, char** argv) {
   const int64_t dense_size = shard_options->dense_size;
   auto server = ShardServer::Create(*std::move(shard_options));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
+  // Resume: every host picks the same checkpoint (the same verification of the same files).
+  const std::string model_dir = config.train().model_dir();
+  const std::string ckpt_dir =
+      config.checkpoint().dir().empty() ? model_dir : config.checkpoint().dir();
+  auto choice = ChooseCheckpoint(ckpt_dir);
+  if (!choice.ok()) return fail(choice.status().ToString(), 1);
+  if (*choice) {
+    if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
+        !s.ok()) {
+      return fail(absl::StrCat("restoring shard ", me, ": ", s.ToString()), 1);
+    }
+    PSTRAIN_LOG(INFO) << "shard " << me << ": restored from " << (*choice)->dir << " ("
+                      << (*choice)->manifest.num_shards() << " shards)";
+  }
   if (absl::Status s = (*server)->Start(absl::StrCat(bind, ":", port)); !s.ok()) {
     return fail(std::string(s.message()), kExitCannotListen);
   }
@@ -189,7 +151,6 @@ int RunHost(int argc, char** argv) {
                     << " rows, row_dim " << row_dim << ", dense " << dense_size;
 
   // The worker.
-  const std::string model_dir = config.train().model_dir();
   ClusterConfig* cc = config.mutable_cluster();
   cc->clear_ps();
   for (const std::string& h : spec->hosts) cc->add_ps(h);
@@ -201,8 +162,20 @@ int RunHost(int argc, char** argv) {
   if (absl::Status s = (*client)->WaitForShards(absl::Seconds(connect_timeout_s)); !s.ok()) {
     return fail(absl::StrCat("waiting for the shards: ", s.ToString()), 1);
   }
-  ShardZero shard_zero(spec->hosts[0]);
+  ShardRpc shard_zero(spec->hosts[0]);
   const absl::Duration barrier = absl::Seconds(barrier_timeout_s);
+  PsCheckpointer::Options co;
+  co.dir = ckpt_dir;
+  co.worker = me;
+  co.num_workers = N;
+  co.keep = config.checkpoint().keep();
+  co.local_shard = server->get();
+  co.shards = spec->hosts;
+  co.client = client->get();
+  co.stop = &g_stop;
+  co.timeout = barrier;
+  if (*choice) co.restored = **choice;
+  PsCheckpointer checkpointer(std::move(co));
   const absl::Time t_start = absl::Now();
 
   TrainerOptions opts;
@@ -210,6 +183,7 @@ int RunHost(int argc, char** argv) {
   opts.cores = cores;
   opts.stop = &g_stop;
   opts.params = client->get();
+  opts.checkpointer = &checkpointer;
   opts.worker_index = me;
   opts.num_workers = N;
   opts.chief = chief;
@@ -223,19 +197,28 @@ int RunHost(int argc, char** argv) {
     done.set_phase(TRAINING_DONE);
     done.set_examples(summary->examples);
     done.set_steps(summary->steps);
+    done.set_worker_state(checkpointer.final_state());
+    done.set_examples_this_run(summary->examples_this_run);
     if (!chief) return shard_zero.Report(done, barrier);
     (*server)->Report(done);
     PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
     ASSIGN_OR_RETURN(std::vector<ReportRequest> all,
                      (*server)->WaitForReports(TRAINING_DONE, N, barrier));
     summary->examples = 0;
+    summary->examples_this_run = 0;
     summary->steps = 0;
     for (const ReportRequest& r : all) {
       summary->examples += r.examples();
+      summary->examples_this_run += r.examples_this_run();
       summary->steps += r.steps();
     }
     summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
-    summary->examples_per_sec = summary->examples / std::max(1e-9, summary->wall_seconds);
+    summary->examples_per_sec =
+        summary->examples_this_run / std::max(1e-9, summary->wall_seconds);
+    auto final_ckpt = checkpointer.SaveFinal();
+    RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
+    summary->checkpoint = *final_ckpt;
+    PSTRAIN_LOG(INFO) << "chief: final checkpoint " << summary->checkpoint;
     return absl::OkStatus();
   };
   std::printf("pstrain host: host %d/%d ready, training\n", me, N);
@@ -248,22 +231,25 @@ int RunHost(int argc, char** argv) {
     return fail(summary.status().ToString(), 1);
   }
   if (summary->preempted) {
-    (*server)->Shutdown(absl::Seconds(1));
-    return fail(absl::StrCat("host ", me, ": stopped by a signal at step ", summary->steps,
-                             "; PS checkpoints are not implemented yet, so this job cannot be "
-                             "resumed"),
-                1);
+    std::fprintf(stderr,
+                 "pstrain host: host %d stopped by a signal at step %lld; checkpoint %s; run the "
+                 "same command to resume\n",
+                 me, static_cast<long long>(summary->steps),
+                 summary->checkpoint.empty() ? "(written by the chief)"
+                                             : summary->checkpoint.c_str());
   }
 
   ReportRequest seen;
   seen.set_worker_id(me);
   seen.set_phase(FINISH_SEEN);
-  if (chief) {
+  if (chief && !summary->preempted) {
     if (auto stats = (*client)->GetStats(); stats.ok()) {
       std::fprintf(stderr, "PS shard balance:\n%s\n", FormatShardBalance(*stats).c_str());
     } else {
       PSTRAIN_LOG(WARNING) << "shard stats: " << stats.status();
     }
+  }
+  if (chief) {
     (*server)->FinishJob();
     (*server)->Report(seen);
     // Not fatal: the job is done, a host that does not acknowledge only loses its shard early.
@@ -271,9 +257,15 @@ int RunHost(int argc, char** argv) {
       PSTRAIN_LOG(WARNING) << s.status();
     }
   } else {
-    if (absl::Status s = shard_zero.WaitJobFinished(barrier); !s.ok()) {
+    // A preempted host has seen its checkpoint written; the chief waits for this report.
+    auto finished = summary->preempted
+                        ? absl::StatusOr<InfoResponse>(InfoResponse())
+                        : shard_zero.PollInfo([](const InfoResponse& i) { return i.job_finished(); },
+                                              barrier, "the end of the job (the chief's "
+                                                       "evaluation; see --barrier_timeout_s)");
+    if (!finished.ok()) {
       (*server)->Shutdown(absl::Seconds(1));
-      return fail(s.ToString(), 1);
+      return fail(finished.status().ToString(), 1);
     }
     if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
       PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;

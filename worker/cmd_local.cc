@@ -9,9 +9,10 @@
 // need a second round of messages to tell every host the others' ports.
 //
 // Output: host 0 (the chief) writes to this terminal; host i > 0 to <model_dir>/host-<i>/output.log
-// (shown path on failure). Signals: SIGINT / SIGTERM are forwarded to the hosts as SIGTERM. If a
-// host fails, the others get SIGTERM. Hosts still running --kill_timeout_s after a SIGTERM get
-// SIGKILL; every child is reaped, and a child dies with the launcher (PR_SET_PDEATHSIG).
+// (shown path on failure). Signals: SIGINT / SIGTERM are forwarded to the hosts as SIGTERM: the
+// hosts write a checkpoint of the job and exit 0, and so does the launcher. If a host fails, the
+// others get SIGTERM. Hosts still running --kill_timeout_s after a SIGTERM get SIGKILL; every
+// child is reaped, and a child dies with the launcher (PR_SET_PDEATHSIG).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -153,6 +154,7 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
 
   int alive = n, code = 0;
   bool stopping = false;
+  bool signalled = false;  // stopped by the user: success if every host saved and exited 0
   auto stop_all = [&](int sig) {
     for (const Child& c : children) {
       if (c.status < 0) kill(c.pid, sig);
@@ -169,6 +171,7 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
       c.status = status;
       --alive;
       const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+      if (failed && signalled) code = 1;
       if (failed && !stopping) {
         std::fprintf(stderr, "pstrain local: host %d failed (%s)%s; stopping the others\n", i,
                      Describe(status).c_str(),
@@ -198,9 +201,11 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
     }
     const int sig = sigtimedwait(&signals, nullptr, &wait);
     if ((sig == SIGINT || sig == SIGTERM) && !stopping) {
-      std::fprintf(stderr, "pstrain local: %s: stopping the hosts (PS checkpoints are not "
-               "implemented yet: this job cannot be resumed)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-      code = 128 + sig;
+      std::fprintf(stderr,
+                   "pstrain local: %s: stopping the hosts; they write a checkpoint of the job "
+                   "(run the same command to resume)\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      signalled = true;
       stopping = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
       stop_all(SIGTERM);
@@ -223,6 +228,15 @@ void PrintSummary(const std::string& model_dir) {
     auto it = summary.fields().find(key);
     return it == summary.fields().end() ? std::nan("") : it->second.number_value();
   };
+  if (auto it = summary.fields().find("preempted");
+      it != summary.fields().end() && it->second.bool_value()) {
+    auto ck = summary.fields().find("checkpoint");
+    std::printf("pstrain local: stopped after %.0f examples; checkpoint %s; run the same command "
+                "to resume\n",
+                num("examples"),
+                ck == summary.fields().end() ? "?" : ck->second.string_value().c_str());
+    return;
+  }
   std::printf("pstrain local: done: %.0f hosts, %.0f examples at %.0f ex/s, test AUC %.5f "
               "logloss %.5f; model dir %s\n",
               num("hosts"), num("examples"), num("examples_per_sec"), num("test_auc"),
@@ -236,13 +250,15 @@ int RunLocal(int argc, char** argv) {
                 "Runs an N-host asynchronous PS job on this machine: N `pstrain host` processes "
                 "on loopback ports, with the training flags given here.\nHost 0 (the chief) "
                 "prints here and writes <model_dir>/summary.json; host i > 0 logs to "
-                "<model_dir>/host-<i>/. Ctrl-C stops all hosts (no PS checkpoints yet).");
+                "<model_dir>/host-<i>/. Ctrl-C or SIGTERM stops all hosts after a checkpoint of the job; the "
+                "same command resumes it.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  int hosts = 2, kill_timeout_s = 10;
+  int hosts = 2, kill_timeout_s = 120;
   flags.Int("hosts", &hosts, "number of hosts N (each one PS shard + one worker)");
   flags.Int("kill_timeout_s", &kill_timeout_s,
-            "seconds between SIGTERM and SIGKILL when stopping the hosts");
+            "seconds between SIGTERM and SIGKILL when stopping the hosts (time to write a "
+            "checkpoint)");
   Config config;
   if (auto code = ParseTrainingCommand("local", argc, argv, &flags, tf, &config)) return *code;
   if (hosts < 1 || hosts > 64) {

@@ -49,9 +49,12 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("batch_size_per_tower", config.train().batch_size())
       .Add("hosts", opts.hosts)
       .Add("bad_records", s.bad_records)
+      .Add("unique_rows_per_step", s.unique_rows_per_step)
+      .Add("row_dim", s.row_dim)
+      .Add("dense_params", s.dense_params)
       .Add("preempted", s.preempted)
-      .Add("checkpoint", s.checkpoint)
-      .Add("wire_bytes", s.wire_bytes);
+      .Add("checkpoint", s.checkpoint);
+  if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   return WriteFileAtomic(path, j.str() + "\n");
 }
 
@@ -119,6 +122,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   TrainSummary summary;
   int64_t step = state.step();
   int64_t examples = state.examples();
+  int64_t unique_rows = 0;  // this run's steps only (not restored)
+  const int64_t first_step = step;
   const int64_t max_steps = config.train().max_steps();
   const int64_t log_every = std::max<int64_t>(1, config.train().log_every_steps());
   const int64_t eval_every = config.train().eval_every_steps();
@@ -168,6 +173,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     ++step;
     ASSIGN_OR_RETURN(StepResult r, step_runner->Run(batch, step, params));
     examples += r.examples;
+    unique_rows += r.unique_rows;
     ex_since_log += r.examples;
     loss_since_log += r.loss_sum;
 
@@ -192,10 +198,14 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   RETURN_IF_ERROR(drain_eval());
 
   summary.steps = step;
+  summary.unique_rows_per_step =
+      step > first_step ? static_cast<double>(unique_rows) / (step - first_step) : 0;
+  summary.row_dim = params->row_dim();
+  summary.dense_params = params->dense_size();
   summary.examples = examples;
   summary.wall_seconds = train_seconds;
-  summary.examples_per_sec =
-      train_seconds > 0 ? (examples - state.examples()) / train_seconds : 0;
+  summary.examples_this_run = examples - state.examples();
+  summary.examples_per_sec = train_seconds > 0 ? summary.examples_this_run / train_seconds : 0;
   summary.bad_records = static_cast<int64_t>(pipeline->stats().bad_records);
   RETURN_IF_ERROR(checkpoint(/*final=*/!summary.preempted));
   if (checkpointer != nullptr) {

@@ -23,14 +23,21 @@ struct TrainSummary {
   double test_auc = 0, test_logloss = 0;
   int64_t eval_examples = 0;
   double examples_per_sec = 0;
-  int64_t examples = 0, steps = 0;
+  int64_t examples = 0, steps = 0;  // since the job began (a resumed run counts the earlier ones)
+  int64_t examples_this_run = 0;     // trained by this process
   double wall_seconds = 0;
   int64_t bad_records = 0;
+  // Sizes for traffic models (bench/compare): mean unique embedding rows per step of this
+  // worker (over the steps of this run), floats per row, floats of the dense vector.
+  double unique_rows_per_step = 0;
+  int row_dim = 0;
+  int64_t dense_params = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
   std::string checkpoint;  // path of the last checkpoint written, if any
   // Bytes all workers sent for parameter traffic (allreduce: the collectives, by the ring model
-  // of docs/ALLREDUCE.md); 0 when the mode does not count them. Set by after_training.
-  int64_t wire_bytes = 0;
+  // of docs/ALLREDUCE.md), set by after_training; -1 (omitted from summary.json) when the mode
+  // does not count them.
+  int64_t wire_bytes = -1;
 };
 
 struct TrainerOptions {

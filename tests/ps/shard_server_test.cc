@@ -6,7 +6,11 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -17,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "ps/wire.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "worker/checkpoint.h"
 #include "worker/ps_client.h"
 
 namespace pstrain {
@@ -525,6 +530,152 @@ TEST(ShardServer, ReportsWaitAndJobFinished) {
   SetDeadline(&ctx);
   ASSERT_TRUE(stub->Info(&ctx, InfoRequest(), &info).ok());
   EXPECT_TRUE(info.job_finished());
+}
+
+// ---- Checkpoints (ps/shard_checkpoint.cc) ----
+
+std::string TestDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/shard_ckpt_", getpid(), "_", name);
+  std::system(("rm -rf " + dir).c_str());
+  return dir;
+}
+
+// Writes a checkpoint of `cluster` under dir the way the chief does: COPY every shard, WRITE
+// every shard, then the MANIFEST and LATEST.
+void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t round) {
+  auto ckpt = PrepareCheckpointDir(dir, step);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_num_shards(static_cast<int>(cluster->servers.size()));
+  manifest.set_table_rows(cluster->table.rows);
+  manifest.set_partitions(cluster->table.partitions);
+  manifest.set_row_dim(cluster->table.row_dim);
+  manifest.set_dense_size(cluster->table.dense_size);
+  for (auto& server : cluster->servers) {
+    ASSERT_TRUE(server->CopyForCheckpoint(round).ok());
+  }
+  for (auto& server : cluster->servers) {
+    auto written = server->WriteCheckpoint(round, *ckpt);
+    ASSERT_TRUE(written.ok()) << written.status();
+    auto* f = manifest.add_file();
+    f->set_name(written->file());
+    f->set_bytes(written->bytes());
+  }
+  WorkerState state;
+  state.set_step(step);
+  ASSERT_TRUE(CommitCheckpoint(dir, manifest, {{0, state}}, /*keep=*/3).ok());
+}
+
+// Every row and optimizer slot (Adam: m, v and the per-row step) survives a checkpoint written by
+// 3 shards and restored onto 2, 3 or 4: pulls match the single-store twin bit for bit, and so
+// do the updates after the restore.
+TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
+  const Table t;
+  Cluster three(3, t, ADAM);
+  Reference ref(t, ADAM);
+  auto client = three.Client();
+  Rng rng(99);
+  std::vector<int64_t> touched;
+  for (int step = 1; step <= 6; ++step) {
+    const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 900);
+    touched.insert(touched.end(), ids.begin(), ids.end());
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+    const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+    ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), step).ok());
+    ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), step).ok());
+    ref.dense->Apply(dense_grad.data(), step);
+  }
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  const std::string dir = TestDir("repartition");
+  SaveCluster(&three, dir, 6, 1);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->manifest.num_shards(), 3);
+
+  std::vector<std::unique_ptr<Cluster>> restored;
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int shards : {2, 3, 4}) {
+    restored.push_back(std::make_unique<Cluster>(shards, t, ADAM));
+    for (auto& server : restored.back()->servers) {
+      ASSERT_TRUE(server->RestoreCheckpoint((*choice)->dir, (*choice)->manifest).ok());
+      EXPECT_EQ(server->Info().restored_from(), (*choice)->dir);
+    }
+    clients.push_back(restored.back()->Client());
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    ExpectSameAsReference(clients.back().get(), &ref, touched, t);
+  }
+  // Optimizer state came along: the next update matches too.
+  const std::vector<int64_t> ids(touched.begin(), touched.begin() + 500);
+  const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+  const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+  ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), 7).ok());
+  ref.dense->Apply(dense_grad.data(), 7);
+  for (auto& c : clients) {
+    ASSERT_TRUE(c->Push(ids, grads.data(), dense_grad.data(), 7).ok());
+    ExpectSameAsReference(c.get(), &ref, touched, t);
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
+  const Table t;
+  Cluster two(2, t, ADAGRAD);
+  const std::string dir = TestDir("shape");
+  SaveCluster(&two, dir, 1, 1);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  Table other = t;
+  other.row_dim = t.row_dim + 1;
+  Cluster wrong(2, other, ADAGRAD);
+  const absl::Status s = wrong.servers[0]->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("another model"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(ShardCheckpoint, WriteNeedsTheRoundsCopy) {
+  const Table t;
+  Cluster one(1, t, SGD);
+  auto w = one.servers[0]->WriteCheckpoint(5, TestDir("nocopy"));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr("without its COPY"));
+}
+
+// The coordinator: one open round at a time, joined by later requests; a finished worker stands
+// in with its final state; the wait names the missing workers.
+TEST(ShardCheckpoint, CoordinatorRounds) {
+  const Table t;
+  Cluster one(1, t, SGD);
+  ShardServer& s0 = *one.servers[0];
+  EXPECT_EQ(s0.RequestCheckpoint(false), 1);
+  EXPECT_EQ(s0.RequestCheckpoint(true), 1);  // joins the open round and marks it stopping
+  EXPECT_TRUE(s0.Info().checkpoint_stop());
+  ASSERT_TRUE(s0.ArriveCheckpoint(1, 0, "state-0").ok());
+  ReportRequest done;
+  done.set_worker_id(1);
+  done.set_phase(TRAINING_DONE);
+  done.set_worker_state("final-1");
+  s0.Report(done);
+  auto got = s0.WaitForArrivals(1, 2, absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->at(0), "state-0");
+  EXPECT_EQ(got->at(1), "final-1");
+  s0.ReleaseCheckpoint(1);
+  EXPECT_EQ(s0.ArriveCheckpoint(1, 0, "late").code(), absl::StatusCode::kFailedPrecondition);
+  s0.CompleteCheckpoint(1, "/ckpt/dir", "");
+  InfoResponse info = s0.Info();
+  EXPECT_EQ(info.checkpoint_done_round(), 1);
+  EXPECT_EQ(info.checkpoint_done_dir(), "/ckpt/dir");
+
+  EXPECT_EQ(s0.RequestCheckpoint(false), 2);  // a new round, not stopping
+  EXPECT_FALSE(s0.Info().checkpoint_stop());
+  auto missing = s0.WaitForArrivals(2, 3, absl::Milliseconds(100));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("workers [0, 2]"));
+  s0.CompleteCheckpoint(2, "", "disk full");
+  EXPECT_EQ(s0.Info().checkpoint_error(), "disk full");
 }
 
 }  // namespace

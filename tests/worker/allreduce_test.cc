@@ -134,17 +134,14 @@ class AllreduceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     ASSERT_EQ(std::system(("rm -rf " + Dir()).c_str()), 0);
-    std::string error;
     ASSERT_EQ(testing::RunToExit({PSTRAIN_BINARY, "datagen", "--rows", absl::StrCat(kTrainRows),
                                   "--seed", "1", "--out", Dir() + "/train"},
-                                 120000, &error),
-              0)
-        << error;
+                                 120000),
+              0);
     ASSERT_EQ(testing::RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "2000", "--seed", "2",
                                   "--out", Dir() + "/test"},
-                                 120000, &error),
-              0)
-        << error;
+                                 120000),
+              0);
   }
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
   // A failed test may leave ranks behind (mpirun itself is killed by ~Subprocess).
@@ -178,8 +175,7 @@ TEST_F(AllreduceTest, TwoRanksStayIdenticalAndMatchOneProcessWithTwoTowers) {
   const std::string one_dir = Dir() + "/one_process";
   std::vector<std::string> train = {PSTRAIN_BINARY, "train"};
   for (const std::string& a : JobArgs(one_dir, 1, /*towers=*/2)) train.push_back(a);
-  std::string error;
-  ASSERT_EQ(testing::RunToExit(train, 240000, &error), 0) << error;
+  ASSERT_EQ(testing::RunToExit(train, 240000), 0);
 
   // Same global batches in the same order: the same parameters up to float rounding (the sums
   // are grouped differently: per rank then across ranks, vs per tower then across towers).

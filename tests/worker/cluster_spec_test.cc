@@ -67,6 +67,35 @@ TEST(ClusterSpecTest, MalformedTfConfigIsNamed) {
               HasSubstr("one chief/worker per ps entry"));
 }
 
+TEST(ClusterSpecTest, SageMakerResourceConfig) {
+  const std::string rc =
+      R"({"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], )"
+      R"("current_instance_type": "ml.c5.4xlarge", "network_interface_name": "eth0"})";
+  auto s = ResolveClusterSpec("", -1, {{kSageMakerResourceConfig, rc}});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(s->hosts, ElementsAre("algo-1:2223", "algo-2:2223"));
+  EXPECT_EQ(s->index, 1);
+  EXPECT_EQ(s->source, kSageMakerResourceConfig);
+  // SM_HOSTS comes first.
+  auto env = ResolveClusterSpec(
+      "", -1, {{"SM_HOSTS", R"(["x"])"}, {"SM_CURRENT_HOST", "x"}, {kSageMakerResourceConfig, rc}});
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(env->source, "SM_HOSTS");
+  EXPECT_THAT(
+      ResolveClusterSpec("", -1, {{kSageMakerResourceConfig, R"({"hosts": ["algo-1"]})"}})
+          .status()
+          .message(),
+      HasSubstr("resourceconfig.json: expected a \"current_host\" string"));
+  EXPECT_THAT(ResolveClusterSpec("", -1,
+                                 {{kSageMakerResourceConfig,
+                                   R"({"current_host": "algo-3", "hosts": ["algo-1"]})"}})
+                  .status()
+                  .message(),
+              HasSubstr("current_host: expected one of"));
+  EXPECT_THAT(ResolveClusterSpec("", -1, {{kSageMakerResourceConfig, "{"}}).status().message(),
+              HasSubstr("resourceconfig.json: expected valid JSON"));
+}
+
 TEST(ClusterSpecTest, SageMaker) {
   auto s = ResolveClusterSpec(
       "", -1, {{"SM_HOSTS", R"(["algo-1","algo-2","algo-3"])"}, {"SM_CURRENT_HOST", "algo-2"}});

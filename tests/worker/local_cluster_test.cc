@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
@@ -20,19 +23,13 @@ namespace pstrain {
 namespace {
 
 using testing::ProcessesMentioning;
+using testing::RunToExit;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
 
 // Per process: CTest runs the tests of this file in parallel processes.
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/local_cluster_", getpid()); }
-
-int RunToExit(const std::vector<std::string>& argv, int timeout_ms) {
-  std::string error;
-  const int code = testing::RunToExit(argv, timeout_ms, &error);
-  if (code < 0) ADD_FAILURE() << error;
-  return code;
-}
 
 class LocalClusterTest : public ::testing::TestWithParam<int> {
  protected:
@@ -83,7 +80,7 @@ TEST_P(LocalClusterTest, TrainsEveryRecordOnceAndLearns) {
   EXPECT_EQ(f.at("examples").number_value(), kTrainRows * epochs);  // every record, once per epoch
   EXPECT_EQ(f.at("eval_examples").number_value(), 2000);
   EXPECT_GT(f.at("test_auc").number_value(), 0.6);
-  EXPECT_EQ(f.at("checkpoint").string_value(), "");
+  EXPECT_THAT(f.at("checkpoint").string_value(), ::testing::StartsWith(model_dir + "/ckpt-"));
   // Hosts i > 0 keep their own logs; only the chief writes the summary.
   for (int i = 1; i < hosts; ++i) {
     const std::string host_dir = absl::StrCat(model_dir, "/host-", i);
@@ -95,22 +92,99 @@ TEST_P(LocalClusterTest, TrainsEveryRecordOnceAndLearns) {
 
 INSTANTIATE_TEST_SUITE_P(Hosts, LocalClusterTest, ::testing::Values(2, 3));
 
-TEST_F(LocalClusterTest, SigtermStopsEveryHost) {
+google::protobuf::Struct ReadSummary(const std::string& model_dir) {
+  google::protobuf::Struct summary;
+  auto text = ReadFileToString(model_dir + "/summary.json");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (text.ok()) EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok());
+  return summary;
+}
+
+std::string Latest(const std::string& dir) {
+  auto text = ReadFileToString(dir + "/LATEST");
+  return text.ok() ? std::string(absl::StripAsciiWhitespace(*text)) : "";
+}
+
+// Spot preemption: SIGTERM makes every host join one checkpoint round and exit 0; the same
+// command then resumes from it and trains exactly the records that were left: every record
+// once per epoch over the two runs, none twice, none skipped.
+TEST_F(LocalClusterTest, SigtermCheckpointsAndTheResumeTrainsEveryRecordOnce) {
   const std::string model_dir = Dir() + "/model_sigterm";
+  const int epochs = 12;
   Subprocess local;
   std::string error;
-  ASSERT_TRUE(local.Start(LocalArgs(2, 1000, model_dir), &error)) << error;
+  ASSERT_TRUE(local.Start(LocalArgs(2, epochs, model_dir), &error)) << error;
   // Host 0 prints this on the launcher's stdout once every shard is up and training starts.
   ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), ::testing::HasSubstr("training"));
+  // Let it train a little (progress goes to stderr); whenever the signal lands, the checks below
+  // hold, and the examples check says if the job was already over.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   ASSERT_TRUE(local.Signal(SIGTERM));
-  const int status = local.WaitExit(60000);
+  const int status = local.WaitExit(120000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
-  // The chief may have written a summary of the stopped run: it must say so.
-  if (auto text = ReadFileToString(model_dir + "/summary.json"); text.ok()) {
-    EXPECT_THAT(*text, ::testing::HasSubstr("\"preempted\":true"));
+  const std::string ckpt = Latest(model_dir);
+  ASSERT_THAT(ckpt, ::testing::StartsWith("ckpt-"));
+  for (const char* f : {"MANIFEST", "shard-0-of-2", "shard-1-of-2", "worker-0.state",
+                        "worker-1.state"}) {
+    EXPECT_TRUE(PathExists(model_dir + "/" + ckpt + "/" + f)) << f;
   }
+  const auto stopped = ReadSummary(model_dir).fields();
+  EXPECT_TRUE(stopped.at("preempted").bool_value());
+  EXPECT_LT(stopped.at("examples").number_value(), kTrainRows * epochs)
+      << "the job finished before the signal: make it longer";
+
+  ASSERT_EQ(RunToExit(LocalArgs(2, epochs, model_dir), 240000), 0);
+  const auto f = ReadSummary(model_dir).fields();
+  EXPECT_FALSE(f.at("preempted").bool_value());
+  EXPECT_EQ(f.at("examples").number_value(), kTrainRows * epochs);
+  EXPECT_GT(f.at("test_auc").number_value(), 0.6);
+  auto host1 = ReadFileToString(model_dir + "/host-1/output.log");
+  ASSERT_TRUE(host1.ok());
+  EXPECT_THAT(*host1, ::testing::HasSubstr("resumed from " + model_dir + "/" + ckpt));
+}
+
+// Checkpoints of a 3-host job restore onto 2 and onto 4 hosts (the rows re-partitioned); a
+// corrupt shard file makes every host refuse that checkpoint and fall back to the one before.
+TEST_F(LocalClusterTest, CheckpointsRestoreOntoOtherHostCountsAndCorruptionFallsBack) {
+  const std::string model_dir = Dir() + "/model_repartition";
+  std::vector<std::string> args = LocalArgs(3, 1, model_dir);
+  args.insert(args.end(), {"--set", "checkpoint.every_steps=10", "--set", "checkpoint.keep=5"});
+  ASSERT_EQ(RunToExit(args, 240000), 0);
+  const std::string last = Latest(model_dir);
+  ASSERT_THAT(last, ::testing::StartsWith("ckpt-"));
+  EXPECT_TRUE(PathExists(model_dir + "/" + last + "/shard-2-of-3"));
+  const double examples = ReadSummary(model_dir).fields().at("examples").number_value();
+  EXPECT_EQ(examples, kTrainRows);
+
+  // Flip one byte in the middle of a shard file of the newest checkpoint.
+  const std::string victim = model_dir + "/" + last + "/shard-1-of-3";
+  auto bytes = ReadFileToString(victim);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomic(victim, *bytes).ok());
+
+  for (int hosts : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat(hosts, " hosts"));
+    const std::string dir = absl::StrCat(Dir(), "/model_restore_", hosts);
+    ASSERT_EQ(std::system(absl::StrCat("rm -rf ", dir, " && cp -r ", model_dir, " ", dir).c_str()),
+              0);
+    std::vector<std::string> more = LocalArgs(hosts, 2, dir);  // one more epoch
+    ASSERT_EQ(RunToExit(more, 240000), 0);
+    auto host1 = ReadFileToString(dir + "/host-1/output.log");
+    ASSERT_TRUE(host1.ok());
+    EXPECT_THAT(*host1, ::testing::HasSubstr("refusing checkpoint " + dir + "/" + last));
+    EXPECT_THAT(*host1, ::testing::HasSubstr(absl::StrCat("restored from ", dir, "/ckpt-")));
+    EXPECT_THAT(*host1, ::testing::HasSubstr("(3 shards)"));
+    // Another number of readers cannot continue the data positions: it starts the data over.
+    EXPECT_THAT(*host1, ::testing::HasSubstr("the data starts from the beginning"));
+    const auto f = ReadSummary(dir).fields();
+    EXPECT_EQ(f.at("examples").number_value(), 2 * kTrainRows);
+    EXPECT_GT(f.at("test_auc").number_value(), 0.6);
+    EXPECT_THAT(Latest(dir), ::testing::StrNe(last));
+  }
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
 TEST_F(LocalClusterTest, AFailingHostStopsTheOthers) {
@@ -122,7 +196,7 @@ TEST_F(LocalClusterTest, AFailingHostStopsTheOthers) {
   Subprocess local;
   std::string error;
   ASSERT_TRUE(local.Start(args, &error)) << error;
-  // Well within the launcher's 10 s SIGTERM -> SIGKILL grace: host 1 leaves at once on SIGTERM.
+  // Host 1 leaves at once on SIGTERM: it is still waiting for shard 0, not training.
   const int status = local.WaitExit(8000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);

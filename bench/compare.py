@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""bench/compare: one command, one report comparing pstrain's training strategies.
+
+Runs the same config, data and epochs as
+  train        single-process `pstrain train`
+  ps-async     `pstrain local --hosts N --set cluster.consistency=ASYNC`
+  ps-bounded   ... BOUNDED
+  ps-sync      ... SYNC
+  allreduce    `mpirun --allow-run-as-root --oversubscribe -np N pstrain allreduce ...`
+--repeats times (each repeat runs every mode once, so ratios to `train` are taken within one
+repeat), and writes results/<timestamp>/compare.json, compare.md and compare.png (gnuplot).
+
+A mode whose command fails is reported as failed with the first line of its error; the script
+exits 1 when a mode not listed in --allow_fail failed.
+
+Measurement: every run is a child process tree (its own session). CPU utilisation is the
+rusage of the reaped tree (user + sys, os.wait4: includes every descendant the launcher reaped)
+divided by wall time and by the cores of this machine. Peak memory is the largest sum of VmRSS
+over the tree, sampled every 0.2 s from /proc, or the largest single process's max RSS from
+rusage if that is larger (sampling can miss a short peak). Bytes per example: summary.json's
+wire_bytes when present, else the PS shard balance table the chief prints (in_MB + out_MB over
+the shards: every byte received or sent by a shard, loopback included), else n/a; 0 for
+single-process training. Time to target AUC: wall time from the launch to the first eval line in
+<model_dir>/metrics.jsonl whose eval_auc reaches the target (periodic evals need
+--set train.eval_every_steps=K, otherwise only the final eval counts).
+
+Only the Python standard library is used; the plot needs gnuplot (scripts/install_bench_deps.sh,
+run automatically with --install_deps when gnuplot is missing).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+MODES = ["train", "ps-async", "ps-bounded", "ps-sync", "allreduce"]
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--binary", default=os.path.join(SOURCE_ROOT, "build/release/pstrain"))
+    p.add_argument("--config", action="append", default=[], help="config file(s), in order")
+    p.add_argument("--train", action="append", default=[], help="training data paths")
+    p.add_argument("--eval", action="append", default=[], help="evaluation data paths")
+    p.add_argument("--format", default="")
+    p.add_argument("--epochs", type=int, default=0, help="0 = from the config")
+    p.add_argument("--set", action="append", default=[], help="config override for every mode")
+    p.add_argument("--hosts", type=int, default=2, help="hosts (PS) and ranks (allreduce)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--results", default="results", help="results/<timestamp>/ goes here")
+    p.add_argument("--target_auc", type=float, default=0.0,
+                   help="AUC for time-to-target (0 = 0.99 x the single-process final AUC)")
+    p.add_argument("--network_gbps", type=float, default=25.0,
+                   help="network of the scaling model, Gb/s per host per direction")
+    p.add_argument("--timeout_s", type=float, default=3600, help="per run")
+    p.add_argument("--allow_fail", default="",
+                   help="modes that may fail without failing the comparison (not yet available)")
+    p.add_argument("--install_deps", action="store_true",
+                   help="run scripts/install_bench_deps.sh when gnuplot is missing")
+    args = p.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    for m in args.modes + [m for m in args.allow_fail.split(",") if m]:
+        if m not in MODES:
+            p.error(f"unknown mode '{m}' (modes: {', '.join(MODES)})")
+    return args
+
+
+def cores():
+    return len(os.sched_getaffinity(0))
+
+
+def training_flags(args, model_dir):
+    f = []
+    for c in args.config:
+        f += ["--config", c]
+    for t in args.train:
+        f += ["--train", t]
+    for e in args.eval:
+        f += ["--eval", e]
+    if args.format:
+        f += ["--format", args.format]
+    if args.epochs:
+        f += ["--epochs", str(args.epochs)]
+    for s in args.set:
+        f += ["--set", s]
+    return f + ["--model_dir", model_dir]
+
+
+def command(args, mode, model_dir):
+    flags = training_flags(args, model_dir)
+    if mode == "train":
+        return [args.binary, "train"] + flags
+    if mode.startswith("ps-"):
+        consistency = mode[3:].upper()
+        return [args.binary, "local", "--hosts", str(args.hosts)] + flags + [
+            "--set", f"cluster.consistency={consistency}"]
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.hosts),
+            args.binary, "allreduce"] + flags
+
+
+def tree_rss_kb(root):
+    """Summed VmRSS (kB) of `root` and its descendants, from /proc."""
+    children, rss = {}, {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/status") as f:
+                m = re.search(r"^VmRSS:\s+(\d+)", f.read(), re.M)
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+        rss[int(pid)] = int(m.group(1)) if m else 0
+    total, stack = 0, [root]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack += children.get(p, [])
+    return total
+
+
+def first_error_line(text):
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    for l in lines:
+        if re.search(r"pstrain[^:]*:|error|Error|ERROR|unknown|not implemented|failed", l):
+            return l
+    return lines[-1] if lines else "no output"
+
+
+def run_one(args, mode, run_dir):
+    """Runs one mode once; returns a dict of measurements (status 'ok' or 'failed')."""
+    model_dir = os.path.join(run_dir, "model")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    cmd = command(args, mode, model_dir)
+    out_path, err_path = os.path.join(run_dir, "stdout.log"), os.path.join(run_dir, "stderr.log")
+    r = {"mode": mode, "command": " ".join(cmd), "log": err_path}
+    launch = time.time()
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        try:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        except OSError as e:
+            return dict(r, status="failed", error=f"{cmd[0]}: {e.strerror}")
+        peak = [0]
+        done = threading.Event()
+
+        def sample():
+            while not done.wait(0.2):
+                peak[0] = max(peak[0], tree_rss_kb(proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        timer = threading.Timer(args.timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.time() - launch
+        timer.cancel()
+        done.set()
+        sampler.join()
+        try:  # stragglers of the tree (the launchers kill their children; this is a backstop)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    code = os.waitstatus_to_exitcode(status)
+    r.update(wall_seconds=wall, exit_code=code,
+             cpu_utilisation=(usage.ru_utime + usage.ru_stime) / wall / cores(),
+             peak_memory_mb=max(peak[0], usage.ru_maxrss) / 1024.0)
+    with open(err_path) as f:
+        stderr = f.read()
+    summary_path = os.path.join(model_dir, "summary.json")
+    if code != 0 or not os.path.exists(summary_path):
+        reason = first_error_line(stderr) if code != 0 else "no summary.json written"
+        if code < 0:
+            reason = f"killed by signal {-code} (timeout {args.timeout_s:.0f} s?): {reason}"
+        return dict(r, status="failed", error=reason)
+    with open(summary_path) as f:
+        s = json.load(f)
+    # Until bounded/sync consistency exists, `local` ignores cluster.consistency and runs async:
+    # such a run is not the mode asked for.
+    if mode in ("ps-bounded", "ps-sync") and s.get("mode") == "ps-async" \
+            and "consistency" not in s:
+        return dict(r, status="failed",
+                    error=f"ran as {s.get('mode')}: cluster.consistency is not implemented")
+    r.update(status="ok", summary=s, launch_time=launch,
+             examples_per_sec=s.get("examples_per_sec"), test_auc=s.get("test_auc"),
+             test_logloss=s.get("test_logloss"), examples=s.get("examples"))
+    r["examples_per_sec_per_core"] = r["examples_per_sec"] / cores()
+    bytes_total, method = None, "n/a"
+    if "wire_bytes" in s:
+        bytes_total, method = s["wire_bytes"], "summary wire_bytes"
+    elif mode == "train":
+        bytes_total, method = 0, "none (one process)"
+    else:
+        m = re.search(r"PS shard balance:\n.*?\n((?:\d+\s.*\n?)+)", stderr)
+        if m:
+            bytes_total = sum((float(l.split()[6]) + float(l.split()[7])) * 1e6
+                              for l in m.group(1).splitlines() if l.strip())
+            method = "shard stats in+out"
+    r["bytes_per_example"] = bytes_total / s["examples"] if bytes_total is not None and s.get(
+        "examples") else None
+    r["bytes_method"] = method
+    r["eval_curve"] = []
+    metrics = os.path.join(model_dir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            for line in f:
+                try:
+                    j = json.loads(line)
+                except ValueError:
+                    continue
+                if "eval_auc" in j:
+                    r["eval_curve"].append([j["wall_time"] - launch, j["eval_auc"]])
+    return r
+
+
+def median(values):
+    v = [x for x in values if isinstance(x, (int, float))]
+    return statistics.median(v) if v else None
+
+
+def scaling(train, ps, allreduce_row, gbps, hosts_list=(2, 4, 8, 16, 32)):
+    """Examples/s on paper for N hosts from the single-process step time and the traffic model.
+
+    A host is this machine. Step time = compute + traffic / bandwidth (no overlap: conservative
+    for both). Per host, per direction and per step:
+      PS:        (N-1)/N x B_ps, B_ps = the worker's pull+push bytes per step (measured
+                 bytes/example x batch, or U(16+8k) + 8D from the sizes): its worker's remote
+                 traffic plus the requests its shard serves for the others.
+      allreduce: ring allreduce of the dense gradient 2(N-1)/N x 4D, plus the allgather of
+                 every other rank's (id, gradient) rows (N-1) x U(8+4k).
+    """
+    s = train["summary"]
+    batch = s["towers"] * s["batch_size_per_tower"]
+    step_s = batch / train["examples_per_sec"]
+    U, k, D = s.get("unique_rows_per_step"), s.get("row_dim"), s.get("dense_params")
+    if not (U and k and D):
+        return None
+    bw = gbps * 1e9 / 8
+    if ps and ps.get("bytes_per_example"):
+        b_ps, b_ps_source = ps["bytes_per_example"] * batch, "measured (ps-async)"
+    else:
+        b_ps, b_ps_source = U * (16 + 8 * k) + 8 * D, "from the sizes"
+    rows = []
+    for n in hosts_list:
+        t_ps = step_s + (n - 1) / n * b_ps / bw
+        t_ar = step_s + (2 * (n - 1) / n * 4 * D + (n - 1) * U * (8 + 4 * k)) / bw
+        rows.append({"hosts": n, "ps_examples_per_sec": n * batch / t_ps,
+                     "allreduce_examples_per_sec": n * batch / t_ar,
+                     "ps_bytes_per_step": (n - 1) / n * b_ps,
+                     "allreduce_bytes_per_step": 2 * (n - 1) / n * 4 * D + (n - 1) * U * (8 + 4 * k)})
+    # Where the traffic crosses: (N-1)/N b_ps = 2(N-1)/N 4D + (N-1) U(8+4k)  <=>  (b_ps - 8D)/N =
+    # U(8+4k)  <=>  N = (b_ps - 8D) / (U(8+4k)).
+    cross = (b_ps - 8 * D) / (U * (8 + 4 * k))
+    return {"network_gbps": gbps, "batch_per_host_step": batch, "compute_seconds_per_step": step_s,
+            "unique_rows_per_step": U, "row_dim": k, "dense_params": D, "ps_bytes_per_step_source":
+            b_ps_source, "ps_worker_bytes_per_step": b_ps, "traffic_cross_hosts": cross,
+            "rows": rows}
+
+
+def fmt(v, spec=".0f"):
+    return "n/a" if v is None else format(v, spec)
+
+
+def write_markdown(report, path):
+    L = [f"# bench/compare, {report['timestamp']}", "",
+         f"Machine: {report['cores']} cores. Command: `{report['command']}`", "",
+         f"Repeats: {report['repeats']} (medians; ratios to `train` within each repeat). "
+         f"Target AUC: {fmt(report['target_auc'], '.4f')}.", "",
+         "| mode | status | ex/s | ex/s per core | vs train | test AUC | logloss | bytes/example |"
+         " time to target (s) | CPU util | peak mem (MB) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in report["modes"]:
+        if m["status"] == "failed":
+            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 9)
+            continue
+        L.append(f"| {m['mode']} | {m['status']} | {fmt(m['examples_per_sec'])} | "
+                 f"{fmt(m['examples_per_sec_per_core'])} | {fmt(m['ratio_to_train'], '.2f')} | "
+                 f"{fmt(m['test_auc'], '.4f')} | {fmt(m['test_logloss'], '.4f')} | "
+                 f"{fmt(m['bytes_per_example'], '.0f')} ({m['bytes_method']}) | "
+                 f"{fmt(m['time_to_target_s'], '.1f')} | {fmt(m['cpu_utilisation'], '.2f')} | "
+                 f"{fmt(m['peak_memory_mb'], '.0f')} |")
+    L += ["", "Methods: " + report["methods"], ""]
+    sc = report.get("scaling")
+    if sc:
+        L += [f"## Scaling on paper ({sc['network_gbps']:g} Gb/s per host)", "",
+              f"From the single-process run: {sc['batch_per_host_step']} examples per host step, "
+              f"{sc['compute_seconds_per_step'] * 1e3:.1f} ms compute per step, "
+              f"{sc['unique_rows_per_step']:.0f} unique rows of {sc['row_dim']} floats per step, "
+              f"{sc['dense_params']} dense floats; PS worker bytes per step "
+              f"{sc['ps_worker_bytes_per_step'] / 1e6:.2f} MB ({sc['ps_bytes_per_step_source']}). "
+              "Step time = compute + bytes per host per direction / bandwidth (no overlap).", "",
+              "| hosts | PS ex/s | allreduce ex/s | PS MB/step/host | allreduce MB/step/host |",
+              "|---|---|---|---|---|"]
+        for r in sc["rows"]:
+            L.append(f"| {r['hosts']} | {r['ps_examples_per_sec']:.0f} | "
+                     f"{r['allreduce_examples_per_sec']:.0f} | {r['ps_bytes_per_step'] / 1e6:.2f} | "
+                     f"{r['allreduce_bytes_per_step'] / 1e6:.2f} |")
+        c = sc["traffic_cross_hosts"]
+        L += ["", (f"The traffic crosses at N = {c:.1f} hosts: below it allreduce moves fewer bytes "
+                   "per host (its dense allreduce is O(model) but its sparse allgather grows as "
+                   "N x the batch's rows); above it the PS (O(the batch's unique rows) per worker) "
+                   "moves fewer." if c > 1 else
+                   "The PS moves fewer bytes per host at every N >= 2 (allgathered sparse rows plus "
+                   "the dense allreduce exceed the PS's pull+push of the batch's rows)."), ""]
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def plot(report, out_dir):
+    ok = [m for m in report["modes"] if m["status"] != "failed"]
+    if not ok:
+        return "no mode ran"
+    dat = os.path.join(out_dir, "compare.dat")
+    with open(dat, "w") as f:
+        for i, m in enumerate(ok):
+            f.write(f"{i} \"{m['mode']}\" {m['examples_per_sec'] or 0} {m['test_auc'] or 0}\n")
+    # One block per mode; its first line is the title (columnheader).
+    curves = os.path.join(out_dir, "curves.dat")
+    with open(curves, "w") as f:
+        for m in ok:
+            f.write(f"\"{m['mode']}\"\n" + "".join(f"{t} {a}\n" for t, a in m["eval_curve"]) +
+                    "\n\n")
+    script = f"""set terminal pngcairo size 1400,450
+set output '{os.path.join(out_dir, 'compare.png')}'
+set multiplot layout 1,3
+set style fill solid 0.6
+set boxwidth 0.6
+set yrange [0:*]
+set title 'examples/s (median)'
+plot '{dat}' using 1:3:xtic(2) with boxes notitle
+set title 'test AUC (median)'
+set yrange [*:*]
+plot '{dat}' using 1:4:xtic(2) with boxes notitle
+set title 'eval AUC vs time since launch (first repeat)'
+set xlabel 's'
+plot for [i=0:{len(ok) - 1}] '{curves}' index i using 1:2 with linespoints title columnheader(1)
+"""
+    if not shutil.which("gnuplot"):
+        return "gnuplot not found (scripts/install_bench_deps.sh installs it)"
+    p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
+    return None if p.returncode == 0 else "gnuplot: " + first_error_line(p.stderr)
+
+
+def main(argv):
+    args = parse_args(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = os.path.abspath(os.path.join(args.results, stamp))
+    os.makedirs(out_dir, exist_ok=True)
+    runs = {m: [] for m in args.modes}
+    for rep in range(args.repeats):
+        for mode in args.modes:
+            print(f"[compare] repeat {rep + 1}/{args.repeats}: {mode} ...", flush=True)
+            r = run_one(args, mode, os.path.join(out_dir, "runs", f"{mode}-r{rep}"))
+            if r["status"] == "ok":
+                print(f"[compare]   {r['examples_per_sec']:.0f} ex/s, test AUC "
+                      f"{r['test_auc']:.4f}, {r['wall_seconds']:.1f} s", flush=True)
+            else:
+                print(f"[compare]   failed: {r['error']} (log: {r['log']})", flush=True)
+            runs[mode].append(r)
+    base = [r for r in runs.get("train", []) if r["status"] == "ok"]
+    target = args.target_auc or (0.99 * median([r["test_auc"] for r in base]) if base else None)
+    modes = []
+    for mode in args.modes:
+        rs = runs[mode]
+        good = [r for r in rs if r["status"] == "ok"]
+        if not good:
+            modes.append({"mode": mode, "status": "failed", "error": rs[0]["error"],
+                          "command": rs[0]["command"]})
+            continue
+        ratios = []
+        for i, r in enumerate(rs):
+            t = runs["train"][i] if "train" in runs else None
+            if r["status"] == "ok" and t and t["status"] == "ok":
+                ratios.append(r["examples_per_sec"] / t["examples_per_sec"])
+
+        def ttt(r):
+            hit = [t for t, a in r["eval_curve"] if target is not None and a >= target]
+            return hit[0] if hit else None
+
+        m = {"mode": mode, "status": "ok" if len(good) == len(rs) else
+             f"{len(good)} of {len(rs)} runs ok", "command": good[0]["command"],
+             "ratio_to_train": median(ratios), "time_to_target_s": median([ttt(r) for r in good]),
+             "bytes_method": good[0]["bytes_method"], "eval_curve": good[0]["eval_curve"],
+             "runs": len(good)}
+        for key in ("examples_per_sec", "examples_per_sec_per_core", "test_auc", "test_logloss",
+                    "bytes_per_example", "cpu_utilisation", "peak_memory_mb", "wall_seconds"):
+            m[key] = median([r.get(key) for r in good])
+        modes.append(m)
+    by_mode = {m["mode"]: m for m in modes}
+    scaling_model = None
+    if base:
+        train_median = min(base, key=lambda r: abs(
+            r["examples_per_sec"] - by_mode["train"]["examples_per_sec"]))
+        scaling_model = scaling(train_median, by_mode.get("ps-async"), by_mode.get("allreduce"),
+                                args.network_gbps)
+    report = {
+        "timestamp": stamp, "cores": cores(), "repeats": args.repeats, "hosts": args.hosts,
+        "command": " ".join(["python3", sys.argv[0]] + argv), "target_auc": target,
+        "methods": ("ex/s from each run's summary.json; per core = ex/s / the machine's cores; "
+                    "CPU util = (user+sys of the reaped process tree, os.wait4) / wall / cores; "
+                    "peak memory = max over 0.2 s samples of the tree's summed VmRSS (or the "
+                    "largest process's max RSS); bytes/example as marked; time to target = launch "
+                    "to the first eval in metrics.jsonl at or above the target AUC."),
+        "modes": modes, "scaling": scaling_model, "runs": runs}
+    with open(os.path.join(out_dir, "compare.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    write_markdown(report, os.path.join(out_dir, "compare.md"))
+    if not shutil.which("gnuplot") and args.install_deps:
+        subprocess.run(["bash", os.path.join(SOURCE_ROOT, "scripts/install_bench_deps.sh")])
+    note = plot(report, out_dir)
+    if note:
+        print(f"[compare] no plot: {note}")
+    print(open(os.path.join(out_dir, "compare.md")).read())
+    print(f"[compare] wrote {out_dir}/compare.json, compare.md" + ("" if note else ", compare.png"))
+    allowed = set(a for a in args.allow_fail.split(",") if a)
+    bad = [m["mode"] for m in modes if m["status"] == "failed" and m["mode"] not in allowed]
+    if bad:
+        print(f"[compare] failed modes: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,184 @@
+// ShardServer's checkpoint half: the coordinator's rounds (shard 0) and every shard's copy,
+// write and restore. The protocol is in docs/CHECKPOINT.md "PS mode".
+#include <sys/stat.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "ps/checkpoint_format.h"
+#include "ps/shard_server.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kShardHeaderTag[] = "SHRD";
+
+}  // namespace
+
+std::string ShardServer::ShardFileName(int shard, int num_shards) {
+  return absl::StrCat("shard-", shard, "-of-", num_shards);
+}
+
+int64_t ShardServer::RequestCheckpoint(bool stop) {
+  absl::MutexLock lock(&job_mu_);
+  if (ckpt_round_ <= ckpt_released_) {  // no round open for arrivals: open the next one
+    ++ckpt_round_;
+    ckpt_arrivals_.clear();
+    ckpt_stop_ = false;
+  }
+  ckpt_stop_ = ckpt_stop_ || stop;
+  return ckpt_round_;
+}
+
+absl::Status ShardServer::ArriveCheckpoint(int64_t round, int worker, std::string state) {
+  absl::MutexLock lock(&job_mu_);
+  if (round != ckpt_round_ || round <= ckpt_released_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " arrived in checkpoint round ", round,
+                     ", but the open round is ", ckpt_round_, " (released up to ",
+                     ckpt_released_, ")"));
+  }
+  ckpt_arrivals_[worker] = std::move(state);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<int, std::string>> ShardServer::WaitForArrivals(int64_t round, int n,
+                                                                        absl::Duration timeout) {
+  absl::MutexLock lock(&job_mu_);
+  // A worker that finished training takes part with its final state (its pushes are flushed).
+  auto state_of = [&](int w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_) -> const std::string* {
+    if (auto it = ckpt_arrivals_.find(w); it != ckpt_arrivals_.end()) return &it->second;
+    const auto& done = reports_[TRAINING_DONE];
+    if (auto it = done.find(w); it != done.end() && !it->second.worker_state().empty()) {
+      return &it->second.worker_state();
+    }
+    return nullptr;
+  };
+  auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_) {
+    if (ckpt_round_ != round) return true;  // superseded: reported below
+    for (int w = 0; w < n; ++w) {
+      if (state_of(w) == nullptr) return false;
+    }
+    return true;
+  };
+  const bool ok = job_mu_.AwaitWithTimeout(absl::Condition(&all), timeout);
+  if (ckpt_round_ != round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint round ", round, " was replaced by round ", ckpt_round_));
+  }
+  if (!ok) {
+    std::string missing;
+    for (int w = 0; w < n; ++w) {
+      if (state_of(w) == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", w);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "checkpoint round ", round, ": workers [", missing, "] did not arrive within ",
+        absl::FormatDuration(timeout)));
+  }
+  std::map<int, std::string> out;
+  for (int w = 0; w < n; ++w) out[w] = *state_of(w);
+  return out;
+}
+
+void ShardServer::ReleaseCheckpoint(int64_t round) {
+  absl::MutexLock lock(&job_mu_);
+  ckpt_released_ = std::max(ckpt_released_, round);
+}
+
+void ShardServer::CompleteCheckpoint(int64_t round, const std::string& dir,
+                                     const std::string& error) {
+  absl::MutexLock lock(&job_mu_);
+  ckpt_released_ = std::max(ckpt_released_, round);
+  ckpt_done_ = std::max(ckpt_done_, round);
+  ckpt_done_dir_ = error.empty() ? dir : "";
+  ckpt_error_ = error;
+}
+
+absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
+  std::lock_guard<std::mutex> lock(snap_mu_);
+  snap_round_ = round;
+  snap_stores_.clear();
+  int64_t rows = 0;
+  for (const auto& store : stores_) {
+    snap_stores_.push_back(store->Snapshot());
+    rows += snap_stores_.back().rows();
+  }
+  snap_dense_.reset(dense_ != nullptr ? new DenseSnapshot(dense_->Snapshot()) : nullptr);
+  return rows;
+}
+
+absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
+                                                               const std::string& dir) {
+  std::lock_guard<std::mutex> lock(snap_mu_);
+  if (snap_round_ != round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", opt_.shard, ": WRITE of checkpoint round ", round, " without its COPY (holding ",
+        snap_round_ == 0 ? std::string("none") : absl::StrCat("round ", snap_round_), ")"));
+  }
+  SaveShardResponse response;
+  response.set_file(ShardFileName(opt_.shard, opt_.num_shards));
+  const std::string path = dir + "/" + response.file();
+  ASSIGN_OR_RETURN(auto w, BlockWriter::Create(path));
+  InfoResponse header = Info();  // shard index and map; the rest is informative
+  RETURN_IF_ERROR(w->Add(kShardHeaderTag, header.SerializeAsString()));
+  for (const EmbeddingSnapshot& s : snap_stores_) RETURN_IF_ERROR(SaveEmbeddingStore(s, w.get()));
+  if (snap_dense_) RETURN_IF_ERROR(SaveDenseStore(*snap_dense_, w.get()));
+  RETURN_IF_ERROR(w->Finish());
+  response.set_bytes(w->bytes());
+  snap_round_ = 0;
+  snap_stores_.clear();
+  snap_dense_.reset();
+  return response;
+}
+
+absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
+                                            const CheckpointManifest& manifest) {
+  if (manifest.table_rows() != opt_.rows || manifest.row_dim() != opt_.row_dim ||
+      manifest.dense_size() != opt_.dense_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ckpt_dir, " was written for another model: rows ", manifest.table_rows(), " x ",
+        manifest.row_dim(), ", dense ", manifest.dense_size(), "; this shard has rows ", opt_.rows,
+        " x ", opt_.row_dim, ", dense ", opt_.dense_size,
+        ". Use a new --model_dir or the same config."));
+  }
+  std::vector<EmbeddingStore*> stores;
+  for (const auto& s : stores_) stores.push_back(s.get());
+  int64_t rows = 0, dense_floats = 0;
+  for (const auto& f : manifest.file()) {
+    if (f.name().rfind("shard-", 0) != 0) continue;
+    const std::string path = ckpt_dir + "/" + f.name();
+    ASSIGN_OR_RETURN(auto reader, BlockReader::Open(path));
+    Block b;
+    ASSIGN_OR_RETURN(bool got, reader->Next(&b));
+    InfoResponse header;
+    if (!got || b.tag != kShardHeaderTag || !header.ParseFromString(b.payload)) {
+      return absl::DataLossError(absl::StrCat(path, ": expected a '", kShardHeaderTag,
+                                              "' block with the shard's map first"));
+    }
+    while (true) {
+      ASSIGN_OR_RETURN(std::string tag, reader->PeekTag());
+      if (tag.empty()) break;
+      if (tag == kEmbeddingMetaTag) {
+        RETURN_IF_ERROR(Annotate(LoadEmbeddingStores(reader.get(), stores, &rows), path));
+      } else if (tag == kDenseTag) {
+        ASSIGN_OR_RETURN(DenseSnapshot d, LoadDenseSnapshot(reader.get()));
+        if (dense_ != nullptr) {
+          ASSIGN_OR_RETURN(int64_t n, dense_->RestoreOverlap(d));
+          dense_floats += n;
+        }
+      } else {
+        ASSIGN_OR_RETURN(bool more, reader->Next(&b));
+        if (more) return reader->Corrupt(b, "unexpected block in a shard file");
+      }
+    }
+  }
+  if (dense_floats != dense_slice_size_) {
+    return absl::DataLossError(absl::StrCat(ckpt_dir, ": the shard files hold ", dense_floats,
+                                            " of shard ", opt_.shard, "'s ", dense_slice_size_,
+                                            " dense floats"));
+  }
+  absl::MutexLock lock(&job_mu_);
+  restored_from_ = ckpt_dir;
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

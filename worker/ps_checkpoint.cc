@@ -1,0 +1,204 @@
+#include "worker/ps_checkpoint.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace pstrain {
+
+PsCheckpointer::PsCheckpointer(Options options) : opt_(std::move(options)) {
+  for (const std::string& a : opt_.shards) shards_.push_back(std::make_unique<ShardRpc>(a));
+  if (!chief()) poller_ = std::thread([this] { Poll(); });
+}
+
+PsCheckpointer::~PsCheckpointer() {
+  if (poller_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(poll_mu_);
+      poll_quit_ = true;
+    }
+    poll_cv_.notify_all();
+    poller_.join();
+  }
+}
+
+// A missed poll only delays a worker's joining the round by one period (the chief waits for
+// it), so errors are not fatal here.
+void PsCheckpointer::Poll() {
+  std::unique_lock<std::mutex> lock(poll_mu_);
+  while (!poll_quit_) {
+    lock.unlock();
+    if (auto info = shards_[0]->Info(absl::Seconds(2)); info.ok()) {
+      open_round_ = info->checkpoint_round() > info->checkpoint_released_round()
+                        ? info->checkpoint_round()
+                        : 0;
+    }
+    lock.lock();
+    poll_cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return poll_quit_; });
+  }
+}
+
+absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* state) {
+  if (!opt_.restored) return std::optional<std::string>();
+  const CheckpointChoice& c = *opt_.restored;
+  if (c.manifest.num_workers() == opt_.num_workers) {
+    RETURN_IF_ERROR(ReadWorkerState(c.dir, opt_.worker, state));
+  } else {
+    PSTRAIN_LOG(WARNING) << c.dir << " was written by " << c.manifest.num_workers()
+                         << " workers and this job has " << opt_.num_workers
+                         << ": the parameters are restored (re-partitioned onto "
+                         << opt_.shards.size()
+                         << " shards), but the data positions cannot be mapped onto another "
+                            "number of readers, so the data starts from the beginning";
+    step_base_ = c.manifest.step();
+  }
+  return std::optional<std::string>(c.dir);
+}
+
+bool PsCheckpointer::Requested() {
+  if (chief()) {
+    const InfoResponse info = opt_.local_shard->Info();
+    return info.checkpoint_round() > info.checkpoint_released_round() &&
+           info.checkpoint_round() > handled_round_;
+  }
+  return open_round_.load() > handled_round_;
+}
+
+absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
+  if (final) {
+    final_state_ = state.SerializeAsString();
+    return std::string();
+  }
+  // The trainer saves again when it stops after a round that asked it to stop: nothing changed.
+  if (stopped_) return last_saved_dir_;
+  const bool stop = opt_.stop != nullptr && opt_.stop->load();
+
+  int64_t round;
+  if (chief()) {
+    round = opt_.local_shard->RequestCheckpoint(stop);
+  } else {
+    CheckpointRequest req;
+    req.set_kind(CheckpointRequest::REQUEST);
+    req.set_worker_id(opt_.worker);
+    req.set_stop(stop);
+    ASSIGN_OR_RETURN(CheckpointResponse r, shards_[0]->Checkpoint(req, opt_.timeout));
+    round = r.round();
+  }
+  handled_round_ = round;
+  RETURN_IF_ERROR(Annotate(opt_.client->Flush(), "flushing the pushes before a checkpoint"));
+
+  std::string dir;
+  bool stop_job = false;
+  if (chief()) {
+    RETURN_IF_ERROR(
+        opt_.local_shard->ArriveCheckpoint(round, opt_.worker, state.SerializeAsString()));
+    ASSIGN_OR_RETURN(dir, RunRound(round));
+    stop_job = opt_.local_shard->Info().checkpoint_stop();
+  } else {
+    CheckpointRequest req;
+    req.set_kind(CheckpointRequest::ARRIVE);
+    req.set_worker_id(opt_.worker);
+    req.set_round(round);
+    req.set_worker_state(state.SerializeAsString());
+    RETURN_IF_ERROR(shards_[0]->Checkpoint(req, opt_.timeout).status());
+    ASSIGN_OR_RETURN(
+        InfoResponse info,
+        shards_[0]->PollInfo(
+            [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
+            opt_.timeout, absl::StrCat("the release of checkpoint round ", round)));
+    stop_job = info.checkpoint_stop() && info.checkpoint_round() == round;
+    if (stop_job || info.checkpoint_done_round() >= round) {
+      // Leaving the job: only once the checkpoint is safely written.
+      ASSIGN_OR_RETURN(
+          info, shards_[0]->PollInfo(
+                    [round](const InfoResponse& i) { return i.checkpoint_done_round() >= round; },
+                    opt_.timeout, absl::StrCat("the write of checkpoint round ", round)));
+      if (!info.checkpoint_error().empty()) {
+        return absl::InternalError(
+            absl::StrCat("checkpoint round ", round, " failed: ", info.checkpoint_error()));
+      }
+      dir = info.checkpoint_done_dir();
+    }
+  }
+  if (stop_job) {
+    if (opt_.stop != nullptr) opt_.stop->store(true);
+    stopped_ = true;
+  }
+  last_saved_dir_ = dir;
+  return dir;
+}
+
+absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
+  const int64_t round = opt_.local_shard->RequestCheckpoint(false);
+  return RunRound(round);
+}
+
+absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {
+  absl::StatusOr<std::string> dir = RunRoundSteps(round);
+  // Whatever happened, the paused workers must learn it (they wait with a deadline).
+  opt_.local_shard->CompleteCheckpoint(round, dir.ok() ? *dir : "",
+                                       dir.ok() ? "" : dir.status().ToString());
+  return dir;
+}
+
+absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
+  ShardServer& shard0 = *opt_.local_shard;
+  using States = std::map<int, std::string>;
+  ASSIGN_OR_RETURN(States arrived, shard0.WaitForArrivals(round, opt_.num_workers, opt_.timeout));
+  std::map<int, WorkerState> states;
+  int64_t step = step_base_;
+  for (const auto& [w, bytes] : arrived) {
+    if (!states[w].ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat("worker ", w, "'s state in round ", round,
+                                              " is not a valid WorkerState"));
+    }
+    step += states[w].step();
+  }
+  ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(opt_.dir, step));
+
+  // Every writer is paused: the copies are one instant of the whole cluster.
+  const int S = static_cast<int>(shards_.size());
+  for (int s = 0; s < S; ++s) {
+    SaveShardRequest req;
+    req.set_phase(SaveShardRequest::COPY);
+    req.set_round(round);
+    RETURN_IF_ERROR(
+        Annotate(shards_[s]->SaveShard(req, opt_.timeout).status(), "copying the shard"));
+  }
+  shard0.ReleaseCheckpoint(round);
+
+  // The shards write their files in parallel while training goes on.
+  std::vector<absl::StatusOr<SaveShardResponse>> written(S, absl::UnknownError("not run"));
+  std::vector<std::thread> writers;
+  for (int s = 0; s < S; ++s) {
+    writers.emplace_back([&, s] {
+      SaveShardRequest req;
+      req.set_phase(SaveShardRequest::WRITE);
+      req.set_round(round);
+      req.set_dir(ckpt);
+      written[s] = shards_[s]->SaveShard(req, opt_.timeout);
+    });
+  }
+  for (std::thread& t : writers) t.join();
+
+  const PartitionMap& map = shard0.map();
+  CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_num_shards(S);
+  manifest.set_table_rows(map.rows());
+  manifest.set_partitions(map.partitions());
+  manifest.set_row_dim(shard0.Info().map().row_dim());
+  manifest.set_dense_size(shard0.Info().map().dense_size());
+  manifest.set_created_by(absl::StrCat("pstrain host (", S, " shards, round ", round, ")"));
+  for (int s = 0; s < S; ++s) {
+    RETURN_IF_ERROR(Annotate(written[s].status(), "writing the shard file"));
+    auto* f = manifest.add_file();
+    f->set_name(written[s]->file());
+    f->set_bytes(written[s]->bytes());
+  }
+  return CommitCheckpoint(opt_.dir, std::move(manifest), states, opt_.keep);
+}
+
+}  // namespace pstrain

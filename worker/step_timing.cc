@@ -1,0 +1,85 @@
+#include "worker/step_timing.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace pstrain {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::vector<Batch> DatagenBatches(const SyntheticData& data, const FeatureSpec& spec, int count,
+                                  int rows) {
+  std::vector<Batch> batches(count);
+  RawRows raw;
+  std::vector<float> probs;
+  int64_t chunk = 0;
+  for (auto& b : batches) {
+    b.Clear(spec.num_fields());
+    while (b.size < rows) {
+      data.GenerateChunk(chunk++, std::min(4096, rows - b.size), &raw, &probs);
+      spec.Encode(raw, &b);
+    }
+  }
+  return batches;
+}
+
+NextBatchFn CycleBatches(const std::vector<Batch>* pool) {
+  size_t i = 0;
+  return [pool, i]() mutable -> absl::StatusOr<const Batch*> {
+    return &(*pool)[i++ % pool->size()];
+  };
+}
+
+absl::StatusOr<StepTiming> TimeTrainSteps(TrainStep* step, ParameterAccess* params,
+                                          const NextBatchFn& next,
+                                          const StepTimingOptions& options, int64_t* global_step) {
+  int64_t unique = 0;
+  auto run_one = [&]() -> absl::StatusOr<int> {
+    absl::StatusOr<const Batch*> b = next();
+    if (!b.ok()) return b.status();
+    absl::StatusOr<StepResult> r = step->Run(**b, ++*global_step, params);
+    if (!r.ok()) return r.status();
+    unique += r->unique_rows;
+    return r->examples;
+  };
+  for (int i = 0; i < options.warmup_steps; ++i) {
+    if (auto r = run_one(); !r.ok()) return r.status();
+  }
+  unique = 0;
+  const StepProfile before = step->profile();
+  StepTiming t;
+  const double t0 = Now();
+  for (int w = 0; w < options.windows; ++w) {
+    const double s = Now();
+    int64_t examples = 0, steps = 0;
+    double elapsed = 0;
+    while (steps < options.min_steps || elapsed < options.min_seconds) {
+      absl::StatusOr<int> n = run_one();
+      if (!n.ok()) return n.status();
+      examples += *n;
+      ++steps;
+      elapsed = Now() - s;
+    }
+    t.window_examples_per_sec.push_back(examples / elapsed);
+    t.steps += steps;
+  }
+  t.seconds = Now() - t0;
+  t.examples_per_sec = Median(t.window_examples_per_sec);
+  t.unique_rows_per_step = t.steps > 0 ? static_cast<double>(unique) / t.steps : 0;
+  const StepProfile& p = step->profile();
+  t.profile = {p.dedup - before.dedup, p.pull - before.pull, p.compute - before.compute,
+               p.reduce - before.reduce, p.push - before.push};
+  return t;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace pstrain
