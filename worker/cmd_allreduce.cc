@@ -1,5 +1,6 @@
 // `pstrain allreduce`: synchronous MPI data parallelism (worker/allreduce_params.h), the baseline
 // the PS mode is compared with. The only command that initializes MPI.
+#include <fcntl.h>
 #include <mpi.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -13,7 +14,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/file.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "worker/allreduce_params.h"
@@ -30,6 +33,16 @@ std::atomic<bool> g_stop{false};
 // Posted by the first stop signal (sem_post is async-signal-safe) and by the end of training.
 sem_t g_wake;
 std::atomic<bool> g_training_done{false};
+// The terminal's stderr: rank r > 0 sends its own stderr (progress) to <model_dir>/rank-<r>/
+// output.log, but its errors go here too.
+int g_console = STDERR_FILENO;
+
+// An error line on stderr and, when stderr is a rank's log, on the terminal too.
+void Report(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  if (g_console != STDERR_FILENO) dprintf(g_console, "%s\n", line.c_str());
+}
 
 void OnStopSignal(int sig) {
   if (g_stop.exchange(true)) {
@@ -53,12 +66,11 @@ void StopWatchdog(int rank, int size, double timeout) {
   deadline.tv_sec += static_cast<time_t>(timeout);
   while (sem_timedwait(&g_wake, &deadline) != 0) {
     if (errno == EINTR) continue;  // another signal: not the end of training
-    std::fprintf(stderr,
-                 "pstrain allreduce: rank %d of %d: stopped by a signal, but the ranks did not "
-                 "reach the checkpoint within %.0f s (--stop_timeout): another rank has probably "
-                 "died (see mpirun's message); exiting without a checkpoint\n",
-                 rank, size, timeout);
-    std::fflush(stderr);
+    Report(absl::StrFormat(
+        "pstrain allreduce: rank %d of %d: stopped by a signal, but the ranks did not reach the "
+        "checkpoint within %.0f s (--stop_timeout): another rank has probably died or hangs (see "
+        "mpirun's message); exiting without a checkpoint",
+        rank, size, timeout));
     _exit(1);
   }
 }
@@ -118,7 +130,8 @@ int RunAllreduce(int argc, char** argv) {
       "Every rank holds a full replica, trains its shard of the data and applies the same\n"
       "averaged update (dense gradient by MPI_Allreduce, sparse rows by allgather; see\n"
       "docs/ALLREDUCE.md). Without mpirun it runs as one rank. Rank 0 evaluates and writes\n"
-      "<model_dir>/summary.json and the checkpoints; rank r > 0 logs to <model_dir>/rank-<r>/.\n"
+      "<model_dir>/summary.json and the checkpoints; rank r > 0 logs to <model_dir>/rank-<r>/\n"
+      "(output.log; its errors also reach the terminal).\n"
       "SIGTERM (to every rank) writes a checkpoint and exits 0; the next run with the same\n"
       "--model_dir and N resumes exactly.");
   TrainingFlags tf;
@@ -145,21 +158,35 @@ int RunAllreduce(int argc, char** argv) {
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   MPI_Comm_size(local, &local_ranks);
   MPI_Comm_free(&local);
+  absl::Status s;
+  if (rank != 0) {
+    // One progress line per step on the terminal (rank 0's), the others' in their log files.
+    const std::string dir = absl::StrCat(config.train().model_dir(), "/rank-", rank);
+    s = MakeDirs(dir);
+    const std::string log = dir + "/output.log";
+    const int fd = s.ok() ? open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    if (s.ok() && fd < 0) s = ErrnoError("open", log);
+    if (s.ok()) {
+      std::fflush(stderr);
+      g_console = dup(STDERR_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+  }
   sem_init(&g_wake, 0, 0);
   std::thread watchdog(StopWatchdog, rank, size, stop_timeout);
   signal(SIGTERM, OnStopSignal);
   signal(SIGINT, OnStopSignal);
 
-  absl::Status s = provided >= MPI_THREAD_FUNNELED
-                       ? Train(std::move(config), rank, size, local_ranks)
-                       : absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  if (s.ok() && provided < MPI_THREAD_FUNNELED) {
+    s = absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  }
+  if (s.ok()) s = Train(std::move(config), rank, size, local_ranks);
   g_training_done = true;
   sem_post(&g_wake);
   watchdog.join();
   if (!s.ok()) {
-    std::fprintf(stderr, "pstrain allreduce: rank %d of %d: %s\n", rank, size,
-                 s.ToString().c_str());
-    std::fflush(stderr);
+    Report(absl::StrCat("pstrain allreduce: rank ", rank, " of ", size, ": ", s.ToString()));
     // The other ranks may be waiting in a collective for this one: end the whole job.
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     MPI_Finalize();
