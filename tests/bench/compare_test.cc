@@ -100,7 +100,9 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
   EXPECT_NE(md->find("Scaling on paper"), std::string::npos);
   const auto& scaling = report.fields().at("scaling").struct_value().fields();
   EXPECT_EQ(scaling.at("rows").list_value().values_size(), 5);
-  if (access("/usr/bin/gnuplot", X_OK) == 0) EXPECT_TRUE(PathExists(out_dir + "/compare.png"));
+  if (access("/usr/bin/gnuplot", X_OK) == 0) {
+    EXPECT_TRUE(PathExists(out_dir + "/compare.png"));
+  }
   std::system(("rm -rf " + Dir()).c_str());
 }
 

@@ -96,7 +96,9 @@ google::protobuf::Struct ReadSummary(const std::string& model_dir) {
   google::protobuf::Struct summary;
   auto text = ReadFileToString(model_dir + "/summary.json");
   EXPECT_TRUE(text.ok()) << text.status();
-  if (text.ok()) EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok());
+  if (text.ok()) {
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok());
+  }
   return summary;
 }
 
