@@ -41,42 +41,81 @@ absl::Status ShardServer::ArriveCheckpoint(int64_t round, int worker, std::strin
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::map<int, std::string>> ShardServer::WaitForArrivals(int64_t round, int n,
-                                                                        absl::Duration timeout) {
+absl::Status ShardServer::CollectArrivals(int64_t round, int n, CoordinateResponse* out) const {
   absl::MutexLock lock(&job_mu_);
-  // A worker that finished training takes part with its final state (its pushes are flushed).
-  auto state_of = [&](int w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_) -> const std::string* {
-    if (auto it = ckpt_arrivals_.find(w); it != ckpt_arrivals_.end()) return &it->second;
-    const auto& done = reports_[TRAINING_DONE];
-    if (auto it = done.find(w); it != done.end() && !it->second.worker_state().empty()) {
-      return &it->second.worker_state();
-    }
-    return nullptr;
-  };
-  auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_) {
-    if (ckpt_round_ != round) return true;  // superseded: reported below
-    for (int w = 0; w < n; ++w) {
-      if (state_of(w) == nullptr) return false;
-    }
-    return true;
-  };
-  const bool ok = job_mu_.AwaitWithTimeout(absl::Condition(&all), timeout);
-  if (ckpt_round_ != round) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint round ", round, " was replaced by round ", ckpt_round_));
+  if (round != ckpt_round_ || round <= ckpt_released_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint round ", round, " is not open (open: ", ckpt_round_, ", released up to ",
+        ckpt_released_, ")"));
   }
-  if (!ok) {
-    std::string missing;
-    for (int w = 0; w < n; ++w) {
-      if (state_of(w) == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", w);
+  const auto done_it = reports_.find(TRAINING_DONE);
+  for (int w = 0; w < n; ++w) {
+    if (auto it = ckpt_arrivals_.find(w); it != ckpt_arrivals_.end()) {
+      (*out->mutable_worker_states())[w] = it->second;
+      continue;
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "checkpoint round ", round, ": workers [", missing, "] did not arrive within ",
-        absl::FormatDuration(timeout)));
+    // A worker that finished training takes part with its final state (its pushes are flushed).
+    if (done_it != reports_.end()) {
+      if (auto it = done_it->second.find(w);
+          it != done_it->second.end() && !it->second.worker_state().empty()) {
+        (*out->mutable_worker_states())[w] = it->second.worker_state();
+        continue;
+      }
+    }
+    out->add_missing(w);
   }
-  std::map<int, std::string> out;
-  for (int w = 0; w < n; ++w) out[w] = *state_of(w);
+  return absl::OkStatus();
+}
+
+void ShardServer::Report(const ReportRequest& report) {
+  absl::MutexLock lock(&job_mu_);
+  reports_[report.phase()][report.worker_id()] = report;
+}
+
+std::vector<ReportRequest> ShardServer::Reports(JobPhase phase) const {
+  absl::MutexLock lock(&job_mu_);
+  std::vector<ReportRequest> out;
+  if (auto it = reports_.find(phase); it != reports_.end()) {
+    for (const auto& [w, r] : it->second) out.push_back(r);
+  }
   return out;
+}
+
+void ShardServer::FinishJob() {
+  absl::MutexLock lock(&job_mu_);
+  job_finished_ = true;
+}
+
+absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
+                                     CoordinateResponse* response) {
+  if (opt_.shard != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", opt_.shard, ": the job is coordinated by shard 0"));
+  }
+  switch (request.kind()) {
+    case CoordinateRequest::REQUEST:
+      response->set_round(RequestCheckpoint(request.stop()));
+      return absl::OkStatus();
+    case CoordinateRequest::ARRIVE:
+      return ArriveCheckpoint(request.round(), request.worker_id(), request.worker_state());
+    case CoordinateRequest::COLLECT:
+      return CollectArrivals(request.round(), request.num_workers(), response);
+    case CoordinateRequest::RELEASE:
+      ReleaseCheckpoint(request.round());
+      return absl::OkStatus();
+    case CoordinateRequest::COMPLETE:
+      CompleteCheckpoint(request.round(), request.dir(), request.error());
+      return absl::OkStatus();
+    case CoordinateRequest::REPORTS:
+      for (ReportRequest& r : Reports(request.phase())) *response->add_reports() = std::move(r);
+      return absl::OkStatus();
+    case CoordinateRequest::FINISH_JOB:
+      FinishJob();
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("Coordinate: unknown kind ", static_cast<int>(request.kind())));
+  }
 }
 
 void ShardServer::ReleaseCheckpoint(int64_t round) {

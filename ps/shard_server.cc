@@ -54,22 +54,11 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
-  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
-                                       const CheckpointRequest* request,
-                                       CheckpointResponse* response) override {
+  grpc::ServerUnaryReactor* Coordinate(grpc::CallbackServerContext* ctx,
+                                       const CoordinateRequest* request,
+                                       CoordinateResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    absl::Status s;
-    if (shard_->shard() != 0) {
-      s = absl::FailedPreconditionError("checkpoint rounds are coordinated by shard 0");
-    } else if (request->kind() == CheckpointRequest::REQUEST) {
-      response->set_round(shard_->RequestCheckpoint(request->stop()));
-    } else if (request->kind() == CheckpointRequest::ARRIVE) {
-      s = shard_->ArriveCheckpoint(request->round(), request->worker_id(),
-                                   request->worker_state());
-    } else {
-      s = absl::InvalidArgumentError("Checkpoint: kind must be REQUEST or ARRIVE");
-    }
-    reactor->Finish(ToGrpcStatus(s));
+    reactor->Finish(ToGrpcStatus(shard_->Coordinate(*request, response)));
     return reactor;
   }
   // COPY is a memory copy and runs on the gRPC thread; WRITE does file I/O for seconds, so it
@@ -383,39 +372,6 @@ InfoResponse ShardServer::Info() const {
   info.set_checkpoint_error(ckpt_error_);
   info.set_restored_from(restored_from_);
   return info;
-}
-
-void ShardServer::Report(const ReportRequest& report) {
-  absl::MutexLock lock(&job_mu_);
-  reports_[report.phase()][report.worker_id()] = report;
-}
-
-absl::StatusOr<std::vector<ReportRequest>> ShardServer::WaitForReports(JobPhase phase, int n,
-                                                                       absl::Duration timeout) {
-  absl::MutexLock lock(&job_mu_);
-  auto& got = reports_[phase];
-  auto enough = [&got, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_) {
-    int count = 0;
-    for (const auto& [id, r] : got) count += id >= 0 && id < n;
-    return count == n;
-  };
-  if (!job_mu_.AwaitWithTimeout(absl::Condition(&enough), timeout)) {
-    std::string missing;
-    for (int i = 0; i < n; ++i) {
-      if (!got.count(i)) absl::StrAppend(&missing, missing.empty() ? "" : ", ", i);
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("shard ", opt_.shard, ": timed out after ", absl::FormatDuration(timeout),
-                     " waiting for workers [", missing, "] to report ", JobPhase_Name(phase)));
-  }
-  std::vector<ReportRequest> out;
-  for (int i = 0; i < n; ++i) out.push_back(got.at(i));
-  return out;
-}
-
-void ShardServer::FinishJob() {
-  absl::MutexLock lock(&job_mu_);
-  job_finished_ = true;
 }
 
 ShardStats ShardServer::Stats() const {

@@ -110,34 +110,32 @@ class ShardServer {
   InfoResponse Info() const;
   ShardStats Stats() const;
 
-  // End of job (docs/PS.md; used on shard 0). Report records a worker's phase (the Report RPC).
-  // WaitForReports blocks (on a condition variable) until `n` distinct workers reported `phase`
-  // and returns their reports by worker id, or DEADLINE_EXCEEDED after `timeout` naming the
-  // workers still missing. FinishJob sets Info().job_finished.
+  // ---- Job coordination (shard 0; ps/shard_checkpoint.cc, docs/CHECKPOINT.md "PS mode") ----
+  // The Coordinate RPC: dispatches on request.kind to the methods below. FAILED_PRECONDITION on
+  // a shard other than 0.
+  absl::Status Coordinate(const CoordinateRequest& request, CoordinateResponse* response);
+  // Report records a worker's phase (the Report RPC); Reports returns those of `phase`, by worker.
   void Report(const ReportRequest& report);
-  absl::StatusOr<std::vector<ReportRequest>> WaitForReports(JobPhase phase, int n,
-                                                            absl::Duration timeout);
+  std::vector<ReportRequest> Reports(JobPhase phase) const;
   void FinishJob();
-
-  // ---- Checkpoints (ps/shard_checkpoint.cc) ----
-  // Coordinator side (shard 0). RequestCheckpoint opens a round unless one is open for arrivals
-  // and returns the open round; `stop` marks it as the job's last. ArriveCheckpoint records a
-  // paused worker's state (FAILED_PRECONDITION if `round` is not open). WaitForArrivals blocks
-  // until each of workers 0..n-1 has arrived in `round` or reported TRAINING_DONE (its final
-  // state stands in), and returns the serialized WorkerStates by worker; DEADLINE_EXCEEDED
-  // naming the missing workers after `timeout`. ReleaseCheckpoint lets the arrived workers go
-  // on (after every shard's COPY); CompleteCheckpoint publishes the result.
+  // RequestCheckpoint opens a round unless one is open for arrivals and returns the open round;
+  // `stop` marks it as the job's last. ArriveCheckpoint records a paused worker's state
+  // (FAILED_PRECONDITION if `round` is not open). CollectArrivals fills out->worker_states with
+  // the state each of workers 0..n-1 arrived with in `round` (a worker that reported
+  // TRAINING_DONE stands in with its final state) and out->missing with the others;
+  // FAILED_PRECONDITION if `round` is not the open round. ReleaseCheckpoint lets the arrived
+  // workers go on (after every shard's COPY); CompleteCheckpoint publishes the result.
   int64_t RequestCheckpoint(bool stop);
   absl::Status ArriveCheckpoint(int64_t round, int worker, std::string state);
-  absl::StatusOr<std::map<int, std::string>> WaitForArrivals(int64_t round, int n,
-                                                             absl::Duration timeout);
+  absl::Status CollectArrivals(int64_t round, int n, CoordinateResponse* out) const;
   void ReleaseCheckpoint(int64_t round);
   void CompleteCheckpoint(int64_t round, const std::string& dir, const std::string& error);
 
-  // Every shard. CopyForCheckpoint snapshots the stores and the dense slice into memory (each
-  // row consistent; the caller pauses the writers for a cluster-wide instant) and returns the
-  // rows copied. WriteCheckpoint writes that copy to <dir>/shard-<i>-of-<S> (block file: SHRD,
-  // then EMBM/EMBR groups, then DNSE) and frees it; returns the file name and size.
+  // ---- Checkpoint files (every shard; ps/shard_checkpoint.cc) ----
+  // CopyForCheckpoint snapshots the stores and the dense slice into memory (each row
+  // consistent; the caller pauses the writers for a cluster-wide instant) and returns the rows
+  // copied. WriteCheckpoint writes that copy to <dir>/shard-<i>-of-<S> (block file: SHRD, then
+  // EMBM/EMBR groups, then DNSE) and frees it; returns the file name and size.
   // FAILED_PRECONDITION when no copy of `round` is held.
   absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round);
   absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& dir);

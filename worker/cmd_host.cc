@@ -37,11 +37,9 @@
 #include "worker/cli.h"
 #include "worker/cluster_spec.h"
 #include "worker/commands.h"
-#include "worker/ps_checkpoint.h"
-#include "worker/ps_client.h"
 #include "worker/shard_rpc.h"
 #include "worker/ps_setup.h"
-#include "worker/trainer.h"
+#include "worker/ps_worker.h"
 
 namespace pstrain {
 namespace {
@@ -128,10 +126,7 @@ int RunHost(int argc, char** argv) {
   auto server = ShardServer::Create(*std::move(shard_options));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
   // Resume: every host picks the same checkpoint (the same verification of the same files).
-  const std::string model_dir = config.train().model_dir();
-  const std::string ckpt_dir =
-      config.checkpoint().dir().empty() ? model_dir : config.checkpoint().dir();
-  auto choice = ChooseCheckpoint(ckpt_dir);
+  auto choice = ChooseCheckpoint(JobCheckpointDir(config));
   if (!choice.ok()) return fail(choice.status().ToString(), 1);
   if (*choice) {
     if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
@@ -151,81 +146,20 @@ int RunHost(int argc, char** argv) {
                     << " rows, row_dim " << row_dim << ", dense " << dense_size;
 
   // The worker.
-  ClusterConfig* cc = config.mutable_cluster();
-  cc->clear_ps();
-  for (const std::string& h : spec->hosts) cc->add_ps(h);
-  cc->set_index(me);
-  if (!chief) config.mutable_train()->set_model_dir(absl::StrCat(model_dir, "/host-", me));
-  auto client =
-      PsClient::Create(PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size));
-  if (!client.ok()) return fail(std::string(client.status().message()), 2);
-  if (absl::Status s = (*client)->WaitForShards(absl::Seconds(connect_timeout_s)); !s.ok()) {
-    return fail(absl::StrCat("waiting for the shards: ", s.ToString()), 1);
-  }
-  ShardRpc shard_zero(spec->hosts[0]);
-  const absl::Duration barrier = absl::Seconds(barrier_timeout_s);
-  PsCheckpointer::Options co;
-  co.dir = ckpt_dir;
-  co.worker = me;
-  co.num_workers = N;
-  co.keep = config.checkpoint().keep();
-  co.local_shard = server->get();
-  co.shards = spec->hosts;
-  co.client = client->get();
-  co.stop = &g_stop;
-  co.timeout = barrier;
-  if (*choice) co.restored = **choice;
-  PsCheckpointer checkpointer(std::move(co));
-  const absl::Time t_start = absl::Now();
-
-  TrainerOptions opts;
-  opts.tty = chief && isatty(STDERR_FILENO);
-  opts.cores = cores;
-  opts.stop = &g_stop;
-  opts.params = client->get();
-  opts.checkpointer = &checkpointer;
-  opts.worker_index = me;
-  opts.num_workers = N;
-  opts.chief = chief;
-  opts.mode = "ps-async";
-  opts.hosts = N;
-  opts.after_training = [&](TrainSummary* summary) -> absl::Status {
-    g_training = false;
-    RETURN_IF_ERROR(Annotate((*client)->Flush(), "flushing the last pushes"));
-    ReportRequest done;
-    done.set_worker_id(me);
-    done.set_phase(TRAINING_DONE);
-    done.set_examples(summary->examples);
-    done.set_steps(summary->steps);
-    done.set_worker_state(checkpointer.final_state());
-    done.set_examples_this_run(summary->examples_this_run);
-    if (!chief) return shard_zero.Report(done, barrier);
-    (*server)->Report(done);
-    PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
-    ASSIGN_OR_RETURN(std::vector<ReportRequest> all,
-                     (*server)->WaitForReports(TRAINING_DONE, N, barrier));
-    summary->examples = 0;
-    summary->examples_this_run = 0;
-    summary->steps = 0;
-    for (const ReportRequest& r : all) {
-      summary->examples += r.examples();
-      summary->examples_this_run += r.examples_this_run();
-      summary->steps += r.steps();
-    }
-    summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
-    summary->examples_per_sec =
-        summary->examples_this_run / std::max(1e-9, summary->wall_seconds);
-    auto final_ckpt = checkpointer.SaveFinal();
-    RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
-    summary->checkpoint = *final_ckpt;
-    PSTRAIN_LOG(INFO) << "chief: final checkpoint " << summary->checkpoint;
-    return absl::OkStatus();
-  };
+  PsWorkerOptions wo;
+  wo.index = me;
+  wo.num_workers = N;
+  wo.shards = spec->hosts;
+  wo.log_dir_prefix = "host";
+  wo.cores = cores;
+  wo.connect_timeout = absl::Seconds(connect_timeout_s);
+  wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
+  if (*choice) wo.restored = **choice;
+  wo.stop = &g_stop;
+  wo.training = &g_training;
   std::printf("pstrain host: host %d/%d ready, training\n", me, N);
   std::fflush(stdout);
-  g_training = true;
-  auto summary = RunTraining(config, opts);
-  g_training = false;
+  auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));
     return fail(summary.status().ToString(), 1);
@@ -239,21 +173,15 @@ int RunHost(int argc, char** argv) {
                                              : summary->checkpoint.c_str());
   }
 
+  // Keep every shard up until no worker needs it: the chief's evaluation reads them all.
+  ShardRpc shard_zero(spec->hosts[0]);
   ReportRequest seen;
   seen.set_worker_id(me);
   seen.set_phase(FINISH_SEEN);
-  if (chief && !summary->preempted) {
-    if (auto stats = (*client)->GetStats(); stats.ok()) {
-      std::fprintf(stderr, "PS shard balance:\n%s\n", FormatShardBalance(*stats).c_str());
-    } else {
-      PSTRAIN_LOG(WARNING) << "shard stats: " << stats.status();
-    }
-  }
   if (chief) {
-    (*server)->FinishJob();
     (*server)->Report(seen);
     // Not fatal: the job is done, a host that does not acknowledge only loses its shard early.
-    if (auto s = (*server)->WaitForReports(FINISH_SEEN, N, absl::Seconds(60)); !s.ok()) {
+    if (auto s = shard_zero.WaitForReports(FINISH_SEEN, N, absl::Seconds(60)); !s.ok()) {
       PSTRAIN_LOG(WARNING) << s.status();
     }
   } else {
@@ -261,8 +189,9 @@ int RunHost(int argc, char** argv) {
     auto finished = summary->preempted
                         ? absl::StatusOr<InfoResponse>(InfoResponse())
                         : shard_zero.PollInfo([](const InfoResponse& i) { return i.job_finished(); },
-                                              barrier, "the end of the job (the chief's "
-                                                       "evaluation; see --barrier_timeout_s)");
+                                              absl::Seconds(barrier_timeout_s),
+                                              "the end of the job (the chief's evaluation; see "
+                                              "--barrier_timeout_s)");
     if (!finished.ok()) {
       (*server)->Shutdown(absl::Seconds(1));
       return fail(finished.status().ToString(), 1);

@@ -9,16 +9,20 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "ps/shard_server.h"
+#include "worker/checkpoint.h"
 #include "worker/cli.h"
 #include "worker/commands.h"
 #include "worker/ps_setup.h"
+#include "worker/ps_worker.h"
 
 namespace pstrain {
 int RunPs(int argc, char** argv) {
   FlagSet flags("ps",
                 "Serves one parameter-server shard: the table partitions p with p mod num_shards "
                 "== shard and the shard's slice of the dense vector.\nPrints 'pstrain ps: shard "
-                "i/S listening on HOST:PORT' once ready; SIGTERM or Ctrl-C stops it (exit 0).");
+                "i/S listening on HOST:PORT' once ready; SIGTERM or Ctrl-C stops it (exit 0), like a TF "
+                "ps task it serves until stopped. With --model_dir (or checkpoint.dir) it resumes "
+                "from the job's latest checkpoint.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
   int port = 0, shard = 0, num_shards = 1, row_dim = 0, partitions = 0, threads = 1;
@@ -51,6 +55,20 @@ int RunPs(int argc, char** argv) {
   dense_size = o->dense_size;
   auto server = ShardServer::Create(*std::move(o));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
+  // A shard of a job with a model dir (or checkpoint.dir) resumes from the job's checkpoint,
+  // picked the way every other process of the job picks it.
+  if (!tf.model_dir.empty() || config.train().has_model_dir() || config.checkpoint().has_dir()) {
+    auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+    if (!choice.ok()) return fail(choice.status().ToString(), 1);
+    if (*choice) {
+      if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
+          !s.ok()) {
+        return fail(s.ToString(), 1);
+      }
+      PSTRAIN_LOG(INFO) << "shard " << shard << ": restored from " << (*choice)->dir << " ("
+                        << (*choice)->manifest.num_shards() << " shards)";
+    }
+  }
 
   // Block the stop signals in every thread (gRPC's threads inherit this mask) and take them
   // synchronously below: no handler, no polling.

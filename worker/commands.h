@@ -9,6 +9,7 @@ int RunConvert(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 int RunPs(int argc, char** argv);
 int RunHost(int argc, char** argv);
+int RunWorker(int argc, char** argv);
 int RunLocal(int argc, char** argv);
 int RunAllreduce(int argc, char** argv);
 int RunTune(int argc, char** argv);

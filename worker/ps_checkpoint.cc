@@ -10,7 +10,7 @@ namespace pstrain {
 
 PsCheckpointer::PsCheckpointer(Options options) : opt_(std::move(options)) {
   for (const std::string& a : opt_.shards) shards_.push_back(std::make_unique<ShardRpc>(a));
-  if (!chief()) poller_ = std::thread([this] { Poll(); });
+  poller_ = std::thread([this] { Poll(); });
 }
 
 PsCheckpointer::~PsCheckpointer() {
@@ -57,14 +57,7 @@ absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* 
   return std::optional<std::string>(c.dir);
 }
 
-bool PsCheckpointer::Requested() {
-  if (chief()) {
-    const InfoResponse info = opt_.local_shard->Info();
-    return info.checkpoint_round() > info.checkpoint_released_round() &&
-           info.checkpoint_round() > handled_round_;
-  }
-  return open_round_.load() > handled_round_;
-}
+bool PsCheckpointer::Requested() { return open_round_.load() > handled_round_; }
 
 absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
   if (final) {
@@ -75,41 +68,33 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
   if (stopped_) return last_saved_dir_;
   const bool stop = opt_.stop != nullptr && opt_.stop->load();
 
-  int64_t round;
-  if (chief()) {
-    round = opt_.local_shard->RequestCheckpoint(stop);
-  } else {
-    CheckpointRequest req;
-    req.set_kind(CheckpointRequest::REQUEST);
-    req.set_worker_id(opt_.worker);
-    req.set_stop(stop);
-    ASSIGN_OR_RETURN(CheckpointResponse r, shards_[0]->Checkpoint(req, opt_.timeout));
-    round = r.round();
-  }
+  CoordinateRequest req;
+  req.set_kind(CoordinateRequest::REQUEST);
+  req.set_worker_id(opt_.worker);
+  req.set_stop(stop);
+  ASSIGN_OR_RETURN(CoordinateResponse r, shards_[0]->Coordinate(req, opt_.timeout));
+  const int64_t round = r.round();
   handled_round_ = round;
   RETURN_IF_ERROR(Annotate(opt_.client->Flush(), "flushing the pushes before a checkpoint"));
+  req.set_kind(CoordinateRequest::ARRIVE);
+  req.set_round(round);
+  req.set_worker_state(state.SerializeAsString());
+  RETURN_IF_ERROR(shards_[0]->Coordinate(req, opt_.timeout).status());
 
   std::string dir;
   bool stop_job = false;
   if (chief()) {
-    RETURN_IF_ERROR(
-        opt_.local_shard->ArriveCheckpoint(round, opt_.worker, state.SerializeAsString()));
     ASSIGN_OR_RETURN(dir, RunRound(round));
-    stop_job = opt_.local_shard->Info().checkpoint_stop();
+    ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
+    stop_job = info.checkpoint_stop() && info.checkpoint_round() == round;
   } else {
-    CheckpointRequest req;
-    req.set_kind(CheckpointRequest::ARRIVE);
-    req.set_worker_id(opt_.worker);
-    req.set_round(round);
-    req.set_worker_state(state.SerializeAsString());
-    RETURN_IF_ERROR(shards_[0]->Checkpoint(req, opt_.timeout).status());
     ASSIGN_OR_RETURN(
         InfoResponse info,
         shards_[0]->PollInfo(
             [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
             opt_.timeout, absl::StrCat("the release of checkpoint round ", round)));
     stop_job = info.checkpoint_stop() && info.checkpoint_round() == round;
-    if (stop_job || info.checkpoint_done_round() >= round) {
+    if (stop_job) {
       // Leaving the job: only once the checkpoint is safely written.
       ASSIGN_OR_RETURN(
           info, shards_[0]->PollInfo(
@@ -131,22 +116,32 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
 }
 
 absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
-  const int64_t round = opt_.local_shard->RequestCheckpoint(false);
-  return RunRound(round);
+  CoordinateRequest req;
+  req.set_kind(CoordinateRequest::REQUEST);
+  req.set_worker_id(opt_.worker);
+  ASSIGN_OR_RETURN(CoordinateResponse r, shards_[0]->Coordinate(req, opt_.timeout));
+  return RunRound(r.round());
 }
 
 absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {
   absl::StatusOr<std::string> dir = RunRoundSteps(round);
   // Whatever happened, the paused workers must learn it (they wait with a deadline).
-  opt_.local_shard->CompleteCheckpoint(round, dir.ok() ? *dir : "",
-                                       dir.ok() ? "" : dir.status().ToString());
+  CoordinateRequest req;
+  req.set_kind(CoordinateRequest::COMPLETE);
+  req.set_round(round);
+  if (dir.ok()) {
+    req.set_dir(*dir);
+  } else {
+    req.set_error(dir.status().ToString());
+  }
+  absl::Status published = shards_[0]->Coordinate(req, opt_.timeout).status();
+  if (!published.ok() && dir.ok()) return Annotate(published, "publishing the checkpoint");
   return dir;
 }
 
 absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
-  ShardServer& shard0 = *opt_.local_shard;
-  using States = std::map<int, std::string>;
-  ASSIGN_OR_RETURN(States arrived, shard0.WaitForArrivals(round, opt_.num_workers, opt_.timeout));
+  ShardRpc& shard0 = *shards_[0];
+  ASSIGN_OR_RETURN(auto arrived, shard0.WaitForArrivals(round, opt_.num_workers, opt_.timeout));
   std::map<int, WorkerState> states;
   int64_t step = step_base_;
   for (const auto& [w, bytes] : arrived) {
@@ -167,7 +162,10 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
     RETURN_IF_ERROR(
         Annotate(shards_[s]->SaveShard(req, opt_.timeout).status(), "copying the shard"));
   }
-  shard0.ReleaseCheckpoint(round);
+  CoordinateRequest release;
+  release.set_kind(CoordinateRequest::RELEASE);
+  release.set_round(round);
+  RETURN_IF_ERROR(shard0.Coordinate(release, opt_.timeout).status());
 
   // The shards write their files in parallel while training goes on.
   std::vector<absl::StatusOr<SaveShardResponse>> written(S, absl::UnknownError("not run"));
@@ -183,15 +181,16 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
   }
   for (std::thread& t : writers) t.join();
 
-  const PartitionMap& map = shard0.map();
+  ASSIGN_OR_RETURN(InfoResponse info, shard0.Info(opt_.timeout));
   CheckpointManifest manifest;
   manifest.set_step(step);
   manifest.set_num_shards(S);
-  manifest.set_table_rows(map.rows());
-  manifest.set_partitions(map.partitions());
-  manifest.set_row_dim(shard0.Info().map().row_dim());
-  manifest.set_dense_size(shard0.Info().map().dense_size());
-  manifest.set_created_by(absl::StrCat("pstrain host (", S, " shards, round ", round, ")"));
+  manifest.set_table_rows(info.map().rows());
+  manifest.set_partitions(info.map().partitions());
+  manifest.set_row_dim(info.map().row_dim());
+  manifest.set_dense_size(info.map().dense_size());
+  manifest.set_created_by(absl::StrCat("pstrain PS job (", S, " shards, ", opt_.num_workers,
+                                       " workers, round ", round, ")"));
   for (int s = 0; s < S; ++s) {
     RETURN_IF_ERROR(Annotate(written[s].status(), "writing the shard file"));
     auto* f = manifest.add_file();

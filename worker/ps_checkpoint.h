@@ -3,6 +3,8 @@
 //   1. a worker asks for a round: the chief on its schedule, any worker on SIGTERM (then the
 //      round ends the job); the other workers see the open round within ~200 ms (a poll of
 //      shard 0's Info on a background thread) and join it at their next step boundary;
+//      every call goes to shard 0 by RPC, also from the host that runs shard 0, so a worker
+//      without a shard (`pstrain worker`) works the same;
 //   2. each worker flushes its pushes, arrives with its WorkerState and pauses;
 //   3. the chief waits for every worker (a worker that finished training stands in with its
 //      final state), asks every shard to COPY its state into memory (all writers are paused, so
@@ -28,7 +30,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "ps/shard_server.h"
 #include "worker/checkpoint.h"
 #include "worker/ps_client.h"
 #include "worker/shard_rpc.h"
@@ -39,10 +40,9 @@ class PsCheckpointer final : public Checkpointer {
  public:
   struct Options {
     std::string dir;  // the job's checkpoint directory, shared by every host
-    int worker = 0;   // this worker; 0 is the chief and runs shard 0 in-process
+    int worker = 0;   // this worker; 0 is the chief
     int num_workers = 1;
     int keep = 3;
-    ShardServer* local_shard = nullptr;  // this host's shard (shard `worker`)
     std::vector<std::string> shards;     // every shard's address, shard 0 first
     PsClient* client = nullptr;          // flushed before arriving
     std::atomic<bool>* stop = nullptr;   // raised when a round asks the job to stop
@@ -83,7 +83,7 @@ class PsCheckpointer final : public Checkpointer {
   bool stopped_ = false;  // a round ended the job: later saves return last_saved_dir_
   std::string last_saved_dir_;
 
-  // Non-chief: the background poll of shard 0's open round.
+  // The background poll of shard 0's open round.
   std::atomic<int64_t> open_round_{0};
   std::mutex poll_mu_;
   std::condition_variable poll_cv_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "ps/grpc_status.h"
@@ -53,13 +54,82 @@ absl::Status ShardRpc::Report(const ReportRequest& request, absl::Duration timeo
   });
 }
 
-absl::StatusOr<CheckpointResponse> ShardRpc::Checkpoint(const CheckpointRequest& request,
+absl::StatusOr<CoordinateResponse> ShardRpc::Coordinate(const CoordinateRequest& request,
                                                         absl::Duration timeout) {
-  CheckpointResponse response;
+  CoordinateResponse response;
   RETURN_IF_ERROR(Call(timeout, absl::Seconds(10), [&](grpc::ClientContext* ctx) {
-    return stub_->Checkpoint(ctx, request, &response);
+    response.Clear();
+    return stub_->Coordinate(ctx, request, &response);
   }));
   return response;
+}
+
+namespace {
+
+// Polls `once` (which sets *missing) with backoff 20 ms .. 250 ms until nothing is missing.
+template <typename F>
+absl::Status PollUntilNoneMissing(F once, absl::Duration timeout, const std::string& what) {
+  const absl::Time end = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    std::vector<int> missing;
+    RETURN_IF_ERROR(once(&missing));
+    if (missing.empty()) return absl::OkStatus();
+    if (absl::Now() + backoff >= end) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": workers [",
+                                                      absl::StrJoin(missing, ", "),
+                                                      "] missing after ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Milliseconds(250));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<int, std::string>> ShardRpc::WaitForArrivals(int64_t round, int n,
+                                                                     absl::Duration timeout) {
+  CoordinateRequest req;
+  req.set_kind(CoordinateRequest::COLLECT);
+  req.set_round(round);
+  req.set_num_workers(n);
+  CoordinateResponse got;
+  const absl::Time end = absl::Now() + timeout;
+  RETURN_IF_ERROR(PollUntilNoneMissing(
+      [&](std::vector<int>* missing) -> absl::Status {
+        ASSIGN_OR_RETURN(got, Coordinate(req, end - absl::Now()));
+        missing->assign(got.missing().begin(), got.missing().end());
+        return absl::OkStatus();
+      },
+      timeout, absl::StrCat("checkpoint round ", round)));
+  return std::map<int, std::string>(got.worker_states().begin(), got.worker_states().end());
+}
+
+absl::StatusOr<std::vector<ReportRequest>> ShardRpc::WaitForReports(JobPhase phase, int n,
+                                                                    absl::Duration timeout) {
+  CoordinateRequest req;
+  req.set_kind(CoordinateRequest::REPORTS);
+  req.set_phase(phase);
+  std::vector<ReportRequest> by_worker(n);
+  const absl::Time end = absl::Now() + timeout;
+  RETURN_IF_ERROR(PollUntilNoneMissing(
+      [&](std::vector<int>* missing) -> absl::Status {
+        ASSIGN_OR_RETURN(CoordinateResponse got, Coordinate(req, end - absl::Now()));
+        std::vector<bool> seen(n, false);
+        for (const ReportRequest& r : got.reports()) {
+          if (r.worker_id() >= 0 && r.worker_id() < n) {
+            by_worker[r.worker_id()] = r;
+            seen[r.worker_id()] = true;
+          }
+        }
+        for (int w = 0; w < n; ++w) {
+          if (!seen[w]) missing->push_back(w);
+        }
+        return absl::OkStatus();
+      },
+      timeout, absl::StrCat("waiting for ", JobPhase_Name(phase), " reports")));
+  return by_worker;
 }
 
 absl::StatusOr<SaveShardResponse> ShardRpc::SaveShard(const SaveShardRequest& request,

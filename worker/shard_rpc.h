@@ -1,6 +1,7 @@
-// ShardRpc: blocking calls to one PS shard's control RPCs (Info, Report, Checkpoint, SaveShard)
-// for the host's end-of-job and checkpoint protocols. Training traffic (Pull/Push) goes through
-// PsClient instead.
+// ShardRpc: blocking calls to one PS shard's control RPCs (Info, Report, Coordinate, SaveShard)
+// for the end-of-job and checkpoint protocols (docs/PS.md, docs/CHECKPOINT.md). Training traffic
+// (Pull/Push) goes through PsClient instead. The waits on shard 0's job state are polls (the
+// shard never holds a call open).
 //
 // Every call has an overall `timeout`; each attempt has a deadline of at most 10 s (longer for
 // SaveShard WRITE, which writes a file), waits for the channel to be ready, and UNAVAILABLE /
@@ -9,8 +10,10 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,8 +30,15 @@ class ShardRpc {
 
   absl::StatusOr<InfoResponse> Info(absl::Duration timeout);
   absl::Status Report(const ReportRequest& request, absl::Duration timeout);
-  absl::StatusOr<CheckpointResponse> Checkpoint(const CheckpointRequest& request,
+  absl::StatusOr<CoordinateResponse> Coordinate(const CoordinateRequest& request,
                                                 absl::Duration timeout);
+  // Shard 0: polls Coordinate COLLECT until every worker 0..n-1 has a state in checkpoint
+  // `round` (returns them by worker), or REPORTS until workers 0..n-1 all reported `phase`
+  // (returns the reports by worker). DEADLINE_EXCEEDED naming the missing workers.
+  absl::StatusOr<std::map<int, std::string>> WaitForArrivals(int64_t round, int n,
+                                                             absl::Duration timeout);
+  absl::StatusOr<std::vector<ReportRequest>> WaitForReports(JobPhase phase, int n,
+                                                            absl::Duration timeout);
   absl::StatusOr<SaveShardResponse> SaveShard(const SaveShardRequest& request,
                                               absl::Duration timeout);
 

@@ -38,6 +38,7 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("eval_examples", s.eval_examples)
       .Add("examples_per_sec", s.examples_per_sec)
       .Add("examples", s.examples)
+      .Add("examples_this_run", s.examples_this_run)
       .Add("steps", s.steps)
       .Add("wall_seconds", s.wall_seconds)
       .Add("mode", opts.mode)

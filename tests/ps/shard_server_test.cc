@@ -23,6 +23,7 @@
 #include "pstrain/ps_service.grpc.pb.h"
 #include "worker/checkpoint.h"
 #include "worker/ps_client.h"
+#include "worker/shard_rpc.h"
 
 namespace pstrain {
 namespace {
@@ -495,15 +496,16 @@ TEST(PsClient, DestructionCancelsCallsStillRetrying) {
 namespace pstrain {
 namespace {
 
-// The end-of-job protocol of `pstrain host` (docs/PS.md): reports over gRPC, a bounded wait on
-// the shard, job_finished in Info.
+// The end-of-job protocol (docs/PS.md): reports over gRPC, a bounded wait (polls of Coordinate
+// REPORTS), job_finished in Info after Coordinate FINISH_JOB.
 TEST(ShardServer, ReportsWaitAndJobFinished) {
   const Table t;
   Cluster cluster(1, t, ADAGRAD);
   ShardServer& shard = *cluster.servers[0];
   auto stub = RawStub(cluster.addresses[0]);
+  ShardRpc rpc(cluster.addresses[0]);
   // Nobody reported yet: the wait times out naming the missing workers.
-  auto none = shard.WaitForReports(TRAINING_DONE, 2, absl::Milliseconds(50));
+  auto none = rpc.WaitForReports(TRAINING_DONE, 2, absl::Milliseconds(50));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(none.status().message(), HasSubstr("workers [0, 1]"));
   for (int worker : {1, 1, 0}) {  // a repeated report replaces the earlier one
@@ -516,15 +518,17 @@ TEST(ShardServer, ReportsWaitAndJobFinished) {
     SetDeadline(&ctx);
     ASSERT_TRUE(stub->Report(&ctx, r, &resp).ok());
   }
-  auto all = shard.WaitForReports(TRAINING_DONE, 2, absl::Seconds(10));
+  auto all = rpc.WaitForReports(TRAINING_DONE, 2, absl::Seconds(10));
   ASSERT_TRUE(all.ok()) << all.status();
   ASSERT_EQ(all->size(), 2u);
   EXPECT_EQ((*all)[0].examples(), 7);
   EXPECT_EQ((*all)[1].examples(), 107);
-  EXPECT_FALSE(shard.WaitForReports(FINISH_SEEN, 1, absl::Milliseconds(10)).ok());
+  EXPECT_FALSE(rpc.WaitForReports(FINISH_SEEN, 1, absl::Milliseconds(10)).ok());
 
   EXPECT_FALSE(shard.Info().job_finished());
-  shard.FinishJob();
+  CoordinateRequest finish;
+  finish.set_kind(CoordinateRequest::FINISH_JOB);
+  ASSERT_TRUE(rpc.Coordinate(finish, absl::Seconds(10)).ok());
   InfoResponse info;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -658,10 +662,11 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   done.set_phase(TRAINING_DONE);
   done.set_worker_state("final-1");
   s0.Report(done);
-  auto got = s0.WaitForArrivals(1, 2, absl::Seconds(5));
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->at(0), "state-0");
-  EXPECT_EQ(got->at(1), "final-1");
+  CoordinateResponse got;
+  ASSERT_TRUE(s0.CollectArrivals(1, 2, &got).ok());
+  EXPECT_EQ(got.missing_size(), 0);
+  EXPECT_EQ(got.worker_states().at(0), "state-0");
+  EXPECT_EQ(got.worker_states().at(1), "final-1");
   s0.ReleaseCheckpoint(1);
   EXPECT_EQ(s0.ArriveCheckpoint(1, 0, "late").code(), absl::StatusCode::kFailedPrecondition);
   s0.CompleteCheckpoint(1, "/ckpt/dir", "");
@@ -671,9 +676,14 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
 
   EXPECT_EQ(s0.RequestCheckpoint(false), 2);  // a new round, not stopping
   EXPECT_FALSE(s0.Info().checkpoint_stop());
-  auto missing = s0.WaitForArrivals(2, 3, absl::Milliseconds(100));
+  // Over gRPC, as the chief waits: a bounded poll naming the missing workers (worker 1 stands in
+  // with its final state).
+  ShardRpc rpc(one.addresses[0]);
+  auto missing = rpc.WaitForArrivals(2, 3, absl::Milliseconds(100));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("workers [0, 2]"));
+  CoordinateResponse closed;
+  EXPECT_EQ(s0.CollectArrivals(1, 2, &closed).code(), absl::StatusCode::kFailedPrecondition);
   s0.CompleteCheckpoint(2, "", "disk full");
   EXPECT_EQ(s0.Info().checkpoint_error(), "disk full");
 }

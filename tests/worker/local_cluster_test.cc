@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +187,71 @@ TEST_F(LocalClusterTest, CheckpointsRestoreOntoOtherHostCountsAndCorruptionFalls
     EXPECT_GT(f.at("test_auc").number_value(), 0.6);
     EXPECT_THAT(Latest(dir), ::testing::StrNe(last));
   }
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Separate processes: 2 `pstrain ps` shards and 3 `pstrain worker`s (more workers than shards).
+// The chief coordinates through shard 0 by RPC like every other worker; the job trains every
+// record once, writes a checkpoint of both shards and all three worker states, and a second
+// job resumes from it.
+TEST_F(LocalClusterTest, SeparatePsAndWorkerProcesses) {
+  const std::string model_dir = Dir() + "/model_separate";
+  std::vector<std::string> job = LocalArgs(2, 1, model_dir);
+  job.erase(job.begin() + 1, job.begin() + 4);  // "local --hosts 2"
+  auto run_job = [&]() {
+    std::vector<std::unique_ptr<Subprocess>> shards;
+    std::vector<std::string> addresses;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<std::string> argv = job;
+      argv.insert(argv.begin() + 1, {"ps", "--shard", absl::StrCat(s), "--num_shards", "2",
+                                     "--port", "0", "--bind", "127.0.0.1"});
+      shards.push_back(std::make_unique<Subprocess>());
+      std::string error;
+      EXPECT_TRUE(shards.back()->Start(argv, &error)) << error;
+      const std::string line = shards.back()->ReadLineContaining("listening on", 60000);
+      addresses.push_back(line.substr(line.rfind(' ') + 1));
+    }
+    std::vector<std::unique_ptr<Subprocess>> workers;
+    for (int w = 0; w < 3; ++w) {
+      std::vector<std::string> argv = job;
+      argv.insert(argv.begin() + 1, {"worker", "--ps", absl::StrCat(addresses[0], ",",
+                                                                   addresses[1]),
+                                     "--index", absl::StrCat(w), "--num_workers", "3",
+                                     "--cores", "1"});
+      workers.push_back(std::make_unique<Subprocess>());
+      std::string error;
+      EXPECT_TRUE(workers.back()->Start(argv, &error)) << error;
+    }
+    for (auto& w : workers) {
+      const int status = w->WaitExit(240000);
+      EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+    for (auto& s : shards) {
+      s->Signal(SIGTERM);
+      const int status = s->WaitExit(30000);
+      EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+  };
+  run_job();
+  const std::string ckpt = Latest(model_dir);
+  ASSERT_THAT(ckpt, ::testing::StartsWith("ckpt-"));
+  for (const char* f : {"shard-0-of-2", "shard-1-of-2", "worker-0.state", "worker-1.state",
+                        "worker-2.state"}) {
+    EXPECT_TRUE(PathExists(model_dir + "/" + ckpt + "/" + f)) << f;
+  }
+  auto f = ReadSummary(model_dir).fields();
+  EXPECT_EQ(f.at("examples").number_value(), kTrainRows);
+  EXPECT_EQ(f.at("examples_this_run").number_value(), kTrainRows);
+  EXPECT_GT(f.at("test_auc").number_value(), 0.6);
+  EXPECT_TRUE(PathExists(model_dir + "/worker-2/metrics.jsonl"));
+
+  // The same job again: it resumes at the end of the data (nothing left to train) and keeps the
+  // count.
+  run_job();
+  f = ReadSummary(model_dir).fields();
+  EXPECT_EQ(f.at("examples").number_value(), kTrainRows);
+  EXPECT_EQ(f.at("examples_this_run").number_value(), 0);
+  EXPECT_GT(f.at("test_auc").number_value(), 0.6);
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
