@@ -3,6 +3,7 @@
 // leaves a process behind.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +16,8 @@
 #include <cstdio>
 #include <cstring>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -133,6 +136,26 @@ inline int RunToExit(const std::vector<std::string>& argv, int timeout_ms) {
     return -1;
   }
   return WEXITSTATUS(status);
+}
+
+// Processes (/proc) whose command line mentions `needle`, e.g. a test's unique model dir.
+inline std::vector<int> PidsMentioning(const std::string& needle) {
+  std::vector<int> pids;
+  DIR* proc = opendir("/proc");
+  while (dirent* e = readdir(proc)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
+    std::stringstream cmdline;
+    cmdline << in.rdbuf();
+    std::string text = cmdline.str();
+    for (char& c : text) c = c == '\0' ? ' ' : c;
+    if (text.find(needle) != std::string::npos) pids.push_back(atoi(e->d_name));
+  }
+  closedir(proc);
+  return pids;
+}
+inline int ProcessesMentioning(const std::string& needle) {
+  return static_cast<int>(PidsMentioning(needle).size());
 }
 
 }  // namespace testing

@@ -145,7 +145,14 @@ absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep) {
-  ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, state.step()));
+  return SaveCheckpoint(dir, state.step(), {{0, state}}, params, keep, "pstrain train");
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
+                                           const std::map<int, WorkerState>& workers,
+                                           LocalParams& params, int keep,
+                                           absl::string_view created_by) {
+  ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, step));
   CheckpointManifest manifest;
   {
     ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + kShardFile));
@@ -156,14 +163,14 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
     f->set_name(kShardFile);
     f->set_bytes(w->bytes());
   }
-  manifest.set_step(state.step());
+  manifest.set_step(step);
   manifest.set_num_shards(1);
   manifest.set_table_rows(params.embedding()->end());
   manifest.set_partitions(1);
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
-  manifest.set_created_by("pstrain train");
-  return CommitCheckpoint(dir, std::move(manifest), {{0, state}}, keep);
+  manifest.set_created_by(std::string(created_by));
+  return CommitCheckpoint(dir, std::move(manifest), workers, keep);
 }
 
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir) {
@@ -212,6 +219,13 @@ absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* s
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state) {
+  return RestoreLatestCheckpoint(dir, params, state, 0, 1);
+}
+
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state, int worker,
+                                                                   int num_workers) {
   ASSIGN_OR_RETURN(std::optional<CheckpointChoice> choice, ChooseCheckpoint(dir));
   if (!choice) return std::optional<std::string>();
   const std::string& ckpt = choice->dir;
@@ -224,13 +238,14 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
         params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size(),
         ". Use a new --model_dir or the same config."));
   }
-  if (manifest.num_shards() != 1 || manifest.num_workers() != 1) {
+  if (manifest.num_shards() != 1 || manifest.num_workers() != num_workers) {
     return absl::FailedPreconditionError(absl::StrCat(
         ckpt, " was written by a job of ", manifest.num_shards(), " PS shards and ",
-        manifest.num_workers(), " workers (", manifest.created_by(),
-        "); `pstrain train` resumes only its own single-process checkpoints"));
+        manifest.num_workers(), " workers (", manifest.created_by(), "); this job resumes only "
+        "checkpoints of one in-process replica and ", num_workers, " worker(s): use the same "
+        "command and number of ranks, or a new --model_dir"));
   }
-  RETURN_IF_ERROR(ReadWorkerState(ckpt, 0, state));
+  RETURN_IF_ERROR(ReadWorkerState(ckpt, worker, state));
   ASSIGN_OR_RETURN(auto r, BlockReader::Open(ckpt + "/" + kShardFile));
   EmbeddingStore* stores[] = {params->embedding()};
   RETURN_IF_ERROR(LoadEmbeddingStores(r.get(), stores, nullptr));

@@ -3,7 +3,8 @@
 //   <dir>/ckpt-<step>/shard-0-of-1     block file: the embedding store (EMBM + EMBR blocks) and
 //                                      the dense store (DNSE)
 //   <dir>/ckpt-<step>/worker-0.state   block file: one WSTA block, a WorkerState proto (step,
-//                                      examples, exact data-pipeline position)
+//                                      examples, exact data-pipeline position); the allreduce
+//                                      mode writes worker-<r>.state for each rank r
 //   <dir>/ckpt-<step>/MANIFEST         block file: one MANI block, a CheckpointManifest proto;
 //                                      written last
 //   <dir>/LATEST                       "ckpt-<step>\n", replaced by atomic rename after MANIFEST
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "pstrain/state.pb.h"
 #include "worker/local_params.h"
 
@@ -28,6 +30,13 @@ namespace pstrain {
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep);
 
+// The same for a job of several workers that share one replica of the parameters (the allreduce
+// mode): ckpt-<step> with worker-<j>.state for each entry of `workers`; MANIFEST created_by.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
+                                           const std::map<int, WorkerState>& workers,
+                                           LocalParams& params, int keep,
+                                           absl::string_view created_by);
+
 // Restores the checkpoint LATEST names; if it is missing or corrupt, says why on stderr and falls
 // back to the next older complete checkpoint. Every file is verified completely before anything
 // is loaded, so a refused checkpoint leaves `params` untouched. Returns the directory restored,
@@ -37,6 +46,12 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerS
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state);
+// The same for worker `worker` of a job of `num_workers` sharing one replica (the allreduce
+// mode): reads worker-<worker>.state; a checkpoint of another number of workers is refused.
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state, int worker,
+                                                                   int num_workers);
 
 // ---- Building blocks shared by every mode's checkpoints ----
 

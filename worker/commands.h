@@ -11,6 +11,7 @@ int RunPs(int argc, char** argv);
 int RunHost(int argc, char** argv);
 int RunWorker(int argc, char** argv);
 int RunLocal(int argc, char** argv);
+int RunAllreduce(int argc, char** argv);
 int RunTune(int argc, char** argv);
 
 }  // namespace pstrain

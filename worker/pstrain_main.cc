@@ -21,6 +21,7 @@ const Command kCommands[] = {
     {"host", pstrain::RunHost, "one host of an async PS job: PS shard i and worker i"},
     {"worker", pstrain::RunWorker, "one worker of a PS job whose shards run elsewhere (`ps`)"},
     {"local", pstrain::RunLocal, "async PS training on N local hosts (runs N `pstrain host`)"},
+    {"allreduce", pstrain::RunAllreduce, "synchronous MPI data-parallel training (mpirun -np N)"},
     {"tune", pstrain::RunTune, "time towers x intra_op x inter_op (x batch) settings, write the best"},
 };
 

@@ -58,6 +58,7 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
   if (s.staleness_pulls > 0) {
     j.Add("staleness_max", s.staleness_max).Add("staleness_mean", s.staleness_mean);
   }
+  if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   return WriteFileAtomic(path, j.str() + "\n");
 }
 

@@ -39,6 +39,10 @@ struct TrainSummary {
   int64_t staleness_pulls = 0;
   int64_t staleness_max = 0;
   double staleness_mean = 0;
+  // Bytes all workers sent for parameter traffic (allreduce: the collectives, by the ring model
+  // of docs/ALLREDUCE.md), set by after_training; -1 (omitted from summary.json) when the mode
+  // does not count them.
+  int64_t wire_bytes = -1;
 };
 
 struct TrainerOptions {

@@ -23,6 +23,7 @@
 namespace pstrain {
 namespace {
 
+using testing::ProcessesMentioning;
 using testing::RunToExit;
 using ::testing::HasSubstr;
 using testing::Subprocess;
@@ -31,21 +32,6 @@ constexpr int kTrainRows = 20000;
 
 // Per process: CTest runs the tests of this file in parallel processes.
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/local_cluster_", getpid()); }
-
-// Processes whose command line mentions `needle` (our model dirs are unique to this test).
-int ProcessesMentioning(const std::string& needle) {
-  int count = 0;
-  DIR* proc = opendir("/proc");
-  while (dirent* e = readdir(proc)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    auto cmdline = ReadFileToString(absl::StrCat("/proc/", e->d_name, "/cmdline"));
-    if (!cmdline.ok()) continue;
-    for (char& c : *cmdline) c = c == '\0' ? ' ' : c;
-    count += cmdline->find(needle) != std::string::npos;
-  }
-  closedir(proc);
-  return count;
-}
 
 class LocalClusterTest : public ::testing::TestWithParam<int> {
  protected:
