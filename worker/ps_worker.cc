@@ -115,6 +115,12 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
     summary->examples_per_sec =
         summary->examples_this_run / std::max(1e-9, summary->wall_seconds);
+    // Parameter traffic of the training, every shard's request and response payloads (before
+    // the final evaluation's pulls).
+    if (auto stats = client->GetStats(); stats.ok()) {
+      summary->wire_bytes = 0;
+      for (const ShardStats& st : *stats) summary->wire_bytes += st.bytes_in() + st.bytes_out();
+    }
     auto final_ckpt = checkpointer.SaveFinal();
     RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
     summary->checkpoint = *final_ckpt;

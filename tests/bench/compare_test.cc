@@ -19,9 +19,6 @@ namespace {
 
 using testing::RunToExit;
 
-// Modes other helpers are building right now: the report may show them as failed. The lead
-// removes them from this list as they are merged.
-constexpr char kNotYetAvailable[] = "ps-bounded,ps-sync";
 
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/compare_", getpid()); }
 
@@ -43,8 +40,7 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
   ASSERT_EQ(RunToExit({"/usr/bin/python3", PSTRAIN_SOURCE_DIR "/bench/compare.py", "--binary",
                        PSTRAIN_BINARY, "--config", Dir() + "/tiny.textproto", "--train",
                        Dir() + "/train/part-*", "--eval", Dir() + "/test/part-*", "--hosts", "2",
-                       "--repeats", "1", "--timeout_s", "60", "--results", Dir() + "/results",
-                       "--allow_fail", kNotYetAvailable},
+                       "--repeats", "1", "--timeout_s", "60", "--results", Dir() + "/results"},
                       300000),
             0);
 
@@ -64,20 +60,13 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
   ASSERT_TRUE(md.ok()) << md.status();
 
   std::set<std::string> seen;
-  const std::string allowed = kNotYetAvailable;
   for (const auto& v : report.fields().at("modes").list_value().values()) {
     const auto& m = v.struct_value().fields();
     const std::string mode = m.at("mode").string_value();
     seen.insert(mode);
     EXPECT_NE(md->find("| " + mode + " |"), std::string::npos) << mode;
-    if (m.at("status").string_value() == "failed") {
-      EXPECT_NE(allowed.find(mode), std::string::npos) << mode << " failed: "
-                                                       << m.at("error").string_value();
-      EXPECT_FALSE(m.at("error").string_value().empty());
-      continue;
-    }
     SCOPED_TRACE(mode);
-    EXPECT_EQ(m.at("status").string_value(), "ok");
+    ASSERT_EQ(m.at("status").string_value(), "ok") << m.at("error").string_value();
     EXPECT_GT(m.at("examples_per_sec").number_value(), 0);
     EXPECT_GT(m.at("examples_per_sec_per_core").number_value(), 0);
     EXPECT_GT(m.at("ratio_to_train").number_value(), 0);
@@ -92,7 +81,7 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
       // The target is 0.99 x this mode's own final AUC: reached by the final eval at the latest.
       EXPECT_GT(m.at("time_to_target_s").number_value(), 0);
     }
-    if (mode == "ps-async" || mode == "allreduce") {
+    if (mode != "train") {
       EXPECT_GT(m.at("bytes_per_example").number_value(), 0);
     }
   }
