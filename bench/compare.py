@@ -198,12 +198,13 @@ def run_one(args, mode, run_dir):
         bytes_total, method = s["wire_bytes"], "summary wire_bytes"
     elif mode == "train":
         bytes_total, method = 0, "none (one process)"
-    else:
-        m = re.search(r"PS shard balance:\n.*?\n((?:\d+\s.*\n?)+)", stderr)
-        if m:
-            bytes_total = sum((float(l.split()[6]) + float(l.split()[7])) * 1e6
-                              for l in m.group(1).splitlines() if l.strip())
-            method = "shard stats in+out"
+    table = re.search(r"PS shard balance:\n.*?\n((?:\d+\s.*\n?)+)", stderr)
+    shard_rows = [l.split() for l in table.group(1).splitlines() if l.strip()] if table else []
+    # Per shard: pull and push requests per second over the shard's uptime (the balance table).
+    r["shard_qps"] = [[float(c[4]), float(c[5])] for c in shard_rows]
+    if bytes_total is None and shard_rows:
+        bytes_total = sum((float(c[6]) + float(c[7])) * 1e6 for c in shard_rows)
+        method = "shard stats in+out"
     r["bytes_per_example"] = bytes_total / s["examples"] if bytes_total is not None and s.get(
         "examples") else None
     r["bytes_method"] = method
@@ -275,18 +276,20 @@ def write_markdown(report, path):
          f"Repeats: {report['repeats']} (medians; ratios to `train` within each repeat). "
          f"Target AUC: {fmt(report['target_auc'], '.4f')}.", "",
          "| mode | status | ex/s | ex/s per core | vs train | test AUC | logloss | bytes/example |"
-         " time to target (s) | CPU util | peak mem (MB) |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         " time to target (s) | CPU util | peak mem (MB) | shard pull/push QPS |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["modes"]:
         if m["status"] == "failed":
-            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 9)
+            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 10)
             continue
         L.append(f"| {m['mode']} | {m['status']} | {fmt(m['examples_per_sec'])} | "
                  f"{fmt(m['examples_per_sec_per_core'])} | {fmt(m['ratio_to_train'], '.2f')} | "
                  f"{fmt(m['test_auc'], '.4f')} | {fmt(m['test_logloss'], '.4f')} | "
                  f"{fmt(m['bytes_per_example'], '.0f')} ({m['bytes_method']}) | "
                  f"{fmt(m['time_to_target_s'], '.1f')} | {fmt(m['cpu_utilisation'], '.2f')} | "
-                 f"{fmt(m['peak_memory_mb'], '.0f')} |")
+                 f"{fmt(m['peak_memory_mb'], '.0f')} | "
+                 + (", ".join(f"{a:.0f}/{b:.0f}" for a, b in m.get("shard_qps") or []) or "-")
+                 + " |")
     L += ["", "Methods: " + report["methods"], ""]
     sc = report.get("scaling")
     if sc:
@@ -389,7 +392,7 @@ def main(argv):
              f"{len(good)} of {len(rs)} runs ok", "command": good[0]["command"],
              "ratio_to_train": median(ratios), "time_to_target_s": median([ttt(r) for r in good]),
              "bytes_method": good[0]["bytes_method"], "eval_curve": good[0]["eval_curve"],
-             "runs": len(good)}
+             "shard_qps": good[0].get("shard_qps", []), "runs": len(good)}
         for key in ("examples_per_sec", "examples_per_sec_per_core", "test_auc", "test_logloss",
                     "bytes_per_example", "cpu_utilisation", "peak_memory_mb", "wall_seconds"):
             m[key] = median([r.get(key) for r in good])

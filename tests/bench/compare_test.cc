@@ -84,6 +84,9 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
     if (mode != "train") {
       EXPECT_GT(m.at("bytes_per_example").number_value(), 0);
     }
+    if (mode.rfind("ps-", 0) == 0) {  // one pull/push QPS pair per shard
+      EXPECT_EQ(m.at("shard_qps").list_value().values_size(), 2);
+    }
   }
   EXPECT_EQ(seen, (std::set<std::string>{"train", "ps-async", "ps-bounded", "ps-sync", "allreduce"}));
   EXPECT_NE(md->find("Scaling on paper"), std::string::npos);
