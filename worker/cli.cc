@@ -24,6 +24,7 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   if (!flags.config.empty()) {
     ASSIGN_OR_RETURN(config, LoadConfigFile(flags.config));
   }
+  ApplyConfigDefaults(&config);
   DataFormat format = FORMAT_UNSPECIFIED;
   if (!flags.format.empty()) {
     ASSIGN_OR_RETURN(format, ParseDataFormat(flags.format));
