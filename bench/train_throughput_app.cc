@@ -4,11 +4,21 @@
 // intra_op_threads, in f32 and bf16. In the same run: oneDNN's GEMM peak (f32, bf16) on the MLP's
 // shapes, and each setting's achieved model FLOP/s as a fraction of that peak.
 //
+// --mode picks how the step is driven (worker/train_step.h):
+//   sync      Run per step: stage, train, flush (no overlap);
+//   pipelined the trainer's loop: batch t+1 is staged (dedup) while batch t computes; pulls
+//             follow the previous push, so the parameters equal sync's (pstrain train);
+//   stale     an experiment: batch t+1's pull starts while batch t computes and each push is
+//             applied on a background thread while the next step computes (asynchronous SGD
+//             with one step of staleness, in one process).
+//
 // usage: train_throughput_app [--out results.json] [--steps 20] [--windows 5]
 //                             [--settings 1x1,1x2,2x1] [--precisions f32,bf16]
+//                             [--mode pipelined]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +45,36 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// LocalParams whose StartPush copies the gradients and applies them on a background thread
+// (--mode stale). TrainStep waits for a push before it starts the next, so one copy suffices.
+class BackgroundPushParams : public ParameterAccess {
+ public:
+  explicit BackgroundPushParams(ParameterAccess* inner) : inner_(inner) {}
+  int row_dim() const override { return inner_->row_dim(); }
+  int64_t dense_size() const override { return inner_->dense_size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    return inner_->Pull(ids, rows, dense);
+  }
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads,
+                    const float* dense_grad, int64_t step) override {
+    return inner_->Push(ids, row_grads, dense_grad, step);
+  }
+  ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
+                     const float* dense_grad, int64_t step) override {
+    ids_.assign(ids.begin(), ids.end());
+    rows_.assign(row_grads, row_grads + ids.size() * row_dim());
+    dense_.assign(dense_grad, dense_grad + dense_size());
+    auto done = std::make_shared<std::future<absl::Status>>(std::async(
+        std::launch::async, [this, step] { return Push(ids_, rows_.data(), dense_.data(), step); }));
+    return ParamsOp([done] { return done->get(); });
+  }
+
+ private:
+  ParameterAccess* inner_;
+  std::vector<int64_t> ids_;
+  std::vector<float> rows_, dense_;
+};
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -49,7 +89,7 @@ struct Result {
 };
 
 int Main(int argc, char** argv) {
-  std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16";
+  std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16", mode = "pipelined";
   int steps = 20, windows = 5, batch = 1024, pool = 16;
   FlagSet flags("train_throughput_app", "Training-step throughput across towers x intra_op_threads.");
   flags.String("out", &out, "write the results as JSON here");
@@ -59,9 +99,14 @@ int Main(int argc, char** argv) {
   flags.Int("pool", &pool, "distinct in-memory batches cycled through");
   flags.String("settings", &settings, "towers x intra_op_threads settings, e.g. 1x1,1x2,2x1");
   flags.String("precisions", &precisions, "f32, bf16 or both");
+  flags.String("mode", &mode, "sync, pipelined or stale (see the top of the source)");
   if (auto s = flags.Parse(argc, argv, 1); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s%s\n", flags.Usage().c_str(), s.ok() ? "" : std::string(s.message()).c_str());
     return s.ok() ? 0 : 2;
+  }
+  if (mode != "sync" && mode != "pipelined" && mode != "stale") {
+    std::fprintf(stderr, "--mode must be sync, pipelined or stale, got '%s'\n", mode.c_str());
+    return 2;
   }
   const int cores = std::max(1u, std::thread::hardware_concurrency());
 
@@ -95,9 +140,15 @@ int Main(int argc, char** argv) {
       config.mutable_model()->set_precision(prec == "bf16" ? BF16 : F32);
       auto model = Model::Create(config.model(), spec->num_fields());
       if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
-      auto params = LocalParams::Create(**model, spec->total_rows(), config, T * I);
+      // stale: the background push gets one thread, the towers keep theirs.
+      auto params =
+          LocalParams::Create(**model, spec->total_rows(), config, mode == "stale" ? 1 : T * I);
       auto step = TrainStep::Create(**model, T, batch, I);
       if (!params.ok() || !step.ok()) return 1;
+      BackgroundPushParams background(params->get());
+      ParameterAccess* access = mode == "stale" ? static_cast<ParameterAccess*>(&background)
+                                                : params->get();
+      const bool prefetch = mode == "stale";
 
       // In-memory batches of T x batch rows from the datagen distribution.
       std::vector<Batch> batches(pool);
@@ -113,13 +164,29 @@ int Main(int argc, char** argv) {
       }
       int64_t global_step = 0;
       double unique = 0;
+      auto check = [](const absl::Status& s) {
+        if (!s.ok()) { std::fprintf(stderr, "%s\n", s.ToString().c_str()); std::exit(1); }
+      };
+      // Pipelined modes keep the next batch staged across windows; each window ends flushed.
+      bool staged = false;
       auto run = [&](int n) {
         for (int i = 0; i < n; ++i) {
-          auto r = (*step)->Run(batches[global_step % pool], global_step + 1, params->get());
-          if (!r.ok()) { std::fprintf(stderr, "%s\n", r.status().ToString().c_str()); std::exit(1); }
+          absl::StatusOr<StepResult> r;
+          if (mode == "sync") {
+            r = (*step)->Run(batches[global_step % pool], global_step + 1, access);
+          } else {
+            if (!staged) check((*step)->Stage(batches[global_step % pool], access, prefetch));
+            staged = i + 1 < n;
+            r = (*step)->Train(global_step + 1, access, [&]() -> absl::Status {
+              if (!staged) return absl::OkStatus();
+              return (*step)->Stage(batches[(global_step + 1) % pool], access, prefetch);
+            });
+          }
+          check(r.status());
           unique += r->unique_rows;
           ++global_step;
         }
+        check((*step)->Flush());
       };
       run(std::max(5, pool));  // warm-up: primitives, first-touch rows, caches
       const StepProfile before = (*step)->profile();
@@ -148,9 +215,9 @@ int Main(int argc, char** argv) {
                             (p.reduce - before.reduce) / elapsed, (p.push - before.push) / elapsed};
       r.unique_rows_per_step = unique / (global_step - warm);
       results.push_back(r);
-      std::printf("%-5s towers=%d intra=%d: %8.0f ex/s (%6.0f per core), %6.1f GFLOP/s = %.2f of peak;"
+      std::printf("%-5s %s towers=%d intra=%d: %8.0f ex/s (%6.0f per core), %6.1f GFLOP/s = %.2f of peak;"
                   " dedup %.0f%% pull %.0f%% towers %.0f%% reduce %.0f%% push %.0f%%\n",
-                  r.precision.c_str(), T, I, r.ex_per_sec, r.ex_per_sec / std::min(cores, T * I),
+                  r.precision.c_str(), mode.c_str(), T, I, r.ex_per_sec, r.ex_per_sec / std::min(cores, T * I),
                   r.model_gflops, r.model_gflops / r.peak_gflops,
                   100 * r.profile_fraction.dedup, 100 * r.profile_fraction.pull,
                   100 * r.profile_fraction.compute, 100 * r.profile_fraction.reduce,
@@ -185,7 +252,7 @@ int Main(int argc, char** argv) {
   json += "]";
   if (!out.empty()) {
     const std::string doc = JsonObject()
-                                .Add("cores", cores).Add("batch_per_tower", batch)
+                                .Add("cores", cores).Add("batch_per_tower", batch).Add("mode", mode)
                                 .Add("gemm_peak_f32_1thread", peak_f32_1).Add("gemm_peak_bf16_1thread", peak_bf16_1)
                                 .Add("gemm_peak_f32_all", peak_f32_all).Add("gemm_peak_bf16_all", peak_bf16_all)
                                 .AddRaw("results", json).str();
