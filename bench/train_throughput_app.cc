@@ -8,9 +8,9 @@
 //   sync      Run per step: stage, train, flush (no overlap);
 //   pipelined the trainer's loop: batch t+1 is staged (dedup) while batch t computes; pulls
 //             follow the previous push, so the parameters equal sync's (pstrain train);
-//   stale     an experiment: batch t+1's pull starts while batch t computes and each push is
-//             applied on a background thread while the next step computes (asynchronous SGD
-//             with one step of staleness, in one process).
+//   stale     train.async_local_updates: batch t+1's pull starts while batch t computes and
+//             each push is applied on a background thread while the next step computes
+//             (asynchronous SGD with one step of staleness, in one process).
 //
 // usage: train_throughput_app [--out results.json] [--steps 20] [--windows 5]
 //                             [--settings 1x1,1x2,2x1] [--precisions f32,bf16]
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,36 +44,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// LocalParams whose StartPush copies the gradients and applies them on a background thread
-// (--mode stale). TrainStep waits for a push before it starts the next, so one copy suffices.
-class BackgroundPushParams : public ParameterAccess {
- public:
-  explicit BackgroundPushParams(ParameterAccess* inner) : inner_(inner) {}
-  int row_dim() const override { return inner_->row_dim(); }
-  int64_t dense_size() const override { return inner_->dense_size(); }
-  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
-    return inner_->Pull(ids, rows, dense);
-  }
-  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads,
-                    const float* dense_grad, int64_t step) override {
-    return inner_->Push(ids, row_grads, dense_grad, step);
-  }
-  ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
-                     const float* dense_grad, int64_t step) override {
-    ids_.assign(ids.begin(), ids.end());
-    rows_.assign(row_grads, row_grads + ids.size() * row_dim());
-    dense_.assign(dense_grad, dense_grad + dense_size());
-    auto done = std::make_shared<std::future<absl::Status>>(std::async(
-        std::launch::async, [this, step] { return Push(ids_, rows_.data(), dense_.data(), step); }));
-    return ParamsOp([done] { return done->get(); });
-  }
-
- private:
-  ParameterAccess* inner_;
-  std::vector<int64_t> ids_;
-  std::vector<float> rows_, dense_;
-};
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -90,7 +59,7 @@ struct Result {
 
 int Main(int argc, char** argv) {
   std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16", mode = "pipelined";
-  int steps = 20, windows = 5, batch = 1024, pool = 16;
+  int steps = 20, windows = 5, batch = 1024, pool = 16, params_threads = 0;
   FlagSet flags("train_throughput_app", "Training-step throughput across towers x intra_op_threads.");
   flags.String("out", &out, "write the results as JSON here");
   flags.Int("steps", &steps, "steps per timed window");
@@ -99,6 +68,8 @@ int Main(int argc, char** argv) {
   flags.Int("pool", &pool, "distinct in-memory batches cycled through");
   flags.String("settings", &settings, "towers x intra_op_threads settings, e.g. 1x1,1x2,2x1");
   flags.String("precisions", &precisions, "f32, bf16 or both");
+  flags.Int("params_threads", &params_threads,
+            "threads of the in-process stores' pull/push (0 = towers x intra, 1 with --mode stale)");
   flags.String("mode", &mode, "sync, pipelined or stale (see the top of the source)");
   if (auto s = flags.Parse(argc, argv, 1); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s%s\n", flags.Usage().c_str(), s.ok() ? "" : std::string(s.message()).c_str());
@@ -140,15 +111,14 @@ int Main(int argc, char** argv) {
       config.mutable_model()->set_precision(prec == "bf16" ? BF16 : F32);
       auto model = Model::Create(config.model(), spec->num_fields());
       if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
-      // stale: the background push gets one thread, the towers keep theirs.
-      auto params =
-          LocalParams::Create(**model, spec->total_rows(), config, mode == "stale" ? 1 : T * I);
+      // stale: as RunTraining with train.async_local_updates (one thread for pulls and pushes).
+      const bool prefetch = mode == "stale";
+      const int pt = params_threads > 0 ? params_threads : prefetch ? 1 : T * I;
+      auto params = LocalParams::Create(**model, spec->total_rows(), config, pt);
       auto step = TrainStep::Create(**model, T, batch, I);
       if (!params.ok() || !step.ok()) return 1;
-      BackgroundPushParams background(params->get());
-      ParameterAccess* access = mode == "stale" ? static_cast<ParameterAccess*>(&background)
-                                                : params->get();
-      const bool prefetch = mode == "stale";
+      if (prefetch) (*params)->EnableBackgroundPush();
+      ParameterAccess* access = params->get();
 
       // In-memory batches of T x batch rows from the datagen distribution.
       std::vector<Batch> batches(pool);

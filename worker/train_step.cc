@@ -48,7 +48,11 @@ absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool 
   s.rows.resize(s.unique.size() * model_.row_dim());
   s.dense.resize(model_.dense_size());
   s.pull_started = start_pull && batch.size > 0;
-  s.pull = s.pull_started ? params->StartPull(s.unique, s.rows.data(), s.dense.data()) : ParamsOp();
+  if (s.pull_started) {
+    // Every push but the one of the step computing now: a fixed staleness of one step.
+    RETURN_IF_ERROR(push_.Wait());
+    s.pull = params->StartPull(s.unique, s.rows.data(), s.dense.data());
+  }
   ++staged_count_;
   profile_.dedup += Now() - t0;
   return absl::OkStatus();

@@ -3,7 +3,8 @@
 // method: effective batch = the whole batch), average, push.
 //
 // Pipelining. A step is split so that the trainer can overlap its parts:
-//   Stage(batch t+1)  dedups the batch's ids and, if asked, starts its pull (StartPull);
+//   Stage(batch t+1)  dedups the batch's ids and, if asked, starts its pull (StartPull) once
+//                     the push of step t-1 has completed;
 //   Train(step t)     trains the oldest staged batch: waits for its pull (starting it first,
 //                     after the previous push completed, when Stage did not), starts the towers,
 //                     runs `overlap` on the calling thread while they compute (the trainer reads
@@ -13,8 +14,9 @@
 //   Flush()           waits for the last push (checkpoints, the end of training, evaluation).
 // With a synchronous ParameterAccess (LocalParams) and pulls not started by Stage, every pull
 // follows the previous push: results are exactly those of Run in a loop. A pull started by
-// Stage(t+1) before Train(t) pushed misses step t's update: asynchronous SGD with a staleness of
-// one step from this worker's own updates (plus whatever the ParameterAccess adds).
+// Stage(t+1) before Train(t) pushed sees every update of this worker up to step t-1 but not step
+// t's: asynchronous SGD with a staleness of exactly one step from this worker's own updates
+// (deterministic in one process; other workers' updates arrive whenever they do).
 #pragma once
 
 #include <cstdint>

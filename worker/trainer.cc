@@ -73,12 +73,18 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
   // Local parameters (with checkpoints) unless the caller brings its own.
+  const bool async_local = opts.params == nullptr && config.train().async_local_updates();
+  const bool prefetch_pulls = opts.prefetch_pulls || async_local;
   std::unique_ptr<LocalParams> local;
   std::unique_ptr<LocalCheckpointer> local_checkpointer;
   ParameterAccess* params = opts.params;
   Checkpointer* checkpointer = opts.checkpointer;
   if (params == nullptr) {
-    ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config, T * I));
+    // Asynchronous updates keep the optimizer and the gather off the towers' cores' OpenMP
+    // teams: one thread each, overlapping the towers.
+    ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config,
+                                                async_local ? 1 : T * I));
+    if (async_local) local->EnableBackgroundPush();
     params = local.get();
     local_checkpointer = std::make_unique<LocalCheckpointer>(ckpt_dir, local.get(),
                                                              config.checkpoint().keep());
@@ -185,7 +191,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
       if (input_done) break;
       ASSIGN_OR_RETURN(bool more, read(&batches[cur], &batch_epoch[cur]));
       if (!more) break;
-      RETURN_IF_ERROR(step_runner->Stage(batches[cur], params, opts.prefetch_pulls));
+      RETURN_IF_ERROR(step_runner->Stage(batches[cur], params, prefetch_pulls));
     } else {
       stop_seen = stop_seen || stop;
       serve_request = serve_request || requested;
@@ -211,7 +217,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
         input_done = true;
         return absl::OkStatus();
       }
-      RETURN_IF_ERROR(step_runner->Stage(batches[next], params, opts.prefetch_pulls));
+      RETURN_IF_ERROR(step_runner->Stage(batches[next], params, prefetch_pulls));
       next_staged = true;
       return absl::OkStatus();
     };

@@ -154,6 +154,31 @@ TEST_F(TrainStepTest, PrefetchedPullsPrecedeThePreviousPush) {
   EXPECT_EQ(logged.log, want);
 }
 
+// LocalParams with background pushes (train.async_local_updates) and prefetched pulls: the
+// background thread changes only the timing. Each prefetched pull waits for the push before the
+// current one, so the result is bit-identical to synchronous pushes with the same pull order.
+TEST_F(TrainStepTest, BackgroundPushesEqualSynchronousPushesWithTheSameStaleness) {
+  auto train = [&](bool background) {
+    auto params = NewParams();
+    if (background) params->EnableBackgroundPush();
+    auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
+    EXPECT_TRUE(step.ok());
+    EXPECT_TRUE((*step)->Stage(batches_[0], params.get(), true).ok());
+    for (size_t i = 0; i < batches_.size(); ++i) {
+      auto r = (*step)->Train(static_cast<int64_t>(i) + 1, params.get(), [&]() -> absl::Status {
+        return i + 1 < batches_.size() ? (*step)->Stage(batches_[i + 1], params.get(), true)
+                                       : absl::OkStatus();
+      });
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+    EXPECT_TRUE((*step)->Flush().ok());
+    return State(params.get());
+  };
+  const std::vector<float> sync = train(false);
+  EXPECT_TRUE(train(true) == sync);
+  EXPECT_TRUE(train(true) == sync);
+}
+
 TEST_F(TrainStepTest, MisuseIsAnError) {
   auto params = NewParams();
   auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
