@@ -124,29 +124,23 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   double t2 = Now();
   profile_.compute += t2 - t1;
 
-  // Sum the tower gradients into tower 0's buffers and average over the batch. Each tower thread
-  // (with its OpenMP team) takes one contiguous slice of the rows and of the dense vector, so no
-  // thread waits on a serial reduce. The per-element order (tower 0, 1, ..., then the scale) is
-  // fixed, so results do not depend on the slicing.
+  // Sum the tower gradients into tower 0's buffers and average over the batch, on the trainer
+  // thread's team of T x I threads. (Each tower thread summing its own slice measured about 2x
+  // slower on the loaded 2-core machine, docs/PERFORMANCE.md: waking the tower threads again
+  // costs more than the sum.)
   const float scale = 1.0f / static_cast<float>(n);
-  const TowerFn reduce = [&](int t, Tower*) -> absl::Status {
-    auto sum = [&](std::vector<std::vector<float>>& bufs, int64_t len) {
-      int64_t b, e;
-      Balance211(len, T, t, &b, &e);
-      ParallelFor(e - b, intra_, [&](int, int, int64_t pb, int64_t pe) {
-        float* out = bufs[0].data() + b;
-        for (int u = 1; u < T; ++u) {
-          const float* in = bufs[u].data() + b;
-          for (int64_t i = pb; i < pe; ++i) out[i] += in[i];
-        }
-        for (int64_t i = pb; i < pe; ++i) out[i] *= scale;
-      });
-    };
-    sum(row_grads_, U * D);
-    sum(dense_grads_, dsz);
-    return absl::OkStatus();
+  auto reduce = [&](std::vector<std::vector<float>>& bufs, int64_t len) {
+    ParallelFor(len, T * intra_, [&](int, int, int64_t b, int64_t e) {
+      float* out = bufs[0].data();
+      for (int u = 1; u < T; ++u) {
+        const float* in = bufs[u].data();
+        for (int64_t i = b; i < e; ++i) out[i] += in[i];
+      }
+      for (int64_t i = b; i < e; ++i) out[i] *= scale;
+    });
   };
-  RETURN_IF_ERROR(pool_->RunAll(reduce));
+  reduce(row_grads_, U * D);
+  reduce(dense_grads_, dsz);
   double t3 = Now();
   profile_.reduce += t3 - t2;
 

@@ -8,9 +8,9 @@
 //   Train(step t)     trains the oldest staged batch: waits for its pull (starting it first,
 //                     after the previous push completed, when Stage did not), starts the towers,
 //                     runs `overlap` on the calling thread while they compute (the trainer reads
-//                     and stages batch t+1 there), lets every tower thread sum and average its
-//                     slice of the tower gradients (no serial reduce on the trainer thread),
-//                     then starts the push (StartPush) after waiting for the previous one;
+//                     and stages batch t+1 there), sums and averages the tower gradients (an
+//                     OpenMP team of T x I threads), then starts the push (StartPush) after
+//                     waiting for the previous one;
 //   Flush()           waits for the last push (checkpoints, the end of training, evaluation).
 // With a synchronous ParameterAccess (LocalParams) and pulls not started by Stage, every pull
 // follows the previous push: results are exactly those of Run in a loop. A pull started by
@@ -42,7 +42,7 @@ struct StepResult {
 // Time spent in each phase, accumulated over steps (seconds), for profiles. `compute` is the
 // towers' wall time, including the `overlap` work the trainer does meanwhile; `dedup` is counted
 // in Stage even when it overlaps the towers; `pull` and `push` are the time the trainer thread
-// waited for (or ran) them; `reduce` is the towers' gradient sum.
+// waited for (or ran) them; `reduce` is the gradient sum.
 struct StepProfile {
   double dedup = 0, pull = 0, compute = 0, reduce = 0, push = 0;
 };
