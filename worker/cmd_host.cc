@@ -210,7 +210,8 @@ int RunHost(int argc, char** argv) {
   opts.cores = cores;
   opts.stop = &g_stop;
   opts.params = client->get();
-  opts.prefetch_pulls = config.cluster().consistency() == ASYNC;
+  opts.prefetch_pulls =
+      config.cluster().consistency() == ASYNC && config.cluster().prefetch_pulls();
   opts.worker_index = me;
   opts.num_workers = N;
   opts.chief = chief;
