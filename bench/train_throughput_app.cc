@@ -4,8 +4,17 @@
 // intra_op_threads, in f32 and bf16. In the same run: oneDNN's GEMM peak (f32, bf16) on the MLP's
 // shapes, and each setting's achieved model FLOP/s as a fraction of that peak.
 //
+// --mode picks how the step is driven (worker/train_step.h):
+//   sync      Run per step: stage, train, flush (no overlap);
+//   pipelined the trainer's loop: batch t+1 is staged (dedup) while batch t computes; pulls
+//             follow the previous push, so the parameters equal sync's (pstrain train);
+//   stale     train.async_local_updates: batch t+1's pull starts while batch t computes and
+//             each push is applied on a background thread while the next step computes
+//             (asynchronous SGD with one step of staleness, in one process).
+//
 // usage: train_throughput_app [--out results.json] [--steps 20] [--windows 5]
 //                             [--settings 1x1,1x2,2x1] [--precisions f32,bf16]
+//                             [--mode pipelined]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -40,8 +49,8 @@ struct Result {
 };
 
 int Main(int argc, char** argv) {
-  std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16";
-  int steps = 20, windows = 5, batch = 1024, pool = 16;
+  std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16", mode = "pipelined";
+  int steps = 20, windows = 5, batch = 1024, pool = 16, params_threads = 0;
   FlagSet flags("train_throughput_app", "Training-step throughput across towers x intra_op_threads.");
   flags.String("out", &out, "write the results as JSON here");
   flags.Int("steps", &steps, "steps per timed window");
@@ -50,9 +59,16 @@ int Main(int argc, char** argv) {
   flags.Int("pool", &pool, "distinct in-memory batches cycled through");
   flags.String("settings", &settings, "towers x intra_op_threads settings, e.g. 1x1,1x2,2x1");
   flags.String("precisions", &precisions, "f32, bf16 or both");
+  flags.Int("params_threads", &params_threads,
+            "threads of the in-process stores' pull/push (0 = towers x intra, 1 with --mode stale)");
+  flags.String("mode", &mode, "sync, pipelined or stale (see the top of the source)");
   if (auto s = flags.Parse(argc, argv, 1); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s%s\n", flags.Usage().c_str(), s.ok() ? "" : std::string(s.message()).c_str());
     return s.ok() ? 0 : 2;
+  }
+  if (mode != "sync" && mode != "pipelined" && mode != "stale") {
+    std::fprintf(stderr, "--mode must be sync, pipelined or stale, got '%s'\n", mode.c_str());
+    return 2;
   }
   const int cores = std::max(1u, std::thread::hardware_concurrency());
 
@@ -86,9 +102,13 @@ int Main(int argc, char** argv) {
       config.mutable_model()->set_precision(prec == "bf16" ? BF16 : F32);
       auto model = Model::Create(config.model(), spec->num_fields());
       if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
-      auto params = LocalParams::Create(**model, spec->total_rows(), config, T * I);
+      // stale: as RunTraining with train.async_local_updates (one thread for pulls and pushes).
+      const bool prefetch = mode == "stale";
+      const int pt = params_threads > 0 ? params_threads : prefetch ? 1 : T * I;
+      auto params = LocalParams::Create(**model, spec->total_rows(), config, pt);
       auto step = TrainStep::Create(**model, T, batch, I);
       if (!params.ok() || !step.ok()) return 1;
+      if (prefetch) (*params)->EnableBackgroundPush();
 
       // In-memory batches of T x batch rows from the datagen distribution.
       const std::vector<Batch> batches = DatagenBatches(*data, *spec, pool, T * batch);
@@ -97,6 +117,8 @@ int Main(int argc, char** argv) {
       topt.warmup_steps = std::max(5, pool);
       topt.windows = windows;
       topt.min_steps = steps;
+      topt.pipelined = mode != "sync";
+      topt.prefetch_pulls = prefetch;
       auto timing = TimeTrainSteps(step->get(), params->get(), CycleBatches(&batches), topt,
                                    &global_step);
       if (!timing.ok()) { std::fprintf(stderr, "%s\n", timing.status().ToString().c_str()); return 1; }
@@ -115,9 +137,9 @@ int Main(int argc, char** argv) {
                             p.reduce / elapsed, p.push / elapsed};
       r.unique_rows_per_step = timing->unique_rows_per_step;
       results.push_back(r);
-      std::printf("%-5s towers=%d intra=%d: %8.0f ex/s (%6.0f per core), %6.1f GFLOP/s = %.2f of peak;"
+      std::printf("%-5s %s towers=%d intra=%d: %8.0f ex/s (%6.0f per core), %6.1f GFLOP/s = %.2f of peak;"
                   " dedup %.0f%% pull %.0f%% towers %.0f%% reduce %.0f%% push %.0f%%\n",
-                  r.precision.c_str(), T, I, r.ex_per_sec, r.ex_per_sec / std::min(cores, T * I),
+                  r.precision.c_str(), mode.c_str(), T, I, r.ex_per_sec, r.ex_per_sec / std::min(cores, T * I),
                   r.model_gflops, r.model_gflops / r.peak_gflops,
                   100 * r.profile_fraction.dedup, 100 * r.profile_fraction.pull,
                   100 * r.profile_fraction.compute, 100 * r.profile_fraction.reduce,
@@ -152,7 +174,7 @@ int Main(int argc, char** argv) {
   json += "]";
   if (!out.empty()) {
     const std::string doc = JsonObject()
-                                .Add("cores", cores).Add("batch_per_tower", batch)
+                                .Add("cores", cores).Add("batch_per_tower", batch).Add("mode", mode)
                                 .Add("gemm_peak_f32_1thread", peak_f32_1).Add("gemm_peak_bf16_1thread", peak_bf16_1)
                                 .Add("gemm_peak_f32_all", peak_f32_all).Add("gemm_peak_bf16_all", peak_bf16_all)
                                 .AddRaw("results", json).str();

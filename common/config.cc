@@ -82,6 +82,13 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
   return ParseConfigText(ss.str(), path);
 }
 
+void ApplyConfigDefaults(Config* config) {
+  if (!config->has_dense_optimizer()) {
+    config->mutable_dense_optimizer()->set_type(ADAM);
+    config->mutable_dense_optimizer()->set_learning_rate(0.001f);
+  }
+}
+
 absl::Status ApplyOverride(absl::string_view assignment, Config* config) {
   const size_t eq = assignment.find('=');
   if (eq == absl::string_view::npos || eq == 0) {

@@ -25,6 +25,12 @@ absl::Status ApplyOverride(absl::string_view assignment, Config* config);
 // Errors name the offending field path, e.g. "model.embedding_dim: must be > 0, got -3".
 absl::Status ValidateConfig(const Config& config);
 
+// Fills the defaults a proto2 schema cannot state: an absent dense_optimizer becomes
+// { type: ADAM learning_rate: 0.001 } (OptimizerConfig's own defaults are the sparse side's).
+// BuildConfig (worker/cli.h) calls it after loading --config and before the --set overrides, so
+// `--set dense_optimizer.learning_rate=...` tunes that Adam.
+void ApplyConfigDefaults(Config* config);
+
 // Fills the 0 = "automatic" thread settings from the number of cores.
 void ResolveThreadDefaults(int cores, ThreadConfig* threads);
 

@@ -109,9 +109,9 @@ absl::StatusOr<std::vector<AllreduceParams::Header>> AllreduceParams::ExchangeHe
 
 absl::Status AllreduceParams::Push(absl::Span<const int64_t> ids, const float* row_grads,
                                    const float* dense_grad, int64_t step) {
-  const bool due = (opt_.checkpoint_every_steps > 0 && step % opt_.checkpoint_every_steps == 0) ||
-                   (rank_ == 0 && opt_.checkpoint_every_seconds > 0 &&
-                    Now() - last_checkpoint_time_ >= opt_.checkpoint_every_seconds);
+  // The step schedule needs no agreement (ScheduledAt); rank 0's clock does.
+  const bool due = rank_ == 0 && opt_.checkpoint_every_seconds > 0 &&
+                   Now() - last_checkpoint_time_ >= opt_.checkpoint_every_seconds;
   ASSIGN_OR_RETURN(std::vector<Header> all,
                    ExchangeHeaders(kStep, step, static_cast<int64_t>(ids.size()), due));
   for (int r = 0; r < size_; ++r) {

@@ -16,9 +16,10 @@
 // From the headers every rank draws the same conclusions:
 //   - a SIGTERM seen by any rank raises agreed_stop() on every rank after the same step (pass it
 //     to RunTraining as TrainerOptions::stop, and the process's own signal flag as local_stop);
-//   - a checkpoint due by the schedule (every_steps, or every_seconds by rank 0's clock) makes
-//     TakeCheckpointRequest() return true on every rank at the same step boundary (the trainer's
-//     own chief-only schedule must be switched off: checkpoint.every_* = 0 in its config);
+//   - a checkpoint due by rank 0's clock (every_seconds) makes TakeCheckpointRequest() return
+//     true on every rank at the same step boundary; every_steps needs no agreement (ScheduledAt).
+//     The trainer's own chief-only schedule must be switched off (checkpoint.every_* = 0 in its
+//     config);
 //   - a rank whose data ran out (the trainer's final Save) keeps taking part in the other ranks'
 //     steps with empty gradients ("join", as Horovod's hvd.join) until every rank has finished;
 //     the final checkpoint is then written by all of them together.
@@ -92,6 +93,9 @@ class AllreduceParams : public ParameterAccess {
   absl::StatusOr<std::string> Save(const WorkerState& state, bool final);
   // True (once) at the step boundary where every rank is due to checkpoint.
   bool TakeCheckpointRequest();
+  bool ScheduledAt(int64_t step) const {
+    return opt_.checkpoint_every_steps > 0 && step % opt_.checkpoint_every_steps == 0;
+  }
 
   // Raised on every rank after the same step once any rank's local_stop was set.
   const std::atomic<bool>* agreed_stop() const { return &agreed_stop_; }
@@ -146,7 +150,12 @@ class AllreduceCheckpointer : public Checkpointer {
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return params_->Restore(state);
   }
-  bool Requested(int64_t /*step*/) override { return params_->TakeCheckpointRequest(); }
+  // Asked before step `step` trains, for the boundary after it: the step schedule is known to
+  // every rank in advance; a timed checkpoint is agreed in a step's header and served one
+  // boundary later, the same one on every rank.
+  bool Requested(int64_t step) override {
+    return params_->TakeCheckpointRequest() || params_->ScheduledAt(step);
+  }
   absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override {
     return params_->Save(state, final);
   }

@@ -27,6 +27,7 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
     ASSIGN_OR_RETURN(Config part, LoadConfigFile(path));
     config.MergeFrom(part);
   }
+  ApplyConfigDefaults(&config);
   DataFormat format = FORMAT_UNSPECIFIED;
   if (!flags.format.empty()) {
     ASSIGN_OR_RETURN(format, ParseDataFormat(flags.format));

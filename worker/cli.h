@@ -26,7 +26,8 @@ struct TrainingFlags {
 
 void AddTrainingFlags(FlagSet* flags, TrainingFlags* out);
 
-// Builds the effective config: the --config files merged in order (or the schema defaults), then --train/--eval/
+// Builds the effective config: the --config files merged in order (or the schema defaults), then
+// ApplyConfigDefaults (common/config.h: Adam for an absent dense_optimizer), then --train/--eval/
 // --format/--model_dir/--epochs, then each --set in order; then validates it.
 absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags);
 

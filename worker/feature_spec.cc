@@ -1,5 +1,6 @@
 #include "worker/feature_spec.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,7 @@ absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
       fs.set_name(absl::StrCat("I", i));
       fs.set_kind(NUMERIC);
       fs.set_numeric_mode(config.numeric_mode());
+      fs.set_numeric_transform(config.numeric_transform());
       fs.set_vocab_size(config.numeric_vocab_size());
       specs.push_back(fs);
     }
@@ -67,6 +69,7 @@ absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
     f.name = fs.name();
     f.kind = fs.kind();
     f.numeric_mode = fs.numeric_mode();
+    f.numeric_transform = fs.numeric_transform();
     const bool dense = f.kind == NUMERIC && f.numeric_mode == DENSE;
     f.rows = dense ? 2 : fs.vocab_size();
     if (f.rows < 2) {
@@ -115,7 +118,8 @@ void FeatureSpec::EncodeOne(int fi, bool present, uint64_t key, double value, in
     *scale = static_cast<float>(value);
   } else if (f.numeric_mode == DENSE) {
     *row = static_cast<int64_t>(f.offset + 1);
-    *scale = static_cast<float>(value);
+    *scale = static_cast<float>(f.numeric_transform == LOG1P ? std::log1p(std::max(value, 0.0))
+                                                             : value);
   } else {
     const uint64_t b = static_cast<uint64_t>(LogSquaredBucket(value));
     *row = static_cast<int64_t>(f.offset + 1 + Reduce(HashKey(b, f.seed), f.rows - 1));

@@ -19,7 +19,8 @@ namespace pstrain {
 //   NUMERIC, BUCKET:      b = floor(ln(x)^2) if x > 2 else trunc(x);
 //                         row = 1 + Reduce(HashKey(uint64(b), seed_f), rows(f) - 1), scale = 1
 // where Reduce(h, n) = (h * n) >> 64 in 128-bit arithmetic maps a hash onto [0, n).
-//   NUMERIC, DENSE:       row = 1, scale = x
+//   NUMERIC, DENSE:       row = 1, scale = log1p(max(x, 0)) (numeric_transform LOG1P, the
+//                         default) or x (NO_TRANSFORM)
 //   missing (any kind):   row = 0, scale = 1
 class FeatureSpec {
  public:
@@ -27,6 +28,7 @@ class FeatureSpec {
     std::string name;
     FieldKind kind = CATEGORICAL;
     NumericMode numeric_mode = LOG_SQUARED_BUCKET;
+    NumericTransform numeric_transform = LOG1P;  // DENSE fields only
     uint64_t rows = 0;    // rows of this field's slice (>= 2)
     uint64_t offset = 0;  // first global row
     uint64_t seed = 0;    // per-field hash seed

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -46,6 +47,55 @@ absl::Status LocalParams::Push(absl::Span<const int64_t> ids, const float* row_g
   RETURN_IF_ERROR(rows_->Apply(ids, row_grads, step));
   dense_->Apply(dense_grad, step);
   return absl::OkStatus();
+}
+
+ParamsOp LocalParams::StartPush(absl::Span<const int64_t> ids, const float* row_grads,
+                               const float* dense_grad, int64_t step) {
+  if (!background_.joinable()) return ParamsOp(Push(ids, row_grads, dense_grad, step));
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(+[](bool* q) { return !*q; }, &queued_));
+  bg_ids_.assign(ids.begin(), ids.end());
+  bg_rows_.assign(row_grads, row_grads + ids.size() * row_dim());
+  bg_dense_.assign(dense_grad, dense_grad + dense_size());
+  bg_step_ = step;
+  queued_ = true;
+  return ParamsOp([this]() {
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(+[](bool* q) { return !*q; }, &queued_));
+    return bg_status_;
+  });
+}
+
+void LocalParams::EnableBackgroundPush() {
+  PSTRAIN_CHECK(!background_.joinable()) << "EnableBackgroundPush called twice";
+  background_ = std::thread(&LocalParams::BackgroundLoop, this);
+}
+
+void LocalParams::BackgroundLoop() {
+  while (true) {
+    int64_t step;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(
+          +[](LocalParams* p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->queued_ || p->stop_; },
+          this));
+      if (!queued_) return;  // stopped with nothing to apply
+      step = bg_step_;
+    }
+    absl::Status s = Push(bg_ids_, bg_rows_.data(), bg_dense_.data(), step);
+    absl::MutexLock l(&mu_);
+    bg_status_ = std::move(s);
+    queued_ = false;
+  }
+}
+
+LocalParams::~LocalParams() {
+  if (!background_.joinable()) return;
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  background_.join();
 }
 
 }  // namespace pstrain

@@ -4,11 +4,37 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
 namespace pstrain {
+
+// Completion of an asynchronous ParameterAccess call (StartPull / StartPush). Not thread-safe:
+// one thread waits on it. A default-constructed op is complete and OK.
+class ParamsOp {
+ public:
+  ParamsOp() = default;
+  // An op that already finished with `status`.
+  explicit ParamsOp(absl::Status status) : status_(std::move(status)) {}
+  // An op in flight: `wait` blocks until it finished and returns its status; it runs once.
+  explicit ParamsOp(std::function<absl::Status()> wait) : wait_(std::move(wait)) {}
+
+  // Blocks until the call finished; returns its status (the same status on later calls).
+  absl::Status Wait() {
+    if (wait_) {
+      status_ = wait_();
+      wait_ = nullptr;
+    }
+    return status_;
+  }
+
+ private:
+  std::function<absl::Status()> wait_;
+  absl::Status status_;
+};
 
 // Implementations are thread-safe: the evaluator pulls while the trainer pushes.
 class ParameterAccess {
@@ -25,6 +51,21 @@ class ParameterAccess {
   // unique `ids`, dense_grad[dense_size]. `step` is the 1-based global step.
   virtual absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads,
                             const float* dense_grad, int64_t step) = 0;
+
+  // Asynchronous Pull, for pipelining: `ids` are read before return; rows and dense must stay
+  // valid until the op's Wait returned. The default runs Pull before returning, so an
+  // implementation with only synchronous calls keeps read-after-write order.
+  virtual ParamsOp StartPull(absl::Span<const int64_t> ids, float* rows, float* dense) {
+    return ParamsOp(Pull(ids, rows, dense));
+  }
+
+  // Asynchronous Push: ids and gradients are copied or applied before return (the caller may
+  // reuse its buffers at once). A pull started after the op's Wait returned sees the update; a
+  // pull started while it is in flight may or may not. The default runs Push before returning.
+  virtual ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
+                             const float* dense_grad, int64_t step) {
+    return ParamsOp(Push(ids, row_grads, dense_grad, step));
+  }
 };
 
 }  // namespace pstrain

@@ -65,9 +65,10 @@ absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* 
 bool PsCheckpointer::lockstep() const { return opt_.consistency != ASYNC; }
 
 int64_t PsCheckpointer::TargetAfter(int64_t step) const {
-  // Every worker must still be able to reach the target without anyone paused, and must reach
-  // its check at the target only after the request (docs/CHECKPOINT.md "BOUNDED and SYNC").
-  return step + 2 + (opt_.consistency == BOUNDED ? opt_.staleness : 0);
+  // Every worker must still be able to reach the target without anyone paused, and must make
+  // its check for the target (before training the target step, so that it does not read ahead)
+  // only after the request (docs/CHECKPOINT.md "BOUNDED and SYNC").
+  return step + 3 + (opt_.consistency == BOUNDED ? opt_.staleness : 0);
 }
 
 absl::StatusOr<InfoResponse> PsCheckpointer::OpenRound() {

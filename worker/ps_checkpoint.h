@@ -13,9 +13,11 @@
 //   4. a worker of a stopping round waits until the checkpoint is written, then the job ends.
 // With BOUNDED and SYNC, a worker paused in a round would make the others wait for its pushes, so
 // every worker arrives at one common step: the round's target, set by the first request to
-// (requester's step) + 2 (+ staleness with BOUNDED). That is the first step every worker can
-// reach without anyone paused, and each worker checks for a round by RPC at every step, so no
-// worker runs past it. A stop signal then trains on until the target (StopStep).
+// (requester's step) + 3 (+ staleness with BOUNDED). Every worker can reach it without anyone
+// paused, and each worker asks for a round by RPC before it trains each step (so that it does not
+// read ahead past the target): a worker about to train the target step has pulled the step
+// before it, which needed the requester's push after its request, so it sees the round. A stop
+// signal makes the worker train on to the target (StopStep).
 // The checkpoint is named ckpt-<step> with step = the sum of the workers' steps (TF's
 // global_step in asynchronous training: one per applied update).
 //

@@ -132,6 +132,16 @@ class PsClient final : public ParameterAccess {
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
   absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
                     int64_t step) override;
+  // ParameterAccess's asynchronous calls (the trainer's pipelining): PullAsync / PushAsync.
+  ParamsOp StartPull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    std::shared_ptr<PsFuture> f = PullAsync(ids, rows, dense);
+    return ParamsOp([f] { return f->Wait(); });
+  }
+  ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
+                     const float* dense_grad, int64_t step) override {
+    std::shared_ptr<PsFuture> f = PushAsync(ids, row_grads, dense_grad, step);
+    return ParamsOp([f] { return f->Wait(); });
+  }
 
   // Starts pulling rows `ids` (in [0, V); unique, though repeats work) into rows[n x row_dim],
   // and, if dense is not null, the dense vector into dense[dense_size]. `ids` is copied before

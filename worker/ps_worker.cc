@@ -69,6 +69,9 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   opts.cores = o.cores;
   opts.stop = o.stop;
   opts.params = client.get();
+  // Pulls of the next batch while this one computes: ASYNC only (BOUNDED / SYNC hold pulls).
+  opts.prefetch_pulls =
+      config.cluster().consistency() == ASYNC && config.cluster().prefetch_pulls();
   opts.checkpointer = &checkpointer;
   opts.worker_index = me;
   opts.num_workers = N;

@@ -14,14 +14,27 @@
 
 namespace pstrain {
 
-ShardRpc::ShardRpc(const std::string& address)
-    : stub_(ParameterServer::NewStub(
-          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
-      address_(address) {}
+namespace {
+
+std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // Worker states carry the data pipeline's held records (a window shuffle buffer): megabytes.
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+ShardRpc::ShardRpc(const std::string& address, absl::Duration rpc_budget)
+    : stub_(ParameterServer::NewStub(ControlChannel(address))),
+      address_(address),
+      rpc_budget_(rpc_budget) {}
 
 template <typename F>
 absl::Status ShardRpc::Call(absl::Duration timeout, absl::Duration attempt, F f) {
-  const absl::Time end = absl::Now() + timeout;
+  // A WRITE's single attempt may take as long as the caller allows (it writes a whole file).
+  const absl::Time end = absl::Now() + (attempt >= timeout ? timeout : std::min(timeout, rpc_budget_));
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
     grpc::ClientContext ctx;

@@ -3,10 +3,13 @@
 // (Pull/Push) goes through PsClient instead. The waits on shard 0's job state are polls (the
 // shard never holds a call open).
 //
-// Every call has an overall `timeout`; each attempt has a deadline of at most 10 s (longer for
-// SaveShard WRITE, which writes a file), waits for the channel to be ready, and UNAVAILABLE /
-// DEADLINE_EXCEEDED are retried with exponential backoff (100 ms .. 2 s) until the timeout.
-// Errors name the shard's address. Thread-safe.
+// Every call has an overall `timeout`, capped by the `rpc_budget` of the constructor (a dead
+// shard must fail a call in that time, whatever the caller is prepared to wait for the others);
+// each attempt has a deadline of at most 10 s (longer for SaveShard WRITE, which writes a file),
+// waits for the channel to be ready, and UNAVAILABLE / DEADLINE_EXCEEDED are retried with
+// exponential backoff (100 ms .. 2 s) until then. The polls (PollInfo, WaitFor*) run for their
+// whole timeout, each call within the budget. Messages have no size limit (worker states hold
+// the pipeline's buffered records). Errors name the shard's address. Thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -26,7 +29,7 @@ namespace pstrain {
 
 class ShardRpc {
  public:
-  explicit ShardRpc(const std::string& address);
+  explicit ShardRpc(const std::string& address, absl::Duration rpc_budget = absl::Seconds(30));
 
   absl::StatusOr<InfoResponse> Info(absl::Duration timeout);
   absl::Status Report(const ReportRequest& request, absl::Duration timeout);
@@ -55,6 +58,7 @@ class ShardRpc {
 
   std::unique_ptr<ParameterServer::Stub> stub_;
   const std::string address_;
+  const absl::Duration rpc_budget_;
 };
 
 // ---- implementation of the template ----

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/status.h"
+
 namespace pstrain {
 namespace {
 
@@ -39,16 +41,38 @@ absl::StatusOr<StepTiming> TimeTrainSteps(TrainStep* step, ParameterAccess* para
                                           const NextBatchFn& next,
                                           const StepTimingOptions& options, int64_t* global_step) {
   int64_t unique = 0;
-  auto run_one = [&]() -> absl::StatusOr<int> {
-    absl::StatusOr<const Batch*> b = next();
-    if (!b.ok()) return b.status();
-    absl::StatusOr<StepResult> r = step->Run(**b, ++*global_step, params);
+  // Pipelined: the batch staged for the next step, if any (staged across the steps of a window).
+  bool staged = false;
+  const Batch* staged_batch = nullptr;
+  // Runs one step; `last` ends a window (no read-ahead, everything flushed).
+  auto run_one = [&](bool last) -> absl::StatusOr<int> {
+    if (!options.pipelined) {
+      absl::StatusOr<const Batch*> b = next();
+      if (!b.ok()) return b.status();
+      absl::StatusOr<StepResult> r = step->Run(**b, ++*global_step, params);
+      if (!r.ok()) return r.status();
+      unique += r->unique_rows;
+      return r->examples;
+    }
+    if (!staged) {
+      ASSIGN_OR_RETURN(staged_batch, next());
+      RETURN_IF_ERROR(step->Stage(*staged_batch, params, options.prefetch_pulls));
+    }
+    staged = false;
+    absl::StatusOr<StepResult> r = step->Train(++*global_step, params, [&]() -> absl::Status {
+      if (last) return absl::OkStatus();
+      ASSIGN_OR_RETURN(staged_batch, next());
+      RETURN_IF_ERROR(step->Stage(*staged_batch, params, options.prefetch_pulls));
+      staged = true;
+      return absl::OkStatus();
+    });
     if (!r.ok()) return r.status();
+    if (last) RETURN_IF_ERROR(step->Flush());
     unique += r->unique_rows;
     return r->examples;
   };
   for (int i = 0; i < options.warmup_steps; ++i) {
-    if (auto r = run_one(); !r.ok()) return r.status();
+    if (auto r = run_one(i + 1 == options.warmup_steps); !r.ok()) return r.status();
   }
   unique = 0;
   const StepProfile before = step->profile();
@@ -59,11 +83,15 @@ absl::StatusOr<StepTiming> TimeTrainSteps(TrainStep* step, ParameterAccess* para
     int64_t examples = 0, steps = 0;
     double elapsed = 0;
     while (steps < options.min_steps || elapsed < options.min_seconds) {
-      absl::StatusOr<int> n = run_one();
+      // Whether this step ends the window is known by count only; a window that also needs
+      // min_seconds ends at the first step after both, flushing then.
+      const bool last = steps + 1 >= options.min_steps && Now() - s >= options.min_seconds;
+      absl::StatusOr<int> n = run_one(last);
       if (!n.ok()) return n.status();
       examples += *n;
       ++steps;
       elapsed = Now() - s;
+      if (last) break;
     }
     t.window_examples_per_sec.push_back(examples / elapsed);
     t.steps += steps;

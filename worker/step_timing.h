@@ -32,6 +32,11 @@ struct StepTimingOptions {
   int windows = 5;               // timed windows; the median is reported
   int min_steps = 1;             // each window runs at least this many steps ...
   double min_seconds = 0;        // ... and at least this long
+  // The trainer's pipelined step (TrainStep Stage/Train/Flush: the next batch is read, deduped
+  // and, with prefetch_pulls, pulled while the current one computes) instead of TrainStep::Run.
+  // Each window ends flushed.
+  bool pipelined = false;
+  bool prefetch_pulls = false;
 };
 
 struct StepTiming {

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include "common/logging.h"
+
 namespace pstrain {
 
 absl::StatusOr<std::unique_ptr<TowerPool>> TowerPool::Create(const Model& model, int towers,
@@ -68,11 +70,21 @@ void TowerPool::Loop(int t, const Model* model, int max_batch, int intra) {
 }
 
 absl::Status TowerPool::RunAll(const std::function<absl::Status(int, Tower*)>& fn) {
+  Start(fn);
+  return Wait();
+}
+
+void TowerPool::Start(const std::function<absl::Status(int, Tower*)>& fn) {
   absl::MutexLock l(&mu_);
+  PSTRAIN_CHECK(fn_ == nullptr) << "TowerPool::Start while towers are running";
   fn_ = &fn;
   pending_ = size();
   ++generation_;
   work_cv_.SignalAll();
+}
+
+absl::Status TowerPool::Wait() {
+  absl::MutexLock l(&mu_);
   while (pending_ > 0) done_cv_.Wait(&mu_);
   fn_ = nullptr;
   for (const auto& s : results_) {

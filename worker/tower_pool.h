@@ -33,6 +33,12 @@ class TowerPool {
   // error any tower returned.
   absl::Status RunAll(const std::function<absl::Status(int, Tower*)>& fn);
 
+  // RunAll in two halves, so that the caller can work while the towers run: Start returns at
+  // once; Wait waits for every tower and returns the first error. `fn` must stay valid until
+  // Wait returns, and every Start must be followed by one Wait before the next Start / RunAll.
+  void Start(const std::function<absl::Status(int, Tower*)>& fn);
+  absl::Status Wait();
+
  private:
   TowerPool() = default;
   void Loop(int t, const Model* model, int max_batch, int intra);

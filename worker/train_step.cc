@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
@@ -22,44 +21,84 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(const Model& model,
                                                              int intra_op_threads) {
   ASSIGN_OR_RETURN(auto pool, TowerPool::Create(model, towers, batch_per_tower, intra_op_threads));
   std::unique_ptr<TrainStep> s(
-      new TrainStep(model, std::move(pool), batch_per_tower, towers * intra_op_threads));
+      new TrainStep(model, std::move(pool), batch_per_tower, intra_op_threads));
   s->row_grads_.resize(towers);
   s->dense_grads_.resize(towers);
   s->losses_.resize(towers);
   return s;
 }
 
-absl::StatusOr<StepResult> TrainStep::Run(const Batch& batch, int64_t step,
-                                          ParameterAccess* params) {
+absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool start_pull) {
+  if (staged_count_ == 2) {
+    return absl::FailedPreconditionError("TrainStep::Stage: two batches are staged already");
+  }
+  if (batch.size > 0 && batch.num_fields != model_.num_fields()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.num_fields,
+                                                   " fields, the model expects ",
+                                                   model_.num_fields()));
+  }
+  if (batch.size > towers() * batch_per_tower_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size, " examples exceeds ",
+                                                   towers(), " towers x ", batch_per_tower_));
+  }
+  const double t0 = Now();
+  Staged& s = staged_[(head_ + staged_count_) % 2];
+  s.batch = &batch;
+  dedup_.Run(batch.ids, &s.unique, &s.slots);
+  s.rows.resize(s.unique.size() * model_.row_dim());
+  s.dense.resize(model_.dense_size());
+  s.pull_started = start_pull && batch.size > 0;
+  if (s.pull_started) {
+    // Every push but the one of the step computing now: a fixed staleness of one step.
+    RETURN_IF_ERROR(push_.Wait());
+    s.pull = params->StartPull(s.unique, s.rows.data(), s.dense.data());
+  }
+  ++staged_count_;
+  profile_.dedup += Now() - t0;
+  return absl::OkStatus();
+}
+
+absl::Status TrainStep::Flush() {
+  const double t0 = Now();
+  absl::Status s = push_.Wait();
+  push_ = ParamsOp();
+  profile_.push += Now() - t0;
+  return s;
+}
+
+absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* params,
+                                            const std::function<absl::Status()>& overlap) {
+  if (staged_count_ == 0) {
+    return absl::FailedPreconditionError("TrainStep::Train: no batch staged");
+  }
+  Staged& st = staged_[head_];
+  head_ = (head_ + 1) % 2;
+  --staged_count_;
+  const Batch& batch = *st.batch;
   const int T = towers();
   const int F = batch.num_fields;
   const int n = batch.size;
-  if (n == 0) return StepResult{};
-  if (F != model_.num_fields()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch has ", F, " fields, the model expects ", model_.num_fields()));
-  }
-  if (n > T * batch_per_tower_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " examples exceeds ", T,
-                                                   " towers x ", batch_per_tower_));
+  if (n == 0) {
+    if (overlap) RETURN_IF_ERROR(overlap());
+    return StepResult{};
   }
   const int D = model_.row_dim();
   const int64_t dsz = model_.dense_size();
+  const int64_t U = static_cast<int64_t>(st.unique.size());
 
   double t0 = Now();
-  dedup_.Run(batch.ids, &unique_, &slots_);
-  const int64_t U = static_cast<int64_t>(unique_.size());
+  if (!st.pull_started) {
+    RETURN_IF_ERROR(Flush());  // read-after-write: the pull sees every earlier push
+    t0 = Now();
+    st.pull = params->StartPull(st.unique, st.rows.data(), st.dense.data());
+  }
+  RETURN_IF_ERROR(st.pull.Wait());
   double t1 = Now();
-  profile_.dedup += t1 - t0;
-
-  rows_.resize(U * D);
-  dense_.resize(dsz);
-  RETURN_IF_ERROR(params->Pull(unique_, rows_.data(), dense_.data()));
-  double t2 = Now();
-  profile_.pull += t2 - t1;
+  profile_.pull += t1 - t0;
 
   // Split n examples over the towers as evenly as possible (a short last batch stays balanced).
-  absl::Status s = pool_->RunAll([&](int t, Tower* tower) -> absl::Status {
+  using TowerFn = std::function<absl::Status(int, Tower*)>;
+  const TowerFn compute = [&](int t, Tower* tower) -> absl::Status {
     int64_t b, e;
     Balance211(n, T, t, &b, &e);
     auto& rg = row_grads_[t];
@@ -70,25 +109,31 @@ absl::StatusOr<StepResult> TrainStep::Run(const Batch& batch, int64_t step,
     if (b == e) return absl::OkStatus();
     Tower::Input in;
     in.n = static_cast<int>(e - b);
-    in.slots = slots_.data() + b * F;
+    in.slots = st.slots.data() + b * F;
     in.scales = batch.values.data() + b * F;
     in.labels = batch.labels.data() + b;
-    in.rows = rows_.data();
-    in.dense = dense_.data();
+    in.rows = st.rows.data();
+    in.dense = st.dense.data();
     ASSIGN_OR_RETURN(losses_[t], tower->ForwardBackward(in, rg.data(), dg.data(), nullptr));
     return absl::OkStatus();
-  });
-  RETURN_IF_ERROR(s);
-  double t3 = Now();
-  profile_.compute += t3 - t2;
+  };
+  pool_->Start(compute);
+  const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
+  RETURN_IF_ERROR(pool_->Wait());
+  RETURN_IF_ERROR(overlap_status);
+  double t2 = Now();
+  profile_.compute += t2 - t1;
 
-  // Sum the tower gradients into tower 0's buffers and average over the batch.
+  // Sum the tower gradients into tower 0's buffers and average over the batch, on the trainer
+  // thread's team of T x I threads. (Each tower thread summing its own slice measured about 2x
+  // slower on the loaded 2-core machine, docs/PERFORMANCE.md: waking the tower threads again
+  // costs more than the sum.)
   const float scale = 1.0f / static_cast<float>(n);
   auto reduce = [&](std::vector<std::vector<float>>& bufs, int64_t len) {
-    ParallelFor(len, threads_, [&](int, int, int64_t b, int64_t e) {
+    ParallelFor(len, T * intra_, [&](int, int, int64_t b, int64_t e) {
       float* out = bufs[0].data();
-      for (int t = 1; t < T; ++t) {
-        const float* in = bufs[t].data();
+      for (int u = 1; u < T; ++u) {
+        const float* in = bufs[u].data();
         for (int64_t i = b; i < e; ++i) out[i] += in[i];
       }
       for (int64_t i = b; i < e; ++i) out[i] *= scale;
@@ -96,16 +141,27 @@ absl::StatusOr<StepResult> TrainStep::Run(const Batch& batch, int64_t step,
   };
   reduce(row_grads_, U * D);
   reduce(dense_grads_, dsz);
-  double t4 = Now();
-  profile_.reduce += t4 - t3;
+  double t3 = Now();
+  profile_.reduce += t3 - t2;
 
-  RETURN_IF_ERROR(params->Push(unique_, row_grads_[0].data(), dense_grads_[0].data(), step));
-  profile_.push += Now() - t4;
+  // The previous push must have been accepted before this one starts (one push in flight from
+  // here; the ParameterAccess may keep more in its own queue).
+  RETURN_IF_ERROR(push_.Wait());
+  push_ = params->StartPush(st.unique, row_grads_[0].data(), dense_grads_[0].data(), step);
+  profile_.push += Now() - t3;
 
   StepResult r;
   for (double l : losses_) r.loss_sum += l;
   r.examples = n;
   r.unique_rows = U;
+  return r;
+}
+
+absl::StatusOr<StepResult> TrainStep::Run(const Batch& batch, int64_t step,
+                                          ParameterAccess* params) {
+  RETURN_IF_ERROR(Stage(batch, params, /*start_pull=*/false));
+  ASSIGN_OR_RETURN(StepResult r, Train(step, params));
+  RETURN_IF_ERROR(Flush());
   return r;
 }
 

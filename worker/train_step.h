@@ -1,9 +1,26 @@
-// One synchronous training step over T towers: dedup ids, pull the unique rows and the dense
-// vector, forward/backward each tower's slice, sum the tower gradients into one update (the
-// tower method: effective batch = the whole batch), average, push.
+// One training step over T towers: dedup ids, pull the unique rows and the dense vector,
+// forward/backward each tower's slice, sum the tower gradients into one update (the tower
+// method: effective batch = the whole batch), average, push.
+//
+// Pipelining. A step is split so that the trainer can overlap its parts:
+//   Stage(batch t+1)  dedups the batch's ids and, if asked, starts its pull (StartPull) once
+//                     the push of step t-1 has completed;
+//   Train(step t)     trains the oldest staged batch: waits for its pull (starting it first,
+//                     after the previous push completed, when Stage did not), starts the towers,
+//                     runs `overlap` on the calling thread while they compute (the trainer reads
+//                     and stages batch t+1 there), sums and averages the tower gradients (an
+//                     OpenMP team of T x I threads), then starts the push (StartPush) after
+//                     waiting for the previous one;
+//   Flush()           waits for the last push (checkpoints, the end of training, evaluation).
+// With a synchronous ParameterAccess (LocalParams) and pulls not started by Stage, every pull
+// follows the previous push: results are exactly those of Run in a loop. A pull started by
+// Stage(t+1) before Train(t) pushed sees every update of this worker up to step t-1 but not step
+// t's: asynchronous SGD with a staleness of exactly one step from this worker's own updates
+// (deterministic in one process; other workers' updates arrive whenever they do).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -22,22 +39,38 @@ struct StepResult {
   int64_t unique_rows = 0;
 };
 
-// Time spent in each phase, accumulated over steps (seconds), for profiles.
+// Time spent in each phase, accumulated over steps (seconds), for profiles. `compute` is the
+// towers' wall time, including the `overlap` work the trainer does meanwhile; `dedup` is counted
+// in Stage even when it overlaps the towers; `pull` and `push` are the time the trainer thread
+// waited for (or ran) them; `reduce` is the gradient sum.
 struct StepProfile {
   double dedup = 0, pull = 0, compute = 0, reduce = 0, push = 0;
 };
 
-// Not thread-safe: one trainer thread calls Run.
+// Not thread-safe: one trainer thread calls Stage / Train / Flush / Run.
 class TrainStep {
  public:
-  // `threads` is the total number of cores the step may use for its serial parts (dedup is
-  // serial; the gradient reduction uses ParallelFor with this many threads).
   static absl::StatusOr<std::unique_ptr<TrainStep>> Create(const Model& model, int towers,
                                                            int batch_per_tower,
                                                            int intra_op_threads);
 
-  // Trains on `batch` (up to towers x batch_per_tower examples; a shorter last batch is split
-  // evenly). `step` is the 1-based global step passed to the optimizers.
+  // Stages `batch` (up to towers x batch_per_tower examples, with the model's field count): its
+  // ids are deduplicated now and, if `start_pull`, its pull is started. At most two batches are
+  // staged at once (the one Train trains next and the one after it). `batch` must stay unchanged
+  // until its Train returned.
+  absl::Status Stage(const Batch& batch, ParameterAccess* params, bool start_pull);
+
+  // Trains the oldest staged batch (see the top of this file); `step` is the 1-based global step
+  // passed to the optimizers. `overlap`, if set, runs on the calling thread while the towers
+  // compute; its error is returned after they finished. FAILED_PRECONDITION when nothing is
+  // staged. A shorter batch is split evenly over the towers.
+  absl::StatusOr<StepResult> Train(int64_t step, ParameterAccess* params,
+                                   const std::function<absl::Status()>& overlap = nullptr);
+
+  // Waits for the last push started by Train; returns its error, if any.
+  absl::Status Flush();
+
+  // Synchronous step: Stage(batch, params, false), Train, Flush.
   absl::StatusOr<StepResult> Run(const Batch& batch, int64_t step, ParameterAccess* params);
 
   const StepProfile& profile() const { return profile_; }
@@ -45,17 +78,28 @@ class TrainStep {
   int batch_per_tower() const { return batch_per_tower_; }
 
  private:
-  TrainStep(const Model& model, std::unique_ptr<TowerPool> pool, int batch_per_tower, int threads)
-      : model_(model), pool_(std::move(pool)), batch_per_tower_(batch_per_tower), threads_(threads) {}
+  // A staged batch: its ids deduplicated, and the buffers its pull fills.
+  struct Staged {
+    const Batch* batch = nullptr;
+    std::vector<int64_t> unique;
+    std::vector<int32_t> slots;
+    std::vector<float> rows, dense;
+    bool pull_started = false;
+    ParamsOp pull;
+  };
+
+  TrainStep(const Model& model, std::unique_ptr<TowerPool> pool, int batch_per_tower, int intra)
+      : model_(model), pool_(std::move(pool)), batch_per_tower_(batch_per_tower), intra_(intra) {}
 
   const Model& model_;
   std::unique_ptr<TowerPool> pool_;
   int batch_per_tower_;
-  int threads_;
+  int intra_;
   Deduper dedup_;
-  std::vector<int64_t> unique_;
-  std::vector<int32_t> slots_;
-  std::vector<float> rows_, dense_;
+  Staged staged_[2];
+  int head_ = 0;    // staged_[head_] is trained next
+  int staged_count_ = 0;
+  ParamsOp push_;  // the last push started
   std::vector<std::vector<float>> row_grads_, dense_grads_;  // per tower
   std::vector<double> losses_;
   StepProfile profile_;

@@ -81,12 +81,18 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
   // Local parameters (with checkpoints) unless the caller brings its own.
+  const bool async_local = opts.params == nullptr && config.train().async_local_updates();
+  const bool prefetch_pulls = opts.prefetch_pulls || async_local;
   std::unique_ptr<LocalParams> local;
   std::unique_ptr<LocalCheckpointer> local_checkpointer;
   ParameterAccess* params = opts.params;
   Checkpointer* checkpointer = opts.checkpointer;
   if (params == nullptr) {
-    ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config, T * I));
+    // Asynchronous updates keep the optimizer and the gather off the towers' cores' OpenMP
+    // teams: one thread each, overlapping the towers.
+    ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config,
+                                                async_local ? 1 : T * I));
+    if (async_local) local->EnableBackgroundPush();
     params = local.get();
     local_checkpointer = std::make_unique<LocalCheckpointer>(ckpt_dir, local.get(),
                                                              config.checkpoint().keep());
@@ -147,8 +153,11 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     }
     return absl::OkStatus();
   };
+  // Every push is complete and the pipeline's position is right after the last trained batch
+  // (the loop below never holds a read-ahead batch when it checkpoints).
   auto checkpoint = [&](bool final) -> absl::Status {
     if (checkpointer == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(step_runner->Flush());
     WorkerState ws;
     ws.set_step(step);
     ws.set_examples(examples);
@@ -159,31 +168,87 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     return absl::OkStatus();
   };
 
-  Batch batch;
+  // Pipelined loop (worker/train_step.h): while the towers compute step t, this thread reads
+  // batch t+1 from the pipeline, dedups it and, with prefetch_pulls, starts its pull. A step
+  // boundary where a checkpoint or a stop must happen has no read-ahead batch: the step before
+  // it does not read ahead when that is known in advance (max_steps, the checkpoint schedule),
+  // and a stop or checkpoint request that arrives while a batch is read ahead is served after
+  // that batch is trained.
+  Batch batches[2];
+  int64_t batch_epoch[2] = {0, 0};
+  int cur = 0;               // batches[cur] is trained next
+  bool staged = false;       // batches[cur] is read and staged (a read-ahead batch)
+  bool input_done = false;   // the pipeline has no more batches
+  bool serve_request = false;  // a checkpoint is wanted at the next boundary without read-ahead
+  bool stop_seen = false;
+  // Reads the next non-empty batch into *b; false at the end of the input.
+  auto read = [&](Batch* b, int64_t* ep) -> absl::StatusOr<bool> {
+    while (true) {
+      ASSIGN_OR_RETURN(bool more, pipeline->Next(b, ep));
+      if (!more || b->size > 0) return more;
+    }
+  };
+  auto stopped = [&]() { return opts.stop != nullptr && opts.stop->load(); };
   while (max_steps == 0 || step < max_steps) {
-    if (opts.stop != nullptr && opts.stop->load()) {
-      int64_t stop_at = step;
-      if (checkpointer != nullptr) {
-        ASSIGN_OR_RETURN(stop_at, checkpointer->StopStep(step));
+    const bool stop = stopped();
+    stop_seen = stop_seen || stop;
+    if (!staged) {
+      if (stop) {
+        // A synchronous job stops at one common step: train on to it (Checkpointer::StopStep).
+        int64_t stop_at = step;
+        if (checkpointer != nullptr) {
+          ASSIGN_OR_RETURN(stop_at, checkpointer->StopStep(step));
+        }
+        if (step >= stop_at) {
+          summary.preempted = true;
+          break;
+        }
       }
-      if (step >= stop_at) {
-        summary.preempted = true;
-        break;
+      if (serve_request || (checkpointer != nullptr && checkpointer->Requested(step))) {
+        RETURN_IF_ERROR(checkpoint(false));
+        if (stopped()) {  // the checkpoint round ended the job
+          summary.preempted = true;
+          break;
+        }
       }
+      serve_request = false;
+      if (input_done) break;
+      ASSIGN_OR_RETURN(bool more, read(&batches[cur], &batch_epoch[cur]));
+      if (!more) break;
+      RETURN_IF_ERROR(step_runner->Stage(batches[cur], params, prefetch_pulls));
     }
-    if (checkpointer != nullptr && checkpointer->Requested(step)) {
-      RETURN_IF_ERROR(checkpoint(false));
-    }
-    ASSIGN_OR_RETURN(bool more, pipeline->Next(&batch, &epoch));
-    if (!more) break;
-    if (batch.size == 0) continue;
+    epoch = batch_epoch[cur];
     if (epoch != last_epoch) {
       // After the first epoch the steps per epoch are known: estimate the total for the ETA.
       if (max_steps == 0 && last_epoch == 0) total_steps_estimate = step * config.train().epochs();
       last_epoch = epoch;
     }
     ++step;
-    ASSIGN_OR_RETURN(StepResult r, step_runner->Run(batch, step, params));
+    const double t_step = Now();
+    const bool ckpt_due = opts.chief && ((ckpt_every > 0 && step % ckpt_every == 0) ||
+                                         (ckpt_seconds > 0 && t_step - t_last_ckpt > ckpt_seconds));
+    // A checkpoint wanted at the boundary after this step (another worker's round) needs that
+    // boundary without a read-ahead batch. Asked before the step trains: with BOUNDED / SYNC the
+    // round's target leaves a step of margin for exactly this (worker/ps_checkpoint.h).
+    serve_request = serve_request || (checkpointer != nullptr && checkpointer->Requested(step));
+    const bool read_ahead = !(max_steps > 0 && step >= max_steps) && !ckpt_due && !stop_seen &&
+                            !serve_request;
+    const int next = 1 - cur;
+    bool next_staged = false;
+    auto stage_next = [&]() -> absl::Status {
+      if (!read_ahead) return absl::OkStatus();
+      ASSIGN_OR_RETURN(bool more, read(&batches[next], &batch_epoch[next]));
+      if (!more) {
+        input_done = true;
+        return absl::OkStatus();
+      }
+      RETURN_IF_ERROR(step_runner->Stage(batches[next], params, prefetch_pulls));
+      next_staged = true;
+      return absl::OkStatus();
+    };
+    ASSIGN_OR_RETURN(StepResult r, step_runner->Train(step, params, stage_next));
+    cur = next;
+    staged = next_staged;
     examples += r.examples;
     unique_rows += r.unique_rows;
     ex_since_log += r.examples;
@@ -199,12 +264,15 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
       loss_since_log = 0;
     }
     RETURN_IF_ERROR(drain_eval());
-    if (have_eval && eval_every > 0 && step % eval_every == 0) background.Start(step);
-    if (opts.chief && ((ckpt_every > 0 && step % ckpt_every == 0) ||
-                       (ckpt_seconds > 0 && now - t_last_ckpt > ckpt_seconds))) {
-      RETURN_IF_ERROR(checkpoint(false));
+    if (have_eval && eval_every > 0 && step % eval_every == 0) {
+      // The evaluation should see this step's update.
+      RETURN_IF_ERROR(step_runner->Flush());
+      background.Start(step);
     }
+    if (ckpt_due) RETURN_IF_ERROR(checkpoint(false));
   }
+  PSTRAIN_CHECK(!staged) << "a read-ahead batch was left untrained";
+  RETURN_IF_ERROR(step_runner->Flush());
   const double train_seconds = Now() - t_start;
   background.Wait();
   RETURN_IF_ERROR(drain_eval());

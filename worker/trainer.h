@@ -56,6 +56,11 @@ struct TrainerOptions {
   // How to checkpoint `params` when it is not null (not owned). Null: no checkpoints
   // (summary.checkpoint stays "").
   Checkpointer* checkpointer = nullptr;
+  // Start the next batch's pull while the current step computes, before its push: asynchronous
+  // SGD that reads rows one step stale (PS ASYNC mode). False: each pull follows the previous
+  // push (read-after-write; `pstrain train` stays bit-exact). Data reading and dedup run ahead
+  // either way (docs/ARCHITECTURE.md, "The pipelined step").
+  bool prefetch_pulls = false;
   int worker_index = 0;  // this worker's shard of the train channels (Pipeline shard_index)
   int num_workers = 1;   // Pipeline num_shards of the train channels
   // Only the chief evaluates (periodically and at the end), writes summary.json and prints the

@@ -110,5 +110,27 @@ TEST(Config, DefaultsResolveThreadsFromCores) {
   EXPECT_EQ(u.intra_op_threads(), 8);
 }
 
+// The schema defaults are the tuned values (docs/PERFORMANCE.md "What the tuning found"), and an
+// absent dense optimizer becomes Adam 1e-3 while an explicit one is kept.
+TEST(Config, SchemaDefaultsAndDenseOptimizerDefault) {
+  Config c;
+  EXPECT_FLOAT_EQ(c.sparse_optimizer().initial_accumulator(), 1e-4f);
+  EXPECT_EQ(c.train().batch_size(), 256);
+  ApplyConfigDefaults(&c);
+  EXPECT_EQ(c.dense_optimizer().type(), ADAM);
+  EXPECT_FLOAT_EQ(c.dense_optimizer().learning_rate(), 1e-3f);
+  EXPECT_EQ(c.sparse_optimizer().type(), ADAGRAD);
+  ASSERT_TRUE(ApplyOverride("dense_optimizer.learning_rate=0.01", &c).ok());
+  ApplyConfigDefaults(&c);
+  EXPECT_EQ(c.dense_optimizer().type(), ADAM);
+  EXPECT_FLOAT_EQ(c.dense_optimizer().learning_rate(), 0.01f);
+
+  Config explicit_sgd;
+  explicit_sgd.mutable_dense_optimizer()->set_type(SGD);
+  ApplyConfigDefaults(&explicit_sgd);
+  EXPECT_EQ(explicit_sgd.dense_optimizer().type(), SGD);
+  EXPECT_FLOAT_EQ(explicit_sgd.dense_optimizer().learning_rate(), 0.05f);
+}
+
 }  // namespace
 }  // namespace pstrain

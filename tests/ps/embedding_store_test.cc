@@ -392,7 +392,7 @@ TEST(EmbeddingStore, RestoreRefusesAnotherLayout) {
   ASSERT_TRUE(adagrad->RestoreRows(snap.ids, snap.weights.data(), nullptr).ok());
   const EmbeddingSnapshot moved = adagrad->Snapshot();
   EXPECT_EQ(moved.weights, snap.weights);
-  EXPECT_EQ(moved.state, std::vector<float>(4, 0.1f));  // Adagrad's initial accumulator
+  EXPECT_EQ(moved.state, std::vector<float>(4, 1e-4f));  // Adagrad's initial accumulator
 }
 
 }  // namespace

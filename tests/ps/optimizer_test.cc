@@ -230,7 +230,8 @@ TEST(OptimizerByHand, Adam) {
 }
 
 TEST(OptimizerByHand, Ftrl) {
-  OptimizerConfig c = Config(FTRL, 0.1f);  // lr_power -0.5, initial_accumulator 0.1
+  OptimizerConfig c = Config(FTRL, 0.1f);  // lr_power -0.5
+  c.set_initial_accumulator(0.1f);
   c.set_l1(0.01f);
   c.set_l2(0.1f);
   OneWeight x(c);
@@ -253,6 +254,7 @@ TEST(OptimizerByHand, Ftrl) {
 
 TEST(OptimizerByHand, FtrlL1ClipsSmallLinearToZero) {
   OptimizerConfig c = Config(FTRL, 0.1f);
+  c.set_initial_accumulator(0.1f);
   c.set_l1(1.0f);
   OneWeight x(c);
   x.w = 0.0f;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -112,7 +113,8 @@ TEST(PsProcess, PipelinedRoundsMatchLocalTwinAndSigtermExitsCleanly) {
   auto client = MakeClient(ClientOptions({shards[0].address(), shards[1].address()}));
   ASSERT_NE(client, nullptr);
 
-  // The twin starts from the shards' own initial values (pulled), with the default optimizers.
+  // The twin starts from the shards' own initial values (pulled), with the default optimizers
+  // of `pstrain ps` (ApplyConfigDefaults: Adam for the dense vector).
   Rng rng(2024);
   const std::vector<int64_t> universe = UniqueIds(&rng, 3000);
   std::vector<float> init(universe.size() * kRowDim), dense_init(kDenseSize);
@@ -127,7 +129,9 @@ TEST(PsProcess, PipelinedRoundsMatchLocalTwinAndSigtermExitsCleanly) {
   ASSERT_TRUE(twin->RestoreRows(universe, init.data(), nullptr).ok());
   DenseStore::Options dopt;
   dopt.size = kDenseSize;
-  dopt.optimizer = opt;
+  Config defaults;
+  ApplyConfigDefaults(&defaults);
+  dopt.optimizer = Optimizer::Create(defaults.dense_optimizer()).value();
   auto twin_dense = DenseStore::Create(dopt).value();
   twin_dense->Set(dense_init.data());
 

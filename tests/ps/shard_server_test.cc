@@ -684,6 +684,18 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("workers [0, 2]"));
   CoordinateResponse closed;
   EXPECT_EQ(s0.CollectArrivals(1, 2, &closed).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Worker states hold the pipeline's buffered records: megabytes go through in both directions.
+  const std::string big(6 << 20, 'x');
+  CoordinateRequest arrive;
+  arrive.set_kind(CoordinateRequest::ARRIVE);
+  arrive.set_round(2);
+  arrive.set_worker_id(0);
+  arrive.set_worker_state(big);
+  ASSERT_TRUE(rpc.Coordinate(arrive, absl::Seconds(10)).ok());
+  auto states = rpc.WaitForArrivals(2, 1, absl::Seconds(10));
+  ASSERT_TRUE(states.ok()) << states.status();
+  EXPECT_EQ(states->at(0).size(), big.size());
   s0.CompleteCheckpoint(2, "", "disk full");
   EXPECT_EQ(s0.Info().checkpoint_error(), "disk full");
 }

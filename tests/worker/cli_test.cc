@@ -1,4 +1,5 @@
-// The training commands' flag contract: repeated --config files merge in order.
+// BuildConfig: the effective config of the pstrain commands (repeated --config files merge in
+// order; an absent dense optimizer is Adam).
 #include "worker/cli.h"
 
 #include <unistd.h>
@@ -40,6 +41,23 @@ TEST(BuildConfigTest, LaterConfigFilesMergeOverEarlierOnes) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("missing.textproto"), std::string::npos);
   std::system(("rm -rf " + dir).c_str());
+}
+
+// Without --config the dense optimizer is Adam 1e-3, and --set tunes that Adam.
+TEST(BuildConfigTest, AbsentDenseOptimizerIsAdamBeforeOverrides) {
+  TrainingFlags flags;
+  flags.train = {"/nonexistent/train.tsv"};
+  flags.format = "criteo_tsv";
+  auto c = BuildConfig(flags);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dense_optimizer().type(), ADAM);
+  EXPECT_FLOAT_EQ(c->dense_optimizer().learning_rate(), 1e-3f);
+
+  flags.set = {"dense_optimizer.learning_rate=0.003"};
+  c = BuildConfig(flags);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dense_optimizer().type(), ADAM);
+  EXPECT_FLOAT_EQ(c->dense_optimizer().learning_rate(), 3e-3f);
 }
 
 }  // namespace

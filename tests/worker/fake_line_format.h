@@ -185,6 +185,7 @@ inline FeatureSpec FakeLineSpec() {
   f->set_name("v");
   f->set_kind(NUMERIC);
   f->set_numeric_mode(DENSE);
+  f->set_numeric_transform(NO_TRANSFORM);  // values pass through exactly
   return *FeatureSpec::Create(config);
 }
 

@@ -17,6 +17,7 @@ FeatureSpec ThreeFields() {
   n->set_name("n");
   n->set_kind(NUMERIC);
   n->set_numeric_mode(DENSE);
+  n->set_numeric_transform(NO_TRANSFORM);  // values pass through exactly
   config.add_field()->set_name("c1");
   config.add_field()->set_name("c2");
   auto spec = FeatureSpec::Create(config);
