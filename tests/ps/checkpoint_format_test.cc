@@ -195,6 +195,8 @@ std::vector<std::string> ListDir(const std::string& dir) {
 
 TEST(BlockFile, FileAppearsOnlyWhenFinished) {
   const std::string dir = testing::TempDir() + "/block_file_atomic." + std::to_string(getpid());
+  // A process id is reused over a long run: never trust a leftover directory.
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   ASSERT_TRUE(MakeDirs(dir).ok());
   const std::string path = dir + "/shard-0-of-1";
   {
