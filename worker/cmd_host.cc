@@ -47,10 +47,11 @@ namespace pstrain {
 namespace {
 
 std::atomic<bool> g_stop{false};
-// True while the trainer's step loop runs and checks g_stop (a stop there writes a checkpoint
-// and exits 0). Outside it (connecting, the end-of-job waits) a stop signal ends the process at
-// once with the signal's default action: the waits are long, and the job's last checkpoint
-// round (or the final one) is what a restart resumes from.
+// True from the moment the shard serves until the worker's last step: a stop signal then sets
+// g_stop, which the trainer serves with a checkpoint of the job at its next step boundary (the
+// first one if it is still connecting) before exiting 0. Before that, and in the end-of-job
+// waits, a stop signal ends the process at once with the signal's default action: there is
+// nothing of this host's to save then, and the job's last checkpoint is what a restart resumes.
 std::atomic<bool> g_training{false};
 
 void OnStopSignal(int sig) {
@@ -138,11 +139,14 @@ int RunHost(int argc, char** argv) {
     PSTRAIN_LOG(INFO) << "shard " << me << ": restored from " << (*choice)->dir << " ("
                       << (*choice)->manifest.num_shards() << " shards)";
   }
+  // From here on a stop signal is a preemption: the job checkpoints (the other hosts need this
+  // shard for it), also if it comes while this host still connects to the others.
+  g_training = true;
+  signal(SIGTERM, OnStopSignal);
+  signal(SIGINT, OnStopSignal);
   if (absl::Status s = (*server)->Start(absl::StrCat(bind, ":", port)); !s.ok()) {
     return fail(std::string(s.message()), kExitCannotListen);
   }
-  signal(SIGTERM, OnStopSignal);
-  signal(SIGINT, OnStopSignal);
   PSTRAIN_LOG(INFO) << "host " << me << "/" << N << " (cluster from " << spec->source
                     << "): shard listening on " << bind << ":" << port << ", " << rows
                     << " rows, row_dim " << row_dim << ", dense " << dense_size;
@@ -159,8 +163,6 @@ int RunHost(int argc, char** argv) {
   if (*choice) wo.restored = **choice;
   wo.stop = &g_stop;
   wo.training = &g_training;
-  std::printf("pstrain host: host %d/%d ready, training\n", me, N);
-  std::fflush(stdout);
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));

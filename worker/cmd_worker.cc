@@ -81,6 +81,7 @@ int RunWorker(int argc, char** argv) {
   if (*choice) wo.restored = **choice;
   wo.stop = &g_stop;
   wo.training = &g_training;
+  g_training = true;  // a stop while connecting is served at the first step boundary
   signal(SIGTERM, OnStopSignal);
   signal(SIGINT, OnStopSignal);
   auto summary = RunPsWorker(config, wo);

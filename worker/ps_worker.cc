@@ -47,6 +47,9 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   ASSIGN_OR_RETURN(auto client,
                    PsClient::Create(PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size)));
   RETURN_IF_ERROR(Annotate(client->WaitForShards(o.connect_timeout), "waiting for the shards"));
+  std::printf("pstrain %s: %s %d/%d ready, training\n", o.log_dir_prefix.c_str(),
+              o.log_dir_prefix.c_str(), me, N);
+  std::fflush(stdout);
   ShardRpc shard_zero(o.shards[0]);
 
   PsCheckpointer::Options co;

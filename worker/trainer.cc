@@ -205,11 +205,12 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
         }
       }
       if (serve_request || (checkpointer != nullptr && checkpointer->Requested(step))) {
+        serve_request = false;
         RETURN_IF_ERROR(checkpoint(false));
-        if (stopped()) {  // the checkpoint round ended the job
-          summary.preempted = true;
-          break;
-        }
+        // A stop raised by the round (it ended the job) or by a signal during it: serve it at
+        // this boundary, through StopStep (a synchronous job may have to train on to a common
+        // step: the other workers were released and go on).
+        if (stopped()) continue;
       }
       serve_request = false;
       if (input_done) break;
