@@ -12,11 +12,9 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,24 +40,10 @@
 #include "worker/shard_rpc.h"
 #include "worker/ps_setup.h"
 #include "worker/ps_worker.h"
+#include "worker/stop_signal.h"
 
 namespace pstrain {
 namespace {
-
-std::atomic<bool> g_stop{false};
-// True from the moment the shard serves until the worker's last step: a stop signal then sets
-// g_stop, which the trainer serves with a checkpoint of the job at its next step boundary (the
-// first one if it is still connecting) before exiting 0. Before that, and in the end-of-job
-// waits, a stop signal ends the process at once with the signal's default action: there is
-// nothing of this host's to save then, and the job's last checkpoint is what a restart resumes.
-std::atomic<bool> g_training{false};
-
-void OnStopSignal(int sig) {
-  if (!g_training.load() || g_stop.exchange(true)) {
-    signal(sig, SIG_DFL);
-    raise(sig);
-  }
-}
 
 // Exit code of a host whose shard could not listen on its port (`pstrain local` then retries
 // the whole cluster on fresh ports).
@@ -141,9 +125,8 @@ int RunHost(int argc, char** argv) {
   }
   // From here on a stop signal is a preemption: the job checkpoints (the other hosts need this
   // shard for it), also if it comes while this host still connects to the others.
-  g_training = true;
-  signal(SIGTERM, OnStopSignal);
-  signal(SIGINT, OnStopSignal);
+  StopSignals& signals = InstallStopSignals();
+  signals.served = true;
   if (absl::Status s = (*server)->Start(absl::StrCat(bind, ":", port)); !s.ok()) {
     return fail(std::string(s.message()), kExitCannotListen);
   }
@@ -161,8 +144,8 @@ int RunHost(int argc, char** argv) {
   wo.connect_timeout = absl::Seconds(connect_timeout_s);
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
   if (*choice) wo.restored = **choice;
-  wo.stop = &g_stop;
-  wo.training = &g_training;
+  wo.stop = &signals.stop;
+  wo.training = &signals.served;
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));

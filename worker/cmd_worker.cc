@@ -2,9 +2,6 @@
 // (`pstrain ps`, one per PS host, or the shards of `pstrain host` processes). It trains its share
 // of the data against all the shards; worker 0 is the chief (checkpoints, evaluation,
 // summary.json). docs/PS.md "Separate PS and worker processes".
-#include <signal.h>
-
-#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -15,22 +12,9 @@
 #include "worker/cli.h"
 #include "worker/commands.h"
 #include "worker/ps_worker.h"
+#include "worker/stop_signal.h"
 
 namespace pstrain {
-namespace {
-
-std::atomic<bool> g_stop{false};
-std::atomic<bool> g_training{false};  // as in cmd_host.cc: stops outside the step loop are final
-
-void OnStopSignal(int sig) {
-  if (!g_training.load() || g_stop.exchange(true)) {
-    signal(sig, SIG_DFL);
-    raise(sig);
-  }
-}
-
-}  // namespace
-
 int RunWorker(int argc, char** argv) {
   FlagSet flags(
       "worker",
@@ -79,11 +63,10 @@ int RunWorker(int argc, char** argv) {
   wo.connect_timeout = absl::Seconds(connect_timeout_s);
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
   if (*choice) wo.restored = **choice;
-  wo.stop = &g_stop;
-  wo.training = &g_training;
-  g_training = true;  // a stop while connecting is served at the first step boundary
-  signal(SIGTERM, OnStopSignal);
-  signal(SIGINT, OnStopSignal);
+  StopSignals& signals = InstallStopSignals();
+  signals.served = true;  // a stop while connecting is served at the first step boundary
+  wo.stop = &signals.stop;
+  wo.training = &signals.served;
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) return fail(summary.status().ToString(), 1);
   if (summary->preempted) {
