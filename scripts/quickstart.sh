@@ -47,7 +47,7 @@ print(f"mode          {s['mode']} on {s['hosts']} host(s)")
 print(f"test AUC      {s['test_auc']:.4f}   (teacher's Bayes-optimal AUC {t['bayes_auc']:.4f}, gap {t['bayes_auc'] - s['test_auc']:.4f})")
 print(f"test logloss  {s['test_logloss']:.4f}   (Bayes-optimal {t['bayes_logloss']:.4f})")
 print(f"throughput    {s['examples_per_sec']:.0f} examples/s, {s['examples']} examples in {s['wall_seconds']:.1f} s")
-ck = s.get('checkpoint') or 'none (PS checkpoint shards are not implemented yet; MODE=train writes one)'
+ck = s.get('checkpoint') or 'none'
 print(f"checkpoint    {ck}")
 print(f"model dir     {out}/model  (summary.json, metrics.jsonl, TensorBoard events)")
 PY
