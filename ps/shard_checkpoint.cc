@@ -159,6 +159,15 @@ absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
         "shard ", opt_.shard, ": WRITE of checkpoint round ", round, " without its COPY (holding ",
         snap_round_ == 0 ? std::string("none") : absl::StrCat("round ", snap_round_), ")"));
   }
+  // The copy is freed whatever happens: a failed round is not retried with it.
+  struct Release {
+    ShardServer* s;
+    ~Release() {
+      s->snap_round_ = 0;
+      s->snap_stores_.clear();
+      s->snap_dense_.reset();
+    }
+  } release{this};
   SaveShardResponse response;
   response.set_file(ShardFileName(opt_.shard, opt_.num_shards));
   const std::string path = dir + "/" + response.file();
@@ -169,9 +178,6 @@ absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
   if (snap_dense_) RETURN_IF_ERROR(SaveDenseStore(*snap_dense_, w.get()));
   RETURN_IF_ERROR(w->Finish());
   response.set_bytes(w->bytes());
-  snap_round_ = 0;
-  snap_stores_.clear();
-  snap_dense_.reset();
   return response;
 }
 

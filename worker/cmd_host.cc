@@ -1,6 +1,7 @@
 // `pstrain host`: one process per host running both roles of asynchronous PS training: PS shard i
 // of N (in-process ShardServer) and worker i, training its share of the data against a PsClient
-// connected to all N shards. Worker 0 is the chief. End of job (docs/PS.md):
+// connected to all N shards (worker/ps_worker.h, shared with `pstrain worker`). Worker 0 is the
+// chief. End of job (docs/PS.md):
 //   1. every worker, after its last step, flushes its pushes and reports TRAINING_DONE to shard 0;
 //   2. the chief waits (bounded) for all N reports, evaluates, writes summary.json with the
 //      whole job's example count, prints the shards' load balance and sets job_finished on
@@ -8,31 +9,19 @@
 //   3. every other host polls shard 0's Info (backoff, bounded) until job_finished, reports
 //      FINISH_SEEN and shuts its shard down; the chief waits (bounded) for those reports before
 //      shutting shard 0 down, so no worker loses a shard while it still needs one.
-#include <grpcpp/channel.h>
-#include <grpcpp/client_context.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "ps/grpc_status.h"
 #include "ps/shard_server.h"
-#include "pstrain/ps_service.grpc.pb.h"
 #include "worker/checkpoint.h"
 #include "worker/cli.h"
 #include "worker/cluster_spec.h"

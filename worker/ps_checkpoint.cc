@@ -10,7 +10,8 @@ namespace pstrain {
 
 PsCheckpointer::PsCheckpointer(Options options) : opt_(std::move(options)) {
   for (const std::string& a : opt_.shards) shards_.push_back(std::make_unique<ShardRpc>(a));
-  poller_ = std::thread([this] { Poll(); });
+  // BOUNDED / SYNC ask shard 0 before every step instead (Requested): no poll needed.
+  if (!lockstep()) poller_ = std::thread([this] { Poll(); });
 }
 
 PsCheckpointer::~PsCheckpointer() {

@@ -100,7 +100,7 @@ class PsCheckpointer final : public Checkpointer {
   bool stopped_ = false;  // a round ended the job: later saves return last_saved_dir_
   std::string last_saved_dir_;
 
-  // The background poll of shard 0's open round.
+  // ASYNC: the background poll of shard 0's open round.
   std::atomic<int64_t> open_round_{0};
   std::mutex poll_mu_;
   std::condition_variable poll_cv_;
