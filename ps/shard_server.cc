@@ -263,6 +263,15 @@ absl::Status ShardServer::Start(const std::string& address) {
   return absl::OkStatus();
 }
 
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  absl::MutexLock lock(&server_mu_);
+  if (server_ == nullptr) return nullptr;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return server_->InProcessChannel(args);
+}
+
 void ShardServer::Shutdown(absl::Duration grace) {
   std::vector<DeferredPull*> held;
   {

@@ -118,6 +118,9 @@ class ShardServer {
   absl::Status Start(const std::string& address);
   // The port Start bound (0 before Start).
   int port() const { return port_; }
+  // A channel to this server that stays in the process (no TCP), for a worker in the same
+  // process (`pstrain host`); messages are still serialized. Call after Start; null before.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
   // Answers the held pulls UNAVAILABLE, stops accepting calls, lets calls in progress finish
   // until `grace` has passed, cancels the rest, and waits for the handlers to return. Idempotent.
   void Shutdown(absl::Duration grace);

@@ -135,6 +135,8 @@ int RunHost(int argc, char** argv) {
   if (*choice) wo.restored = **choice;
   wo.stop = &signals.stop;
   wo.training = &signals.served;
+  wo.local_shard = me;
+  wo.local_channel = (*server)->InProcessChannel();
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));

@@ -283,6 +283,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
                             o.call_deadline_ms, "), 0 < initial_backoff_ms (", o.initial_backoff_ms,
                             ") <= max_backoff_ms (", o.max_backoff_ms, ")"));
   }
+  if (o.local_shard >= static_cast<int>(o.shards.size()) ||
+      (o.local_shard >= 0) != (o.local_channel != nullptr)) {
+    return bad(absl::StrCat("local_shard ", o.local_shard, " needs a local_channel and must name ",
+                            "one of the ", o.shards.size(), " shards"));
+  }
   if (o.max_pushes_in_flight < 1) {
     return bad(absl::StrCat("max_pushes_in_flight must be >= 1, got ", o.max_pushes_in_flight));
   }
@@ -300,7 +305,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
   for (const std::string& address : c->opt_.shards) {
     auto shard = std::make_unique<Shard>();
     shard->address = address;
-    shard->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    shard->channel = static_cast<int>(c->shards_.size()) == c->opt_.local_shard
+                         ? c->opt_.local_channel
+                         : grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                                     args);
     shard->stub = ParameterServer::NewStub(shard->channel);
     c->shards_.push_back(std::move(shard));
   }

@@ -56,6 +56,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/channel.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -105,6 +107,11 @@ class PsClient final : public ParameterAccess {
     int max_backoff_ms = 2000;     // also bounds gRPC's own reconnect backoff
     int max_pushes_in_flight = 2;  // PushAsync blocks beyond this many pending pushes, >= 1
     Consistency consistency = ASYNC;  // must match the shards' (see above)
+    // A shard served by this process (`pstrain host`): calls to shard `local_shard` go through
+    // `local_channel` (ShardServer::InProcessChannel: the same service, deadlines and retries,
+    // without TCP, its system calls and kernel copies). -1 = every shard over its address.
+    int local_shard = -1;
+    std::shared_ptr<grpc::Channel> local_channel;
   };
 
   // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
@@ -132,9 +139,12 @@ class PsClient final : public ParameterAccess {
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
   absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
                     int64_t step) override;
-  // ParameterAccess's asynchronous calls (the trainer's pipelining): PullAsync / PushAsync.
+  // ParameterAccess's asynchronous calls (the trainer's pipelining): PullAtStepAsync, every
+  // StartPull with ids being a training pull (with or without the dense vector, see
+  // cluster.dense_sync_steps), and PushAsync.
   ParamsOp StartPull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
-    std::shared_ptr<PsFuture> f = PullAsync(ids, rows, dense);
+    const int64_t step = ids.empty() ? 0 : training_pulls_.fetch_add(1) + 1;
+    std::shared_ptr<PsFuture> f = PullAtStepAsync(ids, rows, dense, step);
     return ParamsOp([f] { return f->Wait(); });
   }
   ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
@@ -154,7 +164,8 @@ class PsClient final : public ParameterAccess {
   std::shared_ptr<PsFuture> PullAtStepAsync(absl::Span<const int64_t> ids, float* rows,
                                             float* dense, int64_t step);
 
-  // A worker resumed from a checkpoint after `step` steps: the next training pull is step + 1.
+  // A worker resumed from a checkpoint after `step` steps: the next training pull (PullAsync's or
+  // StartPull's) is step + 1.
   // Call before the first training pull.
   void ResumeAtStep(int64_t step) { training_pulls_ = step; }
 

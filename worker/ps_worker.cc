@@ -44,8 +44,10 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     config.mutable_train()->set_model_dir(
         absl::StrCat(config.train().model_dir(), "/", o.log_dir_prefix, "-", me));
   }
-  ASSIGN_OR_RETURN(auto client,
-                   PsClient::Create(PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size)));
+  PsClient::Options client_options = PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size);
+  client_options.local_shard = o.local_shard;
+  client_options.local_channel = o.local_channel;
+  ASSIGN_OR_RETURN(auto client, PsClient::Create(std::move(client_options)));
   RETURN_IF_ERROR(Annotate(client->WaitForShards(o.connect_timeout), "waiting for the shards"));
   std::printf("pstrain %s: %s %d/%d ready, training\n", o.log_dir_prefix.c_str(),
               o.log_dir_prefix.c_str(), me, N);
@@ -75,6 +77,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   // Pulls of the next batch while this one computes: ASYNC only (BOUNDED / SYNC hold pulls).
   opts.prefetch_pulls =
       config.cluster().consistency() == ASYNC && config.cluster().prefetch_pulls();
+  opts.dense_sync_steps = config.cluster().dense_sync_steps();
   opts.checkpointer = &checkpointer;
   opts.worker_index = me;
   opts.num_workers = N;

@@ -10,7 +10,10 @@
 // What happens to the shards afterwards is the caller's business.
 #pragma once
 
+#include <grpcpp/channel.h>
+
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +39,10 @@ struct PsWorkerOptions {
   std::optional<CheckpointChoice> restored;
   std::atomic<bool>* stop = nullptr;      // raised by SIGTERM / SIGINT, and by a stopping round
   std::atomic<bool>* training = nullptr;  // set while the step loop runs (for signal handlers)
+  // The shard this process serves, if any (`pstrain host`): its calls skip TCP
+  // (PsClient::Options::local_channel).
+  int local_shard = -1;
+  std::shared_ptr<grpc::Channel> local_channel;
 };
 
 // The checkpoint directory of a job: checkpoint.dir, else the (chief's) model dir.

@@ -46,22 +46,51 @@ absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool 
   s.batch = &batch;
   dedup_.Run(batch.ids, &s.unique, &s.slots);
   s.rows.resize(s.unique.size() * model_.row_dim());
-  s.dense.resize(model_.dense_size());
   s.pull_started = start_pull && batch.size > 0;
   if (s.pull_started) {
     // Every push but the one of the step computing now: a fixed staleness of one step.
     RETURN_IF_ERROR(push_.Wait());
-    s.pull = params->StartPull(s.unique, s.rows.data(), s.dense.data());
+    s.pull = StartPull(&s, params);
   }
   ++staged_count_;
   profile_.dedup += Now() - t0;
   return absl::OkStatus();
 }
 
-absl::Status TrainStep::Flush() {
+ParamsOp TrainStep::StartPull(Staged* st, ParameterAccess* params) {
+  float* dense = nullptr;
+  if (pulls_since_dense_ % dense_sync_steps_ == 0) {
+    // The first pull, or a new block: into the buffer no step computing now reads.
+    if (!dense_[0].empty()) dense_latest_ = 1 - dense_latest_;
+    dense_[dense_latest_].resize(model_.dense_size());
+    dense = dense_[dense_latest_].data();
+    pulls_since_dense_ = 0;
+  }
+  ++pulls_since_dense_;
+  st->dense = dense_latest_;
+  return params->StartPull(st->unique, st->rows.data(), dense);
+}
+
+absl::Status TrainStep::WaitPush() {
   const double t0 = Now();
   absl::Status s = push_.Wait();
   push_ = ParamsOp();
+  profile_.push += Now() - t0;
+  return s;
+}
+
+absl::Status TrainStep::Flush() {
+  absl::Status s = WaitPush();
+  const double t0 = Now();
+  if (s.ok() && dense_sum_steps_ > 0) {
+    // A partial block: push the mean of its dense gradients now, and fetch the dense vector
+    // with the next pull.
+    const float scale = 1.0f / static_cast<float>(dense_sum_steps_);
+    for (float& g : dense_sum_) g *= scale;
+    dense_sum_steps_ = 0;
+    pulls_since_dense_ = 0;
+    s = last_params_->StartPush({}, nullptr, dense_sum_.data(), last_step_).Wait();
+  }
   profile_.push += Now() - t0;
   return s;
 }
@@ -88,9 +117,9 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
 
   double t0 = Now();
   if (!st.pull_started) {
-    RETURN_IF_ERROR(Flush());  // read-after-write: the pull sees every earlier push
+    RETURN_IF_ERROR(WaitPush());  // read-after-write: the pull sees every earlier push
     t0 = Now();
-    st.pull = params->StartPull(st.unique, st.rows.data(), st.dense.data());
+    st.pull = StartPull(&st, params);
   }
   RETURN_IF_ERROR(st.pull.Wait());
   double t1 = Now();
@@ -113,7 +142,7 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
     in.scales = batch.values.data() + b * F;
     in.labels = batch.labels.data() + b;
     in.rows = st.rows.data();
-    in.dense = st.dense.data();
+    in.dense = dense_[st.dense].data();
     ASSIGN_OR_RETURN(losses_[t], tower->ForwardBackward(in, rg.data(), dg.data(), nullptr));
     return absl::OkStatus();
   };
@@ -147,7 +176,27 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   // The previous push must have been accepted before this one starts (one push in flight from
   // here; the ParameterAccess may keep more in its own queue).
   RETURN_IF_ERROR(push_.Wait());
-  push_ = params->StartPush(st.unique, row_grads_[0].data(), dense_grads_[0].data(), step);
+  const float* dense_grad = dense_grads_[0].data();
+  if (dense_sync_steps_ > 1) {
+    if (dense_sum_steps_ == 0) {
+      dense_sum_.assign(dense_grads_[0].begin(), dense_grads_[0].end());
+    } else {
+      const float* g = dense_grads_[0].data();
+      float* sum = dense_sum_.data();
+#pragma omp simd
+      for (int64_t i = 0; i < dsz; ++i) sum[i] += g[i];
+    }
+    dense_grad = nullptr;
+    if (++dense_sum_steps_ == dense_sync_steps_) {
+      const float scale = 1.0f / static_cast<float>(dense_sync_steps_);
+      for (float& g : dense_sum_) g *= scale;
+      dense_sum_steps_ = 0;
+      dense_grad = dense_sum_.data();
+    }
+  }
+  push_ = params->StartPush(st.unique, row_grads_[0].data(), dense_grad, step);
+  last_step_ = step;
+  last_params_ = params;
   profile_.push += Now() - t3;
 
   StepResult r;

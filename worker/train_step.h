@@ -12,6 +12,15 @@
 //                     OpenMP team of T x I threads), then starts the push (StartPush) after
 //                     waiting for the previous one;
 //   Flush()           waits for the last push (checkpoints, the end of training, evaluation).
+//
+// Dense sync every k steps (set_dense_sync_steps, PS ASYNC mode's cluster.dense_sync_steps):
+// every pull fetches rows, but only every k-th fetches the dense vector; each step's dense
+// gradient is summed, and every k-th push carries the mean of the k steps (the other pushes carry
+// rows only). For the dense layers this is the tower method over k steps: k batches computed on
+// the same dense weights, one update with their mean gradient, as `train` does with k towers.
+// Flush pushes a partial sum (fewer than k steps) as its mean, so that a checkpoint, an
+// evaluation or the end of training sees every gradient; the next pull then fetches the dense
+// vector again. k = 1 (the default) pulls and pushes the dense vector every step.
 // With a synchronous ParameterAccess (LocalParams) and pulls not started by Stage, every pull
 // follows the previous push: results are exactly those of Run in a loop. A pull started by
 // Stage(t+1) before Train(t) pushed sees every update of this worker up to step t-1 but not step
@@ -73,6 +82,9 @@ class TrainStep {
   // Synchronous step: Stage(batch, params, false), Train, Flush.
   absl::StatusOr<StepResult> Run(const Batch& batch, int64_t step, ParameterAccess* params);
 
+  // k >= 1, see the top of this file. Call before the first Stage.
+  void set_dense_sync_steps(int k) { dense_sync_steps_ = k; }
+
   const StepProfile& profile() const { return profile_; }
   int towers() const { return pool_->size(); }
   int batch_per_tower() const { return batch_per_tower_; }
@@ -83,7 +95,8 @@ class TrainStep {
     const Batch* batch = nullptr;
     std::vector<int64_t> unique;
     std::vector<int32_t> slots;
-    std::vector<float> rows, dense;
+    std::vector<float> rows;
+    int dense = 0;  // dense_[dense] holds the weights this batch computes with
     bool pull_started = false;
     ParamsOp pull;
   };
@@ -99,7 +112,22 @@ class TrainStep {
   Staged staged_[2];
   int head_ = 0;    // staged_[head_] is trained next
   int staged_count_ = 0;
+  // Waits for the last push started by Train.
+  absl::Status WaitPush();
+  // Starts st's pull: rows, and the dense vector when due (into the dense_ buffer not in use).
+  ParamsOp StartPull(Staged* st, ParameterAccess* params);
+
   ParamsOp push_;  // the last push started
+  int64_t last_step_ = 0;                 // of the last push started
+  ParameterAccess* last_params_ = nullptr;  // its ParameterAccess
+  // Dense weights as last pulled: two buffers, so that a pull started while a step computes
+  // writes the one that step does not read.
+  std::vector<float> dense_[2];
+  int dense_latest_ = 0;  // the buffer of the last dense pull
+  int dense_sync_steps_ = 1;
+  int pulls_since_dense_ = 0;  // pulls since the last one fetching the dense vector
+  std::vector<float> dense_sum_;  // dense gradients summed since the last dense push
+  int dense_sum_steps_ = 0;
   std::vector<std::vector<float>> row_grads_, dense_grads_;  // per tower
   std::vector<double> losses_;
   StepProfile profile_;

@@ -125,6 +125,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (state.has_position()) po.start = state.position();
   ASSIGN_OR_RETURN(auto pipeline, Pipeline::Create(std::move(po), spec));
   ASSIGN_OR_RETURN(auto step_runner, TrainStep::Create(*model, T, B, I));
+  step_runner->set_dense_sync_steps(std::max(1, opts.dense_sync_steps));
 
   const bool have_eval = opts.chief && config.data().eval_size() > 0;
   BackgroundEvaluator background(config, spec, *model, params, /*threads=*/1);

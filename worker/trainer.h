@@ -61,6 +61,9 @@ struct TrainerOptions {
   // push (read-after-write; `pstrain train` stays bit-exact). Data reading and dedup run ahead
   // either way (docs/ARCHITECTURE.md, "The pipelined step").
   bool prefetch_pulls = false;
+  // Pull the dense vector and push its gradient every k steps (TrainStep::set_dense_sync_steps;
+  // PS ASYNC mode's cluster.dense_sync_steps). 1: every step.
+  int dense_sync_steps = 1;
   int worker_index = 0;  // this worker's shard of the train channels (Pipeline shard_index)
   int num_workers = 1;   // Pipeline num_shards of the train channels
   // Only the chief evaluates (periodically and at the end), writes summary.json and prints the

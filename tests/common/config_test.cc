@@ -96,6 +96,13 @@ TEST(Config, ValidationNamesTheField) {
   c.mutable_cluster()->set_staleness(-1);
   EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("cluster.staleness: must be >= 0"));
   EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("BOUNDED"));
+  c = Config();
+  c.mutable_cluster()->set_dense_sync_steps(0);
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("cluster.dense_sync_steps: must be >= 1"));
+  c.mutable_cluster()->set_dense_sync_steps(2);
+  EXPECT_TRUE(ValidateConfig(c).ok());  // ASYNC
+  c.mutable_cluster()->set_consistency(SYNC);
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("must be 1 with consistency SYNC"));
 }
 
 TEST(Config, DefaultsResolveThreadsFromCores) {

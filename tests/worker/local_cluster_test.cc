@@ -111,13 +111,16 @@ std::string Latest(const std::string& dir) {
 
 // Spot preemption: SIGTERM makes every host join one checkpoint round and exit 0; the same
 // command then resumes from it and trains exactly the records that were left: every record
-// once per epoch over the two runs, none twice, none skipped.
+// once per epoch over the two runs, none twice, none skipped. With cluster.dense_sync_steps=3,
+// so that the round also flushes a partial block of dense gradients.
 TEST_F(LocalClusterTest, SigtermCheckpointsAndTheResumeTrainsEveryRecordOnce) {
   const std::string model_dir = Dir() + "/model_sigterm";
   const int epochs = 12;
+  std::vector<std::string> args = LocalArgs(2, epochs, model_dir);
+  args.insert(args.end(), {"--set", "cluster.dense_sync_steps=3"});
   Subprocess local;
   std::string error;
-  ASSERT_TRUE(local.Start(LocalArgs(2, epochs, model_dir), &error)) << error;
+  ASSERT_TRUE(local.Start(args, &error)) << error;
   // Host 0 prints this on the launcher's stdout once every shard is up and training starts.
   ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), ::testing::HasSubstr("training"));
   // Let it train a little (progress goes to stderr); whenever the signal lands, the checks below
@@ -139,7 +142,7 @@ TEST_F(LocalClusterTest, SigtermCheckpointsAndTheResumeTrainsEveryRecordOnce) {
   EXPECT_LT(stopped.at("examples").number_value(), kTrainRows * epochs)
       << "the job finished before the signal: make it longer";
 
-  ASSERT_EQ(RunToExit(LocalArgs(2, epochs, model_dir), 240000), 0);
+  ASSERT_EQ(RunToExit(args, 240000), 0);
   const auto f = ReadSummary(model_dir).fields();
   EXPECT_FALSE(f.at("preempted").bool_value());
   EXPECT_EQ(f.at("examples").number_value(), kTrainRows * epochs);

@@ -179,6 +179,88 @@ TEST_F(TrainStepTest, BackgroundPushesEqualSynchronousPushesWithTheSameStaleness
   EXPECT_TRUE(train(true) == sync);
 }
 
+// Parameters that never change: pulls read the inner store, pushes are recorded, not applied.
+// Every step's gradients then depend on its batch only.
+class FrozenParams : public ParameterAccess {
+ public:
+  explicit FrozenParams(ParameterAccess* inner) : inner_(inner) {}
+  int row_dim() const override { return inner_->row_dim(); }
+  int64_t dense_size() const override { return inner_->dense_size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    dense_pulls.push_back(dense != nullptr);
+    return inner_->Pull(ids, rows, dense);
+  }
+  struct Pushed {
+    int64_t step;
+    std::vector<float> row_grads, dense_grad;  // dense_grad empty when the push had none
+  };
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
+                    int64_t step) override {
+    Pushed p{step, std::vector<float>(row_grads, row_grads + ids.size() * row_dim()), {}};
+    if (dense_grad != nullptr) p.dense_grad.assign(dense_grad, dense_grad + dense_size());
+    pushes.push_back(std::move(p));
+    return absl::OkStatus();
+  }
+  std::vector<bool> dense_pulls;  // per pull: did it fetch the dense vector
+  std::vector<Pushed> pushes;
+
+ private:
+  ParameterAccess* inner_;
+};
+
+// cluster.dense_sync_steps = 4 over 6 steps: the dense vector is fetched by pulls 1 and 5 only;
+// step 4's push carries the mean of steps 1-4's dense gradients, Flush pushes the mean of steps 5
+// and 6 (no rows), and every step's row gradients are pushed as with k = 1.
+TEST_F(TrainStepTest, DenseSyncEveryKStepsPushesTheMeanOfTheirGradients) {
+  auto store = NewParams();
+  ASSERT_TRUE(store);
+  auto train = [&](int k, FrozenParams* params) {
+    auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
+    ASSERT_TRUE(step.ok());
+    (*step)->set_dense_sync_steps(k);
+    ASSERT_TRUE((*step)->Stage(batches_[0], params, false).ok());
+    for (size_t i = 0; i < batches_.size(); ++i) {
+      auto r = (*step)->Train(static_cast<int64_t>(i) + 1, params, [&]() -> absl::Status {
+        return i + 1 < batches_.size() ? (*step)->Stage(batches_[i + 1], params, false)
+                                       : absl::OkStatus();
+      });
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    ASSERT_TRUE((*step)->Flush().ok());
+  };
+  FrozenParams every(store.get()), blocks(store.get());
+  train(1, &every);
+  train(4, &blocks);
+  ASSERT_EQ(every.pushes.size(), 6u);
+  EXPECT_EQ(every.dense_pulls, std::vector<bool>(6, true));
+  EXPECT_EQ(blocks.dense_pulls, (std::vector<bool>{true, false, false, false, true, false}));
+  ASSERT_EQ(blocks.pushes.size(), 7u);
+  auto mean = [&](int first, int last) {  // of every's dense gradients, steps first..last
+    std::vector<float> m = every.pushes[first - 1].dense_grad;
+    for (int s = first + 1; s <= last; ++s) {
+      for (size_t i = 0; i < m.size(); ++i) m[i] += every.pushes[s - 1].dense_grad[i];
+    }
+    for (float& x : m) x *= 1.0f / static_cast<float>(last - first + 1);
+    return m;
+  };
+  for (int s = 1; s <= 6; ++s) {
+    const auto& got = blocks.pushes[s - 1];
+    EXPECT_EQ(got.step, s);
+    EXPECT_TRUE(got.row_grads == every.pushes[s - 1].row_grads) << "step " << s;
+    if (s == 4) {
+      EXPECT_TRUE(got.dense_grad == mean(1, 4));
+    } else {
+      EXPECT_TRUE(got.dense_grad.empty()) << "step " << s;
+    }
+  }
+  const auto& flushed = blocks.pushes[6];
+  EXPECT_EQ(flushed.step, 6);
+  EXPECT_TRUE(flushed.row_grads.empty());
+  EXPECT_TRUE(flushed.dense_grad == mean(5, 6));
+  // The dense gradients differ from step to step (else the means above prove little).
+  EXPECT_FALSE(every.pushes[0].dense_grad == every.pushes[1].dense_grad);
+}
+
 TEST_F(TrainStepTest, MisuseIsAnError) {
   auto params = NewParams();
   auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
