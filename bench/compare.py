@@ -64,6 +64,10 @@ def parse_args(argv):
     p.add_argument("--timeout_s", type=float, default=3600, help="per run")
     p.add_argument("--allow_fail", default="",
                    help="modes that may fail without failing the comparison (not yet available)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=MODE:KEY=VALUE[;KEY=VALUE...]: one more mode, MODE run with these "
+                        "config overrides (e.g. ps-async-k2=ps-async:cluster.dense_sync_steps=2), "
+                        "measured in the same repeats as the others")
     p.add_argument("--install_deps", action="store_true",
                    help="run scripts/install_bench_deps.sh when gnuplot is missing")
     args = p.parse_args(argv)
@@ -71,7 +75,20 @@ def parse_args(argv):
     for m in args.modes + [m for m in args.allow_fail.split(",") if m]:
         if m not in MODES:
             p.error(f"unknown mode '{m}' (modes: {', '.join(MODES)})")
+    args.variants = {}
+    for v in args.variant:
+        m = re.fullmatch(r"([\w.-]+)=([\w-]+):(.+)", v)
+        if not m or m.group(2) not in MODES or m.group(1) in MODES or m.group(1) in args.variants:
+            p.error(f"--variant '{v}': expected NEW_NAME=MODE:KEY=VALUE[;KEY=VALUE...] with MODE "
+                    f"one of {', '.join(MODES)}")
+        args.variants[m.group(1)] = (m.group(2), m.group(3).split(";"))
+        args.modes.append(m.group(1))
     return args
+
+
+def base_mode(args, mode):
+    """The pstrain mode a (variant) mode runs."""
+    return args.variants.get(mode, (mode, []))[0]
 
 
 def cores():
@@ -96,7 +113,10 @@ def training_flags(args, model_dir):
 
 
 def command(args, mode, model_dir):
+    mode, extra = args.variants.get(mode, (mode, []))
     flags = training_flags(args, model_dir)
+    for s in extra:
+        flags += ["--set", s]
     if mode == "train":
         return [args.binary, "train"] + flags
     if mode.startswith("ps-"):
@@ -138,6 +158,25 @@ def first_error_line(text):
     return lines[-1] if lines else "no output"
 
 
+def cpu_times():
+    """The machine's aggregate CPU times from /proc/stat (user ... steal), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return [int(x) for x in fields[1:9]] if fields[0] == "cpu" else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def steal_fraction(before, after):
+    """Share of the machine's CPU time the hypervisor gave to other guests between two
+    cpu_times() readings (the 8th field, steal), or None."""
+    if before is None or after is None:
+        return None
+    d = [b - a for a, b in zip(before, after)]
+    return d[7] / sum(d) if sum(d) > 0 else None
+
+
 def run_one(args, mode, run_dir):
     """Runs one mode once; returns a dict of measurements (status 'ok' or 'failed')."""
     model_dir = os.path.join(run_dir, "model")
@@ -147,6 +186,7 @@ def run_one(args, mode, run_dir):
     out_path, err_path = os.path.join(run_dir, "stdout.log"), os.path.join(run_dir, "stderr.log")
     r = {"mode": mode, "command": " ".join(cmd), "log": err_path}
     launch = time.time()
+    stat_before = cpu_times()
     with open(out_path, "w") as out, open(err_path, "w") as err:
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
@@ -173,8 +213,10 @@ def run_one(args, mode, run_dir):
         except ProcessLookupError:
             pass
     code = os.waitstatus_to_exitcode(status)
-    r.update(wall_seconds=wall, exit_code=code,
-             cpu_utilisation=(usage.ru_utime + usage.ru_stime) / wall / cores(),
+    cpu_seconds = usage.ru_utime + usage.ru_stime
+    r.update(wall_seconds=wall, exit_code=code, cpu_seconds=cpu_seconds,
+             steal=steal_fraction(stat_before, cpu_times()),
+             cpu_utilisation=cpu_seconds / wall / cores(),
              peak_memory_mb=max(peak[0], usage.ru_maxrss) / 1024.0)
     with open(err_path) as f:
         stderr = f.read()
@@ -187,12 +229,16 @@ def run_one(args, mode, run_dir):
     with open(summary_path) as f:
         s = json.load(f)
     # A run that is not the mode asked for (a binary without it) is not a result for that mode.
-    if s.get("mode") != mode:
-        return dict(r, status="failed", error=f"ran as {s.get('mode')}, not {mode}")
+    if s.get("mode") != base_mode(args, mode):
+        return dict(r, status="failed",
+                    error=f"ran as {s.get('mode')}, not {base_mode(args, mode)}")
     r.update(status="ok", summary=s, launch_time=launch,
              examples_per_sec=s.get("examples_per_sec"), test_auc=s.get("test_auc"),
              test_logloss=s.get("test_logloss"), examples=s.get("examples"))
     r["examples_per_sec_per_core"] = r["examples_per_sec"] / cores()
+    # CPU time of the whole run (start-up and evaluation included) per trained example: unlike
+    # ex/s, it barely moves when the hypervisor steals time (which is not charged to us).
+    r["cpu_us_per_example"] = cpu_seconds / max(1, r["examples"]) * 1e6
     bytes_total, method = None, "n/a"
     if "wire_bytes" in s:
         bytes_total, method = s["wire_bytes"], "summary wire_bytes"
@@ -276,17 +322,20 @@ def write_markdown(report, path):
          f"Repeats: {report['repeats']} (medians; ratios to `train` within each repeat). "
          f"Target AUC: {fmt(report['target_auc'], '.4f')}.", "",
          "| mode | status | ex/s | ex/s per core | vs train | test AUC | logloss | bytes/example |"
-         " time to target (s) | CPU util | peak mem (MB) | shard pull/push QPS |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         " time to target (s) | CPU util | CPU µs/example | CPU vs train | steal |"
+         " peak mem (MB) | shard pull/push QPS |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["modes"]:
         if m["status"] == "failed":
-            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 10)
+            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 13)
             continue
         L.append(f"| {m['mode']} | {m['status']} | {fmt(m['examples_per_sec'])} | "
                  f"{fmt(m['examples_per_sec_per_core'])} | {fmt(m['ratio_to_train'], '.2f')} | "
                  f"{fmt(m['test_auc'], '.4f')} | {fmt(m['test_logloss'], '.4f')} | "
                  f"{fmt(m['bytes_per_example'], '.0f')} ({m['bytes_method']}) | "
                  f"{fmt(m['time_to_target_s'], '.1f')} | {fmt(m['cpu_utilisation'], '.2f')} | "
+                 f"{fmt(m['cpu_us_per_example'], '.1f')} | {fmt(m['cpu_ratio_to_train'], '.2f')} | "
+                 f"{fmt(m['steal'], '.0%')} | "
                  f"{fmt(m['peak_memory_mb'], '.0f')} | "
                  + (", ".join(f"{a:.0f}/{b:.0f}" for a, b in m.get("shard_qps") or []) or "-")
                  + " |")
@@ -378,11 +427,12 @@ def main(argv):
             modes.append({"mode": mode, "status": "failed", "error": rs[0]["error"],
                           "command": rs[0]["command"]})
             continue
-        ratios = []
+        ratios, cpu_ratios = [], []
         for i, r in enumerate(rs):
             t = runs["train"][i] if "train" in runs else None
             if r["status"] == "ok" and t and t["status"] == "ok":
                 ratios.append(r["examples_per_sec"] / t["examples_per_sec"])
+                cpu_ratios.append(r["cpu_us_per_example"] / t["cpu_us_per_example"])
 
         def ttt(r):
             hit = [t for t, a in r["eval_curve"] if target is not None and a >= target]
@@ -390,11 +440,13 @@ def main(argv):
 
         m = {"mode": mode, "status": "ok" if len(good) == len(rs) else
              f"{len(good)} of {len(rs)} runs ok", "command": good[0]["command"],
-             "ratio_to_train": median(ratios), "time_to_target_s": median([ttt(r) for r in good]),
+             "ratio_to_train": median(ratios), "cpu_ratio_to_train": median(cpu_ratios),
+             "time_to_target_s": median([ttt(r) for r in good]),
              "bytes_method": good[0]["bytes_method"], "eval_curve": good[0]["eval_curve"],
              "shard_qps": good[0].get("shard_qps", []), "runs": len(good)}
         for key in ("examples_per_sec", "examples_per_sec_per_core", "test_auc", "test_logloss",
-                    "bytes_per_example", "cpu_utilisation", "peak_memory_mb", "wall_seconds"):
+                    "bytes_per_example", "cpu_utilisation", "peak_memory_mb", "wall_seconds",
+                    "cpu_us_per_example", "steal"):
             m[key] = median([r.get(key) for r in good])
         modes.append(m)
     by_mode = {m["mode"]: m for m in modes}
@@ -409,6 +461,10 @@ def main(argv):
         "command": " ".join(["python3", sys.argv[0]] + argv), "target_auc": target,
         "methods": ("ex/s from each run's summary.json; per core = ex/s / the machine's cores; "
                     "CPU util = (user+sys of the reaped process tree, os.wait4) / wall / cores; "
+                    "CPU µs/example = that user+sys (start-up and evaluation included) / trained "
+                    "examples, CPU vs train its ratio to train's within each repeat (robust to "
+                    "time stolen by the hypervisor, which is not charged to the run); steal = "
+                    "the machine's steal share of /proc/stat during the run; "
                     "peak memory = max over 0.2 s samples of the tree's summed VmRSS (or the "
                     "largest process's max RSS); bytes/example as marked; time to target = launch "
                     "to the first eval in metrics.jsonl at or above the target AUC."),

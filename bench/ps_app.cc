@@ -27,6 +27,7 @@
 #include "common/flags.h"
 #include "common/hash.h"
 #include "common/json_writer.h"
+#include "common/malloc_tuning.h"
 #include "common/random.h"
 #include "ps/dense_store.h"
 #include "ps/embedding_store.h"
@@ -311,4 +312,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace pstrain
 
-int main(int argc, char** argv) { return pstrain::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // As pstrain's own main does (worker/pstrain_main.cc), so that the PS path measured here is the
+  // one the training commands run.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  pstrain::KeepLargeBuffersInTheHeap();
+  return pstrain::Main(argc, argv);
+}

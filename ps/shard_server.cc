@@ -349,9 +349,16 @@ absl::Status ShardServer::Gather(const PullRequest& request, PullResponse* respo
   if (!aligned) PackArray(row_scratch.data(), row_scratch.size(), rows);
 
   if (request.want_dense() && dense_ != nullptr) {
-    std::vector<float> slice(dense_slice_size_);
-    dense_->Get(slice.data());
-    PackArray(slice.data(), dense_slice_size_, response->mutable_dense());
+    // Straight into the response bytes as well: the slice is megabytes, copied on every pull.
+    std::string* dense = response->mutable_dense();
+    dense->resize(dense_slice_size_ * sizeof(float));
+    if (reinterpret_cast<uintptr_t>(dense->data()) % alignof(float) == 0) {
+      dense_->Get(reinterpret_cast<float*>(&(*dense)[0]));
+    } else {
+      std::vector<float> slice(dense_slice_size_);
+      dense_->Get(slice.data());
+      PackArray(slice.data(), dense_slice_size_, dense);
+    }
   }
   response->set_dense_begin(dense_begin_);
   response->set_last_step(LastStep());

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/synchronization/mutex.h"
+#include "common/malloc_tuning.h"
 #include "worker/commands.h"
 
 namespace {
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   // operation several times slower (measured ~100 ns per lock/unlock pair); pstrain's lock order
   // is fixed by design, so the detector is switched off in the binary.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  pstrain::KeepLargeBuffersInTheHeap();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     PrintUsage();

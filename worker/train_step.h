@@ -76,7 +76,8 @@ class TrainStep {
   absl::StatusOr<StepResult> Train(int64_t step, ParameterAccess* params,
                                    const std::function<absl::Status()>& overlap = nullptr);
 
-  // Waits for the last push started by Train; returns its error, if any.
+  // Waits for the last push started by Train, then pushes a partial block's dense gradient mean
+  // (dense_sync_steps > 1) and waits for that too; returns the first error.
   absl::Status Flush();
 
   // Synchronous step: Stage(batch, params, false), Train, Flush.

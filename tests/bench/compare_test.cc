@@ -40,7 +40,8 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
   ASSERT_EQ(RunToExit({"/usr/bin/python3", PSTRAIN_SOURCE_DIR "/bench/compare.py", "--binary",
                        PSTRAIN_BINARY, "--config", Dir() + "/tiny.textproto", "--train",
                        Dir() + "/train/part-*", "--eval", Dir() + "/test/part-*", "--hosts", "2",
-                       "--repeats", "1", "--timeout_s", "60", "--results", Dir() + "/results"},
+                       "--repeats", "1", "--timeout_s", "60", "--results", Dir() + "/results",
+                       "--variant", "ps-async-k2=ps-async:cluster.dense_sync_steps=2"},
                       300000),
             0);
 
@@ -74,6 +75,8 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
     EXPECT_LT(m.at("test_auc").number_value(), 1.0);
     EXPECT_GT(m.at("test_logloss").number_value(), 0);
     EXPECT_GT(m.at("cpu_utilisation").number_value(), 0);
+    EXPECT_GT(m.at("cpu_us_per_example").number_value(), 0);
+    EXPECT_GT(m.at("cpu_ratio_to_train").number_value(), 0);
     EXPECT_GT(m.at("peak_memory_mb").number_value(), 1);
     if (mode == "train") {
       EXPECT_EQ(m.at("ratio_to_train").number_value(), 1.0);
@@ -88,7 +91,16 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
       EXPECT_EQ(m.at("shard_qps").list_value().values_size(), 2);
     }
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"train", "ps-async", "ps-bounded", "ps-sync", "allreduce"}));
+  EXPECT_EQ(seen, (std::set<std::string>{"train", "ps-async", "ps-bounded", "ps-sync", "allreduce",
+                                          "ps-async-k2"}));
+  // The variant ran with its override: half the dense pulls and pushes, fewer bytes per example.
+  double async_bytes = 0, k2_bytes = 0;
+  for (const auto& v : report.fields().at("modes").list_value().values()) {
+    const auto& m = v.struct_value().fields();
+    if (m.at("mode").string_value() == "ps-async") async_bytes = m.at("bytes_per_example").number_value();
+    if (m.at("mode").string_value() == "ps-async-k2") k2_bytes = m.at("bytes_per_example").number_value();
+  }
+  EXPECT_LT(k2_bytes, async_bytes);
   EXPECT_NE(md->find("Scaling on paper"), std::string::npos);
   const auto& scaling = report.fields().at("scaling").struct_value().fields();
   EXPECT_EQ(scaling.at("rows").list_value().values_size(), 5);
