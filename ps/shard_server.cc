@@ -325,46 +325,93 @@ absl::Status ShardServer::Pull(const PullRequest& request, PullResponse* respons
   return Gather(request, response);
 }
 
-absl::Status ShardServer::Gather(const PullRequest& request, PullResponse* response) {
+absl::Status ShardServer::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense) {
   pull_requests_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<Run> runs;
+  RETURN_IF_ERROR(Route(ids, &runs));
+  const int dim = opt_.row_dim;
+  for (const Run& r : runs) {
+    RETURN_IF_ERROR(
+        stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim));
+  }
+  if (dense != nullptr && dense_ != nullptr) dense_->Get(dense);
+  pull_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::Gather(const PullRequest& request, PullResponse* response) {
   bytes_in_.fetch_add(request.ByteSizeLong(), std::memory_order_relaxed);
   std::vector<int64_t> id_scratch;
   absl::Span<const int64_t> ids;
   RETURN_IF_ERROR(UnpackArray(request.ids(), "PullRequest.ids", &id_scratch, &ids));
-  std::vector<Run> runs;
-  RETURN_IF_ERROR(Route(ids, &runs));
-
-  const int dim = opt_.row_dim;
-  std::string* rows = response->mutable_rows();
-  rows->resize(ids.size() * dim * sizeof(float));
-  // Gather straight into the response bytes when they are float-aligned (heap storage is).
-  std::vector<float> row_scratch;
-  float* out = reinterpret_cast<float*>(&(*rows)[0]);
-  const bool aligned = reinterpret_cast<uintptr_t>(out) % alignof(float) == 0;
-  if (!aligned) row_scratch.resize(ids.size() * dim), out = row_scratch.data();
-  for (const Run& r : runs) {
-    RETURN_IF_ERROR(
-        stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin), out + r.begin * dim));
-  }
-  if (!aligned) PackArray(row_scratch.data(), row_scratch.size(), rows);
-
-  if (request.want_dense() && dense_ != nullptr) {
-    // Straight into the response bytes as well: the slice is megabytes, copied on every pull.
-    std::string* dense = response->mutable_dense();
-    dense->resize(dense_slice_size_ * sizeof(float));
-    if (reinterpret_cast<uintptr_t>(dense->data()) % alignof(float) == 0) {
-      dense_->Get(reinterpret_cast<float*>(&(*dense)[0]));
-    } else {
-      std::vector<float> slice(dense_slice_size_);
-      dense_->Get(slice.data());
-      PackArray(slice.data(), dense_slice_size_, dense);
+  // Gather straight into the response bytes when they are float-aligned (heap storage is): the
+  // dense slice is megabytes, copied on every pull.
+  auto view = [](std::string* bytes, size_t floats, std::vector<float>* scratch) {
+    bytes->resize(floats * sizeof(float));
+    if (reinterpret_cast<uintptr_t>(bytes->data()) % alignof(float) == 0) {
+      return reinterpret_cast<float*>(&(*bytes)[0]);
     }
+    scratch->resize(floats);
+    return scratch->data();
+  };
+  std::vector<float> row_scratch, dense_scratch;
+  std::string* rows = response->mutable_rows();
+  float* rows_out = view(rows, ids.size() * opt_.row_dim, &row_scratch);
+  const bool want_dense = request.want_dense() && dense_ != nullptr;
+  float* dense_out =
+      want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
+  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out));
+  if (!row_scratch.empty()) PackArray(row_scratch.data(), row_scratch.size(), rows);
+  if (!dense_scratch.empty()) {
+    PackArray(dense_scratch.data(), dense_scratch.size(), response->mutable_dense());
   }
   response->set_dense_begin(dense_begin_);
   response->set_last_step(LastStep());
   response->set_incarnation(incarnation_);
-  pull_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
   bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows,
+                                     float* dense, int64_t* staleness) {
+  if (opt_.consistency != ASYNC) {
+    return absl::FailedPreconditionError("PullDirect: only for ASYNC shards");
+  }
+  {
+    absl::MutexLock lock(&sync_mu_);
+    *staleness = step > 0 ? StalenessLocked(step) : 0;
+  }
+  return GatherInto(ids, rows, dense);
+}
+
+absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
+                                     absl::Span<const int64_t> ids, const float* row_grads,
+                                     const float* dense_grad) {
+  if (opt_.consistency != ASYNC) {
+    return absl::FailedPreconditionError("PushDirect: only for ASYNC shards");
+  }
+  push_requests_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<Run> runs;
+  RETURN_IF_ERROR(Route(ids, &runs));
+  return ApplyUpdate(ids, runs, row_grads, dense_grad, worker_id, step);
+}
+
+absl::Status ShardServer::ApplyUpdate(absl::Span<const int64_t> ids, const std::vector<Run>& runs,
+                                      const float* grads, const float* dense_grad,
+                                      int32_t worker_id, int64_t step) {
+  const int dim = opt_.row_dim;
+  for (const Run& r : runs) {
+    RETURN_IF_ERROR(stores_[r.store]->Apply(ids.subspan(r.begin, r.end - r.begin),
+                                            grads + r.begin * dim, step));
+  }
+  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step);
+  push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  if (Tracked(worker_id)) {
+    absl::MutexLock sync_lock(&sync_mu_);
+    int64_t& pushed = pushed_[worker_id];
+    pushed = std::max(pushed, step);
+  }
+  if (opt_.consistency == BOUNDED) ReleaseReady();
   return absl::OkStatus();
 }
 
@@ -431,19 +478,10 @@ absl::Status ShardServer::Push(const PushRequest& request, PushResponse* respons
       AdvanceSync();
     }
   } else {
-    for (const Run& r : runs) {
-      RETURN_IF_ERROR(stores_[r.store]->Apply(ids.subspan(r.begin, r.end - r.begin),
-                                              grads.data() + r.begin * dim, request.step()));
-    }
-    if (!dense_grad.empty()) dense_->Apply(dense_grad.data(), request.step());
+    RETURN_IF_ERROR(ApplyUpdate(ids, runs, grads.data(),
+                                dense_grad.empty() ? nullptr : dense_grad.data(),
+                                request.worker_id(), request.step()));
     if (state != nullptr) state->last_sequence = request.sequence();
-    push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
-    if (Tracked(request.worker_id())) {
-      absl::MutexLock sync_lock(&sync_mu_);
-      int64_t& pushed = pushed_[request.worker_id()];
-      pushed = std::max(pushed, request.step());
-    }
-    if (opt_.consistency == BOUNDED) ReleaseReady();
   }
   response->set_last_step(LastStep());
   response->set_incarnation(incarnation_);

@@ -134,6 +134,18 @@ class ShardServer {
   // foreign ids; in BOUNDED / SYNC a worker id outside [0, num_workers); in SYNC a step already
   // applied or a push after worker_done: FAILED_PRECONDITION).
   absl::Status Push(const PushRequest& request, PushResponse* response);
+  // The fast path for a worker in this process (`pstrain host`) on an ASYNC shard: Pull and Push
+  // on the caller's buffers, without messages or their copies (BOUNDED / SYNC hold pulls and
+  // count pushes per step: use InProcessChannel() there; FAILED_PRECONDITION here). ids must be
+  // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills
+  // rows[ids.size() x row_dim] in ids' order and, if dense is not null, dense[the slice size];
+  // *staleness as PullResponse.staleness (0 for step 0). PushDirect applies row_grads[ids.size()
+  // x row_dim] and, if not null, dense_grad[the slice size] at once (a call cannot be lost, so
+  // no push id). Both count in Stats() except bytes in/out (nothing crosses a wire).
+  absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows, float* dense,
+                          int64_t* staleness);
+  absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
+                          const float* row_grads, const float* dense_grad);
   // SYNC: the last step whose mean update has been applied (0 before the first).
   // Info().step: SYNC's applied step, else the largest step pushed. ResumeSteps sets the step
   // bookkeeping of BOUNDED / SYNC after a restore (every worker as having pushed `step`).
@@ -218,6 +230,13 @@ class ShardServer {
   int64_t LastStep() const;
   // The work of Pull after the staleness: gather and stats.
   absl::Status Gather(const PullRequest& request, PullResponse* response);
+  // Rows of `ids` into rows[ids.size() x row_dim], the dense slice into dense if not null; counts
+  // the pull.
+  absl::Status GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense);
+  // Applies a routed ASYNC / BOUNDED push and notes the worker's step.
+  absl::Status ApplyUpdate(absl::Span<const int64_t> ids, const std::vector<Run>& runs,
+                           const float* grads, const float* dense_grad, int32_t worker_id,
+                           int64_t step);
 
   // Consistency (sync_mu_).
   bool Tracked(int32_t worker_id) const { return worker_id >= 0 && worker_id < opt_.num_workers; }

@@ -136,7 +136,7 @@ int RunHost(int argc, char** argv) {
   wo.stop = &signals.stop;
   wo.training = &signals.served;
   wo.local_shard = me;
-  wo.local_channel = (*server)->InProcessChannel();
+  wo.local_server = server->get();
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));

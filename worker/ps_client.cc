@@ -256,7 +256,9 @@ PsClient::PsClient(Options options)
       map_(opt_.rows, DefaultPartitions(opt_), static_cast<int>(opt_.shards.size())),
       dense_map_(opt_.dense_size, static_cast<int>(opt_.shards.size()),
                  static_cast<int>(opt_.shards.size())),
-      incarnation_(RandomIncarnation()) {
+      incarnation_(RandomIncarnation()),
+      direct_shard_(opt_.local_server != nullptr && opt_.consistency == ASYNC ? opt_.local_shard
+                                                                               : -1) {
   const int S = num_shards();
   partition_rank_.resize(map_.partitions());
   int rank = 0;
@@ -284,8 +286,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
                             ") <= max_backoff_ms (", o.max_backoff_ms, ")"));
   }
   if (o.local_shard >= static_cast<int>(o.shards.size()) ||
-      (o.local_shard >= 0) != (o.local_channel != nullptr)) {
-    return bad(absl::StrCat("local_shard ", o.local_shard, " needs a local_channel and must name ",
+      (o.local_shard >= 0) != (o.local_server != nullptr)) {
+    return bad(absl::StrCat("local_shard ", o.local_shard, " needs a local_server and must name ",
                             "one of the ", o.shards.size(), " shards"));
   }
   if (o.max_pushes_in_flight < 1) {
@@ -306,9 +308,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
     auto shard = std::make_unique<Shard>();
     shard->address = address;
     shard->channel = static_cast<int>(c->shards_.size()) == c->opt_.local_shard
-                         ? c->opt_.local_channel
+                         ? c->opt_.local_server->InProcessChannel()
                          : grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                                      args);
+    if (shard->channel == nullptr) return bad("local_server is not started");
     shard->stub = ParameterServer::NewStub(shard->channel);
     c->shards_.push_back(std::move(shard));
   }
@@ -507,9 +510,14 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
   op->rows = rows;
   op->dense = dense;
   op->step = step;
+  bool direct = false;  // a part for the local shard, answered by PullDirect below
   for (int s = 0; s < num_shards(); ++s) {
     const bool want_dense = dense != nullptr && dense_map_.PartitionSize(s) > 0;
     if (bounds[s] == bounds[s + 1] && !want_dense) continue;
+    if (s == direct_shard_) {
+      direct = true;
+      continue;
+    }
     auto part = std::make_unique<PullOp::Part>();
     part->shard = s;
     part->positions.assign(order.begin() + bounds[s], order.begin() + bounds[s + 1]);
@@ -524,8 +532,8 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
     part->request.set_step(step);
     op->parts.push_back(std::move(part));
   }
-  if (op->parts.empty()) return CompletedFuture(absl::OkStatus());
-  op->remaining = static_cast<int>(op->parts.size());
+  if (op->parts.empty() && !direct) return CompletedFuture(absl::OkStatus());
+  op->remaining = static_cast<int>(op->parts.size()) + (direct ? 1 : 0);
   OpStarted();
   for (const auto& part_ptr : op->parts) {
     PullOp::Part* part = part_ptr.get();
@@ -556,10 +564,6 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
           }
           if (st.ok()) {
             NoteIncarnation(part->shard, r.incarnation());
-            int64_t seen = op->staleness.load();
-            while (r.staleness() > seen &&
-                   !op->staleness.compare_exchange_weak(seen, r.staleness())) {
-            }
             const char* src = r.rows().data();
             const size_t row_bytes = dim * sizeof(float);
             for (size_t j = 0; j < part->positions.size(); ++j) {
@@ -570,32 +574,64 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
               std::memcpy(op->dense + r.dense_begin(), r.dense().data(), r.dense().size());
             }
           }
+          const int64_t staleness = r.staleness();
           // Free the payloads early: the op lives until its last part is done.
           part->response.Clear();
           part->request.Clear();
-          if (!st.ok()) {
-            absl::MutexLock lock(&op->mu);
-            if (op->status.ok()) op->status = st;
-          }
-          if (op->remaining.fetch_sub(1) == 1) {
-            absl::Status status;
-            {
-              absl::MutexLock lock(&op->mu);
-              status = op->status;
-            }
-            if (status.ok() && op->step > 0) {
-              absl::MutexLock lock(&staleness_mu_);
-              const int64_t v = op->staleness.load();
-              ++staleness_.pulls;
-              staleness_.max = std::max(staleness_.max, v);
-              staleness_.sum += static_cast<double>(v);
-            }
-            op->future->Complete(status);
-            OpFinished();
-          }
+          PullPartDone(op.get(), staleness, std::move(st));
         });
   }
+  if (direct) {
+    // The local shard's part, on this thread while the remote calls are in flight: its rows
+    // through a scratch buffer (they go to the caller's positions), the dense slice in place.
+    const int s = direct_shard_, dim = opt_.row_dim;
+    const int64_t n = bounds[s + 1] - bounds[s];
+    std::vector<int64_t> local_ids(n);
+    std::vector<float> local_rows(n * dim);
+    for (int64_t j = 0; j < n; ++j) local_ids[j] = ids[order[bounds[s] + j]];
+    int64_t staleness = 0;
+    absl::Status st = Annotate(
+        opt_.local_server->PullDirect(
+            local_ids, step, local_rows.data(),
+            dense != nullptr && dense_map_.PartitionSize(s) > 0 ? dense + dense_map_.PartitionBegin(s)
+                                                                 : nullptr,
+            &staleness),
+        absl::StrCat("shard ", s, " (in this process)"));
+    if (st.ok()) {
+      for (int64_t j = 0; j < n; ++j) {
+        std::memcpy(rows + int64_t{order[bounds[s] + j]} * dim, &local_rows[j * dim],
+                    dim * sizeof(float));
+      }
+    }
+    PullPartDone(op.get(), staleness, std::move(st));
+  }
   return op->future;
+}
+
+void PsClient::PullPartDone(PullOp* op, int64_t staleness, absl::Status st) {
+  if (st.ok()) {
+    int64_t seen = op->staleness.load();
+    while (staleness > seen && !op->staleness.compare_exchange_weak(seen, staleness)) {
+    }
+  } else {
+    absl::MutexLock lock(&op->mu);
+    if (op->status.ok()) op->status = std::move(st);
+  }
+  if (op->remaining.fetch_sub(1) != 1) return;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&op->mu);
+    status = op->status;
+  }
+  if (status.ok() && op->step > 0) {
+    absl::MutexLock lock(&staleness_mu_);
+    const int64_t v = op->staleness.load();
+    ++staleness_.pulls;
+    staleness_.max = std::max(staleness_.max, v);
+    staleness_.sum += static_cast<double>(v);
+  }
+  op->future->Complete(status);
+  OpFinished();
 }
 
 std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, const float* row_grads,
@@ -607,11 +643,16 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
   auto op = std::make_shared<PushOp>();
   std::vector<std::shared_ptr<PushPart>> parts;
   const int dim = opt_.row_dim;
+  bool direct = false;  // a part for the local shard, applied by PushDirect below
   for (int s = 0; s < num_shards(); ++s) {
     const int64_t slice = dense_grad != nullptr ? dense_map_.PartitionSize(s) : 0;
     const int64_t n = bounds[s + 1] - bounds[s];
     // BOUNDED / SYNC shards count every worker's every step: push to each, empty or not.
     if (n == 0 && slice == 0 && opt_.consistency == ASYNC) continue;
+    if (s == direct_shard_) {
+      direct = true;
+      continue;
+    }
     auto part = std::make_shared<PushPart>();
     part->op = op;
     part->shard = s;
@@ -636,8 +677,8 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     }
     parts.push_back(std::move(part));
   }
-  if (parts.empty()) return CompletedFuture(absl::OkStatus());
-  op->remaining = static_cast<int>(parts.size());
+  if (parts.empty() && !direct) return CompletedFuture(absl::OkStatus());
+  op->remaining = static_cast<int>(parts.size()) + (direct ? 1 : 0);
 
   std::vector<std::shared_ptr<PushPart>> to_start;
   {
@@ -661,7 +702,48 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     }
   }
   for (auto& part : to_start) StartPushPart(std::move(part));
+  if (direct) {
+    // The local shard's part, applied on this thread while the remote pushes are in flight (in
+    // call order, as the queue keeps them for the other shards).
+    const int s = direct_shard_;
+    const int64_t n = bounds[s + 1] - bounds[s];
+    std::vector<int64_t> local_ids(n);
+    std::vector<float> local_grads(n * dim);
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t pos = order[bounds[s] + j];
+      local_ids[j] = ids[pos];
+      std::memcpy(&local_grads[j * dim], row_grads + int64_t{pos} * dim, dim * sizeof(float));
+    }
+    const float* local_dense = dense_grad != nullptr && dense_map_.PartitionSize(s) > 0
+                                   ? dense_grad + dense_map_.PartitionBegin(s)
+                                   : nullptr;
+    PushOpPartDone(op.get(), Annotate(opt_.local_server->PushDirect(opt_.worker_id, step, local_ids,
+                                                                    local_grads.data(), local_dense),
+                                      absl::StrCat("shard ", s, " (in this process)")));
+  }
   return op->future;
+}
+
+void PsClient::PushOpPartDone(PushOp* op, absl::Status st) {
+  if (!st.ok()) {
+    absl::MutexLock lock(&op->mu);
+    if (op->status.ok()) op->status = std::move(st);
+  }
+  if (op->remaining.fetch_sub(1) != 1) return;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&op->mu);
+    status = op->status;
+  }
+  // Complete before Flush can return: a flushed push's future is done.
+  op->future->Complete(status);
+  {
+    absl::MutexLock lock(&mu_);
+    --pushes_in_flight_;
+    if (!status.ok() && push_error_.ok()) push_error_ = status;
+    cv_.SignalAll();
+  }
+  OpFinished();
 }
 
 void PsClient::StartPushPart(std::shared_ptr<PushPart> part) {
@@ -675,28 +757,8 @@ void PsClient::StartPushPart(std::shared_ptr<PushPart> part) {
       [this, part = std::move(part)](absl::Status st) {
         if (st.ok()) NoteIncarnation(part->shard, part->response.incarnation());
         part->request.Clear();
-        PushOp& op = *part->op;
-        if (!st.ok()) {
-          absl::MutexLock lock(&op.mu);
-          if (op.status.ok()) op.status = st;
-        }
         PushPartDone(part->shard);
-        if (op.remaining.fetch_sub(1) == 1) {
-          absl::Status status;
-          {
-            absl::MutexLock lock(&op.mu);
-            status = op.status;
-          }
-          // Complete before Flush can return: a flushed push's future is done.
-          op.future->Complete(status);
-          {
-            absl::MutexLock lock(&mu_);
-            --pushes_in_flight_;
-            if (!status.ok() && push_error_.ok()) push_error_ = status;
-            cv_.SignalAll();
-          }
-          OpFinished();
-        }
+        PushOpPartDone(part->op.get(), std::move(st));
       });
 }
 

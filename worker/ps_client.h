@@ -56,8 +56,6 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/channel.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +63,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "ps/partition.h"
+#include "ps/shard_server.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
 #include "worker/params.h"
@@ -107,11 +106,13 @@ class PsClient final : public ParameterAccess {
     int max_backoff_ms = 2000;     // also bounds gRPC's own reconnect backoff
     int max_pushes_in_flight = 2;  // PushAsync blocks beyond this many pending pushes, >= 1
     Consistency consistency = ASYNC;  // must match the shards' (see above)
-    // A shard served by this process (`pstrain host`): calls to shard `local_shard` go through
-    // `local_channel` (ShardServer::InProcessChannel: the same service, deadlines and retries,
-    // without TCP, its system calls and kernel copies). -1 = every shard over its address.
+    // A shard served by this process (`pstrain host`), started, not owned, outliving the client.
+    // ASYNC: pulls and pushes to shard `local_shard` call it directly (ShardServer::PullDirect /
+    // PushDirect: no messages, no copies beyond the caller's buffers). Every other call to it,
+    // and every call in BOUNDED / SYNC, goes through its in-process channel (the same service,
+    // deadlines and retries, without TCP). -1 = every shard over its address.
     int local_shard = -1;
-    std::shared_ptr<grpc::Channel> local_channel;
+    ShardServer* local_server = nullptr;
   };
 
   // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
@@ -234,7 +235,12 @@ class PsClient final : public ParameterAccess {
   absl::Status GroupByShard(absl::Span<const int64_t> ids, std::vector<int32_t>* order,
                             std::vector<int64_t>* bounds) const;
   void StartPushPart(std::shared_ptr<PushPart> part);
+  // A push part to `shard` finished: starts the next one queued for it.
   void PushPartDone(int shard);
+  // One part of a pull / push finished with `st` (a pull part's staleness with it); the last part
+  // completes the operation.
+  void PullPartDone(PullOp* op, int64_t staleness, absl::Status st);
+  void PushOpPartDone(PushOp* op, absl::Status st);
   void NoteIncarnation(int shard, uint64_t incarnation);
   void OpStarted();
   void OpFinished();
@@ -247,6 +253,7 @@ class PsClient final : public ParameterAccess {
   std::vector<int> partition_rank_;
   std::vector<int> shard_rank_begin_;
   const uint64_t incarnation_;  // random per client instance (push ids)
+  const int direct_shard_;      // pulled and pushed by direct calls (Options::local_server), or -1
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<Timer> timer_;
   std::atomic<bool> shutting_down_{false};

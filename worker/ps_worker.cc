@@ -46,7 +46,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   }
   PsClient::Options client_options = PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size);
   client_options.local_shard = o.local_shard;
-  client_options.local_channel = o.local_channel;
+  client_options.local_server = o.local_server;
   ASSIGN_OR_RETURN(auto client, PsClient::Create(std::move(client_options)));
   RETURN_IF_ERROR(Annotate(client->WaitForShards(o.connect_timeout), "waiting for the shards"));
   std::printf("pstrain %s: %s %d/%d ready, training\n", o.log_dir_prefix.c_str(),

@@ -10,8 +10,6 @@
 // What happens to the shards afterwards is the caller's business.
 #pragma once
 
-#include <grpcpp/channel.h>
-
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -20,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ps/shard_server.h"
 #include "pstrain/config.pb.h"
 #include "worker/checkpoint.h"
 #include "worker/trainer.h"
@@ -39,10 +38,9 @@ struct PsWorkerOptions {
   std::optional<CheckpointChoice> restored;
   std::atomic<bool>* stop = nullptr;      // raised by SIGTERM / SIGINT, and by a stopping round
   std::atomic<bool>* training = nullptr;  // set while the step loop runs (for signal handlers)
-  // The shard this process serves, if any (`pstrain host`): its calls skip TCP
-  // (PsClient::Options::local_channel).
+  // The shard this process serves, if any (`pstrain host`): PsClient::Options::local_server.
   int local_shard = -1;
-  std::shared_ptr<grpc::Channel> local_channel;
+  ShardServer* local_server = nullptr;
 };
 
 // The checkpoint directory of a job: checkpoint.dir, else the (chief's) model dir.
