@@ -273,14 +273,16 @@ def median(values):
     return statistics.median(v) if v else None
 
 
-def scaling(train, ps, allreduce_row, gbps, hosts_list=(2, 4, 8, 16, 32)):
+def scaling(train, ps, allreduce_row, gbps, ps_hosts, hosts_list=(2, 4, 8, 16, 32)):
     """Examples/s on paper for N hosts from the single-process step time and the traffic model.
 
     A host is this machine. Step time = compute + traffic / bandwidth (no overlap: conservative
     for both). Per host, per direction and per step:
-      PS:        (N-1)/N x B_ps, B_ps = the worker's pull+push bytes per step (measured
-                 bytes/example x batch, or U(16+8k) + 8D from the sizes): its worker's remote
-                 traffic plus the requests its shard serves for the others.
+      PS:        (N-1)/N x B_ps, B_ps = the worker's pull+push bytes per step to all shards
+                 (measured: bytes/example x batch x H/(H-1), since the H-host run's messages
+                 leave out each worker's direct calls to its own shard; or U(16+8k) + 8D from
+                 the sizes): its worker's remote traffic plus the requests its shard serves for
+                 the others.
       allreduce: ring allreduce of the dense gradient 2(N-1)/N x 4D, plus the allgather of
                  every other rank's (id, gradient) rows (N-1) x U(8+4k).
     """
@@ -291,8 +293,9 @@ def scaling(train, ps, allreduce_row, gbps, hosts_list=(2, 4, 8, 16, 32)):
     if not (U and k and D):
         return None
     bw = gbps * 1e9 / 8
-    if ps and ps.get("bytes_per_example"):
-        b_ps, b_ps_source = ps["bytes_per_example"] * batch, "measured (ps-async)"
+    if ps and ps.get("bytes_per_example") and ps_hosts > 1:
+        b_ps = ps["bytes_per_example"] * batch * ps_hosts / (ps_hosts - 1)
+        b_ps_source = f"measured (ps-async, x {ps_hosts}/{ps_hosts - 1} for the local shard)"
     else:
         b_ps, b_ps_source = U * (16 + 8 * k) + 8 * D, "from the sizes"
     rows = []
@@ -455,7 +458,7 @@ def main(argv):
         train_median = min(base, key=lambda r: abs(
             r["examples_per_sec"] - by_mode["train"]["examples_per_sec"]))
         scaling_model = scaling(train_median, by_mode.get("ps-async"), by_mode.get("allreduce"),
-                                args.network_gbps)
+                                args.network_gbps, args.hosts)
     report = {
         "timestamp": stamp, "cores": cores(), "repeats": args.repeats, "hosts": args.hosts,
         "command": " ".join(["python3", sys.argv[0]] + argv), "target_auc": target,

@@ -249,12 +249,6 @@ absl::Status ValidateConfig(const Config& c) {
   if (cl.rpc_call_deadline_ms() < 0) return bad("cluster.rpc_call_deadline_ms", "must be >= 0");
   if (cl.max_pushes_in_flight() < 1) return bad("cluster.max_pushes_in_flight", "must be >= 1");
   if (cl.dense_sync_steps() < 1) return bad("cluster.dense_sync_steps", "must be >= 1");
-  if (cl.dense_sync_steps() > 1 && cl.consistency() != ASYNC) {
-    return bad("cluster.dense_sync_steps",
-               absl::StrCat("must be 1 with consistency ", Consistency_Name(cl.consistency()),
-                            " (BOUNDED and SYNC count every step's push), got ",
-                            cl.dense_sync_steps()));
-  }
 
   const CheckpointConfig& ck = c.checkpoint();
   if (ck.every_steps() < 0) return bad("checkpoint.every_steps", "must be >= 0");

@@ -77,7 +77,13 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   // Pulls of the next batch while this one computes: ASYNC only (BOUNDED / SYNC hold pulls).
   opts.prefetch_pulls =
       config.cluster().consistency() == ASYNC && config.cluster().prefetch_pulls();
-  opts.dense_sync_steps = config.cluster().dense_sync_steps();
+  // ASYNC only, as prefetch_pulls: BOUNDED / SYNC shards count one push per worker and step.
+  opts.dense_sync_steps = cc->consistency() == ASYNC ? cc->dense_sync_steps() : 1;
+  if (chief && cc->dense_sync_steps() > 1 && cc->consistency() != ASYNC) {
+    PSTRAIN_LOG(INFO) << "cluster.dense_sync_steps " << cc->dense_sync_steps()
+                      << " applies to ASYNC only: " << Consistency_Name(cc->consistency())
+                      << " pulls and pushes the dense vector every step";
+  }
   opts.checkpointer = &checkpointer;
   opts.worker_index = me;
   opts.num_workers = N;
