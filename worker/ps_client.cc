@@ -185,7 +185,26 @@ struct PsClient::Shard {
   std::deque<std::shared_ptr<PushPart>> push_queue;
 };
 
-struct PsClient::PullOp {
+// The parts of one pull or push (one per shard) and the first error among them.
+struct PsClient::Parts {
+  std::atomic<int> remaining{0};
+  absl::Mutex mu;
+  absl::Status status ABSL_GUARDED_BY(mu);
+
+  // Notes one part's outcome. True for the last part, with the operation's status in *final.
+  bool Done(absl::Status st, absl::Status* final) {
+    if (!st.ok()) {
+      absl::MutexLock lock(&mu);
+      if (status.ok()) status = std::move(st);
+    }
+    if (remaining.fetch_sub(1) != 1) return false;
+    absl::MutexLock lock(&mu);
+    *final = status;
+    return true;
+  }
+};
+
+struct PsClient::PullOp : Parts {
   struct Part {
     int shard = 0;
     std::vector<int32_t> positions;  // index in the caller's ids of each requested row
@@ -198,16 +217,10 @@ struct PsClient::PullOp {
   int64_t step = 0;
   std::atomic<int64_t> staleness{0};  // max over the parts
   std::vector<std::unique_ptr<Part>> parts;
-  std::atomic<int> remaining{0};
-  absl::Mutex mu;
-  absl::Status status ABSL_GUARDED_BY(mu);
 };
 
-struct PsClient::PushOp {
+struct PsClient::PushOp : Parts {
   std::shared_ptr<PsFuture> future = std::make_shared<PsFuture>();
-  std::atomic<int> remaining{0};
-  absl::Mutex mu;
-  absl::Status status ABSL_GUARDED_BY(mu);
 };
 
 struct PsClient::PushPart {
@@ -613,16 +626,9 @@ void PsClient::PullPartDone(PullOp* op, int64_t staleness, absl::Status st) {
     int64_t seen = op->staleness.load();
     while (staleness > seen && !op->staleness.compare_exchange_weak(seen, staleness)) {
     }
-  } else {
-    absl::MutexLock lock(&op->mu);
-    if (op->status.ok()) op->status = std::move(st);
   }
-  if (op->remaining.fetch_sub(1) != 1) return;
   absl::Status status;
-  {
-    absl::MutexLock lock(&op->mu);
-    status = op->status;
-  }
+  if (!op->Done(std::move(st), &status)) return;
   if (status.ok() && op->step > 0) {
     absl::MutexLock lock(&staleness_mu_);
     const int64_t v = op->staleness.load();
@@ -725,16 +731,8 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
 }
 
 void PsClient::PushOpPartDone(PushOp* op, absl::Status st) {
-  if (!st.ok()) {
-    absl::MutexLock lock(&op->mu);
-    if (op->status.ok()) op->status = std::move(st);
-  }
-  if (op->remaining.fetch_sub(1) != 1) return;
   absl::Status status;
-  {
-    absl::MutexLock lock(&op->mu);
-    status = op->status;
-  }
+  if (!op->Done(std::move(st), &status)) return;
   // Complete before Flush can return: a flushed push's future is done.
   op->future->Complete(status);
   {

@@ -212,6 +212,7 @@ class PsClient final : public ParameterAccess {
  private:
   class Call;
   struct Shard;
+  struct Parts;
   struct PullOp;
   struct PushOp;
   struct PushPart;
