@@ -107,6 +107,14 @@ struct Step {
   }
 };
 
+// Both workers pull step 1 (nothing to wait for yet) and get their answers.
+void BothPullStepOne(PsClient* a, PsClient* b, Step* sa, Step* sb) {
+  sa->Pull(a, 1);
+  sb->Pull(b, 1);
+  ASSERT_TRUE(sa->pull->Wait().ok());
+  ASSERT_TRUE(sb->pull->Wait().ok());
+}
+
 absl::Status PushConstant(PsClient* c, int64_t step, float g) {
   std::vector<float> grads(kIds.size() * kDim, g), dense(kDense, g);
   return c->PushAsync(kIds, grads.data(), dense.data(), step)->Wait();
@@ -152,10 +160,7 @@ TEST(ConsistencyTest, BoundedWithStalenessZeroIsLockstep) {
   auto a = job.Client(0);
   auto b = job.Client(1);
   Step sa, sb;
-  sa.Pull(a.get(), 1);
-  sb.Pull(b.get(), 1);
-  ASSERT_TRUE(sa.pull->Wait().ok());
-  ASSERT_TRUE(sb.pull->Wait().ok());
+  ASSERT_NO_FATAL_FAILURE(BothPullStepOne(a.get(), b.get(), &sa, &sb));
   ASSERT_TRUE(PushConstant(a.get(), 1, 1.0f).ok());
   sa.Pull(a.get(), 2);
   EXPECT_TRUE(HeldFor(sa.pull.get(), kHeld));
@@ -170,10 +175,7 @@ TEST(ConsistencyTest, SyncAppliesTheMeanOnceAfterEveryWorkerPushed) {
   auto a = job.Client(0);
   auto b = job.Client(1);
   Step sa, sb;
-  sa.Pull(a.get(), 1);
-  sb.Pull(b.get(), 1);
-  ASSERT_TRUE(sa.pull->Wait().ok());
-  ASSERT_TRUE(sb.pull->Wait().ok());
+  ASSERT_NO_FATAL_FAILURE(BothPullStepOne(a.get(), b.get(), &sa, &sb));
   // Worker 0 pulls step 2 BEFORE pushing step 1 (a pipelined trainer): its push still goes
   // through, and is not applied alone.
   sa.Pull(a.get(), 2);

@@ -85,6 +85,22 @@ class TrainStepTest : public testing::Test {
     return out;
   }
 
+  // The pipelined loop of RunTraining over every batch: batch i + 1 is staged while step i + 1
+  // trains (pulls started by Stage when `prefetch`), then Flush. Appends each step's result.
+  void TrainPipelined(TrainStep* step, ParameterAccess* params, bool prefetch,
+                      std::vector<StepResult>* results) {
+    ASSERT_TRUE(step->Stage(batches_[0], params, prefetch).ok());
+    for (size_t i = 0; i < batches_.size(); ++i) {
+      auto r = step->Train(static_cast<int64_t>(i) + 1, params, [&]() -> absl::Status {
+        return i + 1 < batches_.size() ? step->Stage(batches_[i + 1], params, prefetch)
+                                       : absl::OkStatus();
+      });
+      ASSERT_TRUE(r.ok()) << r.status();
+      results->push_back(*r);
+    }
+    ASSERT_TRUE(step->Flush().ok());
+  }
+
   static constexpr int kPerTower = 64;
   Config config_;
   std::unique_ptr<FeatureSpec> spec_;
@@ -108,17 +124,9 @@ TEST_F(TrainStepTest, PipelinedWithoutPrefetchEqualsRun) {
     sync_loss += r->loss_sum;
   }
   LoggingParams logged(pipe_params.get());
-  ASSERT_TRUE((*pipe_step)->Stage(batches_[0], &logged, false).ok());
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    auto overlap = [&]() -> absl::Status {
-      return i + 1 < batches_.size() ? (*pipe_step)->Stage(batches_[i + 1], &logged, false)
-                                     : absl::OkStatus();
-    };
-    auto r = (*pipe_step)->Train(static_cast<int64_t>(i) + 1, &logged, overlap);
-    ASSERT_TRUE(r.ok()) << r.status();
-    pipe_loss += r->loss_sum;
-  }
-  ASSERT_TRUE((*pipe_step)->Flush().ok());
+  std::vector<StepResult> results;
+  ASSERT_NO_FATAL_FAILURE(TrainPipelined(pipe_step->get(), &logged, false, &results));
+  for (const StepResult& r : results) pipe_loss += r.loss_sum;
   EXPECT_EQ(sync_loss, pipe_loss);
   EXPECT_TRUE(State(sync_params.get()) == State(pipe_params.get()));
   std::vector<std::string> want;
@@ -138,17 +146,9 @@ TEST_F(TrainStepTest, PrefetchedPullsPrecedeThePreviousPush) {
   LoggingParams logged(params.get());
   auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
   ASSERT_TRUE(step.ok());
-  ASSERT_TRUE((*step)->Stage(batches_[0], &logged, true).ok());
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    auto overlap = [&]() -> absl::Status {
-      return i + 1 < batches_.size() ? (*step)->Stage(batches_[i + 1], &logged, true)
-                                     : absl::OkStatus();
-    };
-    auto r = (*step)->Train(static_cast<int64_t>(i) + 1, &logged, overlap);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_TRUE(std::isfinite(r->loss_sum));
-  }
-  ASSERT_TRUE((*step)->Flush().ok());
+  std::vector<StepResult> results;
+  ASSERT_NO_FATAL_FAILURE(TrainPipelined(step->get(), &logged, true, &results));
+  for (const StepResult& r : results) EXPECT_TRUE(std::isfinite(r.loss_sum));
   const std::vector<std::string> want = {"pull",   "pull", "push 1", "pull",   "push 2", "pull",
                                          "push 3", "pull", "push 4", "pull",   "push 5", "push 6"};
   EXPECT_EQ(logged.log, want);
@@ -163,15 +163,9 @@ TEST_F(TrainStepTest, BackgroundPushesEqualSynchronousPushesWithTheSameStaleness
     if (background) params->EnableBackgroundPush();
     auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
     EXPECT_TRUE(step.ok());
-    EXPECT_TRUE((*step)->Stage(batches_[0], params.get(), true).ok());
-    for (size_t i = 0; i < batches_.size(); ++i) {
-      auto r = (*step)->Train(static_cast<int64_t>(i) + 1, params.get(), [&]() -> absl::Status {
-        return i + 1 < batches_.size() ? (*step)->Stage(batches_[i + 1], params.get(), true)
-                                       : absl::OkStatus();
-      });
-      EXPECT_TRUE(r.ok()) << r.status();
-    }
-    EXPECT_TRUE((*step)->Flush().ok());
+    std::vector<StepResult> results;
+    TrainPipelined(step->get(), params.get(), true, &results);
+    EXPECT_EQ(results.size(), batches_.size());
     return State(params.get());
   };
   const std::vector<float> sync = train(false);
@@ -218,19 +212,12 @@ TEST_F(TrainStepTest, DenseSyncEveryKStepsPushesTheMeanOfTheirGradients) {
     auto step = TrainStep::Create(*model_, 2, kPerTower, 1);
     ASSERT_TRUE(step.ok());
     (*step)->set_dense_sync_steps(k);
-    ASSERT_TRUE((*step)->Stage(batches_[0], params, false).ok());
-    for (size_t i = 0; i < batches_.size(); ++i) {
-      auto r = (*step)->Train(static_cast<int64_t>(i) + 1, params, [&]() -> absl::Status {
-        return i + 1 < batches_.size() ? (*step)->Stage(batches_[i + 1], params, false)
-                                       : absl::OkStatus();
-      });
-      ASSERT_TRUE(r.ok()) << r.status();
-    }
-    ASSERT_TRUE((*step)->Flush().ok());
+    std::vector<StepResult> results;
+    TrainPipelined(step->get(), params, false, &results);
   };
   FrozenParams every(store.get()), blocks(store.get());
-  train(1, &every);
-  train(4, &blocks);
+  ASSERT_NO_FATAL_FAILURE(train(1, &every));
+  ASSERT_NO_FATAL_FAILURE(train(4, &blocks));
   ASSERT_EQ(every.pushes.size(), 6u);
   EXPECT_EQ(every.dense_pulls, std::vector<bool>(6, true));
   EXPECT_EQ(blocks.dense_pulls, (std::vector<bool>{true, false, false, false, true, false}));
