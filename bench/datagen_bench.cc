@@ -3,6 +3,8 @@
 // chunk (all to /dev/null, so no disk time is counted).
 #include <benchmark/benchmark.h>
 
+#include "bench/bench_main.h"
+
 #include "worker/datagen.h"
 #include "worker/record_io.h"
 
@@ -85,4 +87,4 @@ BENCHMARK(BM_Create)->Unit(benchmark::kMillisecond);
 }  // namespace
 }  // namespace pstrain
 
-BENCHMARK_MAIN();
+PSTRAIN_BENCHMARK_MAIN()

@@ -3,6 +3,8 @@
 // Arguments: bf16 (0/1), threads, K (624: the first layer, 400: the others); M = 1024, N = 400.
 #include <benchmark/benchmark.h>
 
+#include "bench/bench_main.h"
+
 #include "bench/gemm_peak.h"
 
 namespace pstrain {
@@ -30,4 +32,4 @@ BENCHMARK(BM_GemmPeak)
 }  // namespace
 }  // namespace pstrain
 
-BENCHMARK_MAIN();
+PSTRAIN_BENCHMARK_MAIN()

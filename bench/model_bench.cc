@@ -5,6 +5,8 @@
 //   model_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 // Counters: items_per_second = examples/s; GFLOP/s where a FLOP count is meaningful.
 #include <benchmark/benchmark.h>
+
+#include "bench/bench_main.h"
 #include <omp.h>
 
 #include <algorithm>
@@ -302,4 +304,4 @@ BENCHMARK(BM_TowerForward)
 }  // namespace
 }  // namespace pstrain
 
-BENCHMARK_MAIN();
+PSTRAIN_BENCHMARK_MAIN()

@@ -10,6 +10,8 @@
 //       --benchmark_out_format=json     (one command line)
 #include <benchmark/benchmark.h>
 
+#include "bench/bench_main.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -205,4 +207,4 @@ BENCHMARK(BM_DenseMemcpy);
 }  // namespace
 }  // namespace pstrain
 
-BENCHMARK_MAIN();
+PSTRAIN_BENCHMARK_MAIN()

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "bench/bench_main.h"
 #include "common/logging.h"
 #include "common/random.h"
 #include "worker/batch.h"
@@ -208,4 +209,4 @@ BENCHMARK(BM_ParseOnly)->Unit(benchmark::kMillisecond);
 }  // namespace
 }  // namespace pstrain
 
-BENCHMARK_MAIN();
+PSTRAIN_BENCHMARK_MAIN()

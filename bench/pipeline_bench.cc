@@ -9,6 +9,8 @@
 //
 // Run: build/release/bench/pipeline_bench --benchmark_out=pipeline_bench.json
 #include <benchmark/benchmark.h>
+
+#include "bench/bench_main.h"
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -129,4 +131,4 @@ BENCHMARK(BM_Pipeline)
 }  // namespace
 }  // namespace pstrain
 
-BENCHMARK_MAIN();
+PSTRAIN_BENCHMARK_MAIN()

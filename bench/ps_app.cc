@@ -28,6 +28,7 @@
 #include "common/hash.h"
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
+#include "worker/launcher.h"
 #include "common/random.h"
 #include "ps/dense_store.h"
 #include "ps/embedding_store.h"
@@ -317,5 +318,9 @@ int main(int argc, char** argv) {
   // one the training commands run.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   pstrain::KeepLargeBuffersInTheHeap();
+  if (auto env = pstrain::InitLaunchEnvironment(); !env.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(env.status().message()).c_str());
+    return 2;
+  }
   return pstrain::Main(argc, argv);
 }

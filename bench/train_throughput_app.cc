@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "bench/gemm_peak.h"
 #include "common/config.h"
 #include "common/file.h"
@@ -32,8 +33,10 @@
 #include "common/json_writer.h"
 #include "worker/datagen.h"
 #include "worker/feature_spec.h"
+#include "worker/launcher.h"
 #include "worker/local_params.h"
 #include "worker/model.h"
+#include "worker/model/isa.h"
 #include "worker/step_timing.h"
 #include "worker/train_step.h"
 
@@ -70,7 +73,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--mode must be sync, pipelined or stale, got '%s'\n", mode.c_str());
     return 2;
   }
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  auto env = InitLaunchEnvironment();
+  if (!env.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(env.status().message()).c_str());
+    return 2;
+  }
+  const int cores = env->cpus.cpus;
+  std::printf("%s; %s\n", env->cpu_model.c_str(), env->Describe().c_str());
 
   // The shipped DeepFM config: Adagrad rows, Adam dense, 1M-row categorical fields.
   auto base = LoadConfigFile("configs/deepfm_criteo.textproto");
@@ -83,14 +92,21 @@ int Main(int argc, char** argv) {
   if (!spec.ok() || !data.ok()) return 1;
 
   // Peaks first, on an idle process.
-  const double peak_f32_1 = GemmPeakGflops(false, 1), peak_bf16_1 = GemmPeakGflops(true, 1);
-  const double peak_f32_all = GemmPeakGflops(false, cores), peak_bf16_all = GemmPeakGflops(true, cores);
+  // bf16 only where the path has it (worker/model/isa.h); said, not silently dropped.
+  const absl::Status bf16_ok = CheckPrecisionSupported(BF16, env->isa);
+  if (!bf16_ok.ok() && absl::StrContains(precisions, "bf16")) {
+    std::printf("skipping bf16: %s\n", std::string(bf16_ok.message()).c_str());
+  }
+  const double peak_f32_1 = GemmPeakGflops(false, 1), peak_f32_all = GemmPeakGflops(false, cores);
+  const double peak_bf16_1 = bf16_ok.ok() ? GemmPeakGflops(true, 1) : 0;
+  const double peak_bf16_all = bf16_ok.ok() ? GemmPeakGflops(true, cores) : 0;
   std::printf("oneDNN GEMM peak (M=1024 K=624 N=400): f32 %.0f GFLOP/s (1 thread), %.0f (%d threads);"
               " bf16 %.0f (1 thread), %.0f (%d threads)\n",
               peak_f32_1, peak_f32_all, cores, peak_bf16_1, peak_bf16_all, cores);
 
   std::vector<Result> results;
   for (absl::string_view prec : absl::StrSplit(precisions, ',')) {
+    if (prec == "bf16" && !bf16_ok.ok()) continue;
     for (absl::string_view setting : absl::StrSplit(settings, ',')) {
       std::vector<std::string> ti = absl::StrSplit(setting, 'x');
       int T = 0, I = 0;
@@ -175,6 +191,8 @@ int Main(int argc, char** argv) {
   if (!out.empty()) {
     const std::string doc = JsonObject()
                                 .Add("cores", cores).Add("batch_per_tower", batch).Add("mode", mode)
+                                .Add("isa", IsaName(env->isa)).Add("onednn_isa", OneDnnIsaName())
+                                .Add("cpu_model", env->cpu_model)
                                 .Add("gemm_peak_f32_1thread", peak_f32_1).Add("gemm_peak_bf16_1thread", peak_bf16_1)
                                 .Add("gemm_peak_f32_all", peak_f32_all).Add("gemm_peak_bf16_all", peak_bf16_all)
                                 .AddRaw("results", json).str();

@@ -257,13 +257,24 @@ absl::Status ValidateConfig(const Config& c) {
   return absl::OkStatus();
 }
 
-void ResolveThreadDefaults(int cores, ThreadConfig* t) {
+std::string ResolveThreadDefaults(int cores, ThreadConfig* t, int omp_num_threads) {
   if (cores < 1) cores = 1;
   // Default: one tower per core with one OpenMP thread each, so the towers overlap each other's
   // serial parts. `pstrain tune` measures the alternatives on the user's machine.
   if (t->towers() == 0) t->set_towers(cores);
-  if (t->intra_op_threads() == 0) t->set_intra_op_threads(std::max(1, cores / t->towers()));
+  if (t->intra_op_threads() == 0) {
+    int intra = std::max(1, cores / t->towers());
+    if (omp_num_threads > 0) intra = std::min(intra, omp_num_threads);
+    t->set_intra_op_threads(intra);
+  }
   if (t->inter_op_threads() == 0) t->set_inter_op_threads(std::max(1, std::min(4, cores / 2)));
+  std::string note;
+  if (omp_num_threads > 0 && t->intra_op_threads() > omp_num_threads) {
+    note = absl::StrCat("OMP_NUM_THREADS=", omp_num_threads, " lowers threads.intra_op_threads from ",
+                        t->intra_op_threads(), " to ", omp_num_threads);
+    t->set_intra_op_threads(omp_num_threads);
+  }
+  return note;
 }
 
 std::string ConfigToText(const google::protobuf::Message& message) {

@@ -31,8 +31,12 @@ absl::Status ValidateConfig(const Config& config);
 // `--set dense_optimizer.learning_rate=...` tunes that Adam.
 void ApplyConfigDefaults(Config* config);
 
-// Fills the 0 = "automatic" thread settings from the number of cores.
-void ResolveThreadDefaults(int cores, ThreadConfig* threads);
+// Fills the 0 = "automatic" thread settings from the CPUs this process may use (`cores`: the
+// affinity mask capped by the cgroup quota, common/cpu.h): towers = cores, intra_op = cores /
+// towers, inter_op = min(4, cores / 2). OMP_NUM_THREADS, when set (omp_num_threads > 0), bounds
+// intra_op_threads, the automatic value and a configured one alike, as it bounds every OpenMP
+// team. Returns a note for the log when it lowered a configured value, else "".
+std::string ResolveThreadDefaults(int cores, ThreadConfig* threads, int omp_num_threads = 0);
 
 // Text-proto rendering, for logs and for `tune` fragments.
 std::string ConfigToText(const google::protobuf::Message& message);

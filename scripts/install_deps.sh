@@ -13,6 +13,9 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3
+  # Tests: QEMU's user-mode emulator runs the default build on CPU models this machine is not
+  # (an AVX2-only AMD Zen 3, a pre-AVX2 Intel); tests/common/emulated_cpu_test.cc.
+  qemu-user
 )
 
 missing=()

@@ -1,5 +1,8 @@
 #include "worker/cli.h"
 
+#include "worker/launcher.h"
+#include "worker/model/isa.h"
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -65,11 +68,13 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
   }
   if (s.ok()) {
     absl::StatusOr<Config> c = BuildConfig(training);
-    if (c.ok()) {
+    // Before any data is read: a precision this CPU (or the forced ISA path) cannot run.
+    if (c.ok()) s = CheckPrecisionSupported(c->model().precision(), Launch().isa);
+    if (c.ok() && s.ok()) {
       *config = *std::move(c);
       return std::nullopt;
     }
-    s = c.status();
+    if (!c.ok()) s = c.status();
   }
   std::fprintf(stderr, "pstrain %s: %s\n", command, std::string(s.message()).c_str());
   return 2;

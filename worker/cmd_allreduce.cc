@@ -22,6 +22,7 @@
 #include "worker/allreduce_params.h"
 #include "worker/cli.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 #include "worker/feature_spec.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
@@ -76,9 +77,10 @@ void StopWatchdog(int rank, int size, double timeout) {
 }
 
 absl::Status Train(Config config, int rank, int size, int local_ranks) {
-  const int cores =
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
-  ResolveThreadDefaults(cores, config.mutable_threads());
+  const int cores = std::max(1, Launch().cpus.cpus / local_ranks);
+  const std::string thread_note =
+      ResolveThreadDefaults(cores, config.mutable_threads(), Launch().omp_num_threads);
+  if (!thread_note.empty() && rank == 0) std::fprintf(stderr, "pstrain allreduce: %s\n", thread_note.c_str());
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));

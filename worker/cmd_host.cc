@@ -26,6 +26,7 @@
 #include "worker/cli.h"
 #include "worker/cluster_spec.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 #include "worker/shard_rpc.h"
 #include "worker/ps_setup.h"
 #include "worker/ps_worker.h"
@@ -61,7 +62,8 @@ int RunHost(int argc, char** argv) {
   flags.String("bind", &bind, "address the shard listens on (its port is from the cluster spec)");
   flags.Int("ps_threads", &ps_threads, "OpenMP threads per PS request");
   flags.Int("cores", &cores,
-            "cores this host's automatic thread settings divide (0 = all of the machine's; "
+            "cores this host's automatic thread settings divide (0 = the CPUs this process may "
+            "use: its affinity mask capped by the cgroup CPU quota; "
             "`local` passes its share when several hosts share one machine)");
   flags.Int("connect_timeout_s", &connect_timeout_s, "how long to wait for all shards to be up");
   flags.Int("barrier_timeout_s", &barrier_timeout_s,
@@ -130,6 +132,7 @@ int RunHost(int argc, char** argv) {
   wo.shards = spec->hosts;
   wo.log_dir_prefix = "host";
   wo.cores = cores;
+  wo.omp_num_threads = Launch().omp_num_threads;
   wo.connect_timeout = absl::Seconds(connect_timeout_s);
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
   if (*choice) wo.restored = **choice;

@@ -42,6 +42,7 @@
 #include "common/flags.h"
 #include "worker/cli.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 
 namespace pstrain {
 namespace {
@@ -123,7 +124,7 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
     // The hosts share this machine: each one's automatic thread settings (threads.* = 0) divide
     // its share of the cores, not all of them.
     args.push_back(absl::StrCat(
-        "--cores=", std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n)));
+        "--cores=", std::max(1, Launch().cpus.cpus / n)));
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

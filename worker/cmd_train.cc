@@ -8,6 +8,7 @@
 #include "common/flags.h"
 #include "worker/cli.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
@@ -43,6 +44,8 @@ int RunTrain(int argc, char** argv) {
   TrainerOptions opts;
   opts.tty = isatty(STDERR_FILENO);
   opts.stop = &g_stop;
+  opts.cores = Launch().cpus.cpus;
+  opts.omp_num_threads = Launch().omp_num_threads;
   auto summary = RunTraining(config, opts);
   if (!summary.ok()) {
     std::fprintf(stderr, "pstrain train: %s\n", summary.status().ToString().c_str());

@@ -42,6 +42,7 @@
 #include "common/status.h"
 #include "worker/cli.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 #include "worker/datagen.h"
 #include "worker/feature_spec.h"
 #include "worker/local_params.h"
@@ -165,7 +166,9 @@ int RunTune(int argc, char** argv) {
   flags.Int("windows", &windows, "timed windows per candidate (the median is reported)");
   flags.Double("window_s", &window_s, "seconds per timed window (at least one step)");
   flags.Int("warmup_steps", &warmup_steps, "untimed steps per candidate before the windows");
-  flags.Int("cores", &cores, "cores to tune for (0 = all of this machine's)");
+  flags.Int("cores", &cores,
+            "cores to tune for (0 = the CPUs this process may use: its affinity mask capped by "
+            "the cgroup CPU quota)");
   flags.String("out", &out, "config fragment to write (default <model_dir or cwd>/tuned.textproto)");
   Config config;
   if (auto code = ParseTrainingCommand("tune", argc, argv, &flags, tf, &config)) return *code;
@@ -182,7 +185,7 @@ int RunTune(int argc, char** argv) {
 
   // The environment users know from TF: reported, and OMP_NUM_THREADS caps intra_op_threads
   // (each tower sets its OpenMP team to intra_op_threads, which would otherwise override it).
-  if (cores == 0) cores = std::max(1u, std::thread::hardware_concurrency());
+  if (cores == 0) cores = Launch().cpus.cpus;
   bool have_data = false;
   for (const Channel& c : config.data().train()) have_data |= c.path_size() > 0;
   Space space{cores, cores, have_data, 0};
@@ -190,18 +193,14 @@ int RunTune(int argc, char** argv) {
   for (const char* name : {"OMP_NUM_THREADS", "KMP_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES"}) {
     absl::StrAppend(&env, env.empty() ? "" : "  ", name, "=", EnvValue(name));
   }
-  std::printf("pstrain tune: %d cores; environment: %s\n", cores, env.c_str());
-  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
-    // A list ("4,2") gives nested levels; the outer one is what a tower's team gets.
-    const std::vector<std::string> levels = absl::StrSplit(omp, ',');
-    int n = 0;
-    if (absl::SimpleAtoi(levels[0], &n) && n >= 1) {
-      space.intra_cap = std::min(cores, n);
-      std::printf("OMP_NUM_THREADS=%d caps intra_op_threads at %d\n", n, space.intra_cap);
-    }
+  std::printf("pstrain tune: %d cores; %s; environment: %s\n", cores, Launch().Describe().c_str(),
+              env.c_str());
+  if (const int n = Launch().omp_num_threads; n > 0) {
+    space.intra_cap = std::min(cores, n);
+    std::printf("OMP_NUM_THREADS=%d caps intra_op_threads at %d\n", n, space.intra_cap);
   }
   ThreadConfig defaults;
-  ResolveThreadDefaults(cores, &defaults);
+  ResolveThreadDefaults(cores, &defaults, Launch().omp_num_threads);
   space.default_inter = defaults.inter_op_threads();
 
   auto spec = FeatureSpec::Create(config.features());

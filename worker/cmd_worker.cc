@@ -11,6 +11,7 @@
 #include "common/flags.h"
 #include "worker/cli.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 #include "worker/ps_worker.h"
 #include "worker/stop_signal.h"
 
@@ -32,7 +33,9 @@ int RunWorker(int argc, char** argv) {
   flags.String("ps", &ps, "PS shard addresses host:port, comma-separated, shard 0 first");
   flags.Int("index", &index, "this worker's index j in [0, num_workers)");
   flags.Int("num_workers", &num_workers, "workers of the job");
-  flags.Int("cores", &cores, "cores the automatic thread settings divide (0 = all)");
+  flags.Int("cores", &cores,
+            "cores the automatic thread settings divide (0 = the CPUs this process may use: its "
+            "affinity mask capped by the cgroup CPU quota)");
   flags.Int("connect_timeout_s", &connect_timeout_s, "how long to wait for all shards to be up");
   flags.Int("barrier_timeout_s", &barrier_timeout_s,
             "how long the end-of-job and checkpoint waits may take");
@@ -60,6 +63,7 @@ int RunWorker(int argc, char** argv) {
   wo.shards = absl::StrSplit(ps, ',');
   wo.log_dir_prefix = "worker";
   wo.cores = cores;
+  wo.omp_num_threads = Launch().omp_num_threads;
   wo.connect_timeout = absl::Seconds(connect_timeout_s);
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
   if (*choice) wo.restored = **choice;

@@ -9,9 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -200,18 +198,15 @@ const BucketTable& Buckets() {
 }
 
 // 16 signed bytes to 16 floats. GCC scalarizes __builtin_convertvector from int8 inside the
-// loop below, hence the intrinsics (vpmovsxbd + vcvtdq2ps) where AVX-512 is available.
-inline SyntheticData::V16 BytesToFloats(const int8_t* p) {
-#if defined(__AVX512F__)
-  // The maskz forms: GCC 12's plain forms trip -Wmaybe-uninitialized (GCC bug 105593).
-  const __m512i i32 =
-      _mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return reinterpret_cast<SyntheticData::V16>(_mm512_maskz_cvtepi32_ps(0xffff, i32));
-#else
-  SyntheticData::V16 v;
-  for (int j = 0; j < 16; ++j) v[j] = p[j];
-  return v;
-#endif
+// loop below, hence the intrinsics (vpmovsxbd + vcvtdq2ps, twice). AVX2 is the build's baseline,
+// and datagen has this one path on every CPU, so a seed gives the same data everywhere.
+// (Written through a pointer: a 64-byte vector returned by value has another ABI with AVX-512.)
+inline void BytesToFloats(const int8_t* p, SyntheticData::V16* out) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(bytes, bytes)));
+  std::memcpy(out, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(lo), &hi, sizeof(hi));
 }
 
 inline double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
@@ -479,7 +474,7 @@ void SyntheticData::FillRows(Rng* stream, RawRows* rows, int begin, int end) con
 void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTerms* out) const {
   // Blocks of rows go through flat passes (ids, hashes, bytes -> floats, MLP) with the block's
   // scratch in L1/L2. GCC's auto-vectorizer makes a poor job of the 16-wide per-field and
-  // per-input steps, so they are written with vector extensions (one AVX-512 register each).
+  // per-input steps, so they are written with vector extensions (two AVX2 registers each).
   constexpr int kBlock = 32;
   alignas(64) uint64_t hashes[kBlock * kFields * 2];
   const BucketTable& buckets = Buckets();
@@ -504,7 +499,9 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
       V16 sum = {}, sum_sq = {};
       V16 params[kFields];
       for (int f = 0; f < kFields; ++f) {
-        const V16 p = BytesToFloats(&bytes[(r * kFields + f) * 16]) * param_scale_[f];
+        V16 p;
+        BytesToFloats(&bytes[(r * kFields + f) * 16], &p);
+        p *= param_scale_[f];
         params[f] = p;
         sum += p;
         sum_sq += p * p;

@@ -185,7 +185,7 @@ class SyntheticData {
   // [1, 2^32] onto the 32-bit keys, so distinct ranks never collide.
   uint32_t RankToKey(int categorical_field, uint64_t rank) const;
 
-  // 16 floats (GCC/Clang vector extension: one AVX-512 register, or four SSE ones).
+  // 16 floats (GCC/Clang vector extension: two AVX2 registers, the build's baseline).
   typedef float V16 __attribute__((vector_size(64)));
 
   SyntheticData(SyntheticData&&) = default;

@@ -72,6 +72,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   TrainerOptions opts;
   opts.tty = chief && isatty(STDERR_FILENO);
   opts.cores = o.cores;
+  opts.omp_num_threads = o.omp_num_threads;
   opts.stop = o.stop;
   opts.params = client.get();
   // Pulls of the next batch while this one computes: ASYNC only (BOUNDED / SYNC hold pulls).

@@ -31,7 +31,8 @@ struct PsWorkerOptions {
   std::vector<std::string> shards;  // every shard's "host:port", shard 0 first
   // Worker i > 0 logs to <model_dir>/<log_dir_prefix>-<i>/ ("host" or "worker").
   std::string log_dir_prefix = "worker";
-  int cores = 0;  // TrainerOptions::cores
+  int cores = 0;            // TrainerOptions::cores
+  int omp_num_threads = 0;  // TrainerOptions::omp_num_threads
   absl::Duration connect_timeout = absl::Seconds(120);
   absl::Duration barrier_timeout = absl::Hours(1);
   // The checkpoint the job resumes from (every process picks the same: ChooseCheckpoint).

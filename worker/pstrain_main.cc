@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/malloc_tuning.h"
 #include "worker/commands.h"
+#include "worker/launcher.h"
 
 namespace {
 
@@ -52,6 +53,11 @@ int main(int argc, char** argv) {
   // is fixed by design, so the detector is switched off in the binary.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   pstrain::KeepLargeBuffersInTheHeap();
+  // The ISA path (PSTRAIN_ISA, else the best this CPU has), before any oneDNN primitive exists.
+  if (absl::StatusOr<pstrain::LaunchEnvironment> env = pstrain::InitLaunchEnvironment(); !env.ok()) {
+    std::fprintf(stderr, "pstrain: %s\n", std::string(env.status().message()).c_str());
+    return 2;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     PrintUsage();

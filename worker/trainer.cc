@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/cpu.h"
 #include "common/file.h"
 #include "common/json_writer.h"
 #include "common/logging.h"
@@ -18,6 +19,7 @@
 #include "worker/feature_spec.h"
 #include "worker/local_params.h"
 #include "worker/model.h"
+#include "worker/model/isa.h"
 #include "worker/pipeline.h"
 #include "worker/progress.h"
 #include "worker/train_step.h"
@@ -44,6 +46,8 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("mode", opts.mode)
       .Add("model", ModelType_Name(config.model().type()))
       .Add("precision", Precision_Name(config.model().precision()))
+      .Add("isa", IsaName(KernelIsa()))
+      .Add("onednn_isa", OneDnnIsaName())
       .Add("towers", t.towers())
       .Add("intra_op_threads", t.intra_op_threads())
       .Add("inter_op_threads", t.inter_op_threads())
@@ -66,9 +70,9 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
 
 absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerOptions& opts) {
   Config config = config_in;
-  const int cores = opts.cores > 0 ? opts.cores
-                                   : std::max(1u, std::thread::hardware_concurrency());
-  ResolveThreadDefaults(cores, config.mutable_threads());
+  const int cores = opts.cores > 0 ? opts.cores : DetectCpuBudget().cpus;
+  const std::string thread_note =
+      ResolveThreadDefaults(cores, config.mutable_threads(), opts.omp_num_threads);
   const int T = config.threads().towers();
   const int I = config.threads().intra_op_threads();
   const int J = config.threads().inter_op_threads();
@@ -100,12 +104,15 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   }
   ASSIGN_OR_RETURN(auto progress, ProgressReporter::Create(model_dir, opts.tty));
   progress->Message(absl::StrFormat(
-      "pstrain %s: %s k=%d, %d fields (%d rows), towers=%d intra_op=%d inter_op=%d, batch %d x %d%s",
-      opts.mode, ModelType_Name(config.model().type()),
+      "pstrain %s: %s %s k=%d, %d fields (%d rows), towers=%d intra_op=%d inter_op=%d, batch %d x "
+      "%d%s; isa %s (oneDNN %s), %d cores",
+      opts.mode, ModelType_Name(config.model().type()), Precision_Name(config.model().precision()),
       config.model().embedding_dim(), spec.num_fields(), spec.total_rows(), T, I, J, T, B,
       opts.num_workers == 1 ? ""
                             : absl::StrFormat(", worker %d of %d", opts.worker_index,
-                                              opts.num_workers)));
+                                              opts.num_workers),
+      IsaName(KernelIsa()), OneDnnIsaName(), cores));
+  if (!thread_note.empty()) progress->Message(thread_note);
 
   // Resume from the latest good checkpoint, if any.
   WorkerState state;

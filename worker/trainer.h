@@ -46,7 +46,8 @@ struct TrainSummary {
 };
 
 struct TrainerOptions {
-  int cores = 0;                             // 0 = std::thread::hardware_concurrency()
+  int cores = 0;            // CPUs the automatic thread settings divide; 0 = DetectCpuBudget()
+  int omp_num_threads = 0;  // OMP_NUM_THREADS from the launcher (caps intra_op); 0 = unset
   bool tty = false;                          // progress line in place
   const std::atomic<bool>* stop = nullptr;   // set by a SIGTERM handler: checkpoint and stop
 

@@ -22,7 +22,6 @@ using testing_util::CriteoSpec;
 using testing_util::ParseFile;
 using testing_util::ReadAll;
 using testing_util::SameRows;
-using testing_util::SharedData;
 using testing_util::TempDir;
 using testing_util::WriteRows;
 
@@ -197,7 +196,7 @@ TEST(ConvertTest, SplitsNearTheTargetSize) {
 
 // The real TFRecord sample (written by TensorFlow) to every other format and back.
 TEST(ConvertTest, RealTfrecordsRoundTrip) {
-  const std::string input = SharedData("criteo/criteo_sample.tr.tfrecords");
+  ASSERT_SHARED_DATA(input, "criteo/criteo_sample.tr.tfrecords");
   const RawRows original = ReadFiles({input}, TFRECORD);
   ASSERT_EQ(original.size(), 160);
   for (DataFormat format : {CRITEO_TSV, CSV, LIBSVM, RECORDIO}) {
@@ -213,8 +212,9 @@ TEST(ConvertTest, RealTfrecordsRoundTrip) {
 }
 
 TEST(ConvertTest, BadRecordsFailWithTheirPlaceOrAreSkipped) {
+  ASSERT_SHARED_DATA(kaggle, "criteo/kaggle_train_head10k.tsv");
   TempDir dir;
-  const std::string tsv = ReadAll(SharedData("criteo/kaggle_train_head10k.tsv")).substr(0, 200000);
+  const std::string tsv = ReadAll(kaggle).substr(0, 200000);
   std::string lines = tsv.substr(0, tsv.rfind('\n') + 1);
   const size_t third = lines.find('\n', lines.find('\n') + 1) + 1;
   lines.insert(third, "1\tnot-a-number\n");  // line 3
@@ -248,13 +248,14 @@ int RunPstrain(const std::string& args, const TempDir& dir, std::string* output)
 }
 
 TEST(ConvertCommandTest, ConvertsAndExplainsItsFlags) {
+  ASSERT_SHARED_DATA(sample, "criteo/criteo_sample.tr.tfrecords");
   TempDir dir;
   std::string output;
   EXPECT_EQ(RunPstrain("convert --help", dir, &output), 0);
   EXPECT_NE(output.find("--target_file_mb"), std::string::npos) << output;
   EXPECT_EQ(RunPstrain("convert --from tsv --to csv --out " + dir.File("x"), dir, &output), 2);
   ASSERT_EQ(
-      RunPstrain("convert --input " + SharedData("criteo/criteo_sample.tr.tfrecords") +
+      RunPstrain("convert --input " + sample +
                      " --from tfrecord --to tsv --shuffle_seed 3 --target_file_mb 0.01 --out " +
                      dir.File("out"),
                  dir, &output),

@@ -1,6 +1,7 @@
 #include "worker/event_writer.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@ std::vector<std::string> ReadFramed(const std::string& path) {
 }
 
 TEST(EventWriter, ScalarsReadBackThroughTheFramingWithCrcs) {
-  const std::string dir = testing::TempDir() + "/events_test";
+  const std::string dir = testing::TempDir() + "/events_test_" + std::to_string(getpid());
   std::string path;
   {
     auto w = EventWriter::Create(dir);

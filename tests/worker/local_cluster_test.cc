@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <memory>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -327,8 +329,22 @@ TEST_F(LocalClusterTest, SyncMatchesSingleProcessTrainingWithTheGlobalBatch) {
   const double auc = s.at("test_auc").number_value();
   const double logloss = s.at("test_logloss").number_value();
   EXPECT_GT(auc, 0.6);  // it learned something, so the comparison means something
-  EXPECT_NEAR(p.at("test_auc").number_value(), auc, 1e-5 * auc);
-  EXPECT_NEAR(p.at("test_logloss").number_value(), logloss, 1e-5 * logloss);
+  // The two runs sum the same gradients in another order (two towers' sum vs the shards' mean of
+  // two pushes), so they agree to rounding, not bit for bit. Tolerances from measurements
+  // (docs/PERFORMANCE.md, "Tolerances that depend on summation order"):
+  //   - logloss, a smooth function of the weights: relative differences of 1e-9 to 3e-9 on the
+  //     avx2 and avx512 paths (AMD EPYC Zen 4), while one step fewer moves it by 3e-2. 1e-6 is
+  //     300x the noise and 3e4x below that smallest real change.
+  //   - AUC, a rank statistic: a rounding change flips near-tied pairs of eval scores, each worth
+  //     about 1.4e-6 here (~480 x 1520 pairs). Measured: 0 on Zen 4 (both paths), 1.1e-5 relative
+  //     on an AVX2-only Zen 3 (about 6 flips); one step fewer moves it by 3e-3. 1e-4 allows ~9x
+  //     the worst seen and is 30x below that smallest real change.
+  std::printf("relative differences: auc %.3g logloss %.3g (isa %s)\n",
+              std::fabs(p.at("test_auc").number_value() - auc) / auc,
+              std::fabs(p.at("test_logloss").number_value() - logloss) / logloss,
+              p.at("isa").string_value().c_str());
+  EXPECT_NEAR(p.at("test_auc").number_value(), auc, 1e-4 * auc);
+  EXPECT_NEAR(p.at("test_logloss").number_value(), logloss, 1e-6 * logloss);
 }
 
 // Issue 4: SIGTERM mid-run in SYNC mode, then the same command: the final model equals an

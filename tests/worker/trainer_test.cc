@@ -20,6 +20,7 @@
 #include "worker/model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/shared_data.h"
 
 namespace pstrain {
 namespace {
@@ -30,8 +31,6 @@ std::string FreshDir(const std::string& name) {
   if (mkdtemp(templ.data()) == nullptr) return testing::TempDir() + "/" + name;
   return templ;
 }
-
-std::string Shared(const std::string& rel) { return std::string(PSTRAIN_SHARED_DATA_DIR) + "/" + rel; }
 
 std::string Slurp(const std::string& path) {
   auto s = ReadFileToString(path);
@@ -64,8 +63,8 @@ Config BaseConfig(const std::string& train, const std::string& eval, const std::
 // The quality bar: train on the first 8,000 rows of Kaggle's train.txt, evaluate on the
 // last 2,000. A hashed logistic regression reaches about 0.747 there.
 TEST(Trainer, LearnsRealKaggleCriteo) {
+  ASSERT_SHARED_DATA(src, "criteo/kaggle_train_head10k.tsv");
   const std::string dir = FreshDir("trainer_kaggle");  // no checkpoint to resume from
-  const std::string src = Shared("criteo/kaggle_train_head10k.tsv");
   CopyLines(src, dir + "/train.tsv", 0, 8000);
   CopyLines(src, dir + "/test.tsv", 8000, 10000);
   Config config = BaseConfig(dir + "/train.tsv", dir + "/test.tsv", dir + "/model",
@@ -95,8 +94,8 @@ TEST(Trainer, LearnsRealKaggleCriteo) {
 // costs AUC with this config's large steps (Adagrad lr 0.3, 32 steps an epoch): 0.719 here, where
 // the synchronous run reaches 0.743.
 TEST(Trainer, AsyncLocalUpdatesLearnAndAreDeterministic) {
+  ASSERT_SHARED_DATA(src, "criteo/kaggle_train_head10k.tsv");
   const std::string dir = FreshDir("trainer_async");
-  const std::string src = Shared("criteo/kaggle_train_head10k.tsv");
   CopyLines(src, dir + "/train.tsv", 0, 8000);
   CopyLines(src, dir + "/test.tsv", 8000, 10000);
   double auc[2];

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "worker/model.h"
 #include "worker/model/fm.h"
+#include "worker/model/isa.h"
 #include "worker/model/mlp.h"
 #include "worker/model/simd.h"
 
@@ -222,6 +223,7 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("model.precision ", config.precision(), " is not supported"));
   }
+  RETURN_IF_ERROR(CheckPrecisionSupported(config.precision(), KernelIsa()));
 
   model->layout_.push_back({"bias", 0, {1}});
   int64_t offset = 1;

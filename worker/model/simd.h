@@ -1,5 +1,6 @@
 // Small building blocks of the model kernels: 64-byte aligned scratch arrays and f32 <-> bf16
-// conversion (round to nearest even, as oneDNN and AVX512-BF16 do).
+// conversion (round to nearest even, as oneDNN and AVX512-BF16 do). The 8x8 transpose uses SSE2
+// only, which every x86-64 CPU has.
 #pragma once
 
 #include <immintrin.h>
@@ -59,21 +60,9 @@ inline uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// dst[i] = bf16(src[i]) for i < n.
-inline void FloatToBf16(const float* src, uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-  for (; i + 32 <= n; i += 32) {
-    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(v));
-  }
-  for (; i + 16 <= n; i += 16) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i>(v));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = FloatToBf16(src[i]);
-}
+// dst[i] = bf16(src[i]) for i < n: vcvtneps2bf16 where the kernel path has AVX512-BF16
+// (worker/model/simd.cc), the scalar rounding above otherwise; both give the same bits.
+void FloatToBf16(const float* src, uint16_t* dst, int64_t n);
 
 // dst[c * ld + r] = src[r * cols + c] for 16-bit elements (bf16): writes the transpose of a
 // row-major [rows, cols] matrix into columns [0, rows) of a [cols, ld] one, in 8x8 blocks of SSE

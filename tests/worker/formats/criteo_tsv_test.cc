@@ -41,9 +41,8 @@ class CriteoTsv : public ::testing::Test {
 };
 
 TEST_F(CriteoTsv, KaggleHead10k) {
-  rows_ = testing_util::ParseFile(CRITEO_TSV, spec_,
-                                  testing_util::SharedData("criteo/kaggle_train_head10k.tsv"),
-                                  &errors_);
+  ASSERT_SHARED_DATA(path, "criteo/kaggle_train_head10k.tsv");
+  rows_ = testing_util::ParseFile(CRITEO_TSV, spec_, path, &errors_);
   ASSERT_TRUE(errors_.empty()) << errors_[0];
   ASSERT_EQ(rows_.size(), 10000);
   // Independent counts, computed once with awk over the same file:

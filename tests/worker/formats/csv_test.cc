@@ -25,7 +25,7 @@ FeatureSpec SmallSpec() {
 
 TEST(Csv, DeepCtrSample) {
   const FeatureSpec spec = testing_util::CriteoSpec();
-  const std::string path = testing_util::SharedData("criteo/criteo_sample.txt");
+  ASSERT_SHARED_DATA(path, "criteo/criteo_sample.txt");
   auto src = testing_util::Open(CSV, path);
   EXPECT_THAT(std::string(src->header()), testing::StartsWith("label,I1,I2,"));
   std::vector<absl::Status> errors;

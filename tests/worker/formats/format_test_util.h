@@ -16,16 +16,13 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/shared_data.h"
 #include "worker/feature_spec.h"
 #include "worker/formats/registry.h"
 #include "worker/record_io.h"
 
 namespace pstrain {
 namespace testing_util {
-
-inline std::string SharedData(const std::string& rel) {
-  return std::string(PSTRAIN_SHARED_DATA_DIR) + "/" + rel;
-}
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its files at destruction.
 class TempDir {

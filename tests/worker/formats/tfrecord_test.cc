@@ -28,10 +28,11 @@ TEST(TFRecord, DeepCtrSampleFiles) {
   for (const auto& [name, count, positives] :
        {std::tuple<const char*, int, int>{"criteo/criteo_sample.tr.tfrecords", 160, 37},
         {"criteo/criteo_sample.te.tfrecords", 40, 12}}) {
+    ASSERT_SHARED_DATA(path, name);
     std::vector<absl::Status> errors;
     absl::Status source_error;
-    const RawRows rows = testing_util::ParseFile(TFRECORD, Spec(), testing_util::SharedData(name),
-                                                 &errors, kDefaultReadChunk, &source_error);
+    const RawRows rows = testing_util::ParseFile(TFRECORD, Spec(), path, &errors,
+                                                 kDefaultReadChunk, &source_error);
     ASSERT_TRUE(source_error.ok()) << source_error;
     ASSERT_TRUE(errors.empty()) << errors[0];
     ASSERT_EQ(rows.size(), count) << name;
@@ -46,7 +47,10 @@ TEST(TFRecord, DeepCtrSampleFiles) {
 // once: the first labels differ), so this test rebuilds the preprocessing from the CSV text and
 // matches every TFRecord row to exactly one CSV row with the same label.
 TEST(TFRecord, AgreesWithTheCsvItWasMadeFrom) {
-  const std::string text = testing_util::ReadAll(testing_util::SharedData("criteo/criteo_sample.txt"));
+  ASSERT_SHARED_DATA(csv_path, "criteo/criteo_sample.txt");
+  ASSERT_SHARED_DATA(tr_path, "criteo/criteo_sample.tr.tfrecords");
+  ASSERT_SHARED_DATA(te_path, "criteo/criteo_sample.te.tfrecords");
+  const std::string text = testing_util::ReadAll(csv_path);
   std::vector<std::vector<std::string>> csv;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     csv.push_back(absl::StrSplit(line, ','));
@@ -79,10 +83,10 @@ TEST(TFRecord, AgreesWithTheCsvItWasMadeFrom) {
   }
   std::vector<int> matched(200, 0);
   int first_mismatch_in_order = -1;
-  for (const char* name : {"criteo/criteo_sample.tr.tfrecords", "criteo/criteo_sample.te.tfrecords"}) {
+  for (const std::string& name : {tr_path, te_path}) {
     const bool train = absl::StrContains(name, ".tr.");
     std::vector<absl::Status> errors;
-    const RawRows rows = testing_util::ParseFile(TFRECORD, Spec(), testing_util::SharedData(name), &errors);
+    const RawRows rows = testing_util::ParseFile(TFRECORD, Spec(), name, &errors);
     ASSERT_TRUE(errors.empty());
     for (int r = 0; r < rows.size(); ++r) {
       const size_t base = static_cast<size_t>(r) * 39;

@@ -1,6 +1,7 @@
-// The sparse kernels on their own: the AVX-512 paths (k = 16, 32, 64) against the generic loops
-// via a shape that forces the generic path, the slot-ownership split used for parallel scatter,
-// the loss at extreme logits, and bf16 rounding.
+// The sparse kernels on their own, on every ISA path this CPU has (AVX2 vectors for k a multiple
+// of 8, AVX-512 for multiples of 16, the scalar loops for other k), against a double-precision
+// twin; the slot-ownership split used for parallel scatter, the loss at extreme logits, and bf16
+// rounding (vcvtneps2bf16 against the scalar rounding).
 #include "worker/model/fm.h"
 
 #include <cmath>
@@ -8,7 +9,9 @@
 #include <vector>
 
 #include "common/random.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/isa_test_util.h"
 #include "worker/model/simd.h"
 
 namespace pstrain {
@@ -79,10 +82,12 @@ void Reference(const SparseShape& shape, const Slice& s, int n, const std::vecto
   }
 }
 
-class SparseKernelTest : public ::testing::TestWithParam<std::tuple<int, bool, bool, bool>> {};
+class SparseKernelTest
+    : public ::testing::TestWithParam<std::tuple<Isa, int, bool, bool, bool>> {};
 
 TEST_P(SparseKernelTest, MatchesScalarTwin) {
-  const auto [dim, fm, deep, bf16] = GetParam();
+  const auto [isa, dim, fm, deep, bf16] = GetParam();
+  PSTRAIN_SCOPED_KERNEL_ISA(isa);
   const int k = fm || deep ? dim : 0;  // without FM or MLP the rows are just [w] (LR)
   const int n = 37, F = 11, unique = 50;
   SparseShape shape;
@@ -123,10 +128,18 @@ TEST_P(SparseKernelTest, MatchesScalarTwin) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SparseKernelTest,
-                         ::testing::Combine(::testing::Values(1, 4, 5, 16, 32, 64),
-                                            ::testing::Bool(), ::testing::Bool(),
-                                            ::testing::Bool()));
+// k = 8 and 24 take the AVX2 vectors on every path, 16 / 32 / 64 the widest one, 128 AVX-512
+// only (AVX2 stops at 64), 1, 4, 5 the scalar loops.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SparseKernelTest,
+    ::testing::Combine(::testing::ValuesIn(kAllIsas), ::testing::Values(1, 4, 5, 8, 16, 24, 32, 64, 128),
+                       ::testing::Bool(), ::testing::Bool(), ::testing::Bool()),
+    [](const auto& info) {
+      const auto& p = info.param;
+      return absl::StrCat(IsaName(std::get<0>(p)), "_k", std::get<1>(p),
+                          std::get<2>(p) ? "_fm" : "", std::get<3>(p) ? "_deep" : "",
+                          std::get<4>(p) ? "_bf16" : "");
+    });
 
 TEST(SparseKernelTest, OwnersPartitionTheEntries) {
   const int num = 5000;
@@ -175,7 +188,10 @@ TEST(SparseKernelTest, SigmoidCrossEntropyIsStable) {
   EXPECT_NEAR(total, 2002 + 2 * std::log1p(std::exp(-1.0)) + std::log(2.0), 1e-3);
 }
 
-TEST(Bf16Test, RoundsToNearestEvenAndVectorMatchesScalar) {
+class Bf16Test : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(Bf16Test, RoundsToNearestEvenAndVectorMatchesScalar) {
+  PSTRAIN_SCOPED_KERNEL_ISA(GetParam());
   EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
   EXPECT_EQ(Bf16ToFloat(0x3f80), 1.0f);
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
@@ -191,7 +207,10 @@ TEST(Bf16Test, RoundsToNearestEvenAndVectorMatchesScalar) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(vec[i], FloatToBf16(x[i])) << x[i];
 }
 
-TEST(Bf16Test, Transpose16) {
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16Test, ::testing::ValuesIn(kAllIsas),
+                         [](const auto& info) { return std::string(IsaName(info.param)); });
+
+TEST(Transpose16Test, MatchesScalarTranspose) {
   for (auto [rows, cols] : {std::pair<int, int>{1, 1}, {8, 8}, {7, 13}, {16, 24}, {61, 40}}) {
     std::vector<uint16_t> src(rows * cols), dst((cols + 1) * (rows + 3), 0xffff);
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 7 + 1);

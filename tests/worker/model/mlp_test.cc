@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/isa_test_util.h"
 #include "worker/model/reference.h"
 #include "worker/model/simd.h"
 
@@ -34,6 +35,7 @@ class MlpTest : public ::testing::TestWithParam<MlpParam> {};
 
 TEST_P(MlpTest, MatchesReference) {
   const auto& [bf16, n, widths, threads] = GetParam();
+  if (bf16) PSTRAIN_SKIP_UNLESS_BF16();
   Mlp::Options opt;
   opt.bf16 = bf16;
   opt.max_batch = n;

@@ -13,7 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/isa_test_util.h"
 #include "worker/model/reference.h"
 
 namespace pstrain {
@@ -235,6 +237,7 @@ class ForwardTest : public ::testing::TestWithParam<ForwardParam> {};
 
 TEST_P(ForwardTest, MatchesReference) {
   const auto [type, k, n, precision] = GetParam();
+  if (precision == BF16) PSTRAIN_SKIP_UNLESS_BF16();
   const int F = 7;
   const ModelConfig config = Config(type, k, {16, 9}, 0.f, precision);
   auto model = Model::Create(config, F);
@@ -335,6 +338,7 @@ INSTANTIATE_TEST_SUITE_P(Blocks, GradientTest,
 // ---- Precision and threads -------------------------------------------------------------------
 
 TEST(TowerTest, Bf16IsCloseToF32) {
+  PSTRAIN_SKIP_UNLESS_BF16();
   const int F = 39, n = 512;
   auto f32 = Model::Create(Config(DEEPFM, 16, {64, 32}), F);
   auto bf16 = Model::Create(Config(DEEPFM, 16, {64, 32}, 0.f, BF16), F);
@@ -351,10 +355,26 @@ TEST(TowerTest, Bf16IsCloseToF32) {
   EXPECT_NE(a.dense, b.dense);  // bf16 really ran in bf16
 }
 
+// Where the path has no bf16 (this CPU, or the kernels lowered below avx512_core_bf16), a bf16
+// model is refused with the missing feature and the fix, not oneDNN's "could not create a
+// primitive descriptor".
+TEST(TowerTest, Bf16IsRefusedWithTheFixWhereThePathHasNone) {
+  ScopedKernelIsa lowered(Isa::kAvx2);
+  ASSERT_TRUE(lowered.status().ok()) << lowered.status();
+  auto bf16 = Model::Create(Config(DEEPFM, 16, {64, 32}, 0.f, BF16), 39);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bf16.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("AVX512-BF16"),
+                               ::testing::HasSubstr("model.precision=F32")));
+  EXPECT_TRUE(Model::Create(Config(DEEPFM, 16, {64, 32}), 39).ok());  // f32 is fine
+}
+
 class ThreadsTest : public ::testing::TestWithParam<std::tuple<ModelType, Precision>> {};
 
 TEST_P(ThreadsTest, OneAndTwoThreadsAgree) {
   const auto [type, precision] = GetParam();
+  if (precision == BF16) PSTRAIN_SKIP_UNLESS_BF16();
   const int F = 39, n = 333;
   auto model = Model::Create(Config(type, 16, {48, 40}, 0.1f, precision), F);
   ASSERT_TRUE(model.ok());
