@@ -1,5 +1,5 @@
-// The main of the Google Benchmark binaries: selects the ISA path as pstrain does (PSTRAIN_ISA,
-// else the best this CPU has) and records it, with the CPU and its budget, in the benchmark's
+// The main of the Google Benchmark binaries: runs with OMP_WAIT_POLICY=PASSIVE and selects the
+// ISA path as pstrain does (PSTRAIN_ISA, else the best this CPU has), and records the path, with the CPU and its budget, in the benchmark's
 // context (printed in the header and written into --benchmark_out JSON).
 #pragma once
 
@@ -11,6 +11,7 @@
 
 #define PSTRAIN_BENCHMARK_MAIN()                                                          \
   int main(int argc, char** argv) {                                                       \
+    pstrain::ReexecWithPassiveOmpWaitPolicy(argv);                                        \
     absl::StatusOr<pstrain::LaunchEnvironment> env = pstrain::InitLaunchEnvironment();    \
     if (!env.ok()) {                                                                      \
       std::fprintf(stderr, "%s\n", std::string(env.status().message()).c_str());          \

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -61,6 +62,22 @@ inline double GemmPeakGflops(bool bf16, int threads, int m = 1024, int k = 624, 
   } catch (const dnnl::error&) {
     return 0.0;
   }
+}
+
+// The summed GFLOP/s of `streams` single-threaded GEMMs running at the same time on their own
+// threads: the roof of `streams` towers of one thread each, which contend for the cores (two
+// vCPUs may share a physical core), the caches and memory bandwidth as the towers do.
+inline double ConcurrentGemmPeakGflops(bool bf16, int streams, int m = 1024, int k = 624,
+                                       int n = 400, int runs = 5) {
+  std::vector<double> each(streams, 0.0);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < streams; ++s) {
+    threads.emplace_back([&, s] { each[s] = GemmPeakGflops(bf16, 1, m, k, n, runs); });
+  }
+  for (std::thread& t : threads) t.join();
+  double sum = 0;
+  for (double g : each) sum += g;
+  return sum;
 }
 
 // The MLP roof of DeepFM k=16, F=39, 400-400-400 in GFLOP/s: GemmPeakGflops at K = 624 and

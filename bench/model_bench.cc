@@ -20,6 +20,7 @@
 #include "common/random.h"
 #include "worker/model.h"
 #include "worker/model/fm.h"
+#include "worker/model/isa.h"
 #include "worker/model/mlp.h"
 
 namespace pstrain {
@@ -60,13 +61,25 @@ Data MakeData(const Model& model) {
   return d;
 }
 
+// Null when the process's ISA path cannot run bf16 (worker/model/isa.h): the benchmark then skips
+// with that reason.
 std::unique_ptr<Model> MakeModel(ModelType type, bool bf16) {
   ModelConfig config;
   config.set_type(type);
   config.set_embedding_dim(kDim);
   config.set_precision(bf16 ? BF16 : F32);
   config.set_embedding_l2(1e-5f);
-  return std::move(Model::Create(config, kFields)).value();
+  auto model = Model::Create(config, kFields);
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+// True (and the benchmark marked skipped, with the reason) when bf16 cannot run on this path.
+bool SkipBf16(benchmark::State& state, bool bf16) {
+  if (!bf16) return false;
+  const absl::Status s = CheckPrecisionSupported(BF16, KernelIsa());
+  if (s.ok()) return false;
+  state.SkipWithError(std::string(s.message()).c_str());
+  return true;
 }
 
 SparseShape Shape(bool fm, bool deep) {
@@ -82,8 +95,8 @@ SparseShape Shape(bool fm, bool deep) {
 
 // Gather rows into the MLP input x0 [n, F*k] (with the first-order term), f32 or bf16.
 void BM_EmbeddingGather(benchmark::State& state) {
-  const bool bf16 = state.range(0) != 0;
-  auto model = MakeModel(WIDE_DEEP, bf16);
+  const bool bf16 = state.range(0) != 0;  // the x0 buffer; the kernel converts on any path
+  auto model = MakeModel(WIDE_DEEP, false);
   const Data d = MakeData(*model);
   std::vector<float> logits(kBatch), x0f(kBatch * kFields * kDim);
   std::vector<uint16_t> x0b(kBatch * kFields * kDim);
@@ -112,8 +125,8 @@ BENCHMARK(BM_FmForward);
 
 // DeepFM's fused sparse forward: gather + first order + FM, f32 or bf16 x0.
 void BM_DeepFmSparseForward(benchmark::State& state) {
-  const bool bf16 = state.range(0) != 0;
-  auto model = MakeModel(DEEPFM, bf16);
+  const bool bf16 = state.range(0) != 0;  // the x0 buffer; the kernel converts on any path
+  auto model = MakeModel(DEEPFM, false);
   const Data d = MakeData(*model);
   std::vector<float> logits(kBatch), sum_v(kBatch * kDim), x0f(kBatch * kFields * kDim);
   std::vector<uint16_t> x0b(kBatch * kFields * kDim);
@@ -184,6 +197,7 @@ void SetLayerCounters(benchmark::State& state, double flops_per_example) {
 void BM_MlpLayerForward(benchmark::State& state) {
   const bool bf16 = state.range(0) != 0;
   const int in = static_cast<int>(state.range(1)), threads = static_cast<int>(state.range(2));
+  if (SkipBf16(state, bf16)) return;
   std::vector<float> dense, logits(kBatch);
   auto mlp = MakeLayer(bf16, in, threads, &dense);
   for (auto _ : state) {
@@ -201,6 +215,7 @@ BENCHMARK(BM_MlpLayerForward)
 void BM_MlpLayerBackward(benchmark::State& state) {
   const bool bf16 = state.range(0) != 0;
   const int in = static_cast<int>(state.range(1)), threads = static_cast<int>(state.range(2));
+  if (SkipBf16(state, bf16)) return;
   std::vector<float> dense, logits(kBatch), g(kBatch, 0.1f);
   auto mlp = MakeLayer(bf16, in, threads, &dense);
   std::vector<float> grad(dense.size());
@@ -257,6 +272,7 @@ void BM_TowerForwardBackward(benchmark::State& state) {
   const auto type = static_cast<ModelType>(state.range(0));
   const bool bf16 = state.range(1) != 0;
   const int threads = static_cast<int>(state.range(2));
+  if (SkipBf16(state, bf16)) return;
   auto model = MakeModel(type, bf16);
   const Data d = MakeData(*model);
   auto tower = std::move(model->CreateTower(kBatch, threads)).value();
@@ -287,6 +303,7 @@ BENCHMARK(BM_TowerForwardBackward)
 void BM_TowerForward(benchmark::State& state) {
   const bool bf16 = state.range(0) != 0;
   const int threads = static_cast<int>(state.range(1));
+  if (SkipBf16(state, bf16)) return;
   auto model = MakeModel(DEEPFM, bf16);
   const Data d = MakeData(*model);
   auto tower = std::move(model->CreateTower(kBatch, threads)).value();

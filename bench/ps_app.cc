@@ -316,6 +316,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   // As pstrain's own main does (worker/pstrain_main.cc), so that the PS path measured here is the
   // one the training commands run.
+  pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   pstrain::KeepLargeBuffersInTheHeap();
   if (auto env = pstrain::InitLaunchEnvironment(); !env.ok()) {

@@ -125,7 +125,13 @@ std::string FlagSet::Usage() const {
     if (!f.default_text.empty()) absl::StrAppend(&out, " (default: ", f.default_text, ")");
     absl::StrAppend(&out, "\n");
   }
+  if (!epilogue_.empty()) absl::StrAppend(&out, "\n", epilogue_);
   return out;
+}
+
+void FlagSet::AddEpilogue(const std::string& text) {
+  absl::StrAppend(&epilogue_, epilogue_.empty() ? "" : "\n", text);
+  if (!epilogue_.empty() && epilogue_.back() != '\n') epilogue_ += '\n';
 }
 
 }  // namespace pstrain

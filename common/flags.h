@@ -32,6 +32,9 @@ class FlagSet {
   bool WasSet(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }
   std::string Usage() const;
+  // Text printed after the flags in Usage() (e.g. the environment variables a command reads);
+  // each call appends a paragraph.
+  void AddEpilogue(const std::string& text);
 
  private:
   enum class Kind { kString, kInt, kInt64, kUint64, kDouble, kBool, kList };
@@ -51,6 +54,7 @@ class FlagSet {
   std::string summary_;
   std::vector<Flag> flags_;
   std::vector<std::string> positional_;
+  std::string epilogue_;
   bool help_ = false;
 };
 

@@ -22,6 +22,15 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
   f->String("format", &o->format, "format of --train/--eval: criteo_tsv|csv|libsvm|tfrecord|recordio");
   f->String("model_dir", &o->model_dir, "where metrics, summary.json and checkpoints go");
   f->Int("epochs", &o->epochs, "epochs to train (0 = from the config)");
+  f->AddEpilogue(
+      "environment:\n"
+      "  OMP_NUM_THREADS=N  bounds threads.intra_op_threads (automatic or configured)\n"
+      "  PSTRAIN_ISA=P      forces a lower ISA path for pstrain's kernels and oneDNN: avx2,\n"
+      "                     avx512_core, avx512_core_bf16 (default: the best this CPU has;\n"
+      "                     ONEDNN_MAX_CPU_ISA is honoured when PSTRAIN_ISA is unset)\n"
+      "  OMP_WAIT_POLICY    PASSIVE unless set (pstrain re-executes itself to set it)\n"
+      "threads.* = 0 divide the CPUs this process may use: its affinity mask (taskset, numactl,\n"
+      "Kubernetes CPU pinning) capped by its cgroup CPU quota.");
 }
 
 absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {

@@ -1,5 +1,7 @@
 #include "worker/launcher.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <optional>
 
@@ -25,6 +27,12 @@ LaunchEnvironment& Mutable() {
 }
 
 }  // namespace
+
+void ReexecWithPassiveOmpWaitPolicy(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);
+}
 
 std::string LaunchEnvironment::Describe() const {
   return absl::StrCat("isa ", IsaName(isa), " (", isa_reason, "; oneDNN ", OneDnnIsaName(), "), ",

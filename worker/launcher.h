@@ -23,6 +23,15 @@ struct LaunchEnvironment {
   std::string Describe() const;  // "isa avx2 (PSTRAIN_ISA=avx2; oneDNN avx2), 2 CPUs (affinity 2)"
 };
 
+// libgomp reads OMP_WAIT_POLICY once, when it loads (before main). Its default lets the workers of
+// an OpenMP team spin for milliseconds after each parallel region; the in-process stores' pull and
+// push run such regions on the trainer thread, and on few cores the spinning workers then take the
+// towers' cores (2 towers on 2 cores: 0.51-0.56 of the GEMM roof spinning, 0.91 passive;
+// docs/PERFORMANCE.md). So every launcher (pstrain, the bench apps) runs itself again, once, with
+// PASSIVE unless the user chose a policy. Returns only if that exec failed (the process then goes
+// on with the default policy).
+void ReexecWithPassiveOmpWaitPolicy(char** argv);
+
 // Reads PSTRAIN_ISA (or else ONEDNN_MAX_CPU_ISA), OMP_NUM_THREADS and the CPU budget, and selects
 // the process's ISA path (worker/model/isa.h). An error names the variable and what it expects.
 absl::StatusOr<LaunchEnvironment> InitLaunchEnvironment();

@@ -1,8 +1,6 @@
 // pstrain: one binary, one subcommand per role. See `pstrain --help`.
-#include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/synchronization/mutex.h"
@@ -38,16 +36,8 @@ void PrintUsage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // libgomp reads OMP_WAIT_POLICY once, when it loads (before main). By default the workers of an
-  // OpenMP team spin for milliseconds after each parallel region; the in-process stores' pull and
-  // push run such regions on the trainer thread, and on few cores the spinning workers then take
-  // the towers' cores (2 towers on 2 cores trained 2-3x slower; docs/PERFORMANCE.md, "Training
-  // step throughput"). So pstrain runs itself again, once, with PASSIVE unless the user chose a
-  // policy. execv returns only on failure; then pstrain carries on with the default policy.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);
-  }
+  // OMP_WAIT_POLICY=PASSIVE unless the user chose a policy (worker/launcher.h says why).
+  pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
   // Debian's abseil is built with mutex deadlock detection on, which makes every absl::Mutex
   // operation several times slower (measured ~100 ns per lock/unlock pair); pstrain's lock order
   // is fixed by design, so the detector is switched off in the binary.

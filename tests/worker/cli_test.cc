@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -58,6 +59,24 @@ TEST(BuildConfigTest, AbsentDenseOptimizerIsAdamBeforeOverrides) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->dense_optimizer().type(), ADAM);
   EXPECT_FLOAT_EQ(c->dense_optimizer().learning_rate(), 3e-3f);
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Every training command's --help names the environment it reads (the issue: OMP_NUM_THREADS
+// bounds intra_op_threads in every command, "say so in --help").
+TEST(TrainingFlagsTest, HelpNamesTheEnvironmentAndTheCpuBudget) {
+  FlagSet flags("train", "test");
+  TrainingFlags tf;
+  AddTrainingFlags(&flags, &tf);
+  const std::string usage = flags.Usage();
+  EXPECT_THAT(usage, ::testing::HasSubstr("OMP_NUM_THREADS=N  bounds threads.intra_op_threads"));
+  EXPECT_THAT(usage, ::testing::HasSubstr("PSTRAIN_ISA=P"));
+  EXPECT_THAT(usage, ::testing::HasSubstr("cgroup CPU quota"));
 }
 
 }  // namespace
