@@ -6,8 +6,8 @@
 #include <cstdio>
 
 #include "benchmark/benchmark.h"
+#include "cmd/launcher.h"
 #include "common/cpu.h"
-#include "worker/launcher.h"
 
 #define PSTRAIN_BENCHMARK_MAIN()                                                          \
   int main(int argc, char** argv) {                                                       \

@@ -5,8 +5,8 @@
 
 #include "bench/bench_main.h"
 
-#include "worker/datagen.h"
-#include "worker/record_io.h"
+#include "worker/data/record_io.h"
+#include "worker/tools/datagen.h"
 
 namespace pstrain {
 namespace {

@@ -18,10 +18,10 @@
 #include "bench/gemm_peak.h"
 #include "common/parallel.h"
 #include "common/random.h"
-#include "worker/model.h"
 #include "worker/model/fm.h"
 #include "worker/model/isa.h"
 #include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {

@@ -20,10 +20,10 @@
 
 #include "common/hash.h"
 #include "common/random.h"
-#include "ps/dense_store.h"
-#include "ps/embedding_store.h"
-#include "ps/optimizer.h"
-#include "ps/optimizer_ref.h"
+#include "ps/store/dense_store.h"
+#include "ps/store/embedding_store.h"
+#include "ps/store/optimizer.h"
+#include "ps/store/optimizer_ref.h"
 
 namespace pstrain {
 namespace {

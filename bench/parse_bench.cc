@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "benchmark/benchmark.h"
 #include "bench/bench_main.h"
+#include "benchmark/benchmark.h"
 #include "common/logging.h"
 #include "common/random.h"
-#include "worker/batch.h"
-#include "worker/feature_spec.h"
-#include "worker/formats/registry.h"
-#include "worker/record_io.h"
+#include "worker/data/batch.h"
+#include "worker/data/feature_spec.h"
+#include "worker/data/formats/registry.h"
+#include "worker/data/record_io.h"
 
 namespace pstrain {
 namespace {

@@ -19,8 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
-#include "tests/worker/fake_line_format.h"
-#include "worker/pipeline.h"
+#include "tests/worker/data/fake_line_format.h"
+#include "worker/data/pipeline.h"
 
 namespace pstrain {
 namespace {

@@ -24,16 +24,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cmd/launcher.h"
 #include "common/flags.h"
 #include "common/hash.h"
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
-#include "worker/launcher.h"
 #include "common/random.h"
-#include "ps/dense_store.h"
-#include "ps/embedding_store.h"
-#include "ps/shard_server.h"
-#include "worker/ps_client.h"
+#include "ps/server/shard_server.h"
+#include "ps/store/dense_store.h"
+#include "ps/store/embedding_store.h"
+#include "worker/ps_client/ps_client.h"
 
 namespace pstrain {
 namespace {
@@ -314,7 +314,7 @@ int Main(int argc, char** argv) {
 }  // namespace pstrain
 
 int main(int argc, char** argv) {
-  // As pstrain's own main does (worker/pstrain_main.cc), so that the PS path measured here is the
+  // As pstrain's own main does (cmd/pstrain_main.cc), so that the PS path measured here is the
   // one the training commands run.
   pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

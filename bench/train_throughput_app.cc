@@ -6,7 +6,7 @@
 // setting's own GEMMs (M = the per-tower batch; T towers of one thread: T single-threaded GEMMs at
 // once), which separates small-M efficiency and core contention from the rest of the step.
 //
-// --mode picks how the step is driven (worker/train_step.h):
+// --mode picks how the step is driven (worker/train/train_step.h):
 //   sync      Run per step: stage, train, flush (no overlap);
 //   pipelined the trainer's loop: batch t+1 is staged (dedup) while batch t computes; pulls
 //             follow the previous push, so the parameters equal sync's (pstrain train);
@@ -23,24 +23,24 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "bench/gemm_peak.h"
+#include "cmd/launcher.h"
 #include "common/config.h"
 #include "common/file.h"
 #include "common/flags.h"
 #include "common/json_writer.h"
-#include "worker/datagen.h"
-#include "worker/feature_spec.h"
-#include "worker/launcher.h"
-#include "worker/local_params.h"
-#include "worker/model.h"
+#include "worker/data/feature_spec.h"
 #include "worker/model/isa.h"
-#include "worker/step_timing.h"
-#include "worker/train_step.h"
+#include "worker/model/model.h"
+#include "worker/params/local_params.h"
+#include "worker/tools/datagen.h"
+#include "worker/train/step_timing.h"
+#include "worker/train/train_step.h"
 
 namespace pstrain {
 namespace {

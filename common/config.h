@@ -27,7 +27,7 @@ absl::Status ValidateConfig(const Config& config);
 
 // Fills the defaults a proto2 schema cannot state: an absent dense_optimizer becomes
 // { type: ADAM learning_rate: 0.001 } (OptimizerConfig's own defaults are the sparse side's).
-// BuildConfig (worker/cli.h) calls it after loading --config and before the --set overrides, so
+// BuildConfig (cmd/cli.h) calls it after loading --config and before the --set overrides, so
 // `--set dense_optimizer.learning_rate=...` tunes that Adam.
 void ApplyConfigDefaults(Config* config);
 

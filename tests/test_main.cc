@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cmd/launcher.h"
 #include "gtest/gtest.h"
-#include "worker/launcher.h"
 
 namespace {
 
@@ -47,7 +47,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "test setup: %s\n", std::string(env.status().message()).c_str());
     return 2;
   }
-  std::fprintf(stderr, "test process: %s\n", env->Describe().c_str());
+  // Once per test run (not when CTest lists the tests at build time).
+  if (!::testing::GTEST_FLAG(list_tests)) {
+    std::fprintf(stderr, "test process: %s\n", env->Describe().c_str());
+  }
   if (!skip_all.empty()) testing::AddGlobalTestEnvironment(new SkipAll(skip_all));
   return RUN_ALL_TESTS();
 }

@@ -13,10 +13,10 @@
 #include "common/parallel.h"
 #include "common/random.h"
 #include "common/status.h"
-#include "worker/model.h"
 #include "worker/model/fm.h"
 #include "worker/model/isa.h"
 #include "worker/model/mlp.h"
+#include "worker/model/model.h"
 #include "worker/model/simd.h"
 
 namespace pstrain {

@@ -3,7 +3,7 @@
 // (k = 4, 8, 16, 32, 64 are compiled with a fixed k; other k take a generic path). Each function
 // works on one range of examples or entries; the tower splits the ranges over its threads.
 //
-// Notation (see worker/model.h): an "entry" e = b*F + f is one (example, field) pair; its row is
+// Notation (see worker/model/model.h): an "entry" e = b*F + f is one (example, field) pair; its row is
 // rows[slots[e] * row_dim ...] = [w, v_0 .. v_{k-1}] and its scale s = scales[e]; x_fj = s v_fj.
 //
 // Thread-safety: the functions are pure apart from their output arguments. Concurrent
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 

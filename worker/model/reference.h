@@ -1,5 +1,5 @@
 // The plain double-precision twin of the CTR tower (FBGEMM's RefImplementations habit): the
-// model of worker/model.h written as directly as possible, with no blocking, threads or oneDNN.
+// model of worker/model/model.h written as directly as possible, with no blocking, threads or oneDNN.
 // Tests compare the fast tower's forward with it, and its gradients with central finite
 // differences of ReferenceObjective.
 #pragma once
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "pstrain/config.pb.h"
-#include "worker/model.h"
 #include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 

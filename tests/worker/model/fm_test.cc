@@ -8,8 +8,8 @@
 #include <limits>
 #include <vector>
 
-#include "common/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 #include "gtest/gtest.h"
 #include "tests/isa_test_util.h"
 #include "worker/model/simd.h"

@@ -2,7 +2,7 @@
 // forward for every model type and shape, gradients against central finite differences of the
 // reference objective block by block (LR: first order + loss, FM: + FM term, WIDE_DEEP: + MLP,
 // DEEPFM: all), bf16 against f32, and one thread against two.
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,201 @@
+// `pstrain allreduce`: synchronous MPI data parallelism (worker/allreduce/allreduce_params.h), the baseline
+// the PS mode is compared with. The only command that initializes MPI.
+#include <fcntl.h>
+#include <mpi.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cmd/cli.h"
+#include "cmd/commands.h"
+#include "cmd/launcher.h"
+#include "common/config.h"
+#include "common/file.h"
+#include "common/flags.h"
+#include "common/status.h"
+#include "worker/allreduce/allreduce_params.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
+#include "worker/train/trainer.h"
+
+namespace pstrain {
+namespace {
+
+std::atomic<bool> g_stop{false};
+// Posted by the first stop signal (sem_post is async-signal-safe) and by the end of training.
+sem_t g_wake;
+std::atomic<bool> g_training_done{false};
+// The terminal's stderr: rank r > 0 sends its own stderr (progress) to <model_dir>/rank-<r>/
+// output.log, but its errors go here too.
+int g_console = STDERR_FILENO;
+
+// An error line on stderr and, when stderr is a rank's log, on the terminal too.
+void Report(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  if (g_console != STDERR_FILENO) dprintf(g_console, "%s\n", line.c_str());
+}
+
+void OnStopSignal(int sig) {
+  if (g_stop.exchange(true)) {
+    // A second signal: the user insists. Leave without the checkpoint.
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+  sem_post(&g_wake);
+}
+
+// After a stop signal, the ranks agree to stop at the next step and write a checkpoint. When a
+// rank has died, mpirun signals the survivors, which may then be stuck in a collective that
+// OpenMPI never fails (it has no fault tolerance); mpirun kills them after
+// odls_base_sigkill_timeout. If that is raised for large checkpoints, this watchdog still bounds
+// the wait: a rank not done `timeout` seconds after the signal says why and exits.
+void StopWatchdog(int rank, int size, double timeout) {
+  sem_wait(&g_wake);
+  if (g_training_done) return;
+  timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += static_cast<time_t>(timeout);
+  while (sem_timedwait(&g_wake, &deadline) != 0) {
+    if (errno == EINTR) continue;  // another signal: not the end of training
+    Report(absl::StrFormat(
+        "pstrain allreduce: rank %d of %d: stopped by a signal, but the ranks did not reach the "
+        "checkpoint within %.0f s (--stop_timeout): another rank has probably died or hangs (see "
+        "mpirun's message); exiting without a checkpoint",
+        rank, size, timeout));
+    _exit(1);
+  }
+}
+
+absl::Status Train(Config config, int rank, int size, int local_ranks) {
+  const int cores = std::max(1, Launch().cpus.cpus / local_ranks);
+  const std::string thread_note =
+      ResolveThreadDefaults(cores, config.mutable_threads(), Launch().omp_num_threads);
+  if (!thread_note.empty() && rank == 0) std::fprintf(stderr, "pstrain allreduce: %s\n", thread_note.c_str());
+  const int threads = config.threads().towers() * config.threads().intra_op_threads();
+  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(auto replica, LocalParams::Create(*model, spec.total_rows(), config, threads));
+
+  AllreduceOptions ao;
+  ao.sparse_as_dense = config.allreduce().sparse_as_dense();
+  ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;
+  ao.checkpoint_dir =
+      config.checkpoint().dir().empty() ? config.train().model_dir() : config.checkpoint().dir();
+  ao.keep = config.checkpoint().keep();
+  ao.checkpoint_every_steps = config.checkpoint().every_steps();
+  ao.checkpoint_every_seconds = config.checkpoint().every_seconds();
+  ao.local_stop = &g_stop;
+  ASSIGN_OR_RETURN(auto params, AllreduceParams::Create(std::move(replica), std::move(ao)));
+  AllreduceCheckpointer checkpointer(params.get());
+  // The checkpoint schedule is agreed by the ranks inside AllreduceParams, not by the trainer's
+  // chief-only schedule.
+  config.mutable_checkpoint()->set_every_steps(0);
+  config.mutable_checkpoint()->set_every_seconds(0);
+  // Rank 0 logs to the model dir; the others to <model_dir>/rank-<r>/ (metrics, events).
+  if (rank != 0) {
+    config.mutable_train()->set_model_dir(
+        absl::StrCat(config.train().model_dir(), "/rank-", rank));
+  }
+
+  TrainerOptions opts;
+  opts.cores = cores;
+  opts.tty = rank == 0 && isatty(STDERR_FILENO);
+  opts.stop = params->agreed_stop();
+  opts.params = params.get();
+  opts.checkpointer = &checkpointer;
+  opts.worker_index = rank;
+  opts.num_workers = size;
+  opts.chief = rank == 0;
+  opts.mode = "allreduce";
+  opts.hosts = size;
+  opts.after_training = [&](TrainSummary* s) { return params->Finish(s); };
+  return RunTraining(config, opts).status();
+}
+
+}  // namespace
+
+int RunAllreduce(int argc, char** argv) {
+  FlagSet flags(
+      "allreduce",
+      "Synchronous data-parallel training over MPI, the baseline for the PS mode: run it as\n"
+      "  mpirun -np N pstrain allreduce --config FILE [flags]\n"
+      "Every rank holds a full replica, trains its shard of the data and applies the same\n"
+      "averaged update (dense gradient by MPI_Allreduce, sparse rows by allgather; see\n"
+      "docs/ALLREDUCE.md). Without mpirun it runs as one rank. Rank 0 evaluates and writes\n"
+      "<model_dir>/summary.json and the checkpoints; rank r > 0 logs to <model_dir>/rank-<r>/\n"
+      "(output.log; its errors also reach the terminal).\n"
+      "SIGTERM (to every rank) writes a checkpoint and exits 0; the next run with the same\n"
+      "--model_dir and N resumes exactly.");
+  TrainingFlags tf;
+  AddTrainingFlags(&flags, &tf);
+  double stop_timeout = 120;
+  flags.Double("stop_timeout", &stop_timeout,
+               "after SIGTERM, seconds to reach and write the checkpoint before this rank gives up "
+               "(a collective that never completes because another rank died)");
+  Config config;
+  if (auto code = ParseTrainingCommand("allreduce", argc, argv, &flags, tf, &config)) return *code;
+  if (config.data().train_size() == 0) {
+    std::fprintf(stderr, "pstrain allreduce: no training data: pass --train PATH or set data.train\n");
+    return 2;
+  }
+  int provided = 0;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "pstrain allreduce: MPI_Init_thread failed\n");
+    return 1;
+  }
+  int rank = 0, size = 1, local_ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_ranks);
+  MPI_Comm_free(&local);
+  absl::Status s;
+  if (rank != 0) {
+    // One progress line per step on the terminal (rank 0's), the others' in their log files.
+    const std::string dir = absl::StrCat(config.train().model_dir(), "/rank-", rank);
+    s = MakeDirs(dir);
+    const std::string log = dir + "/output.log";
+    const int fd = s.ok() ? open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    if (s.ok() && fd < 0) s = ErrnoError("open", log);
+    if (s.ok()) {
+      std::fflush(stderr);
+      g_console = dup(STDERR_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+  }
+  sem_init(&g_wake, 0, 0);
+  std::thread watchdog(StopWatchdog, rank, size, stop_timeout);
+  signal(SIGTERM, OnStopSignal);
+  signal(SIGINT, OnStopSignal);
+
+  if (s.ok() && provided < MPI_THREAD_FUNNELED) {
+    s = absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  }
+  if (s.ok()) s = Train(std::move(config), rank, size, local_ranks);
+  g_training_done = true;
+  sem_post(&g_wake);
+  watchdog.join();
+  if (!s.ok()) {
+    Report(absl::StrCat("pstrain allreduce: rank ", rank, " of ", size, ": ", s.ToString()));
+    // The other ranks may be waiting in a collective for this one: end the whole job.
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,92 @@
+#include "cmd/cli.h"
+
+#include "cmd/launcher.h"
+#include "worker/model/isa.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "worker/data/record_io.h"
+
+namespace pstrain {
+
+void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
+  f->List("config", &o->config,
+          "config file (text proto of pstrain.Config; see configs/); repeatable: later files "
+          "merge over earlier ones (e.g. a `pstrain tune` fragment)");
+  f->List("set", &o->set, "override one config field: --set train.batch_size=512");
+  f->List("train", &o->train, "training data: a file, directory, glob or .manifest");
+  f->List("eval", &o->eval, "evaluation data: a file, directory, glob or .manifest");
+  f->String("format", &o->format, "format of --train/--eval: criteo_tsv|csv|libsvm|tfrecord|recordio");
+  f->String("model_dir", &o->model_dir, "where metrics, summary.json and checkpoints go");
+  f->Int("epochs", &o->epochs, "epochs to train (0 = from the config)");
+  f->AddEpilogue(
+      "environment:\n"
+      "  OMP_NUM_THREADS=N  bounds threads.intra_op_threads (automatic or configured)\n"
+      "  PSTRAIN_ISA=P      forces a lower ISA path for pstrain's kernels and oneDNN: avx2,\n"
+      "                     avx512_core, avx512_core_bf16 (default: the best this CPU has;\n"
+      "                     ONEDNN_MAX_CPU_ISA is honoured when PSTRAIN_ISA is unset)\n"
+      "  OMP_WAIT_POLICY    PASSIVE unless set (pstrain re-executes itself to set it)\n"
+      "threads.* = 0 divide the CPUs this process may use: its affinity mask (taskset, numactl,\n"
+      "Kubernetes CPU pinning) capped by its cgroup CPU quota.");
+}
+
+absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
+  Config config;
+  for (const std::string& path : flags.config) {
+    ASSIGN_OR_RETURN(Config part, LoadConfigFile(path));
+    config.MergeFrom(part);
+  }
+  ApplyConfigDefaults(&config);
+  DataFormat format = FORMAT_UNSPECIFIED;
+  if (!flags.format.empty()) {
+    ASSIGN_OR_RETURN(format, ParseDataFormat(flags.format));
+  }
+  auto set_channel = [&](const std::vector<std::string>& paths,
+                         google::protobuf::RepeatedPtrField<Channel>* chans, const char* name) {
+    if (paths.empty()) {
+      if (format != FORMAT_UNSPECIFIED) {
+        for (auto& c : *chans) c.set_format(format);
+      }
+      return;
+    }
+    Channel* c = chans->empty() ? chans->Add() : chans->Mutable(0);
+    if (!c->has_name()) c->set_name(name);
+    c->clear_path();
+    for (const auto& p : paths) c->add_path(p);
+    if (format != FORMAT_UNSPECIFIED) c->set_format(format);
+  };
+  set_channel(flags.train, config.mutable_data()->mutable_train(), "train");
+  set_channel(flags.eval, config.mutable_data()->mutable_eval(), "eval");
+  if (!flags.model_dir.empty()) config.mutable_train()->set_model_dir(flags.model_dir);
+  if (flags.epochs > 0) config.mutable_train()->set_epochs(flags.epochs);
+  for (const auto& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));
+  RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,
+                                        FlagSet* flags, const TrainingFlags& training,
+                                        Config* config) {
+  absl::Status s = flags->Parse(argc, argv, 2);
+  if (s.ok() && flags->help_requested()) {
+    std::printf("%s", flags->Usage().c_str());
+    return 0;
+  }
+  if (s.ok()) {
+    absl::StatusOr<Config> c = BuildConfig(training);
+    // Before any data is read: a precision this CPU (or the forced ISA path) cannot run.
+    if (c.ok()) s = CheckPrecisionSupported(c->model().precision(), Launch().isa);
+    if (c.ok() && s.ok()) {
+      *config = *std::move(c);
+      return std::nullopt;
+    }
+    if (!c.ok()) s = c.status();
+  }
+  std::fprintf(stderr, "pstrain %s: %s\n", command, std::string(s.message()).c_str());
+  return 2;
+}
+
+}  // namespace pstrain

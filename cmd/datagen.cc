@@ -1,0 +1,88 @@
+// `pstrain datagen`: Criteo-shaped synthetic data from a planted teacher (worker/tools/datagen.h).
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "cmd/commands.h"
+#include "common/flags.h"
+#include "worker/data/record_io.h"
+#include "worker/tools/datagen.h"
+
+namespace pstrain {
+
+int RunDatagen(int argc, char** argv) {
+  DatagenOptions options;
+  DatagenOutput out;
+  std::string format = "criteo_tsv";
+  out.threads = omp_get_max_threads();
+  FlagSet flags(
+      "datagen",
+      "Writes Criteo-shaped synthetic rows whose labels come from a planted teacher model "
+      "(first order + FM + MLP),\nand DIR/teacher.json with the teacher's Bayes-optimal "
+      "AUC and logloss on the rows written.\nA train and a test set are two runs with "
+      "different --seed and the same --teacher_seed (and the same\ngenerator flags): "
+      "they share the teacher, so the test set's Bayes AUC bounds what a model can reach.");
+  flags.Int64("rows", &out.rows, "rows to write (required)");
+  flags.Uint64("seed", &options.seed, "data seed: which rows");
+  flags.Uint64("teacher_seed", &options.teacher_seed, "teacher seed: which model labels them");
+  flags.String("format", &format, "criteo_tsv|csv|libsvm|tfrecord|recordio");
+  flags.String("out", &out.dir,
+               "output directory (required): part-NNNNN<ext> files and teacher.json");
+  flags.Int("files", &out.files, "number of part files (rows split evenly, in order)");
+  flags.Int("threads", &out.threads, "generation threads (the data does not depend on it)");
+  flags.Uint64("max_cardinality", &options.max_cardinality,
+               "cap on each categorical field's distinct values (Criteo's go up to 10,131,227)");
+  flags.Double("zipf_exponent", &options.zipf_exponent, "popularity skew of categorical values");
+  flags.Double("positive_rate", &options.positive_rate,
+               "positive rate the teacher's bias is calibrated to (Kaggle ~0.25, 1TB ~0.03)");
+  flags.Double("logit_std", &options.logit_std,
+               "spread of the teacher's logit; larger is easier (1.4 gives a Bayes AUC ~0.80)");
+  flags.Bool("fill_missing", &options.fill_missing,
+             "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
+             "which cannot express a missing value)");
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "pstrain datagen: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Usage().c_str());
+    return 0;
+  }
+  if (!flags.WasSet("rows") || out.dir.empty()) {
+    std::fprintf(stderr, "pstrain datagen: --rows and --out are required (see --help)\n");
+    return 2;
+  }
+  auto parsed = ParseDataFormat(format);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "pstrain datagen: --format: %s\n",
+                 std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  out.format = *parsed;
+  if (out.format == LIBSVM) options.fill_missing = true;
+  auto data = SyntheticData::Create(options);
+  if (!data.ok()) {
+    std::fprintf(stderr, "pstrain datagen: %s\n", std::string(data.status().message()).c_str());
+    return 2;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto result = WriteSyntheticData(*data, out);
+  if (!result.ok()) {
+    std::fprintf(stderr, "pstrain datagen: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("wrote %lld rows (%s, %d file%s, %.1f MB) to %s in %.1f s (%.0f rows/s)\n",
+              static_cast<long long>(out.rows), DataFormatName(out.format).c_str(), out.files,
+              out.files == 1 ? "" : "s", result->bytes / 1e6, out.dir.c_str(), secs,
+              out.rows / std::max(secs, 1e-9));
+  std::printf(
+      "positive rate %.4f; teacher (Bayes-optimal) AUC %.4f, logloss %.4f -> %s/teacher.json\n",
+      result->positive_rate, result->bayes_auc, result->bayes_logloss, out.dir.c_str());
+  return 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,191 @@
+// `pstrain host`: one process per host running both roles of asynchronous PS training: PS shard i
+// of N (in-process ShardServer) and worker i, training its share of the data against a PsClient
+// connected to all N shards (worker/ps_client/ps_worker.h, shared with `pstrain worker`). Worker 0 is the
+// chief. End of job (docs/PS.md):
+//   1. every worker, after its last step, flushes its pushes and reports TRAINING_DONE to shard 0;
+//   2. the chief waits (bounded) for all N reports, evaluates, writes summary.json with the
+//      whole job's example count, prints the shards' load balance and sets job_finished on
+//      shard 0;
+//   3. every other host polls shard 0's Info (backoff, bounded) until job_finished, reports
+//      FINISH_SEEN and shuts its shard down; the chief waits (bounded) for those reports before
+//      shutting shard 0 down, so no worker loses a shard while it still needs one.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cmd/cli.h"
+#include "cmd/cluster_spec.h"
+#include "cmd/commands.h"
+#include "cmd/launcher.h"
+#include "cmd/ps_setup.h"
+#include "cmd/served_shard.h"
+#include "cmd/stop_signal.h"
+#include "common/file.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "ps/server/shard_server.h"
+#include "worker/ps_client/ps_worker.h"
+#include "worker/ps_client/shard_rpc.h"
+#include "worker/train/checkpoint.h"
+
+namespace pstrain {
+namespace {
+
+// Exit code of a host whose shard could not listen on its port (`pstrain local` then retries
+// the whole cluster on fresh ports).
+constexpr int kExitCannotListen = 3;
+
+}  // namespace
+
+int RunHost(int argc, char** argv) {
+  FlagSet flags(
+      "host",
+      "Runs PS shard i and worker i of an N-host asynchronous PS job (worker 0 is the chief: it "
+      "evaluates and writes <model_dir>/summary.json; host i > 0 logs to <model_dir>/host-<i>/).\n"
+      "Cluster: --cluster=h1:port,...,hN:port --index=i, else TF_CONFIG, else SM_HOSTS / "
+      "SM_CURRENT_HOST or --resource_config (port 2223), else OMPI_COMM_WORLD_RANK/_SIZE with --cluster.\nCheckpoints: "
+      "ckpt-<step>/shard-<i>-of-<N> in checkpoint.dir (default: the chief's model_dir, which must "
+      "be shared by the hosts); a job resumes from LATEST. SIGTERM or Ctrl-C during training "
+      "writes a checkpoint of the whole job and exits 0.");
+  TrainingFlags tf;
+  AddTrainingFlags(&flags, &tf);
+  std::string cluster, bind = "0.0.0.0", resource_config = kSageMakerResourceConfig;
+  int index = -1, ps_threads = 1, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
+  flags.String("cluster", &cluster, "PS shard addresses host:port of hosts 0..N-1, comma-separated");
+  flags.Int("index", &index, "this host's index in --cluster (-1 = from the environment)");
+  flags.String("resource_config", &resource_config,
+               "SageMaker's resource config, read when present (after SM_HOSTS in the order)");
+  flags.String("bind", &bind, "address the shard listens on (its port is from the cluster spec)");
+  flags.Int("ps_threads", &ps_threads, "OpenMP threads per PS request");
+  flags.Int("cores", &cores,
+            "cores this host's automatic thread settings divide (0 = the CPUs this process may "
+            "use: its affinity mask capped by the cgroup CPU quota; "
+            "`local` passes its share when several hosts share one machine)");
+  flags.Int("connect_timeout_s", &connect_timeout_s, "how long to wait for all shards to be up");
+  flags.Int("barrier_timeout_s", &barrier_timeout_s,
+            "how long the end-of-job waits may take (the slowest worker, the chief's evaluation)");
+  auto fail = [](const std::string& msg, int code) {
+    std::fprintf(stderr, "pstrain host: %s\n", msg.c_str());
+    return code;
+  };
+  Config config;
+  if (auto code = ParseTrainingCommand("host", argc, argv, &flags, tf, &config)) return *code;
+  if (config.data().train_size() == 0) {
+    return fail("no training data: pass --train PATH or set data.train", 2);
+  }
+  std::map<std::string, std::string> env;
+  for (const std::string& name : ClusterEnvVariables()) {
+    if (const char* v = std::getenv(name.c_str())) env[name] = v;
+  }
+  if (auto rc = ReadFileToString(resource_config); rc.ok()) {
+    env[kSageMakerResourceConfig] = *rc;
+  } else if (!absl::IsNotFound(rc.status())) {
+    return fail(rc.status().ToString(), 2);
+  }
+  auto spec = ResolveClusterSpec(cluster, index, env);
+  if (!spec.ok()) return fail(std::string(spec.status().message()), 2);
+  const int N = static_cast<int>(spec->hosts.size());
+  const int me = spec->index;
+  const bool chief = me == 0;
+  const std::string& my_address = spec->hosts[me];
+  const std::string port = my_address.substr(my_address.rfind(':') + 1);
+
+  // The shard.
+  auto shard_options = ShardOptionsForJob(config, me, N);
+  if (!shard_options.ok()) return fail(std::string(shard_options.status().message()), 2);
+  shard_options->threads = ps_threads;
+  const int64_t rows = shard_options->rows;
+  const int row_dim = shard_options->row_dim;
+  const int64_t dense_size = shard_options->dense_size;
+  auto server = ShardServer::Create(*std::move(shard_options));
+  if (!server.ok()) return fail(std::string(server.status().message()), 2);
+  // Resume: every host picks the same checkpoint (the same verification of the same files).
+  auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+  if (!choice.ok()) return fail(choice.status().ToString(), 1);
+  if (*choice) {
+    if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
+        !s.ok()) {
+      return fail(absl::StrCat("restoring shard ", me, ": ", s.ToString()), 1);
+    }
+    PSTRAIN_LOG(INFO) << "shard " << me << ": restored from " << (*choice)->dir << " ("
+                      << (*choice)->manifest.num_shards() << " shards)";
+  }
+  // From here on a stop signal is a preemption: the job checkpoints (the other hosts need this
+  // shard for it), also if it comes while this host still connects to the others.
+  StopSignals& signals = InstallStopSignals();
+  signals.served = true;
+  if (absl::Status s = (*server)->Start(absl::StrCat(bind, ":", port)); !s.ok()) {
+    return fail(std::string(s.message()), kExitCannotListen);
+  }
+  PSTRAIN_LOG(INFO) << "host " << me << "/" << N << " (cluster from " << spec->source
+                    << "): shard listening on " << bind << ":" << port << ", " << rows
+                    << " rows, row_dim " << row_dim << ", dense " << dense_size;
+
+  // The worker.
+  PsWorkerOptions wo;
+  wo.index = me;
+  wo.num_workers = N;
+  wo.shards = spec->hosts;
+  wo.log_dir_prefix = "host";
+  wo.cores = cores;
+  wo.omp_num_threads = Launch().omp_num_threads;
+  wo.connect_timeout = absl::Seconds(connect_timeout_s);
+  wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
+  if (*choice) wo.restored = **choice;
+  wo.stop = &signals.stop;
+  wo.training = &signals.served;
+  wo.local_shard = me;
+  ServedShard served(server->get());
+  wo.local_server = &served;
+  auto summary = RunPsWorker(config, wo);
+  if (!summary.ok()) {
+    (*server)->Shutdown(absl::Seconds(1));
+    return fail(summary.status().ToString(), 1);
+  }
+  if (summary->preempted) {
+    std::fprintf(stderr,
+                 "pstrain host: host %d stopped by a signal at step %lld; checkpoint %s; run the "
+                 "same command to resume\n",
+                 me, static_cast<long long>(summary->steps),
+                 summary->checkpoint.empty() ? "(written by the chief)"
+                                             : summary->checkpoint.c_str());
+  }
+
+  // Keep every shard up until no worker needs it: the chief's evaluation reads them all.
+  ShardRpc shard_zero(spec->hosts[0]);
+  ReportRequest seen;
+  seen.set_worker_id(me);
+  seen.set_phase(FINISH_SEEN);
+  if (chief) {
+    (*server)->Report(seen);
+    // Not fatal: the job is done, a host that does not acknowledge only loses its shard early.
+    if (auto s = shard_zero.WaitForReports(FINISH_SEEN, N, absl::Seconds(60)); !s.ok()) {
+      PSTRAIN_LOG(WARNING) << s.status();
+    }
+  } else {
+    // A preempted host has seen its checkpoint written; the chief waits for this report.
+    auto finished = summary->preempted
+                        ? absl::StatusOr<InfoResponse>(InfoResponse())
+                        : shard_zero.PollInfo([](const InfoResponse& i) { return i.job_finished(); },
+                                              absl::Seconds(barrier_timeout_s),
+                                              "the end of the job (the chief's evaluation; see "
+                                              "--barrier_timeout_s)");
+    if (!finished.ok()) {
+      (*server)->Shutdown(absl::Seconds(1));
+      return fail(finished.status().ToString(), 1);
+    }
+    if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
+      PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;
+    }
+  }
+  (*server)->Shutdown(absl::Seconds(2));
+  PSTRAIN_LOG(INFO) << "host " << me << ": done, shard shut down";
+  return 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,312 @@
+// `pstrain local --hosts N [training flags]`: an N-host asynchronous PS job on this machine. Runs
+// N `pstrain host` processes (this binary, /proc/self/exe) on loopback with
+// --cluster=127.0.0.1:p0,...,127.0.0.1:pN-1 --index=i and the same training flags.
+//
+// Ports: the launcher binds N sockets to 127.0.0.1:0 at once (so the N ports differ), closes them
+// and hands the ports to the hosts. Another process could take one in between; a host whose shard
+// cannot listen exits with code 3, and the launcher then stops the others and starts the whole
+// cluster again on fresh ports (up to 3 attempts). Letting shards bind port 0 themselves would
+// need a second round of messages to tell every host the others' ports.
+//
+// Output: host 0 (the chief) writes to this terminal; host i > 0 to <model_dir>/host-<i>/output.log
+// (shown path on failure). Signals: SIGINT / SIGTERM are forwarded to the hosts as SIGTERM: the
+// hosts write a checkpoint of the job and exit 0, and so does the launcher. If a host fails, the
+// others get SIGTERM. Hosts still running --kill_timeout_s after a SIGTERM get SIGKILL; every
+// child is reaped, and a child dies with the launcher (PR_SET_PDEATHSIG).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cmd/cli.h"
+#include "cmd/commands.h"
+#include "cmd/launcher.h"
+#include "common/file.h"
+#include "common/flags.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kExitCannotListen = 3;  // see cmd_host.cc
+constexpr int kAttempts = 3;
+
+// N distinct free loopback ports (all bound at once, then released).
+bool PickPorts(int n, std::vector<int>* ports, std::string* error) {
+  std::vector<int> fds;
+  bool ok = true;
+  for (int i = 0; i < n && ok; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      *error = absl::StrCat("picking a free port: ", std::strerror(errno));
+      ok = false;
+    } else {
+      ports->push_back(ntohs(a.sin_port));
+    }
+    if (fd >= 0) fds.push_back(fd);
+  }
+  for (int fd : fds) close(fd);
+  return ok;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int status = -1;  // wait status once reaped
+  std::string log;  // "" = the terminal
+};
+
+int ExitCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Describe(int status) {
+  return WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
+                           : absl::StrCat("signal ", WTERMSIG(status));
+}
+
+// Runs one cluster attempt; returns the launcher's exit code. *retry is set when a host could
+// not listen on its port (and nothing else went wrong first).
+int RunCluster(const std::vector<std::string>& base_args, int n, const std::string& model_dir,
+               int kill_timeout_s, const sigset_t& signals, bool* retry) {
+  *retry = false;
+  std::vector<int> ports;
+  std::string error;
+  if (!PickPorts(n, &ports, &error)) {
+    std::fprintf(stderr, "pstrain local: %s\n", error.c_str());
+    return 1;
+  }
+  std::vector<std::string> addresses;
+  for (int p : ports) addresses.push_back(absl::StrCat("127.0.0.1:", p));
+  const std::string cluster = absl::StrJoin(addresses, ",");
+  std::printf("pstrain local: starting %d hosts on %s; host 0 prints here, host i > 0 logs to "
+              "%s/host-<i>/output.log\n", n, cluster.c_str(), model_dir.c_str());
+  std::fflush(stdout);
+  const pid_t parent = getpid();
+  std::vector<Child> children(n);
+  for (int i = 1; i < n; ++i) {
+    const std::string dir = absl::StrCat(model_dir, "/host-", i);
+    if (absl::Status s = MakeDirs(dir); !s.ok()) {
+      std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    children[i].log = dir + "/output.log";
+  }
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> args = {"/proc/self/exe", "host"};
+    args.insert(args.end(), base_args.begin(), base_args.end());
+    args.push_back("--cluster=" + cluster);
+    args.push_back(absl::StrCat("--index=", i));
+    args.push_back("--bind=127.0.0.1");
+    // The hosts share this machine: each one's automatic thread settings (threads.* = 0) divide
+    // its share of the cores, not all of them.
+    args.push_back(absl::StrCat(
+        "--cores=", std::max(1, Launch().cpus.cpus / n)));
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "pstrain local: fork: %s\n", std::strerror(errno));
+      for (int j = 0; j < i; ++j) kill(children[j].pid, SIGKILL);
+      for (int j = 0; j < i; ++j) waitpid(children[j].pid, nullptr, 0);
+      return 1;
+    }
+    if (pid == 0) {
+      // Only async-signal-safe calls until exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      if (i > 0) {
+        const int fd = open(children[i].log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(126);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        close(fd);
+      }
+      sigprocmask(SIG_UNBLOCK, &signals, nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    children[i].pid = pid;
+  }
+
+  int alive = n, code = 0;
+  bool stopping = false;
+  bool signalled = false;  // stopped by the user: success if every host saved and exited 0
+  auto stop_all = [&](int sig) {
+    for (const Child& c : children) {
+      if (c.status < 0) kill(c.pid, sig);
+    }
+  };
+  std::chrono::steady_clock::time_point kill_at;
+  while (alive > 0) {
+    // Reap whoever exited (SIGCHLD is blocked and merely wakes the wait below).
+    for (int i = 0; i < n; ++i) {
+      Child& c = children[i];
+      if (c.status >= 0) continue;
+      int status;
+      if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.status = status;
+      --alive;
+      const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+      if (failed && signalled) code = 1;
+      if (failed && !stopping) {
+        std::fprintf(stderr, "pstrain local: host %d failed (%s)%s; stopping the others\n", i,
+                     Describe(status).c_str(),
+                     c.log.empty() ? "" : (" - see " + c.log).c_str());
+        *retry = ExitCode(status) == kExitCannotListen;
+        code = 1;
+        stopping = true;
+        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
+        stop_all(SIGTERM);
+      }
+    }
+    if (alive == 0) break;
+    timespec wait = {3600, 0};
+    if (stopping) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            kill_at - std::chrono::steady_clock::now()).count();
+      if (left <= 0) {
+        std::fprintf(stderr, "pstrain local: hosts still running %d s after SIGTERM: SIGKILL\n",
+                     kill_timeout_s);
+        stop_all(SIGKILL);
+        for (Child& c : children) {
+          if (c.status < 0 && waitpid(c.pid, &c.status, 0) == c.pid) --alive;
+        }
+        break;
+      }
+      wait = {static_cast<time_t>(left / 1000), static_cast<long>(left % 1000) * 1000000};
+    }
+    const int sig = sigtimedwait(&signals, nullptr, &wait);
+    if ((sig == SIGINT || sig == SIGTERM) && !stopping) {
+      std::fprintf(stderr,
+                   "pstrain local: %s: stopping the hosts; they write a checkpoint of the job "
+                   "(run the same command to resume)\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      signalled = true;
+      stopping = true;
+      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
+      stop_all(SIGTERM);
+    }
+  }
+  if (code != 0) return code;
+  *retry = false;
+  return 0;
+}
+
+void PrintSummary(const std::string& model_dir) {
+  const std::string path = model_dir + "/summary.json";
+  auto text = ReadFileToString(path);
+  google::protobuf::Struct summary;
+  if (!text.ok() || !google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) {
+    std::fprintf(stderr, "pstrain local: could not read %s\n", path.c_str());
+    return;
+  }
+  auto num = [&summary](const char* key) {
+    auto it = summary.fields().find(key);
+    return it == summary.fields().end() ? std::nan("") : it->second.number_value();
+  };
+  if (auto it = summary.fields().find("preempted");
+      it != summary.fields().end() && it->second.bool_value()) {
+    auto ck = summary.fields().find("checkpoint");
+    std::printf("pstrain local: stopped after %.0f examples; checkpoint %s; run the same command "
+                "to resume\n",
+                num("examples"),
+                ck == summary.fields().end() ? "?" : ck->second.string_value().c_str());
+    return;
+  }
+  std::printf("pstrain local: done: %.0f hosts, %.0f examples at %.0f ex/s, test AUC %.5f "
+              "logloss %.5f; model dir %s\n",
+              num("hosts"), num("examples"), num("examples_per_sec"), num("test_auc"),
+              num("test_logloss"), model_dir.c_str());
+}
+
+}  // namespace
+
+int RunLocal(int argc, char** argv) {
+  FlagSet flags("local",
+                "Runs an N-host asynchronous PS job on this machine: N `pstrain host` processes "
+                "on loopback ports, with the training flags given here.\nHost 0 (the chief) "
+                "prints here and writes <model_dir>/summary.json; host i > 0 logs to "
+                "<model_dir>/host-<i>/. Ctrl-C or SIGTERM stops all hosts after a checkpoint of the job; the "
+                "same command resumes it.");
+  TrainingFlags tf;
+  AddTrainingFlags(&flags, &tf);
+  int hosts = 2, kill_timeout_s = 120;
+  flags.Int("hosts", &hosts, "number of hosts N (each one PS shard + one worker)");
+  flags.Int("kill_timeout_s", &kill_timeout_s,
+            "seconds between SIGTERM and SIGKILL when stopping the hosts (time to write a "
+            "checkpoint)");
+  Config config;
+  if (auto code = ParseTrainingCommand("local", argc, argv, &flags, tf, &config)) return *code;
+  if (hosts < 1 || hosts > 64) {
+    std::fprintf(stderr, "pstrain local: --hosts must be in [1, 64], got %d\n", hosts);
+    return 2;
+  }
+  if (config.data().train_size() == 0) {
+    std::fprintf(stderr, "pstrain local: no training data: pass --train PATH or set data.train\n");
+    return 2;
+  }
+  // Forward every flag but the launcher's own.
+  std::vector<std::string> base_args;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    bool own = false;
+    for (const char* name : {"--hosts", "--kill_timeout_s"}) {
+      if (a == name) {
+        own = true;
+        ++i;  // its value
+      } else if (absl::StartsWith(a, std::string(name) + "=")) {
+        own = true;
+      }
+    }
+    if (!own) base_args.push_back(a);
+  }
+  const std::string model_dir = config.train().model_dir();
+  if (absl::Status s = MakeDirs(model_dir); !s.ok()) {
+    std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  // Signals are taken synchronously by sigtimedwait in RunCluster; children unblock them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  int code = 1;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    bool retry = false;
+    code = RunCluster(base_args, hosts, model_dir, kill_timeout_s, signals, &retry);
+    if (!retry) break;
+    std::fprintf(stderr, "pstrain local: a host could not listen on its port; retrying on fresh "
+                 "ports (attempt %d of %d)\n", attempt + 1, kAttempts);
+  }
+  if (code == 0) PrintSummary(model_dir);
+  return code;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,29 @@
+// The PS shard of a training job, shaped and initialized like single-process training: V rows
+// from the FeatureSpec, row_dim and dense_size from the model, rows and the dense vector
+// initialized with Model::InitRow / Model::InitDense and train.seed, so `pstrain ps`,
+// `pstrain host` and `pstrain train` start from the same parameters.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "ps/server/shard_server.h"
+#include "pstrain/config.pb.h"
+
+namespace pstrain {
+
+// Overrides of the job's shape (tests and benchmarks of the PS alone): 0 / -1 = the job's.
+// When row_dim or dense_size differ from the model's, each row (the dense vector) is initialized
+// with the model's values where they fit and zeros beyond.
+struct ShardShape {
+  int64_t rows = 0;
+  int row_dim = 0;
+  int64_t dense_size = -1;
+};
+
+// ShardServer::OptionsFromConfig for shard `shard` of `num_shards` with the job's shape and
+// initializers (which keep the model alive). INVALID_ARGUMENT for a bad features/model config.
+absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
+                                                        int num_shards, ShardShape shape = {});
+
+}  // namespace pstrain

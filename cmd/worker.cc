@@ -1,0 +1,84 @@
+// `pstrain worker`: worker j of M of an asynchronous PS job whose shards run elsewhere
+// (`pstrain ps`, one per PS host, or the shards of `pstrain host` processes). It trains its share
+// of the data against all the shards; worker 0 is the chief (checkpoints, evaluation,
+// summary.json). docs/PS.md "Separate PS and worker processes".
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "cmd/cli.h"
+#include "cmd/commands.h"
+#include "cmd/launcher.h"
+#include "cmd/stop_signal.h"
+#include "common/flags.h"
+#include "worker/ps_client/ps_worker.h"
+
+namespace pstrain {
+int RunWorker(int argc, char** argv) {
+  FlagSet flags(
+      "worker",
+      "Runs worker --index of --num_workers of an asynchronous PS job against the shards of "
+      "--ps (shard 0 first; it coordinates the job). Worker 0 is the chief: it writes the "
+      "checkpoints (into checkpoint.dir, default the model dir, shared by every process), "
+      "evaluates and writes <model_dir>/summary.json; worker j > 0 logs to "
+      "<model_dir>/worker-<j>/. The shards must hold the same model (start `pstrain ps` with the "
+      "same config and --model_dir, so that they resume from the same checkpoint).\nSIGTERM or "
+      "Ctrl-C during training writes a checkpoint of the whole job and exits 0.");
+  TrainingFlags tf;
+  AddTrainingFlags(&flags, &tf);
+  std::string ps;
+  int index = -1, num_workers = 0, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
+  flags.String("ps", &ps, "PS shard addresses host:port, comma-separated, shard 0 first");
+  flags.Int("index", &index, "this worker's index j in [0, num_workers)");
+  flags.Int("num_workers", &num_workers, "workers of the job");
+  flags.Int("cores", &cores,
+            "cores the automatic thread settings divide (0 = the CPUs this process may use: its "
+            "affinity mask capped by the cgroup CPU quota)");
+  flags.Int("connect_timeout_s", &connect_timeout_s, "how long to wait for all shards to be up");
+  flags.Int("barrier_timeout_s", &barrier_timeout_s,
+            "how long the end-of-job and checkpoint waits may take");
+  auto fail = [](const std::string& msg, int code) {
+    std::fprintf(stderr, "pstrain worker: %s\n", msg.c_str());
+    return code;
+  };
+  Config config;
+  if (auto code = ParseTrainingCommand("worker", argc, argv, &flags, tf, &config)) return *code;
+  if (config.data().train_size() == 0) {
+    return fail("no training data: pass --train PATH or set data.train", 2);
+  }
+  if (ps.empty()) return fail("--ps: expected the shard addresses host:port,...", 2);
+  if (num_workers < 1 || index < 0 || index >= num_workers) {
+    return fail(absl::StrCat("--index and --num_workers: expected 0 <= index < num_workers, got ",
+                             index, " and ", num_workers),
+                2);
+  }
+  auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+  if (!choice.ok()) return fail(choice.status().ToString(), 1);
+
+  PsWorkerOptions wo;
+  wo.index = index;
+  wo.num_workers = num_workers;
+  wo.shards = absl::StrSplit(ps, ',');
+  wo.log_dir_prefix = "worker";
+  wo.cores = cores;
+  wo.omp_num_threads = Launch().omp_num_threads;
+  wo.connect_timeout = absl::Seconds(connect_timeout_s);
+  wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
+  if (*choice) wo.restored = **choice;
+  StopSignals& signals = InstallStopSignals();
+  signals.served = true;  // a stop while connecting is served at the first step boundary
+  wo.stop = &signals.stop;
+  wo.training = &signals.served;
+  auto summary = RunPsWorker(config, wo);
+  if (!summary.ok()) return fail(summary.status().ToString(), 1);
+  if (summary->preempted) {
+    std::fprintf(stderr, "pstrain worker: worker %d stopped by a signal; checkpoint %s\n", index,
+                 summary->checkpoint.empty() ? "(written by the chief)"
+                                             : summary->checkpoint.c_str());
+  }
+  return 0;
+}
+
+}  // namespace pstrain

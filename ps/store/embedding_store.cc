@@ -1,0 +1,308 @@
+#include "ps/store/embedding_store.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/parallel.h"
+#include "common/status.h"
+
+namespace pstrain {
+namespace {
+
+// Below this many rows per thread a thread team costs more than it saves.
+constexpr int64_t kMinRowsPerThread = 2048;
+
+int ThreadsFor(int64_t n, int threads) {
+  const int64_t useful = std::max<int64_t>(1, n / kMinRowsPerThread);
+  return static_cast<int>(std::min<int64_t>(threads, useful));
+}
+
+int Log2(int64_t x) {
+  int s = 0;
+  while ((int64_t{1} << s) < x) ++s;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> EmbeddingStore::Create(Options o) {
+  // Slots are uint32 with 0 meaning "none", hence at most 2^32 - 1 rows per store.
+  if (o.begin < 0 || o.end <= o.begin || o.end - o.begin > int64_t{0xffffffff}) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding store: bad row range [", o.begin,
+                                                   ", ", o.end, ") (at most 2^32 - 1 rows)"));
+  }
+  if (o.dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embedding store: dim must be > 0, got ", o.dim));
+  }
+  if (o.optimizer == nullptr) {
+    return absl::InvalidArgumentError("embedding store: no optimizer given");
+  }
+  if (o.chunk_rows < 64 || (o.chunk_rows & (o.chunk_rows - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "embedding store: chunk_rows must be a power of two >= 64, got ", o.chunk_rows));
+  }
+  if (o.threads < 1) o.threads = 1;
+  return std::unique_ptr<EmbeddingStore>(new EmbeddingStore(std::move(o)));
+}
+
+EmbeddingStore::EmbeddingStore(Options options)
+    : opt_(std::move(options)),
+      state_floats_(static_cast<int>(opt_.optimizer->StateFloats(opt_.dim))),
+      stride_(opt_.dim + state_floats_),
+      chunk_shift_(Log2(opt_.chunk_rows)),
+      num_index_pages_((opt_.end - opt_.begin + kIndexPageRows - 1) >> kIndexShift),
+      max_chunks_((opt_.end - opt_.begin + opt_.chunk_rows - 1) >> chunk_shift_),
+      index_(new std::atomic<std::atomic<uint32_t>*>[num_index_pages_]()),
+      chunks_(new std::atomic<float*>[max_chunks_]()),
+      stripes_(new Stripe[kStripes]) {}
+
+EmbeddingStore::~EmbeddingStore() {
+  for (int64_t p = 0; p < num_index_pages_; ++p) delete[] index_[p].load(std::memory_order_relaxed);
+  for (int64_t c = 0; c < max_chunks_; ++c) std::free(chunks_[c].load(std::memory_order_relaxed));
+}
+
+absl::Status EmbeddingStore::CheckIds(absl::Span<const int64_t> ids) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!Owns(ids[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding store [", opt_.begin, ", ",
+                                                     opt_.end, "): row id ", ids[i], " (at index ",
+                                                     i, ") is outside the store's range"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+float* EmbeddingStore::SlotData(uint32_t slot) const {
+  return chunks_[slot >> chunk_shift_].load(std::memory_order_acquire) +
+         (slot & (opt_.chunk_rows - 1)) * stride_;
+}
+
+float* EmbeddingStore::FindRow(int64_t row) const {
+  const int64_t local = row - opt_.begin;
+  const std::atomic<uint32_t>* page = index_[local >> kIndexShift].load(std::memory_order_acquire);
+  if (page == nullptr) return nullptr;
+  const uint32_t entry = page[local & (kIndexPageRows - 1)].load(std::memory_order_acquire);
+  return entry == 0 ? nullptr : SlotData(entry - 1);
+}
+
+float* EmbeddingStore::ClaimRow(int64_t row, bool* fresh) {
+  const int64_t local = row - opt_.begin;
+  std::atomic<std::atomic<uint32_t>*>& page_ptr = index_[local >> kIndexShift];
+  std::atomic<uint32_t>* page = page_ptr.load(std::memory_order_acquire);
+  if (page == nullptr) {
+    // First touches of one index page from different stripes race; one allocation wins.
+    auto* mine = new std::atomic<uint32_t>[kIndexPageRows]();
+    if (page_ptr.compare_exchange_strong(page, mine, std::memory_order_acq_rel)) {
+      page = mine;
+      index_pages_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      delete[] mine;
+    }
+  }
+  std::atomic<uint32_t>& entry = page[local & (kIndexPageRows - 1)];
+  const uint32_t e = entry.load(std::memory_order_relaxed);
+  *fresh = e == 0;
+  if (!*fresh) return SlotData(e - 1);
+
+  // Each row takes a slot at most once, so slots never exceed the range's row count.
+  const int64_t slot = next_slot_.fetch_add(1, std::memory_order_relaxed);
+  std::atomic<float*>& chunk = chunks_[slot >> chunk_shift_];
+  if (chunk.load(std::memory_order_acquire) == nullptr) {
+    const size_t bytes = (opt_.chunk_rows * stride_ * sizeof(float) + 63) / 64 * 64;
+    auto* mine = static_cast<float*>(std::aligned_alloc(64, bytes));
+    PSTRAIN_CHECK(mine != nullptr) << "out of memory allocating " << bytes << " bytes";
+    float* expected = nullptr;
+    if (chunk.compare_exchange_strong(expected, mine, std::memory_order_acq_rel)) {
+      chunks_allocated_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      std::free(mine);
+    }
+  }
+  entry.store(static_cast<uint32_t>(slot + 1), std::memory_order_release);
+  return SlotData(static_cast<uint32_t>(slot));
+}
+
+void EmbeddingStore::Prefetch(absl::Span<const int64_t> ids, int64_t i, int64_t end,
+                              int64_t bytes) const {
+  constexpr int64_t kIndexAhead = 16, kRowAhead = 8;
+  if (i + kIndexAhead < end) {
+    const int64_t local = ids[i + kIndexAhead] - opt_.begin;
+    const auto* page = index_[local >> kIndexShift].load(std::memory_order_acquire);
+    if (page != nullptr) __builtin_prefetch(page + (local & (kIndexPageRows - 1)));
+  }
+  if (i + kRowAhead < end) {
+    const int64_t local = ids[i + kRowAhead] - opt_.begin;
+    const auto* page = index_[local >> kIndexShift].load(std::memory_order_acquire);
+    if (page == nullptr) return;
+    const uint32_t entry = page[local & (kIndexPageRows - 1)].load(std::memory_order_acquire);
+    if (entry == 0) return;
+    const uint32_t slot = entry - 1;
+    const char* row = reinterpret_cast<const char*>(
+        chunks_[slot >> chunk_shift_].load(std::memory_order_acquire) +
+        (slot & (opt_.chunk_rows - 1)) * stride_);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
+  }
+}
+
+void EmbeddingStore::RaiseLastStep(int64_t step) {
+  int64_t cur = last_step_.load(std::memory_order_relaxed);
+  while (step > cur && !last_step_.compare_exchange_weak(cur, step, std::memory_order_relaxed)) {
+  }
+}
+
+absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out) const {
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int dim = opt_.dim;
+  ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
+              [&](int, int, int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) {
+                  Prefetch(ids, i, e, dim * sizeof(float));
+                  float* dst = out + i * dim;
+                  bool stored;
+                  {
+                    std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                    const float* row = FindRow(ids[i]);
+                    stored = row != nullptr;
+                    if (stored) std::memcpy(dst, row, dim * sizeof(float));
+                  }
+                  // A row never trained reads as its initial value; row_init is pure, so it can
+                  // run outside the lock.
+                  if (!stored) {
+                    if (opt_.row_init) {
+                      opt_.row_init(ids[i], dst);
+                    } else {
+                      std::memset(dst, 0, dim * sizeof(float));
+                    }
+                  }
+                }
+              });
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* grads,
+                                   int64_t step) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  RaiseLastStep(step);
+  const int dim = opt_.dim;
+  const Optimizer& optimizer = *opt_.optimizer;
+  ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
+              [&](int, int, int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) {
+                  Prefetch(ids, i, e, stride_ * sizeof(float));
+                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                  bool fresh;
+                  float* row = ClaimRow(ids[i], &fresh);
+                  if (fresh) {
+                    if (opt_.row_init) {
+                      opt_.row_init(ids[i], row);
+                    } else {
+                      std::memset(row, 0, dim * sizeof(float));
+                    }
+                    optimizer.InitState(row + dim, dim);
+                  }
+                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim);
+                }
+              });
+  return absl::OkStatus();
+}
+
+EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to) const {
+  EmbeddingSnapshot snap;
+  snap.begin = opt_.begin;
+  snap.end = opt_.end;
+  snap.dim = opt_.dim;
+  snap.optimizer = opt_.optimizer->type();
+  snap.state_floats = state_floats_;
+  snap.last_step = last_step();
+  from = std::max(from, opt_.begin);
+  to = std::min(to, opt_.end);
+  if (from >= to) return snap;
+
+  // Enumerate the stored rows from the index. A row stored after its entry was read is simply
+  // not part of this snapshot; an entry never goes back to 0, and its row is complete once we
+  // hold the row's lock.
+  for (int64_t row = from; row < to;) {
+    const int64_t local = row - opt_.begin;
+    const std::atomic<uint32_t>* page =
+        index_[local >> kIndexShift].load(std::memory_order_acquire);
+    const int64_t page_end =
+        std::min(to, opt_.begin + ((local >> kIndexShift) + 1) * kIndexPageRows);
+    if (page != nullptr) {
+      for (int64_t r = row; r < page_end; ++r) {
+        if (page[(r - opt_.begin) & (kIndexPageRows - 1)].load(std::memory_order_relaxed) != 0) {
+          snap.ids.push_back(r);
+        }
+      }
+    }
+    row = page_end;
+  }
+
+  const int64_t n = snap.rows();
+  const int dim = opt_.dim, sf = state_floats_;
+  snap.weights.resize(n * dim);
+  snap.state.resize(n * sf);
+  ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Prefetch(snap.ids, i, e, stride_ * sizeof(float));
+      std::lock_guard<std::mutex> lock(StripeOf(snap.ids[i]));
+      const float* row = FindRow(snap.ids[i]);
+      std::memcpy(snap.weights.data() + i * dim, row, dim * sizeof(float));
+      if (sf > 0) std::memcpy(snap.state.data() + i * sf, row + dim, sf * sizeof(float));
+    }
+  });
+  return snap;
+}
+
+absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const float* weights,
+                                         const float* state) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int dim = opt_.dim, sf = state_floats_;
+  ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
+              [&](int, int, int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) {
+                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                  bool fresh;
+                  float* row = ClaimRow(ids[i], &fresh);
+                  std::memcpy(row, weights + i * dim, dim * sizeof(float));
+                  if (state != nullptr) {
+                    std::memcpy(row + dim, state + i * sf, sf * sizeof(float));
+                  } else {
+                    opt_.optimizer->InitState(row + dim, dim);
+                  }
+                }
+              });
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::Restore(const EmbeddingSnapshot& s) {
+  if (s.dim != opt_.dim || s.state_floats != state_floats_ ||
+      s.optimizer != opt_.optimizer->type()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("embedding store [", opt_.begin, ", ", opt_.end, ") has dim ", opt_.dim,
+                     " and ", OptimizerType_Name(opt_.optimizer->type()), " state of ",
+                     state_floats_, " floats per row; the snapshot has dim ", s.dim, " and ",
+                     OptimizerType_Name(s.optimizer), " state of ", s.state_floats));
+  }
+  if (s.weights.size() != s.ids.size() * s.dim || s.state.size() != s.ids.size() * s.state_floats) {
+    return absl::InvalidArgumentError("embedding snapshot: weights/state sizes do not match ids");
+  }
+  RETURN_IF_ERROR(RestoreRows(s.ids, s.weights.data(), s.state.data()));
+  RaiseLastStep(s.last_step);
+  return absl::OkStatus();
+}
+
+EmbeddingStore::Stats EmbeddingStore::stats() const {
+  Stats s;
+  s.rows_initialized = next_slot_.load(std::memory_order_relaxed);
+  const int64_t chunk_bytes = (opt_.chunk_rows * stride_ * sizeof(float) + 63) / 64 * 64;
+  s.bytes = chunks_allocated_.load(std::memory_order_relaxed) * chunk_bytes +
+            index_pages_.load(std::memory_order_relaxed) * kIndexPageRows * 4 +
+            (num_index_pages_ + max_chunks_) * sizeof(void*) + kStripes * sizeof(Stripe);
+  s.last_step = last_step();
+  return s;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,170 @@
+// EmbeddingStore: the rows [begin, end) of the one logical embedding table, with their optimizer
+// state. The single-process trainer owns one store for [0, total_rows); a PS shard owns one store
+// per partition it holds (ps/store/partition.h).
+//
+// Memory grows with the rows TRAINED, not with the table size. A row gets storage on its first
+// Apply (or Restore): a slot in an arena that grows in chunks of chunk_rows rows, in touch
+// order, so hashed ids scattered over a huge table cost only their own rows. An index maps each
+// row id to its slot: 4 bytes per row, allocated lazily in pages of 4096 rows (16 KB). In all:
+// touched rows x (dim + StateFloats(dim)) x 4 bytes, plus at most 4 bytes per table row.
+//
+// A row is initialized on its first Apply with Options::row_init (typically Model::InitRow) and
+// Optimizer::InitState. Gather of a row that was never trained returns row_init's value without
+// storing anything, so evaluation traffic costs no memory. row_init must therefore be a pure
+// function of the row id (Model::InitRow is).
+//
+// Each stored row is dim weights followed by StateFloats(dim) optimizer floats.
+//
+// Thread-safety: every method may be called concurrently from any number of threads. Each row
+// is guarded by one of 1024 striped mutexes (by row id), held for the whole read or update of
+// the row, so concurrent Apply calls never tear a row or its optimizer state, and Gather and
+// Snapshot never see a half-updated row.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "ps/store/optimizer.h"
+
+namespace pstrain {
+
+// Initial weights of one row: fills row[dim] as a function of the global row id only. Called
+// concurrently; must be thread-safe and deterministic.
+using RowInit = std::function<void(int64_t row, float* out)>;
+
+// Every initialized row of a store, captured row by row under the row's lock: each row's weights
+// and all its optimizer slots come from the same instant (rows may come from different
+// instants, as in any asynchronous parameter server).
+struct EmbeddingSnapshot {
+  int64_t begin = 0;  // the store's range [begin, end)
+  int64_t end = 0;
+  int dim = 0;
+  OptimizerType optimizer = SGD;
+  int state_floats = 0;   // StateFloats(dim)
+  int64_t last_step = 0;  // the store's last_step() when the capture began
+
+  std::vector<int64_t> ids;    // ascending global row ids
+  std::vector<float> weights;  // ids.size() x dim
+  std::vector<float> state;    // ids.size() x state_floats
+
+  int64_t rows() const { return static_cast<int64_t>(ids.size()); }
+};
+
+class EmbeddingStore {
+ public:
+  struct Options {
+    int64_t begin = 0;  // global row range [begin, end); end > begin
+    int64_t end = 0;
+    int dim = 0;  // floats per row (Model::row_dim())
+    // Required. Shared: one optimizer usually serves every store of a shard.
+    std::shared_ptr<const Optimizer> optimizer;
+    // Initial weights of a row; null means zeros.
+    RowInit row_init;
+    // OpenMP threads that Gather / Apply / Snapshot split one call over (ParallelFor).
+    int threads = 1;
+    // Rows per arena chunk (the unit of allocation); a power of two, >= 64.
+    int chunk_rows = 4096;
+  };
+
+  struct Stats {
+    int64_t rows_initialized = 0;  // rows with stored values
+    int64_t bytes = 0;             // memory held: arena chunks, index pages and bookkeeping
+    int64_t last_step = 0;         // largest step passed to Apply / Restore
+  };
+
+  // INVALID_ARGUMENT for a bad range (at most 2^32 - 1 rows), dim, chunk_rows or a missing
+  // optimizer.
+  static absl::StatusOr<std::unique_ptr<EmbeddingStore>> Create(Options options);
+  ~EmbeddingStore();
+  EmbeddingStore(const EmbeddingStore&) = delete;
+  EmbeddingStore& operator=(const EmbeddingStore&) = delete;
+
+  int64_t begin() const { return opt_.begin; }
+  int64_t end() const { return opt_.end; }
+  int dim() const { return opt_.dim; }
+  int state_floats() const { return state_floats_; }
+  const Optimizer& optimizer() const { return *opt_.optimizer; }
+  bool Owns(int64_t row) const { return row >= opt_.begin && row < opt_.end; }
+
+  // out[i * dim, (i + 1) * dim) = current weights of ids[i] (row_init's value for a row never
+  // trained). INVALID_ARGUMENT naming the first id outside [begin, end); nothing is written then.
+  absl::Status Gather(absl::Span<const int64_t> ids, float* out) const;
+
+  // Applies one optimizer update to each row: grads is ids.size() x dim. Rows are initialized on
+  // first touch. Callers normally pass unique ids (the worker merges duplicates); a repeated id
+  // is applied once per occurrence, one after the other (in unspecified order when threads > 1).
+  // `step` is the caller's global step of this update, kept as last_step() and saved with
+  // snapshots; the optimizer math does not use it (Adam counts updates per row).
+  // INVALID_ARGUMENT naming the first id outside [begin, end); nothing is applied then.
+  absl::Status Apply(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+
+  // Captures every initialized row in [from, to) (clamped to the store's range); see
+  // EmbeddingSnapshot. Training is blocked only row by row, for the copy of one row. Snapshot()
+  // is the whole range; a caller writing a huge table can stream it range by range instead.
+  EmbeddingSnapshot Snapshot(int64_t from, int64_t to) const;
+  EmbeddingSnapshot Snapshot() const { return Snapshot(opt_.begin, opt_.end); }
+
+  // Writes rows as given (giving them storage as needed): weights is ids.size() x dim, state is
+  // ids.size() x state_floats, or null to start the rows from InitState. Rows not listed keep
+  // their current contents. Meant for loading a checkpoint into a fresh store, possibly from
+  // several sources (re-partitioning). INVALID_ARGUMENT naming the first id outside the range.
+  absl::Status RestoreRows(absl::Span<const int64_t> ids, const float* weights, const float* state);
+  // RestoreRows of a whole snapshot, after checking that its dim, optimizer type and state size
+  // match this store (FAILED_PRECONDITION naming both otherwise). Also raises last_step to the
+  // snapshot's.
+  absl::Status Restore(const EmbeddingSnapshot& snapshot);
+
+  int64_t last_step() const { return last_step_.load(std::memory_order_relaxed); }
+  Stats stats() const;
+
+ private:
+  // std::mutex, not absl::Mutex: Debian's abseil is built with its debug-mode deadlock
+  // detection on, which made each lock/unlock pair cost ~100 ns here (38.6k per batch).
+  struct alignas(64) Stripe {
+    std::mutex mu;
+  };
+  static constexpr int kStripes = 1024;
+  static constexpr int kIndexShift = 12;  // 4096 rows per index page
+  static constexpr int64_t kIndexPageRows = int64_t{1} << kIndexShift;
+
+  explicit EmbeddingStore(Options options);
+  absl::Status CheckIds(absl::Span<const int64_t> ids) const;
+  std::mutex& StripeOf(int64_t row) const { return stripes_[row & (kStripes - 1)].mu; }
+  float* SlotData(uint32_t slot) const;
+  // The stored row of `row`, or null if it has none. Caller holds the row's stripe.
+  float* FindRow(int64_t row) const;
+  // The stored row of `row`, giving it a slot if it has none; then sets *fresh and the caller
+  // must fill the row. Caller holds the row's stripe (exclusively).
+  float* ClaimRow(int64_t row, bool* fresh);
+  void RaiseLastStep(int64_t step);
+  // Software prefetch for a pass over ids[i, end): the index entry of a row far ahead and the
+  // stored row (its first `bytes`) of a row nearer ahead. A pass over scattered rows is bound by
+  // memory latency, not compute. Reads the index without the row's lock: a hint only.
+  void Prefetch(absl::Span<const int64_t> ids, int64_t i, int64_t end, int64_t bytes) const;
+
+  const Options opt_;
+  const int state_floats_;
+  const int64_t stride_;  // floats per stored row
+  const int chunk_shift_;
+  const int64_t num_index_pages_;
+  const int64_t max_chunks_;
+  // index_[p][i] = 1 + slot of row begin + p * 4096 + i, or 0 if the row has no stored values.
+  // Entries change only under the row's stripe (0 -> slot, once); pages and chunks are
+  // installed once by compare-and-swap and freed at destruction.
+  std::unique_ptr<std::atomic<std::atomic<uint32_t>*>[]> index_;
+  std::unique_ptr<std::atomic<float*>[]> chunks_;  // chunk c holds slots [c, c + 1) x chunk_rows
+  std::unique_ptr<Stripe[]> stripes_;
+  std::atomic<int64_t> next_slot_{0};
+  std::atomic<int64_t> index_pages_{0};
+  std::atomic<int64_t> chunks_allocated_{0};
+  std::atomic<int64_t> last_step_{0};
+};
+
+}  // namespace pstrain

@@ -1,0 +1,63 @@
+// The embedding and dense stores in block files (checkpoint/block_file.h): block tags EMBM, EMBR
+// and DNSE, byte layout in docs/CHECKPOINT.md. Embedding rows are read back as a stream of row
+// batches, so a restore can re-partition them onto stores with different ranges.
+//
+// Thread-safety: as safe as the objects given (the stores are thread-safe; BlockWriter and
+// BlockReader are not).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "checkpoint/block_file.h"
+#include "ps/store/dense_store.h"
+#include "ps/store/embedding_store.h"
+
+namespace pstrain {
+
+constexpr char kEmbeddingMetaTag[] = "EMBM";
+constexpr char kEmbeddingRowsTag[] = "EMBR";
+constexpr char kDenseTag[] = "DNSE";
+constexpr int kRowsPerBlock = 65536;  // rows per EMBR block, at most
+
+// The EMBM block: what the following EMBR blocks hold.
+struct EmbeddingMeta {
+  int64_t begin = 0;  // the saved store's range
+  int64_t end = 0;
+  int dim = 0;
+  OptimizerType optimizer = SGD;
+  int state_floats = 0;
+  int64_t last_step = 0;
+};
+
+// Writes one EMBM block and the snapshot's rows in EMBR blocks of at most kRowsPerBlock rows.
+absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& snapshot, BlockWriter* writer);
+// The same for a live store, streamed: snapshots of successive row ranges are written one at a
+// time, so memory stays bounded by a range, not the table. Each row is still consistent.
+absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* writer);
+
+// Called for each EMBR block: ids[n] (ascending), weights n x dim, state n x state_floats.
+using EmbeddingRowsFn =
+    std::function<absl::Status(const EmbeddingMeta& meta, absl::Span<const int64_t> ids,
+                               const float* weights, const float* state)>;
+
+// Reads one embedding group: the next block must be EMBM (DATA_LOSS otherwise), then every EMBR
+// block that follows it, passing their rows to `fn` (an error from fn stops the load and is
+// returned). Returns the group's meta. Checks that ids are ascending and inside [begin, end).
+absl::StatusOr<EmbeddingMeta> LoadEmbeddingRows(BlockReader* reader, const EmbeddingRowsFn& fn);
+
+// Re-partitioning restore: reads one embedding group and gives every row to the store among
+// `stores` that owns it; rows no store owns are skipped (a shard reading another layout's
+// files). FAILED_PRECONDITION if a store's dim / optimizer / state size differ from the file's.
+// Adds the number of rows restored to *rows_loaded when it is not null.
+absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore* const> stores,
+                                 int64_t* rows_loaded);
+
+// One DNSE block holding the snapshot; and reading it back (the next block must be DNSE).
+absl::Status SaveDenseStore(const DenseSnapshot& snapshot, BlockWriter* writer);
+absl::StatusOr<DenseSnapshot> LoadDenseSnapshot(BlockReader* reader);
+
+}  // namespace pstrain

@@ -1,0 +1,722 @@
+// ShardServer + PsClient over real gRPC on loopback, in one process: results are bit-identical
+// to the same updates applied to one local EmbeddingStore / DenseStore, shards are balanced,
+// foreign ids are refused naming their owner, pushes are idempotent, failures are bounded.
+#include "ps/server/shard_server.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "cmd/served_shard.h"
+#include "common/random.h"
+#include "common/rpc/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pstrain/ps_service.grpc.pb.h"
+#include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_rpc.h"
+#include "worker/train/checkpoint.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Table {
+  int64_t rows = 10007;  // prime: partitions of unequal sizes
+  int partitions = 7;    // not a multiple of the shard counts tested
+  int row_dim = 5;
+  int64_t dense_size = 103;
+};
+
+OptimizerConfig MakeOptimizerConfig(OptimizerType type) {
+  OptimizerConfig c;
+  c.set_type(type);
+  c.set_learning_rate(type == SGD ? 0.1f : 0.05f);
+  if (type == FTRL) c.set_l1(0.001f), c.set_l2(0.01f);
+  return c;
+}
+
+// Pure, recognizable initial values.
+void RowInit(int64_t row, float* out, int dim) {
+  for (int j = 0; j < dim; ++j) out[j] = 0.001f * static_cast<float>(row % 1000) - 0.01f * j;
+}
+void DenseInit(float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.01f * static_cast<float>(i % 17 - 8);
+}
+
+// S shard servers on 127.0.0.1:<free port>.
+struct Cluster {
+  Cluster(int shards, const Table& t, OptimizerType type) : table(t) {
+    for (int s = 0; s < shards; ++s) {
+      ShardServer::Options o;
+      o.shard = s;
+      o.num_shards = shards;
+      o.rows = t.rows;
+      o.partitions = t.partitions;
+      o.row_dim = t.row_dim;
+      o.dense_size = t.dense_size;
+      o.sparse_optimizer = MakeOptimizerConfig(type);
+      o.dense_optimizer = MakeOptimizerConfig(type);
+      const int dim = t.row_dim;
+      const int64_t dense_size = t.dense_size;
+      o.row_init = [dim](int64_t row, float* out) { RowInit(row, out, dim); };
+      o.dense_init = [dense_size](float* out) { DenseInit(out, dense_size); };
+      auto server = ShardServer::Create(std::move(o));
+      EXPECT_TRUE(server.ok()) << server.status();
+      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
+      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers.push_back(std::move(server).value());
+    }
+  }
+
+  PsClient::Options ClientOptions() const {
+    PsClient::Options o;
+    o.shards = addresses;
+    o.rows = table.rows;
+    o.partitions = table.partitions;
+    o.row_dim = table.row_dim;
+    o.dense_size = table.dense_size;
+    o.rpc_deadline_ms = 5000;
+    return o;
+  }
+
+  std::unique_ptr<PsClient> Client(PsClient::Options o) const {
+    auto c = PsClient::Create(std::move(o));
+    EXPECT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE((*c)->WaitForShards(absl::Seconds(10)).ok());
+    return std::move(c).value();
+  }
+  std::unique_ptr<PsClient> Client() const { return Client(ClientOptions()); }
+
+  Table table;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> addresses;
+};
+
+// The single-process twin: one store for [0, V) and one dense store for the whole vector.
+struct Reference {
+  Reference(const Table& t, OptimizerType type) : dim(t.row_dim) {
+    std::shared_ptr<const Optimizer> opt = Optimizer::Create(MakeOptimizerConfig(type)).value();
+    EmbeddingStore::Options eo;
+    eo.begin = 0;
+    eo.end = t.rows;
+    eo.dim = t.row_dim;
+    eo.optimizer = opt;
+    const int d = t.row_dim;
+    eo.row_init = [d](int64_t row, float* out) { RowInit(row, out, d); };
+    rows = EmbeddingStore::Create(std::move(eo)).value();
+    DenseStore::Options dopt;
+    dopt.size = t.dense_size;
+    dopt.optimizer = opt;
+    dense = DenseStore::Create(std::move(dopt)).value();
+    std::vector<float> init(t.dense_size);
+    DenseInit(init.data(), t.dense_size);
+    dense->Set(init.data());
+  }
+  int dim;
+  std::unique_ptr<EmbeddingStore> rows;
+  std::unique_ptr<DenseStore> dense;
+};
+
+std::vector<int64_t> UniqueIds(Rng* rng, int64_t rows, int n) {
+  std::set<int64_t> s;
+  while (static_cast<int>(s.size()) < n) s.insert(static_cast<int64_t>(rng->Uniform(rows)));
+  std::vector<int64_t> ids(s.begin(), s.end());
+  // Shuffle so that the client has to regroup and scatter.
+  for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng->Uniform(i)]);
+  return ids;
+}
+
+std::vector<float> RandomValues(Rng* rng, size_t n) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng->UniformDouble() * 2 - 1);
+  return v;
+}
+
+// Pulls `ids` and the dense vector through the client and from the reference; expects the
+// same bits.
+void ExpectSameAsReference(PsClient* client, Reference* ref, const std::vector<int64_t>& ids,
+                           const Table& t) {
+  std::vector<float> got(ids.size() * t.row_dim), want(ids.size() * t.row_dim);
+  std::vector<float> got_dense(t.dense_size), want_dense(t.dense_size);
+  ASSERT_TRUE(client->Pull(ids, got.data(), got_dense.data()).ok());
+  ASSERT_TRUE(ref->rows->Gather(ids, want.data()).ok());
+  ref->dense->Get(want_dense.data());
+  ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  ASSERT_EQ(0, std::memcmp(got_dense.data(), want_dense.data(), got_dense.size() * sizeof(float)));
+}
+
+// Shards, optimizer, and whether shard 1 is "in this process" (PsClient::Options::local_server,
+// as in `pstrain host`): its pulls and pushes are then direct calls.
+class Equivalence
+    : public ::testing::TestWithParam<std::tuple<int, OptimizerType, bool>> {};
+
+TEST_P(Equivalence, PullPushMatchesLocalStores) {
+  const auto [shards, type, direct] = GetParam();
+  const Table t;
+  Cluster cluster(shards, t, type);
+  Reference ref(t, type);
+  PsClient::Options o = cluster.ClientOptions();
+  ServedShard served(cluster.servers[1].get());
+  if (direct) {
+    o.local_shard = 1;
+    o.local_server = &served;
+  }
+  auto client = cluster.Client(std::move(o));
+  Rng rng(1234 + shards);
+  std::vector<int64_t> probe = UniqueIds(&rng, t.rows, 2000);  // trained and untrained rows
+  ExpectSameAsReference(client.get(), &ref, probe, t);
+  for (int step = 1; step <= 12; ++step) {
+    const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 700);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+    const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+    ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), step).ok());
+    ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), step).ok());
+    ref.dense->Apply(dense_grad.data(), step);
+    if (step % 4 == 0) {
+      ExpectSameAsReference(client.get(), &ref, ids, t);
+      ExpectSameAsReference(client.get(), &ref, probe, t);
+    }
+  }
+  // Every shard took part, and its Stats say so.
+  auto stats = client->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(static_cast<int>(stats->size()), shards);
+  for (int s = 0; s < shards; ++s) {
+    SCOPED_TRACE(s);
+    EXPECT_EQ((*stats)[s].push_requests(), 12);
+    EXPECT_GT((*stats)[s].rows_initialized(), 0);
+    EXPECT_EQ((*stats)[s].last_step(), 12);
+    // Direct calls carry no message: the in-process shard counts no bytes.
+    if (direct && s == 1) {
+      EXPECT_EQ((*stats)[s].bytes_in(), 0);
+      EXPECT_GT((*stats)[s].pull_requests(), 0);
+    } else {
+      EXPECT_GT((*stats)[s].bytes_in(), 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ShardsAndOptimizers, Equivalence,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(ADAGRAD, SGD, ADAM, FTRL),
+                                            ::testing::Bool()));
+
+TEST(PsClient, PipelinedPullsAndPushesMatchLocalStoresAfterFlush) {
+  const Table t;
+  Cluster cluster(3, t, ADAGRAD);
+  Reference ref(t, ADAGRAD);
+  PsClient::Options o = cluster.ClientOptions();
+  o.max_pushes_in_flight = 2;
+  auto client = cluster.Client(o);
+  Rng rng(77);
+  std::vector<float> rows(800 * t.row_dim), dense(t.dense_size);
+  std::shared_ptr<PsFuture> pull =
+      client->PullAsync(UniqueIds(&rng, t.rows, 800), rows.data(), dense.data());
+  std::vector<std::shared_ptr<PsFuture>> pushes;
+  for (int step = 1; step <= 20; ++step) {
+    // The next batch's pull runs while this step "computes" and pushes.
+    ASSERT_TRUE(pull->Wait().ok());
+    const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 800);
+    pull = client->PullAsync(ids, rows.data(), dense.data());
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+    const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+    ASSERT_TRUE(pull->Wait().ok());  // rows[] is reused by the next PullAsync
+    pushes.push_back(client->PushAsync(ids, grads.data(), dense_grad.data(), step));
+    ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), step).ok());
+    ref.dense->Apply(dense_grad.data(), step);
+  }
+  ASSERT_TRUE(client->Flush().ok());
+  for (const auto& p : pushes) {
+    EXPECT_TRUE(p->done());
+    EXPECT_TRUE(p->Wait().ok());
+  }
+  // Pushes reach each shard in order, so once flushed the state is exactly the reference's.
+  ExpectSameAsReference(client.get(), &ref, UniqueIds(&rng, t.rows, 5000), t);
+}
+
+TEST(ShardServer, FixedSizePartitionedTableIsBalancedAcrossShards) {
+  Table t;
+  t.rows = 1000003;
+  t.partitions = 12;
+  t.row_dim = 17;
+  t.dense_size = 1000;
+  Cluster cluster(3, t, ADAGRAD);
+  auto client = cluster.Client();
+  // Zipf-like popularity over raw keys, hashed into the table as the FeatureSpec does.
+  Rng rng(5);
+  for (int step = 1; step <= 10; ++step) {
+    std::set<int64_t> unique;
+    for (int i = 0; i < 8000; ++i) {
+      const uint64_t key = static_cast<uint64_t>(std::exp(rng.UniformDouble() * std::log(5e6)));
+      unique.insert(static_cast<int64_t>(SplitMix64(key) % t.rows));
+    }
+    std::vector<int64_t> ids(unique.begin(), unique.end());
+    std::vector<float> grads(ids.size() * t.row_dim, 0.5f);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+  }
+  auto stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  int64_t owned = 0, trained = 0, max_owned = 0, max_trained = 0;
+  for (const ShardStats& s : *stats) {
+    owned += s.rows_owned();
+    trained += s.rows_initialized();
+    max_owned = std::max(max_owned, s.rows_owned());
+    max_trained = std::max(max_trained, s.rows_initialized());
+    EXPECT_EQ(s.dense_floats(), s.shard() == 0 ? 334 : 333);
+  }
+  EXPECT_EQ(owned, t.rows);
+  EXPECT_LT(max_owned * 3.0 / owned, 1.01);
+  EXPECT_GT(trained, 30000);
+  EXPECT_LT(max_trained * 3.0 / trained, 1.02);
+  const std::string table = FormatShardBalance(*stats);
+  EXPECT_THAT(table, HasSubstr("max/mean imbalance: rows_owned 1.000"));
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 4);  // header, 3 shards, summary
+}
+
+std::unique_ptr<ParameterServer::Stub> RawStub(const std::string& address) {
+  return ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+TEST(ShardServer, RefusesForeignIdNamingItsOwner) {
+  const Table t;  // 10007 rows in 7 partitions of 1430/1429 rows
+  Cluster cluster(2, t, ADAGRAD);
+  const PartitionMap map(t.rows, t.partitions, 2);
+  const int64_t foreign = map.PartitionBegin(3) + 5;  // partition 3 lives on shard 1
+  ASSERT_EQ(map.ShardOf(foreign), 1);
+  auto stub = RawStub(cluster.addresses[0]);
+  PullRequest req;
+  const int64_t ids[2] = {map.PartitionBegin(2), foreign};  // an owned id, then a foreign one
+  PackArray(ids, 2, req.mutable_ids());
+  PullResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  const grpc::Status s = stub->Pull(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("row ", foreign, " is owned by shard 1")));
+  EXPECT_THAT(s.error_message(), HasSubstr("partition 3"));
+
+  // A foreign push applies nothing, not even the owned row before it.
+  PushRequest push;
+  PackArray(ids, 2, push.mutable_ids());
+  std::vector<float> grads(2 * t.row_dim, 1.0f);
+  PackArray(grads.data(), grads.size(), push.mutable_row_grads());
+  push.set_sequence(1);
+  PushResponse push_resp;
+  grpc::ClientContext ctx2;
+  SetDeadline(&ctx2);
+  EXPECT_EQ(stub->Push(&ctx2, push, &push_resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(cluster.servers[0]->Stats().rows_initialized(), 0);
+
+  // Out of the table altogether.
+  const int64_t bad = t.rows;
+  PackArray(&bad, 1, req.mutable_ids());
+  grpc::ClientContext ctx3;
+  SetDeadline(&ctx3);
+  const grpc::Status s3 = stub->Pull(&ctx3, req, &resp);
+  EXPECT_EQ(s3.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s3.error_message(), HasSubstr("outside the table"));
+}
+
+TEST(ShardServer, DuplicatedPushIdIsAppliedOnce) {
+  Table t;
+  t.dense_size = 8;
+  Cluster cluster(1, t, ADAGRAD);
+  Reference ref(t, ADAGRAD);
+  auto stub = RawStub(cluster.addresses[0]);
+  const int64_t id = 42;
+  const std::vector<float> grad = {0.5f, -1.0f, 0.25f, 2.0f, -0.75f};
+  const std::vector<float> dense_grad(t.dense_size, 0.3f);
+  auto push = [&](int worker, uint64_t incarnation, uint64_t sequence) {
+    PushRequest req;
+    req.set_worker_id(worker);
+    req.set_incarnation(incarnation);
+    req.set_sequence(sequence);
+    req.set_step(static_cast<int64_t>(sequence));
+    PackArray(&id, 1, req.mutable_ids());
+    PackArray(grad.data(), grad.size(), req.mutable_row_grads());
+    PackArray(dense_grad.data(), dense_grad.size(), req.mutable_dense_grad());
+    PushResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    EXPECT_TRUE(stub->Push(&ctx, req, &resp).ok());
+    return resp.duplicate();
+  };
+  auto expect_applied_times = [&](int times) {
+    Reference want(t, ADAGRAD);
+    for (int i = 0; i < times; ++i) {
+      ASSERT_TRUE(want.rows->Apply({id}, grad.data(), 1).ok());
+      want.dense->Apply(dense_grad.data(), 1);
+    }
+    std::vector<float> got(t.row_dim), expected(t.row_dim);
+    std::vector<float> got_dense(t.dense_size), expected_dense(t.dense_size);
+    ASSERT_TRUE(cluster.servers[0]->stores()[0]->Gather({id}, got.data()).ok());
+    ASSERT_TRUE(want.rows->Gather({id}, expected.data()).ok());
+    cluster.servers[0]->dense()->Get(got_dense.data());
+    want.dense->Get(expected_dense.data());
+    EXPECT_EQ(got, expected) << "expected " << times << " applications";
+    EXPECT_EQ(got_dense, expected_dense) << "expected " << times << " applications";
+  };
+  EXPECT_FALSE(push(7, 99, 1));
+  expect_applied_times(1);
+  EXPECT_TRUE(push(7, 99, 1));  // the retry of a push whose response was lost
+  expect_applied_times(1);
+  EXPECT_FALSE(push(7, 99, 2));
+  expect_applied_times(2);
+  EXPECT_TRUE(push(7, 99, 1));  // a stale straggler
+  expect_applied_times(2);
+  EXPECT_FALSE(push(7, 100, 1));  // the same worker restarted: a new incarnation
+  expect_applied_times(3);
+  EXPECT_FALSE(push(8, 99, 1));  // another worker
+  expect_applied_times(4);
+  EXPECT_FALSE(push(7, 99, 0));  // sequence 0 opts out of deduplication
+  EXPECT_FALSE(push(7, 99, 0));
+  expect_applied_times(6);
+  EXPECT_EQ(cluster.servers[0]->Stats().duplicate_pushes(), 2);
+}
+
+TEST(ShardServer, CreateAndStartRejectBadInput) {
+  ShardServer::Options o;
+  o.rows = 100;
+  o.partitions = 4;
+  o.row_dim = 4;
+  o.num_shards = 2;
+  o.shard = 2;
+  EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.shard = 1;
+  o.row_dim = 0;
+  EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.row_dim = 4;
+  o.sparse_optimizer.set_type(ADAM);
+  o.sparse_optimizer.set_epsilon(0);
+  EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.sparse_optimizer.set_epsilon(1e-8f);
+  auto a = ShardServer::Create(o);
+  auto b = ShardServer::Create(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Start("127.0.0.1:0").ok());
+  // SO_REUSEPORT is off: a second shard cannot take the same port.
+  const absl::Status taken = (*b)->Start(absl::StrCat("127.0.0.1:", (*a)->port()));
+  EXPECT_EQ(taken.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(taken.message()), HasSubstr("cannot listen"));
+}
+
+TEST(PsClient, RejectsOutOfRangeIdsAndMismatchedShards) {
+  const Table t;
+  Cluster cluster(2, t, ADAGRAD);
+  auto client = cluster.Client();
+  std::vector<float> rows(2 * t.row_dim);
+  const absl::Status s = client->Pull({1, t.rows}, rows.data(), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("outside the table"));
+
+  PsClient::Options o = cluster.ClientOptions();
+  o.rows = t.rows + 1;
+  auto wrong = PsClient::Create(o);
+  ASSERT_TRUE(wrong.ok());
+  const absl::Status m = (*wrong)->WaitForShards(absl::Seconds(10));
+  EXPECT_EQ(m.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(m.message()), HasSubstr("serves shard 0 of 2 with rows=10007"));
+
+  o = cluster.ClientOptions();
+  std::swap(o.shards[0], o.shards[1]);  // shards listed in the wrong order
+  auto swapped = PsClient::Create(o);
+  ASSERT_TRUE(swapped.ok());
+  EXPECT_EQ((*swapped)->WaitForShards(absl::Seconds(10)).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  o.shards.clear();
+  EXPECT_EQ(PsClient::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PsClient, UnreachableShardFailsWithinItsBudgetNamingTheShard) {
+  const Table t;
+  Cluster cluster(2, t, ADAGRAD);
+  const std::string dead = cluster.addresses[1];
+  cluster.servers[1]->Shutdown(absl::ZeroDuration());
+  cluster.servers[1].reset();  // nothing listens on shard 1's port any more
+
+  PsClient::Options o = cluster.ClientOptions();
+  o.rpc_deadline_ms = 200;
+  o.rpc_retries = 3;
+  o.initial_backoff_ms = 20;
+  o.max_backoff_ms = 100;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  std::vector<int64_t> ids(t.rows);
+  for (int64_t i = 0; i < t.rows; ++i) ids[i] = i;
+  std::vector<float> rows(ids.size() * t.row_dim);
+  const absl::Time start = absl::Now();
+  const absl::Status s = (*client)->Pull(ids, rows.data(), nullptr);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+              s.code() == absl::StatusCode::kDeadlineExceeded)
+      << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(absl::StrCat("shard 1 (", dead, "): Pull failed after 4 attempts")));
+  EXPECT_LT(took, absl::Seconds(3));  // budget: 4 attempts x 200 ms, plus backoff
+
+  // Pushes fail the same way and Flush reports it; the live shard is unaffected.
+  std::vector<float> grads(ids.size() * t.row_dim, 0.1f);
+  EXPECT_FALSE((*client)->PushAsync(ids, grads.data(), nullptr, 1)->Wait().ok());
+  EXPECT_FALSE((*client)->Flush().ok());
+  EXPECT_TRUE((*client)->Flush().ok());  // the error was reported once
+  const PartitionMap map(t.rows, t.partitions, 2);
+  const int64_t live = map.PartitionBegin(0);
+  EXPECT_TRUE((*client)->Pull({live}, rows.data(), nullptr).ok());
+}
+
+TEST(PsClient, DestructionCancelsCallsStillRetrying) {
+  const Table t;
+  Cluster cluster(2, t, ADAGRAD);
+  cluster.servers[1].reset();  // shard 1 is gone: its calls retry for up to a minute
+  PsClient::Options o = cluster.ClientOptions();
+  o.rpc_deadline_ms = 200;
+  o.rpc_retries = 100000;
+  o.call_deadline_ms = 60000;
+  o.initial_backoff_ms = 10;
+  o.max_backoff_ms = 50;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  const std::vector<int64_t> ids = {0, t.rows - 1, t.rows / 2};
+  std::vector<float> rows(ids.size() * t.row_dim), grads(ids.size() * t.row_dim, 0.1f);
+  std::vector<float> dense(t.dense_size), dense_grad(t.dense_size, 0.1f);
+  auto pull = (*client)->PullAsync(ids, rows.data(), dense.data());
+  auto push1 = (*client)->PushAsync(ids, grads.data(), dense_grad.data(), 1);
+  auto push2 = (*client)->PushAsync(ids, grads.data(), dense_grad.data(), 2);  // queued behind 1
+  EXPECT_FALSE(pull->done());
+  const absl::Time start = absl::Now();
+  client->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (const auto& f : {pull, push1, push2}) {
+    ASSERT_TRUE(f->done());
+    EXPECT_EQ(f->Wait().code(), absl::StatusCode::kCancelled) << f->Wait();
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// The end-of-job protocol (docs/PS.md): reports over gRPC, a bounded wait (polls of Coordinate
+// REPORTS), job_finished in Info after Coordinate FINISH_JOB.
+TEST(ShardServer, ReportsWaitAndJobFinished) {
+  const Table t;
+  Cluster cluster(1, t, ADAGRAD);
+  ShardServer& shard = *cluster.servers[0];
+  auto stub = RawStub(cluster.addresses[0]);
+  ShardRpc rpc(cluster.addresses[0]);
+  // Nobody reported yet: the wait times out naming the missing workers.
+  auto none = rpc.WaitForReports(TRAINING_DONE, 2, absl::Milliseconds(50));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(none.status().message(), HasSubstr("workers [0, 1]"));
+  for (int worker : {1, 1, 0}) {  // a repeated report replaces the earlier one
+    ReportRequest r;
+    r.set_worker_id(worker);
+    r.set_phase(TRAINING_DONE);
+    r.set_examples(100 * worker + 7);
+    ReportResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ASSERT_TRUE(stub->Report(&ctx, r, &resp).ok());
+  }
+  auto all = rpc.WaitForReports(TRAINING_DONE, 2, absl::Seconds(10));
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].examples(), 7);
+  EXPECT_EQ((*all)[1].examples(), 107);
+  EXPECT_FALSE(rpc.WaitForReports(FINISH_SEEN, 1, absl::Milliseconds(10)).ok());
+
+  EXPECT_FALSE(shard.Info().job_finished());
+  CoordinateRequest finish;
+  finish.set_kind(CoordinateRequest::FINISH_JOB);
+  ASSERT_TRUE(rpc.Coordinate(finish, absl::Seconds(10)).ok());
+  InfoResponse info;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ASSERT_TRUE(stub->Info(&ctx, InfoRequest(), &info).ok());
+  EXPECT_TRUE(info.job_finished());
+}
+
+// ---- Checkpoints (ps/server/shard_checkpoint.cc) ----
+
+std::string TestDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/shard_ckpt_", getpid(), "_", name);
+  std::system(("rm -rf " + dir).c_str());
+  return dir;
+}
+
+// Writes a checkpoint of `cluster` under dir the way the chief does: COPY every shard, WRITE
+// every shard, then the MANIFEST and LATEST.
+void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t round) {
+  auto ckpt = PrepareCheckpointDir(dir, step);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_num_shards(static_cast<int>(cluster->servers.size()));
+  manifest.set_table_rows(cluster->table.rows);
+  manifest.set_partitions(cluster->table.partitions);
+  manifest.set_row_dim(cluster->table.row_dim);
+  manifest.set_dense_size(cluster->table.dense_size);
+  for (auto& server : cluster->servers) {
+    ASSERT_TRUE(server->CopyForCheckpoint(round).ok());
+  }
+  for (auto& server : cluster->servers) {
+    auto written = server->WriteCheckpoint(round, *ckpt);
+    ASSERT_TRUE(written.ok()) << written.status();
+    auto* f = manifest.add_file();
+    f->set_name(written->file());
+    f->set_bytes(written->bytes());
+  }
+  WorkerState state;
+  state.set_step(step);
+  ASSERT_TRUE(CommitCheckpoint(dir, manifest, {{0, state}}, /*keep=*/3).ok());
+}
+
+// Every row and optimizer slot (Adam: m, v and the per-row step) survives a checkpoint written by
+// 3 shards and restored onto 2, 3 or 4: pulls match the single-store twin bit for bit, and so
+// do the updates after the restore.
+TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
+  const Table t;
+  Cluster three(3, t, ADAM);
+  Reference ref(t, ADAM);
+  auto client = three.Client();
+  Rng rng(99);
+  std::vector<int64_t> touched;
+  for (int step = 1; step <= 6; ++step) {
+    const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 900);
+    touched.insert(touched.end(), ids.begin(), ids.end());
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+    const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+    ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), step).ok());
+    ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), step).ok());
+    ref.dense->Apply(dense_grad.data(), step);
+  }
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  const std::string dir = TestDir("repartition");
+  SaveCluster(&three, dir, 6, 1);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->manifest.num_shards(), 3);
+
+  std::vector<std::unique_ptr<Cluster>> restored;
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int shards : {2, 3, 4}) {
+    restored.push_back(std::make_unique<Cluster>(shards, t, ADAM));
+    for (auto& server : restored.back()->servers) {
+      ASSERT_TRUE(server->RestoreCheckpoint((*choice)->dir, (*choice)->manifest).ok());
+      EXPECT_EQ(server->Info().restored_from(), (*choice)->dir);
+    }
+    clients.push_back(restored.back()->Client());
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    ExpectSameAsReference(clients.back().get(), &ref, touched, t);
+  }
+  // Optimizer state came along: the next update matches too.
+  const std::vector<int64_t> ids(touched.begin(), touched.begin() + 500);
+  const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+  const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+  ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), 7).ok());
+  ref.dense->Apply(dense_grad.data(), 7);
+  for (auto& c : clients) {
+    ASSERT_TRUE(c->Push(ids, grads.data(), dense_grad.data(), 7).ok());
+    ExpectSameAsReference(c.get(), &ref, touched, t);
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
+  const Table t;
+  Cluster two(2, t, ADAGRAD);
+  const std::string dir = TestDir("shape");
+  SaveCluster(&two, dir, 1, 1);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  Table other = t;
+  other.row_dim = t.row_dim + 1;
+  Cluster wrong(2, other, ADAGRAD);
+  const absl::Status s = wrong.servers[0]->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("another model"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(ShardCheckpoint, WriteNeedsTheRoundsCopy) {
+  const Table t;
+  Cluster one(1, t, SGD);
+  auto w = one.servers[0]->WriteCheckpoint(5, TestDir("nocopy"));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr("without its COPY"));
+}
+
+// The coordinator: one open round at a time, joined by later requests; a finished worker stands
+// in with its final state; the wait names the missing workers.
+TEST(ShardCheckpoint, CoordinatorRounds) {
+  const Table t;
+  Cluster one(1, t, SGD);
+  ShardServer& s0 = *one.servers[0];
+  EXPECT_EQ(s0.RequestCheckpoint(false), 1);
+  EXPECT_EQ(s0.RequestCheckpoint(true), 1);  // joins the open round and marks it stopping
+  EXPECT_TRUE(s0.Info().checkpoint_stop());
+  ASSERT_TRUE(s0.ArriveCheckpoint(1, 0, "state-0").ok());
+  ReportRequest done;
+  done.set_worker_id(1);
+  done.set_phase(TRAINING_DONE);
+  done.set_worker_state("final-1");
+  s0.Report(done);
+  CoordinateResponse got;
+  ASSERT_TRUE(s0.CollectArrivals(1, 2, &got).ok());
+  EXPECT_EQ(got.missing_size(), 0);
+  EXPECT_EQ(got.worker_states().at(0), "state-0");
+  EXPECT_EQ(got.worker_states().at(1), "final-1");
+  s0.ReleaseCheckpoint(1);
+  EXPECT_EQ(s0.ArriveCheckpoint(1, 0, "late").code(), absl::StatusCode::kFailedPrecondition);
+  s0.CompleteCheckpoint(1, "/ckpt/dir", "");
+  InfoResponse info = s0.Info();
+  EXPECT_EQ(info.checkpoint_done_round(), 1);
+  EXPECT_EQ(info.checkpoint_done_dir(), "/ckpt/dir");
+
+  EXPECT_EQ(s0.RequestCheckpoint(false), 2);  // a new round, not stopping
+  EXPECT_FALSE(s0.Info().checkpoint_stop());
+  // Over gRPC, as the chief waits: a bounded poll naming the missing workers (worker 1 stands in
+  // with its final state).
+  ShardRpc rpc(one.addresses[0]);
+  auto missing = rpc.WaitForArrivals(2, 3, absl::Milliseconds(100));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("workers [0, 2]"));
+  CoordinateResponse closed;
+  EXPECT_EQ(s0.CollectArrivals(1, 2, &closed).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Worker states hold the pipeline's buffered records: megabytes go through in both directions.
+  const std::string big(6 << 20, 'x');
+  CoordinateRequest arrive;
+  arrive.set_kind(CoordinateRequest::ARRIVE);
+  arrive.set_round(2);
+  arrive.set_worker_id(0);
+  arrive.set_worker_state(big);
+  ASSERT_TRUE(rpc.Coordinate(arrive, absl::Seconds(10)).ok());
+  auto states = rpc.WaitForArrivals(2, 1, absl::Seconds(10));
+  ASSERT_TRUE(states.ok()) << states.status();
+  EXPECT_EQ(states->at(0).size(), big.size());
+  s0.CompleteCheckpoint(2, "", "disk full");
+  EXPECT_EQ(s0.Info().checkpoint_error(), "disk full");
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,399 @@
+#include "ps/store/embedding_store.h"
+
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/random.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+std::shared_ptr<const Optimizer> MakeOptimizer(OptimizerType type, float lr) {
+  OptimizerConfig c;
+  c.set_type(type);
+  c.set_learning_rate(lr);
+  auto o = Optimizer::Create(c);
+  EXPECT_TRUE(o.ok()) << o.status();
+  return std::shared_ptr<const Optimizer>(std::move(o).value());
+}
+
+// A recognizable pure initializer: element j of row r is r + j / 1000.
+void TestInit(int64_t row, float* out, int dim) {
+  for (int j = 0; j < dim; ++j) out[j] = static_cast<float>(row) + j * 0.001f;
+}
+
+std::unique_ptr<EmbeddingStore> MakeStore(int64_t begin, int64_t end, int dim,
+                                          std::shared_ptr<const Optimizer> opt, int threads = 1) {
+  EmbeddingStore::Options o;
+  o.begin = begin;
+  o.end = end;
+  o.dim = dim;
+  o.optimizer = std::move(opt);
+  o.row_init = [dim](int64_t row, float* out) { TestInit(row, out, dim); };
+  o.threads = threads;
+  auto s = EmbeddingStore::Create(std::move(o));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(s).value();
+}
+
+std::vector<float> RandomGrads(Rng* rng, size_t n) {
+  std::vector<float> g(n);
+  for (auto& x : g) x = static_cast<float>(rng->UniformDouble() * 2 - 1);
+  return g;
+}
+
+TEST(EmbeddingStore, CreateRejectsBadOptions) {
+  EmbeddingStore::Options o;
+  o.begin = 10;
+  o.end = 10;
+  o.dim = 4;
+  o.optimizer = MakeOptimizer(SGD, 1);
+  EXPECT_EQ(EmbeddingStore::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.end = 20;
+  o.dim = 0;
+  EXPECT_EQ(EmbeddingStore::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.dim = 4;
+  o.chunk_rows = 100;
+  EXPECT_EQ(EmbeddingStore::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.chunk_rows = 4096;
+  o.end = o.begin + (int64_t{1} << 32);  // slots are 32-bit
+  EXPECT_EQ(EmbeddingStore::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.end = 20;
+  o.optimizer = nullptr;
+  EXPECT_EQ(EmbeddingStore::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EmbeddingStore, GatherOfUntrainedRowsIsRowInitAndCostsNoMemory) {
+  auto store = MakeStore(100, 1000000, 5, MakeOptimizer(ADAGRAD, 0.1f));
+  const std::vector<int64_t> ids = {100, 999999, 5000, 100};
+  std::vector<float> out(ids.size() * 5);
+  ASSERT_TRUE(store->Gather(ids, out.data()).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (int j = 0; j < 5; ++j) EXPECT_FLOAT_EQ(out[i * 5 + j], ids[i] + j * 0.001f);
+  }
+  EXPECT_EQ(store->stats().rows_initialized, 0);
+  EXPECT_LT(store->stats().bytes, 100000);  // the stripes and the (empty) page tables
+}
+
+// Apply initializes a row on first touch (row_init + InitState) and then runs the optimizer: the
+// result equals the optimizer applied by hand to the initial row, bit for bit.
+TEST(EmbeddingStore, ApplyEqualsOptimizerOnInitialRows) {
+  for (OptimizerType type : {SGD, ADAGRAD, ADAM, FTRL}) {
+    auto opt = MakeOptimizer(type, 0.05f);
+    const int dim = 17;
+    auto store = MakeStore(0, 100000, dim, opt, /*threads=*/2);
+    Rng rng(type);
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 5000; ++i) ids.push_back(static_cast<int64_t>(i * 19 % 100000));
+    std::vector<float> g1 = RandomGrads(&rng, ids.size() * dim);
+    std::vector<float> g2 = RandomGrads(&rng, ids.size() * dim);
+    ASSERT_TRUE(store->Apply(ids, g1.data(), 1).ok());
+    ASSERT_TRUE(store->Apply(ids, g2.data(), 2).ok());
+    std::vector<float> got(ids.size() * dim);
+    ASSERT_TRUE(store->Gather(ids, got.data()).ok());
+    std::vector<float> w(dim), s(opt->StateFloats(dim));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      TestInit(ids[i], w.data(), dim);
+      opt->InitState(s.data(), dim);
+      opt->ApplyRow(w.data(), s.data(), &g1[i * dim], dim);
+      opt->ApplyRow(w.data(), s.data(), &g2[i * dim], dim);
+      for (int j = 0; j < dim; ++j) ASSERT_EQ(got[i * dim + j], w[j]) << type << " row " << ids[i];
+    }
+    const EmbeddingStore::Stats st = store->stats();
+    EXPECT_EQ(st.rows_initialized, 5000);
+    EXPECT_EQ(st.last_step, 2);
+    EXPECT_GT(st.bytes, 5000 * (dim + opt->StateFloats(dim)) * 4);
+  }
+}
+
+TEST(EmbeddingStore, OutOfRangeIdsAreInvalidArgumentAndChangeNothing) {
+  auto store = MakeStore(1000, 2000, 3, MakeOptimizer(SGD, 1));
+  std::vector<float> buf(3 * 3, 1.0f);
+  for (int64_t bad : {int64_t{999}, int64_t{2000}, int64_t{-5}, int64_t{1} << 62}) {
+    const std::vector<int64_t> ids = {1500, bad, 1600};
+    for (const absl::Status& s : {store->Gather(ids, buf.data()), store->Apply(ids, buf.data(), 1),
+                                  store->RestoreRows(ids, buf.data(), nullptr)}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(s.message().find(std::to_string(bad)), absl::string_view::npos) << s;
+      EXPECT_NE(s.message().find("index 1"), absl::string_view::npos) << s;
+    }
+  }
+  EXPECT_EQ(store->stats().rows_initialized, 0);  // the valid ids were not applied either
+}
+
+// A repeated id is applied once per occurrence.
+TEST(EmbeddingStore, DuplicateIdsApplySequentially) {
+  auto store = MakeStore(0, 100, 2, MakeOptimizer(SGD, 1.0f));
+  const std::vector<int64_t> ids = {7, 7, 3, 7};
+  const std::vector<float> g = {1, 10, 2, 20, 5, 50, 3, 30};
+  ASSERT_TRUE(store->Apply(ids, g.data(), 1).ok());
+  std::vector<float> out(4);
+  ASSERT_TRUE(store->Gather(std::vector<int64_t>{7, 3}, out.data()).ok());
+  EXPECT_FLOAT_EQ(out[0], 7.0f - 6.0f);
+  EXPECT_FLOAT_EQ(out[1], 7.001f - 60.0f);
+  EXPECT_FLOAT_EQ(out[2], 3.0f - 5.0f);
+  EXPECT_FLOAT_EQ(out[3], 3.001f - 50.0f);
+  EXPECT_EQ(store->stats().rows_initialized, 2);
+}
+
+// Several threads push overlapping rows at once (each push itself split over 2 OpenMP threads).
+// With SGD, lr 1, integer gradients and an all-integer start, every sum is exact, so the result
+// must equal the sequential one exactly.
+TEST(EmbeddingStore, ConcurrentSgdApplyEqualsSequential) {
+  constexpr int dim = 8, kThreads = 4, kPushes = 40, kRows = 6000;
+  auto make = [&](int threads) {
+    EmbeddingStore::Options o;
+    o.begin = 0;
+    o.end = 8000;
+    o.dim = dim;
+    o.optimizer = MakeOptimizer(SGD, 1.0f);
+    o.threads = threads;
+    o.row_init = [=](int64_t row, float* out) {
+      for (int j = 0; j < dim; ++j) out[j] = static_cast<float>(row % 100);
+    };
+    return std::move(EmbeddingStore::Create(o)).value();
+  };
+  // Push p of thread t: kRows unique ids from a shifted window, integer grads in [-3, 3].
+  std::vector<std::vector<int64_t>> ids(kThreads * kPushes);
+  std::vector<std::vector<float>> grads(ids.size());
+  Rng rng(11);
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const int64_t shift = rng.Uniform(2000);
+    for (int i = 0; i < kRows; ++i) ids[p].push_back(shift + i);
+    for (int i = 0; i < kRows * dim; ++i) {
+      grads[p].push_back(static_cast<float>(static_cast<int>(rng.Uniform(7)) - 3));
+    }
+  }
+  auto concurrent = make(2);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int p = t; p < kThreads * kPushes; p += kThreads) {
+        if (!concurrent->Apply(ids[p], grads[p].data(), p).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto sequential = make(1);
+  for (size_t p = 0; p < ids.size(); ++p)
+    ASSERT_TRUE(sequential->Apply(ids[p], grads[p].data(), p).ok());
+  const EmbeddingSnapshot a = concurrent->Snapshot(), b = sequential->Snapshot();
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.last_step, kThreads * kPushes - 1);
+}
+
+// A test optimizer whose rows keep an invariant that any torn update breaks: every weight of a
+// row equals the row's update count, and so does every state float. It writes element by
+// element with compiler barriers, leaving a wide window for a torn read or write if a row were
+// not locked.
+class CountingOptimizer : public Optimizer {
+ public:
+  CountingOptimizer() : Optimizer(OptimizerConfig()) {}
+  int state_slots() const override { return 1; }
+  void InitState(float* state, int64_t n) const override { std::fill(state, state + n, 0.0f); }
+
+ protected:
+  void Update(float* w, float* state, const float*, int64_t n, int64_t b, int64_t e,
+              const Step&) const override {
+    const float next = state[0] + 1.0f;
+    for (int64_t i = b; i < e; ++i) {
+      w[i] = next;
+      asm volatile("" ::: "memory");
+    }
+    for (int64_t i = b; i < e; ++i) {
+      state[i] = next;
+      asm volatile("" ::: "memory");
+    }
+  }
+};
+
+bool RowIsWhole(const float* w, const float* state, int dim) {
+  for (int j = 0; j < dim; ++j) {
+    if (w[j] != w[0] || (state != nullptr && state[j] != w[0])) return false;
+  }
+  return true;
+}
+
+TEST(EmbeddingStore, ConcurrentApplyGatherAndSnapshotNeverSeeATornRow) {
+  const int dim = 64, kRows = 64, kAppliers = 3, kPushes = 300;
+  EmbeddingStore::Options o;
+  o.begin = 0;
+  o.end = kRows;
+  o.dim = dim;
+  o.optimizer = std::make_shared<CountingOptimizer>();
+  auto store = std::move(EmbeddingStore::Create(o)).value();
+  std::vector<int64_t> all(kRows);
+  for (int i = 0; i < kRows; ++i) all[i] = i;
+  const std::vector<float> zeros(kRows * dim, 0.0f);
+
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> torn_gathers{0}, torn_snapshots{0}, snapshots{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kAppliers; ++t) {
+    threads.emplace_back([&] {
+      for (int p = 0; p < kPushes; ++p) ASSERT_TRUE(store->Apply(all, zeros.data(), p).ok());
+    });
+  }
+  threads.emplace_back([&] {
+    std::vector<float> out(kRows * dim);
+    // do-while: on a loaded machine the appliers may finish before this thread first runs.
+    do {
+      ASSERT_TRUE(store->Gather(all, out.data()).ok());
+      for (int i = 0; i < kRows; ++i) torn_gathers += !RowIsWhole(&out[i * dim], nullptr, dim);
+    } while (!done.load());
+  });
+  threads.emplace_back([&] {
+    do {
+      const EmbeddingSnapshot s = store->Snapshot();
+      ++snapshots;
+      for (int64_t i = 0; i < s.rows(); ++i) {
+        torn_snapshots += !RowIsWhole(&s.weights[i * dim], &s.state[i * dim], dim);
+      }
+    } while (!done.load());
+  });
+  for (int t = 0; t < kAppliers; ++t) threads[t].join();
+  done = true;
+  for (size_t t = kAppliers; t < threads.size(); ++t) threads[t].join();
+  EXPECT_EQ(torn_gathers.load(), 0);
+  EXPECT_EQ(torn_snapshots.load(), 0);
+  EXPECT_GT(snapshots.load(), 0);
+  // No update was lost either: every row counted every push.
+  const EmbeddingSnapshot s = store->Snapshot();
+  ASSERT_EQ(s.rows(), kRows);
+  for (int64_t i = 0; i < s.rows(); ++i) {
+    EXPECT_EQ(s.weights[i * dim], kAppliers * kPushes);
+    EXPECT_TRUE(RowIsWhole(&s.weights[i * dim], &s.state[i * dim], dim));
+  }
+}
+
+TEST(EmbeddingStore, LazyAdamKeepsAStepCountPerRow) {
+  auto opt = MakeOptimizer(ADAM, 0.01f);
+  const int dim = 3;
+  auto store = MakeStore(0, 10, dim, opt);
+  const std::vector<float> g(2 * dim, 0.5f);
+  ASSERT_TRUE(store->Apply(std::vector<int64_t>{1}, g.data(), 1).ok());
+  ASSERT_TRUE(store->Apply(std::vector<int64_t>{1}, g.data(), 2).ok());
+  ASSERT_TRUE(store->Apply(std::vector<int64_t>{1, 4}, g.data(), 3).ok());
+  const EmbeddingSnapshot s = store->Snapshot();
+  ASSERT_EQ(s.ids, (std::vector<int64_t>{1, 4}));
+  ASSERT_EQ(s.state_floats, 2 * dim + 1);
+  EXPECT_EQ(s.state[2 * dim], 3.0f);                   // row 1: three updates
+  EXPECT_EQ(s.state[s.state_floats + 2 * dim], 1.0f);  // row 4: one, at global step 3
+  // Row 4's first update is a bias-corrected step 1: each weight moves by lr.
+  EXPECT_NEAR(s.weights[dim], 4.0f - 0.01f, 1e-5);
+  EXPECT_EQ(s.last_step, 3);
+}
+
+TEST(EmbeddingStore, MemoryGrowsWithTrainedRowsNotTableSize) {
+  const int dim = 17;
+  auto store = MakeStore(0, int64_t{100} * 1000 * 1000, dim, MakeOptimizer(ADAGRAD, 0.1f));
+  Rng rng(5);
+  std::set<int64_t> uniq;
+  while (uniq.size() < 1000) uniq.insert(static_cast<int64_t>(rng.Uniform(100000000)));
+  const std::vector<int64_t> ids(uniq.begin(), uniq.end());
+  const std::vector<float> g(ids.size() * dim, 0.1f);
+  ASSERT_TRUE(store->Apply(ids, g.data(), 1).ok());
+  const EmbeddingStore::Stats st = store->stats();
+  EXPECT_EQ(st.rows_initialized, 1000);
+  // At most 1000 index pages of 16 KB and one arena chunk of 4096 rows x 34 floats, plus the
+  // page tables: under 20 MB, against 13.6 GB for every row of the table.
+  EXPECT_GT(st.bytes, 1000 * 34 * 4);
+  EXPECT_LT(st.bytes, int64_t{20} << 20);
+  // Snapshot finds exactly the stored rows.
+  EXPECT_EQ(store->Snapshot().ids, ids);
+}
+
+TEST(EmbeddingStore, SnapshotOfARangeHoldsOnlyItsRowsAscending) {
+  auto store = MakeStore(0, 5000, 2, MakeOptimizer(ADAGRAD, 0.1f));
+  const std::vector<int64_t> ids = {4000, 3, 700, 701, 2999, 3000};
+  const std::vector<float> g(ids.size() * 2, 0.5f);
+  ASSERT_TRUE(store->Apply(ids, g.data(), 9).ok());
+  EXPECT_EQ(store->Snapshot(700, 3000).ids, (std::vector<int64_t>{700, 701, 2999}));
+  EXPECT_EQ(store->Snapshot().ids, (std::vector<int64_t>{3, 700, 701, 2999, 3000, 4000}));
+  EXPECT_TRUE(store->Snapshot(4001, 100000).ids.empty());
+}
+
+// Snapshot, restore into fresh stores (one store, and two stores splitting the range), then keep
+// training all of them the same way: bit-identical results.
+TEST(EmbeddingStore, SnapshotRestoreThenContinuedTrainingIsBitIdentical) {
+  auto opt = MakeOptimizer(ADAM, 0.01f);
+  const int dim = 17;
+  auto original = MakeStore(0, 20000, dim, opt, 2);
+  Rng rng(21);
+  auto random_ids = [&] {
+    std::set<int64_t> u;
+    while (u.size() < 3000) u.insert(static_cast<int64_t>(rng.Uniform(20000)));
+    return std::vector<int64_t>(u.begin(), u.end());
+  };
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<int64_t> ids = random_ids();
+    ASSERT_TRUE(original->Apply(ids, RandomGrads(&rng, ids.size() * dim).data(), step).ok());
+  }
+  const EmbeddingSnapshot snap = original->Snapshot();
+
+  auto whole = MakeStore(0, 20000, dim, opt);
+  auto left = MakeStore(0, 12345, dim, opt), right = MakeStore(12345, 20000, dim, opt);
+  ASSERT_TRUE(whole->Restore(snap).ok());
+  for (EmbeddingStore* part : {left.get(), right.get()}) {
+    EmbeddingSnapshot mine = snap;
+    mine.ids.clear();
+    mine.weights.clear();
+    mine.state.clear();
+    for (int64_t i = 0; i < snap.rows(); ++i) {
+      if (!part->Owns(snap.ids[i])) continue;
+      mine.ids.push_back(snap.ids[i]);
+      mine.weights.insert(mine.weights.end(), &snap.weights[i * dim], &snap.weights[(i + 1) * dim]);
+      mine.state.insert(mine.state.end(), &snap.state[i * snap.state_floats],
+                        &snap.state[(i + 1) * snap.state_floats]);
+    }
+    ASSERT_TRUE(part->Restore(mine).ok());
+  }
+  EXPECT_EQ(whole->last_step(), 3);
+
+  for (int step = 4; step <= 6; ++step) {
+    const std::vector<int64_t> ids = random_ids();
+    const std::vector<float> g = RandomGrads(&rng, ids.size() * dim);
+    ASSERT_TRUE(original->Apply(ids, g.data(), step).ok());
+    ASSERT_TRUE(whole->Apply(ids, g.data(), step).ok());
+    const auto cut = std::lower_bound(ids.begin(), ids.end(), 12345) - ids.begin();
+    ASSERT_TRUE(left->Apply(absl::MakeSpan(ids.data(), cut), g.data(), step).ok());
+    ASSERT_TRUE(
+        right->Apply(absl::MakeSpan(ids.data() + cut, ids.size() - cut), &g[cut * dim], step).ok());
+  }
+  const EmbeddingSnapshot a = original->Snapshot(), b = whole->Snapshot();
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.state, b.state);
+  const EmbeddingSnapshot l = left->Snapshot(), r = right->Snapshot();
+  std::vector<float> split_weights = l.weights, split_state = l.state;
+  split_weights.insert(split_weights.end(), r.weights.begin(), r.weights.end());
+  split_state.insert(split_state.end(), r.state.begin(), r.state.end());
+  EXPECT_EQ(split_weights, a.weights);
+  EXPECT_EQ(split_state, a.state);
+}
+
+TEST(EmbeddingStore, RestoreRefusesAnotherLayout) {
+  auto adam = MakeStore(0, 100, 4, MakeOptimizer(ADAM, 0.01f));
+  ASSERT_TRUE(adam->Apply(std::vector<int64_t>{5}, std::vector<float>(4, 1.0f).data(), 1).ok());
+  const EmbeddingSnapshot snap = adam->Snapshot();
+  auto adagrad = MakeStore(0, 100, 4, MakeOptimizer(ADAGRAD, 0.01f));
+  const absl::Status s = adagrad->Restore(snap);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("ADAM"), absl::string_view::npos) << s;
+  auto wide = MakeStore(0, 100, 5, MakeOptimizer(ADAM, 0.01f));
+  EXPECT_EQ(wide->Restore(snap).code(), absl::StatusCode::kFailedPrecondition);
+  // Weights alone may move to another optimizer, starting from a fresh state.
+  ASSERT_TRUE(adagrad->RestoreRows(snap.ids, snap.weights.data(), nullptr).ok());
+  const EmbeddingSnapshot moved = adagrad->Snapshot();
+  EXPECT_EQ(moved.weights, snap.weights);
+  EXPECT_EQ(moved.state, std::vector<float>(4, 1e-4f));  // Adagrad's initial accumulator
+}
+
+}  // namespace
+}  // namespace pstrain

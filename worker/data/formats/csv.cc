@@ -1,0 +1,125 @@
+#include "worker/data/formats/csv.h"
+
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/hash.h"
+#include "common/status.h"
+#include "worker/data/formats/util.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kIgnored = -1;
+constexpr int kLabel = -2;
+
+inline const char* FindComma(const char* p, const char* end) {
+  const void* c = std::memchr(p, ',', static_cast<size_t>(end - p));
+  return c ? static_cast<const char*>(c) : end;
+}
+
+class CsvParser : public RowParser {
+ public:
+  CsvParser(const FeatureSpec& spec, std::vector<int> column_target,
+            std::vector<std::string> column_name)
+      : RowParser(spec), target_(std::move(column_target)), name_(std::move(column_name)) {}
+
+ private:
+  absl::Status ParseOne(const RecordRef& rec, RawRows* rows) override {
+    const char* const begin = rec.data.data();
+    const char* const end = begin + rec.data.size();
+    const int columns = static_cast<int>(target_.size());
+    int found = 1;
+    for (const char* q = begin; q < end; ++q) found += *q == ',';
+    if (found != columns) {
+      return BadRecord(rec, CSV, absl::StrCat("found ", found, " columns, expected ", columns,
+                                              " as in the header"));
+    }
+    const int row = rows->AddRow(0.0f);
+    const size_t base = static_cast<size_t>(row) * spec_.num_fields();
+    const char* p = begin;
+    for (int c = 0; c < columns; ++c, ++p) {
+      const char* comma = FindComma(p, end);
+      const absl::string_view text(p, static_cast<size_t>(comma - p));
+      const int t = target_[c];
+      p = comma;
+      if (t == kIgnored) continue;
+      if (t == kLabel) {
+        if (!ParseLabel(text.data(), comma, &rows->labels[row])) {
+          rows->PopRow();
+          return BadRecord(rec, CSV, absl::StrCat("column ", c + 1, " (", name_[c],
+                                                  "): bad label ", Quote(text),
+                                                  ": expected 0, 1 or a number in [0, 1]"));
+        }
+        continue;
+      }
+      if (text.empty()) continue;  // missing
+      const size_t i = base + t;
+      if (spec_.field(t).kind == CATEGORICAL) {
+        if (!ParseHexKey(text.data(), comma, &rows->key[i])) rows->key[i] = HashBytes(text);
+        rows->value[i] = 1.0;
+      } else if (!ParseNumber(text.data(), comma, &rows->value[i])) {
+        rows->PopRow();
+        return BadRecord(rec, CSV, absl::StrCat("column ", c + 1, " (", name_[c],
+                                                "): bad number ", Quote(text),
+                                                ": expected an integer, a decimal number or empty"));
+      }
+      rows->present[i] = 1;
+    }
+    return absl::OkStatus();
+  }
+
+  const std::vector<int> target_;  // per column: field index, kLabel or kIgnored
+  const std::vector<std::string> name_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordParser>> NewCsvParser(const FeatureSpec& spec,
+                                                           absl::string_view header) {
+  std::vector<std::string> names;
+  for (absl::string_view n : absl::StrSplit(header, ',')) {
+    names.emplace_back(absl::StripAsciiWhitespace(n));
+  }
+  std::vector<int> target(names.size(), kIgnored);
+  std::vector<int> column_of_field(spec.num_fields(), -1);
+  int label_column = -1;
+  for (size_t c = 0; c < names.size(); ++c) {
+    int t = names[c] == spec.label_name() ? kLabel : spec.FieldIndex(names[c]);
+    if (t == kIgnored) continue;
+    int* seen = t == kLabel ? &label_column : &column_of_field[t];
+    if (*seen >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("CSV header: column '", names[c],
+                                                     "' appears twice (columns ", *seen + 1,
+                                                     " and ", c + 1, ")"));
+    }
+    *seen = static_cast<int>(c);
+    target[c] = t;
+  }
+  if (label_column < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CSV header has no label column '",
+                                                   spec.label_name(), "' (header: ",
+                                                   Quote(header), ")"));
+  }
+  for (int f = 0; f < spec.num_fields(); ++f) {
+    if (column_of_field[f] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("CSV header has no column for field '",
+                                                     spec.field(f).name, "' (header: ",
+                                                     Quote(header), ")"));
+    }
+  }
+  return std::unique_ptr<RecordParser>(new CsvParser(spec, std::move(target), std::move(names)));
+}
+
+absl::StatusOr<std::unique_ptr<RecordWriter>> NewCsvWriter(const FeatureSpec& spec,
+                                                           const std::string& path) {
+  ASSIGN_OR_RETURN(auto out, BufferedWriter::Create(path));
+  std::string header = spec.label_name();
+  for (const auto& f : spec.fields()) absl::StrAppend(&header, ",", f.name);
+  return std::unique_ptr<RecordWriter>(
+      new DelimitedTextWriter(CSV, spec, std::move(out), ',', header));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,67 @@
+// The three factories of worker/data/record_io.h: one switch per seam over the five formats.
+#include "worker/data/formats/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/data/formats/criteo_tsv.h"
+#include "worker/data/formats/csv.h"
+#include "worker/data/formats/libsvm.h"
+#include "worker/data/formats/line_source.h"
+#include "worker/data/formats/recordio.h"
+#include "worker/data/formats/tfrecord.h"
+
+namespace pstrain {
+namespace {
+
+absl::Status UnknownFormat(DataFormat format) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("data format ", static_cast<int>(format),
+                   " is not set or unknown: expected criteo_tsv, csv, libsvm, tfrecord or recordio"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format,
+                                                               const std::string& path,
+                                                               const RecordSourceOptions& options) {
+  switch (format) {
+    case CRITEO_TSV:
+    case CSV:
+    case LIBSVM: return LineSource::Open(format, path, options.read_chunk);
+    case TFRECORD: return OpenTFRecordSource(path, options.read_chunk);
+    case RECORDIO: return OpenRecordIOSource(path, options.read_chunk);
+    default: return UnknownFormat(format);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format,
+                                                               const std::string& path) {
+  return OpenRecordSource(format, path, RecordSourceOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,
+                                                                 const FeatureSpec& spec,
+                                                                 absl::string_view csv_header) {
+  switch (format) {
+    case CRITEO_TSV: return NewCriteoTsvParser(spec);
+    case CSV: return NewCsvParser(spec, csv_header);
+    case LIBSVM: return NewLibSvmParser(spec);
+    case TFRECORD: return NewTFRecordParser(spec);
+    case RECORDIO: return NewRecordIOParser(spec);
+    default: return UnknownFormat(format);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RecordWriter>> CreateRecordWriter(DataFormat format,
+                                                                 const FeatureSpec& spec,
+                                                                 const std::string& path) {
+  switch (format) {
+    case CRITEO_TSV: return NewCriteoTsvWriter(spec, path);
+    case CSV: return NewCsvWriter(spec, path);
+    case LIBSVM: return NewLibSvmWriter(spec, path);
+    case TFRECORD: return NewTFRecordWriter(spec, path);
+    case RECORDIO: return NewRecordIOWriter(spec, path);
+    default: return UnknownFormat(format);
+  }
+}
+
+}  // namespace pstrain

@@ -1,0 +1,66 @@
+// ParameterAccess over in-process stores: the single-process trainer's "parameter server". The
+// same EmbeddingStore / DenseStore classes sit behind gRPC on PS shards.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ps/store/dense_store.h"
+#include "ps/store/embedding_store.h"
+#include "pstrain/config.pb.h"
+#include "worker/model/model.h"
+#include "worker/params/params.h"
+
+namespace pstrain {
+
+// Thread-safe (the stores are).
+//
+// Background pushes (train.async_local_updates): StartPush copies the gradients and returns; a
+// background thread applies them while the caller computes the next step. One push at a time:
+// StartPush first waits for the previous one. Push and Pull stay synchronous.
+class LocalParams : public ParameterAccess {
+ public:
+  // One embedding store for rows [0, total_rows) initialized lazily by model.InitRow(row, seed),
+  // and one dense store initialized by model.InitDense(seed). `threads` splits each Pull/Push.
+  static absl::StatusOr<std::unique_ptr<LocalParams>> Create(const Model& model,
+                                                             int64_t total_rows,
+                                                             const Config& config, int threads);
+
+  int row_dim() const override { return rows_->dim(); }
+  int64_t dense_size() const override { return dense_->size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads,
+                    const float* dense_grad, int64_t step) override;
+  // Synchronous (ParameterAccess's default) until EnableBackgroundPush; then see above. The op's
+  // Wait must come before the next StartPush (TrainStep does so).
+  ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
+                     const float* dense_grad, int64_t step) override;
+  // Starts the background thread; call once, before training.
+  void EnableBackgroundPush();
+  ~LocalParams() override;
+
+  EmbeddingStore* embedding() { return rows_.get(); }
+  DenseStore* dense() { return dense_.get(); }
+
+ private:
+  std::unique_ptr<EmbeddingStore> rows_;
+  std::unique_ptr<DenseStore> dense_;
+
+  // Background pushes: the one queued or running push and its result.
+  void BackgroundLoop();
+  absl::Mutex mu_;
+  bool queued_ ABSL_GUARDED_BY(mu_) = false;  // a push waits for or is in the background thread
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t bg_step_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status bg_status_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> bg_ids_;  // owned by the background thread while queued_
+  std::vector<float> bg_rows_, bg_dense_;
+  std::thread background_;
+};
+
+}  // namespace pstrain

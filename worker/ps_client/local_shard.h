@@ -1,0 +1,35 @@
+// LocalShard: a PS shard served by this process (`pstrain host`), as the client reaches it. The
+// client depends on this narrow interface, not on the server: the host command (cmd/host.cc)
+// implements it over its ShardServer, so worker/ps_client never links the gRPC server.
+//
+// Thread-safety: every method may be called concurrently.
+#pragma once
+
+#include <grpcpp/channel.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace pstrain {
+
+class LocalShard {
+ public:
+  virtual ~LocalShard() = default;
+
+  // A channel to the shard that stays in the process (no TCP; messages are still serialized):
+  // every call but ASYNC's pulls and pushes, and every call in BOUNDED / SYNC, goes through it.
+  virtual std::shared_ptr<grpc::Channel> InProcessChannel() = 0;
+
+  // ASYNC's fast path, on the caller's buffers, without messages (ShardServer::PullDirect /
+  // PushDirect have the contract): rows[ids.size() x row_dim] in ids' order and, when dense is
+  // not null, the shard's dense slice; *staleness as PullResponse.staleness.
+  virtual absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows,
+                                  float* dense, int64_t* staleness) = 0;
+  virtual absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
+                                  const float* row_grads, const float* dense_grad) = 0;
+};
+
+}  // namespace pstrain

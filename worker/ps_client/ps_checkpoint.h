@@ -1,0 +1,111 @@
+// PsCheckpointer: the Checkpointer of PS training (`pstrain host`). A checkpoint is a round
+// coordinated by shard 0 (docs/CHECKPOINT.md "PS mode"):
+//   1. a worker asks for a round: the chief on its schedule, any worker on SIGTERM (then the
+//      round ends the job); the other workers see the open round within ~200 ms (a poll of
+//      shard 0's Info on a background thread) and join it at their next step boundary;
+//      every call goes to shard 0 by RPC, also from the host that runs shard 0, so a worker
+//      without a shard (`pstrain worker`) works the same;
+//   2. each worker flushes its pushes, arrives with its WorkerState and pauses;
+//   3. the chief waits for every worker (a worker that finished training stands in with its
+//      final state), asks every shard to COPY its state into memory (all writers are paused, so
+//      the copies are one consistent instant), releases the workers, then has every shard WRITE
+//      its file, writes the worker states and the MANIFEST, and moves LATEST;
+//   4. a worker of a stopping round waits until the checkpoint is written, then the job ends.
+// With BOUNDED and SYNC, a worker paused in a round would make the others wait for its pushes, so
+// every worker arrives at one common step: the round's target, set by the first request to
+// (requester's step) + 3 (+ staleness with BOUNDED). Every worker can reach it without anyone
+// paused, and each worker asks for a round by RPC before it trains each step (so that it does not
+// read ahead past the target): a worker about to train the target step has pulled the step
+// before it, which needed the requester's push after its request, so it sees the round. A stop
+// signal makes the worker train on to the target (StopStep).
+// The checkpoint is named ckpt-<step> with step = the sum of the workers' steps (TF's
+// global_step in asynchronous training: one per applied update).
+//
+// Thread-safety: Restore/Requested/Save from the trainer thread; SaveFinal from the chief's
+// end-of-job code after training.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_rpc.h"
+#include "worker/train/checkpoint.h"
+
+namespace pstrain {
+
+class PsCheckpointer final : public Checkpointer {
+ public:
+  struct Options {
+    std::string dir;  // the job's checkpoint directory, shared by every host
+    int worker = 0;   // this worker; 0 is the chief
+    int num_workers = 1;
+    int keep = 3;
+    std::vector<std::string> shards;     // every shard's address, shard 0 first
+    PsClient* client = nullptr;          // flushed before arriving
+    std::atomic<bool>* stop = nullptr;   // raised when a round asks the job to stop
+    absl::Duration timeout = absl::Minutes(10);  // for a round's waits
+    Consistency consistency = ASYNC;  // BOUNDED / SYNC: rounds at one common step (see .cc)
+    int staleness = 0;                // BOUNDED's
+    // The checkpoint this host's shard restored (ChooseCheckpoint), if any.
+    std::optional<CheckpointChoice> restored;
+  };
+
+  explicit PsCheckpointer(Options options);
+  ~PsCheckpointer() override;
+
+  // This worker's state from the restored checkpoint. When the checkpoint was written by another
+  // number of workers, the data positions cannot be mapped: the parameters are restored, the
+  // data starts from the beginning, and a warning says so.
+  absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override;
+  bool Requested(int64_t step) override;
+  absl::StatusOr<int64_t> StopStep(int64_t step) override;
+  // final = true records the state for the end-of-job report (final_state()) and writes
+  // nothing: the chief writes the job's last checkpoint with SaveFinal once every worker is done.
+  absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override;
+
+  // The state Save(final = true) recorded, serialized, for the TRAINING_DONE report.
+  const std::string& final_state() const { return final_state_; }
+  // Chief, after every worker reported TRAINING_DONE: a round made of their final states.
+  absl::StatusOr<std::string> SaveFinal();
+
+ private:
+  bool chief() const { return opt_.worker == 0; }
+  // BOUNDED / SYNC: every worker pauses at the round's target step, checked by RPC every step.
+  bool lockstep() const;
+  int64_t TargetAfter(int64_t step) const;
+  // Shard 0's Info, with checkpoint_round set to 0 unless a round is open that this worker has
+  // not taken part in.
+  absl::StatusOr<InfoResponse> OpenRound();
+  absl::StatusOr<int64_t> Request(bool stop, int64_t target);
+  // Chief: steps 3 of the protocol for `round`; returns the checkpoint directory.
+  absl::StatusOr<std::string> RunRound(int64_t round);
+  absl::StatusOr<std::string> RunRoundSteps(int64_t round);
+  void Poll();
+
+  const Options opt_;
+  std::vector<std::unique_ptr<ShardRpc>> shards_;
+  int64_t handled_round_ = 0;  // the last round this worker took part in
+  int64_t step_base_ = 0;      // added to the workers' steps in checkpoint names (see Restore)
+  std::string final_state_;
+  bool stopped_ = false;  // a round ended the job: later saves return last_saved_dir_
+  std::string last_saved_dir_;
+
+  // ASYNC: the background poll of shard 0's open round.
+  std::atomic<int64_t> open_round_{0};
+  std::mutex poll_mu_;
+  std::condition_variable poll_cv_;
+  bool poll_quit_ = false;
+  std::thread poller_;
+};
+
+}  // namespace pstrain

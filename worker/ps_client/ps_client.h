@@ -1,0 +1,283 @@
+// PsClient: a worker's ParameterAccess over the PS shards (the service of
+// proto/pstrain/ps_service.proto, served by ps/server/shard_server.h), by gRPC.
+//
+// A Pull or Push of a step sends ONE RPC per shard, all in flight at once (gRPC callback API):
+// ids are grouped by owning partition (PartitionMap(V, P, S), partition p on shard p mod S) and
+// the rows scattered back into the caller's order. The dense vector is split by size into S
+// slices (slice s on shard s), so a dense pull/push touches every shard.
+//
+// Failures. Every RPC attempt has a deadline (rpc_deadline_ms). UNAVAILABLE and DEADLINE_EXCEEDED
+// are retried with exponential backoff and jitter, up to rpc_retries times and within the call's
+// overall budget (call_deadline_ms); then the call fails with the last code and a message naming
+// the shard and its address, what failed, how many attempts over how long, e.g.
+//   "shard 1 (127.0.0.1:5001): Pull failed after 6 attempts over 3.1 s: UNAVAILABLE: ..."
+// Other codes (e.g. INVALID_ARGUMENT) fail at once. No RPC outlives its budget; a push queued
+// behind an earlier push to the same shard starts its budget when it is sent.
+// Retried pushes are safe: each push carries (worker_id, incarnation, sequence) and a shard
+// applies each push at most once. A shard that restarted without restoring a checkpoint has
+// fresh rows (initial values); the client notices the shard's new incarnation, logs a warning
+// and counts it in shard_restarts(). (Checkpoint restore of PS shards is later work.)
+//
+// Pipelining:
+//   - PullAsync returns at once with a PsFuture; the trainer can pull the next batch's rows while
+//     the current batch computes.
+//   - PushAsync copies the gradients into its requests and returns at once (or, when
+//     max_pushes_in_flight pushes are pending, once the oldest has finished: backpressure). The
+//     pushes of one client reach each shard one at a time, in order.
+//   Pull() and Push() (the ParameterAccess methods) are PullAsync / PushAsync plus Wait: a
+//   trainer using only those gets read-your-writes from its own pushes in ASYNC mode.
+//
+// Consistency (Options.consistency; the shards enforce it, docs/PS.md):
+//   - Training pulls carry their step: PullAsync counts the pulls that ask for rows AND the dense
+//     vector (TrainStep's, one per step, in step order; the evaluator asks for one or the other)
+//     and labels the k-th one step base + k, base being 0 or the step a resumed worker restarts
+//     from (ResumeAtStep); PullAtStepAsync takes the step explicitly, and a trainer that knows
+//     its step should use it. Other pulls carry step 0 and are answered at once in every mode.
+//   - ASYNC: a pull issued while a push is pending may or may not see it, shard by shard; a pull
+//     issued after a push's future completed (or after Flush) sees it: asynchronous SGD.
+//   - BOUNDED (staleness s): the shard answers the pull of step t once every active worker has
+//     pushed step t - 1 - s. SYNC: once the mean update of step t - 1 over all active workers
+//     has been applied. Pushes are answered when accepted, so a trainer may pull step t + 1
+//     before its push of step t completes; only the pull waits. In both modes every push goes to
+//     every shard (empty where the worker has nothing for it), so each shard counts every step.
+//   - FinishTraining() tells every shard that this worker will push no more, so the others stop
+//     waiting for it. A held pull that cannot be answered (a dead worker) fails within the call
+//     budget with the shard's message naming the step and the workers it waited for.
+//   - staleness(): how far ahead of the slowest active worker this worker's training pulls were.
+//
+// Thread-safety: every method may be called concurrently (the evaluator pulls while the trainer
+// pushes). The destructor cancels calls still in flight and waits for them (bounded by the
+// deadlines); no method may be running or called during or after destruction.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "ps/store/partition.h"
+#include "pstrain/config.pb.h"
+#include "pstrain/ps_service.pb.h"
+#include "worker/params/params.h"
+#include "worker/ps_client/local_shard.h"
+
+namespace pstrain {
+
+class Timer;  // common/rpc/timer.h
+
+// Completion of one asynchronous PsClient operation. Thread-safe.
+class PsFuture {
+ public:
+  // Blocks until the operation has finished (bounded by the client's call budget) and returns
+  // its status. May be called any number of times, from any thread.
+  absl::Status Wait();
+  bool done() const;
+
+  // Internal: completes the future once (later calls are ignored).
+  void Complete(absl::Status status);
+
+ private:
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// A table of per-shard stats and the max/mean imbalance of rows, bytes, pulled rows and traffic,
+// for the user to see a skewed shard at a glance. Several lines, no trailing newline.
+std::string FormatShardBalance(const std::vector<ShardStats>& stats);
+
+class PsClient final : public ParameterAccess {
+ public:
+  struct Options {
+    std::vector<std::string> shards;  // "host:port" of shard i, i in [0, S)
+    int64_t rows = 0;                 // V: rows of the table, > 0
+    int partitions = 0;               // P (0 = NumPartitions' default, 4 x S)
+    int row_dim = 0;                  // floats per row, > 0
+    int64_t dense_size = 0;           // floats of the whole dense vector, >= 0
+    int worker_id = 0;                // this worker's index (push ids, stats)
+    int rpc_deadline_ms = 10000;      // deadline of one attempt
+    int rpc_retries = 5;              // retries after the first attempt (UNAVAILABLE, DEADLINE)
+    // Budget of one call including retries and backoff; 0 = (rpc_retries + 1) x rpc_deadline_ms.
+    int call_deadline_ms = 0;
+    int initial_backoff_ms = 100;  // first retry delay; doubles per retry (jittered to 50..100%)
+    int max_backoff_ms = 2000;     // also bounds gRPC's own reconnect backoff
+    int max_pushes_in_flight = 2;  // PushAsync blocks beyond this many pending pushes, >= 1
+    Consistency consistency = ASYNC;  // must match the shards' (see above)
+    // A shard served by this process (`pstrain host`), started, not owned, outliving the client.
+    // ASYNC: pulls and pushes to shard `local_shard` call it directly (LocalShard::PullDirect /
+    // PushDirect: no messages, no copies beyond the caller's buffers). Every other call to it,
+    // and every call in BOUNDED / SYNC, goes through its in-process channel (the same service,
+    // deadlines and retries, without TCP). -1 = every shard over its address.
+    int local_shard = -1;
+    LocalShard* local_server = nullptr;
+  };
+
+  // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
+  // max pushes in flight and consistency from `cluster`, worker_id = cluster.index().
+  static Options OptionsFromConfig(const ClusterConfig& cluster, int64_t rows, int row_dim,
+                                   int64_t dense_size);
+
+  // Creates the channels (connections are made lazily). INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(Options options);
+  ~PsClient() override;
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
+
+  // Asks every shard for its Info, waiting up to `timeout` for shards that are not up yet, and
+  // checks that shard i is shard i of S with the same V, P, row_dim and dense_size as this
+  // client (FAILED_PRECONDITION naming both sides otherwise). Call before training.
+  absl::Status WaitForShards(absl::Duration timeout);
+
+  int row_dim() const override { return opt_.row_dim; }
+  int64_t dense_size() const override { return opt_.dense_size; }
+  int num_shards() const { return static_cast<int>(opt_.shards.size()); }
+  const PartitionMap& map() const { return map_; }
+
+  // ParameterAccess: PullAsync(...)->Wait() and PushAsync(...)->Wait().
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
+                    int64_t step) override;
+  // ParameterAccess's asynchronous calls (the trainer's pipelining): PullAtStepAsync, every
+  // StartPull with ids being a training pull (with or without the dense vector, see
+  // cluster.dense_sync_steps), and PushAsync.
+  ParamsOp StartPull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    const int64_t step = ids.empty() ? 0 : training_pulls_.fetch_add(1) + 1;
+    std::shared_ptr<PsFuture> f = PullAtStepAsync(ids, rows, dense, step);
+    return ParamsOp([f] { return f->Wait(); });
+  }
+  ParamsOp StartPush(absl::Span<const int64_t> ids, const float* row_grads,
+                     const float* dense_grad, int64_t step) override {
+    std::shared_ptr<PsFuture> f = PushAsync(ids, row_grads, dense_grad, step);
+    return ParamsOp([f] { return f->Wait(); });
+  }
+
+  // Starts pulling rows `ids` (in [0, V); unique, though repeats work) into rows[n x row_dim],
+  // and, if dense is not null, the dense vector into dense[dense_size]. `ids` is copied before
+  // return; rows and dense must stay valid until the future completes. INVALID_ARGUMENT (in the
+  // future) for an id outside [0, V).
+  // A pull with non-empty ids and dense is a training pull (see Consistency above).
+  std::shared_ptr<PsFuture> PullAsync(absl::Span<const int64_t> ids, float* rows, float* dense);
+  // PullAsync for training step `step` (>= 1; 0 = not a training pull), e.g. for a trainer that
+  // knows its step. Does not advance PullAsync's count.
+  std::shared_ptr<PsFuture> PullAtStepAsync(absl::Span<const int64_t> ids, float* rows,
+                                            float* dense, int64_t step);
+
+  // A worker resumed from a checkpoint after `step` steps: the next training pull (PullAsync's or
+  // StartPull's) is step + 1.
+  // Call before the first training pull.
+  void ResumeAtStep(int64_t step) { training_pulls_ = step; }
+
+  // Starts pushing row_grads[n x row_dim] for the unique `ids` and, if not null,
+  // dense_grad[dense_size]; `step` is the 1-based global step. Everything is copied before
+  // return. Blocks while max_pushes_in_flight pushes are pending.
+  std::shared_ptr<PsFuture> PushAsync(absl::Span<const int64_t> ids, const float* row_grads,
+                                      const float* dense_grad, int64_t step);
+
+  // Waits for every push started so far and returns the first error of a push that finished since
+  // the previous Flush (OK if none failed).
+  absl::Status Flush();
+
+  // End of this worker's training: Flush(), then tells every shard (PushRequest.worker_done) that
+  // this worker pushes no more steps, so BOUNDED / SYNC shards stop waiting for it. Returns the
+  // first error (of the flush or a shard). Call once, after the last push; pulls still work.
+  absl::Status FinishTraining();
+
+  // Staleness of this worker's training pulls that succeeded: per pull, the largest of its
+  // shards' PullResponse.staleness (steps ahead of the slowest active worker).
+  struct Staleness {
+    int64_t pulls = 0;  // training pulls measured
+    int64_t max = 0;
+    double sum = 0;  // mean = sum / pulls
+    double mean() const { return pulls > 0 ? sum / pulls : 0.0; }
+  };
+  Staleness staleness() const;
+
+  // Each shard's counters, in shard order (see FormatShardBalance above).
+  absl::StatusOr<std::vector<ShardStats>> GetStats();
+
+  // Client-side counters since creation.
+  struct Traffic {
+    int64_t rpcs = 0;            // attempts started
+    int64_t retries = 0;         // attempts after the first of a call
+    int64_t bytes_sent = 0;      // serialized request sizes
+    int64_t bytes_received = 0;  // serialized response sizes
+  };
+  Traffic traffic() const;
+  // Times a shard answered with an incarnation different from the one seen before.
+  int64_t shard_restarts() const { return shard_restarts_.load(); }
+
+ private:
+  class Call;
+  struct Shard;
+  struct Parts;
+  struct PullOp;
+  struct PushOp;
+  struct PushPart;
+
+  explicit PsClient(Options options);
+  // Starts one call of `method` to `shard`, retried as documented above; `done` runs once, on a
+  // gRPC or timer thread.
+  template <typename Req, typename Resp, typename Issue>
+  void StartCall(int shard, const char* method, const Req* request, Resp* response,
+                 bool wait_for_ready, absl::Duration budget, Issue issue,
+                 std::function<void(absl::Status)> done);
+  // One call per shard, in parallel, each sending a copy of `request`; waits for all and returns
+  // the first error.
+  template <typename Req, typename Resp, typename Issue>
+  absl::Status CallAllShards(const char* method, const Req& request, bool wait_for_ready,
+                             absl::Duration budget, Issue issue, std::vector<Resp>* responses);
+  absl::Duration CallBudget() const;
+  // Orders ids by owning shard, then partition: *order lists the positions of ids so sorted,
+  // shard s's ids being (*order)[bounds[s], bounds[s + 1]). INVALID_ARGUMENT for an id out of
+  // range.
+  absl::Status GroupByShard(absl::Span<const int64_t> ids, std::vector<int32_t>* order,
+                            std::vector<int64_t>* bounds) const;
+  void StartPushPart(std::shared_ptr<PushPart> part);
+  // A push part to `shard` finished: starts the next one queued for it.
+  void PushPartDone(int shard);
+  // One part of a pull / push finished with `st` (a pull part's staleness with it); the last part
+  // completes the operation.
+  void PullPartDone(PullOp* op, int64_t staleness, absl::Status st);
+  void PushOpPartDone(PushOp* op, absl::Status st);
+  void NoteIncarnation(int shard, uint64_t incarnation);
+  void OpStarted();
+  void OpFinished();
+
+  const Options opt_;
+  const PartitionMap map_;
+  const PartitionMap dense_map_;  // the dense vector's slices: PartitionMap(dense_size, S, S)
+  // Partitions in shard-major order (shard 0's ascending, then shard 1's, ...): the rank of each
+  // partition, and the first rank of each shard (S + 1 entries).
+  std::vector<int> partition_rank_;
+  std::vector<int> shard_rank_begin_;
+  const uint64_t incarnation_;  // random per client instance (push ids)
+  const int direct_shard_;      // pulled and pushed by direct calls (Options::local_server), or -1
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::unique_ptr<Timer> timer_;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<uint64_t> next_call_id_{0};
+  std::atomic<int64_t> rpcs_{0}, retries_{0}, bytes_sent_{0}, bytes_received_{0};
+  std::atomic<int64_t> shard_restarts_{0};
+  std::atomic<int64_t> training_pulls_{0};  // PullAsync's count of training pulls
+
+  mutable absl::Mutex staleness_mu_;
+  Staleness staleness_ ABSL_GUARDED_BY(staleness_mu_);
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  int64_t ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;     // all operations (for the destructor)
+  int64_t pushes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // push operations
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status push_error_ ABSL_GUARDED_BY(mu_);   // first push error since the last Flush
+  std::vector<Call*> calls_ ABSL_GUARDED_BY(mu_);  // attempts in progress, for cancellation
+};
+
+}  // namespace pstrain

@@ -1,0 +1,163 @@
+#include "worker/ps_client/ps_worker.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
+#include "worker/ps_client/ps_checkpoint.h"
+#include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_rpc.h"
+
+namespace pstrain {
+
+std::string JobCheckpointDir(const Config& config) {
+  return config.checkpoint().dir().empty() ? config.train().model_dir() : config.checkpoint().dir();
+}
+
+absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o) {
+  const int me = o.index;
+  const int N = o.num_workers;
+  const bool chief = me == 0;
+  const std::string ckpt_dir = JobCheckpointDir(config);
+
+  // The table's shape, as the shards have it (ShardOptionsForJob does the same).
+  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  const int64_t rows = spec.total_rows();
+  const int row_dim = model->row_dim();
+  const int64_t dense_size = model->dense_size();
+
+  ClusterConfig* cc = config.mutable_cluster();
+  cc->clear_ps();
+  for (const std::string& h : o.shards) cc->add_ps(h);
+  cc->set_index(me);
+  if (!chief) {
+    config.mutable_train()->set_model_dir(
+        absl::StrCat(config.train().model_dir(), "/", o.log_dir_prefix, "-", me));
+  }
+  PsClient::Options client_options = PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size);
+  client_options.local_shard = o.local_shard;
+  client_options.local_server = o.local_server;
+  ASSIGN_OR_RETURN(auto client, PsClient::Create(std::move(client_options)));
+  RETURN_IF_ERROR(Annotate(client->WaitForShards(o.connect_timeout), "waiting for the shards"));
+  std::printf("pstrain %s: %s %d/%d ready, training\n", o.log_dir_prefix.c_str(),
+              o.log_dir_prefix.c_str(), me, N);
+  std::fflush(stdout);
+  ShardRpc shard_zero(o.shards[0]);
+
+  PsCheckpointer::Options co;
+  co.dir = ckpt_dir;
+  co.worker = me;
+  co.num_workers = N;
+  co.keep = config.checkpoint().keep();
+  co.shards = o.shards;
+  co.client = client.get();
+  co.stop = o.stop;
+  co.timeout = o.barrier_timeout;
+  co.consistency = config.cluster().consistency();
+  co.staleness = config.cluster().staleness();
+  co.restored = o.restored;
+  PsCheckpointer checkpointer(std::move(co));
+  const absl::Time t_start = absl::Now();
+
+  TrainerOptions opts;
+  opts.tty = chief && isatty(STDERR_FILENO);
+  opts.cores = o.cores;
+  opts.omp_num_threads = o.omp_num_threads;
+  opts.stop = o.stop;
+  opts.params = client.get();
+  // Pulls of the next batch while this one computes: ASYNC only (BOUNDED / SYNC hold pulls).
+  opts.prefetch_pulls =
+      config.cluster().consistency() == ASYNC && config.cluster().prefetch_pulls();
+  // ASYNC only, as prefetch_pulls: BOUNDED / SYNC shards count one push per worker and step.
+  opts.dense_sync_steps = cc->consistency() == ASYNC ? cc->dense_sync_steps() : 1;
+  if (chief && cc->dense_sync_steps() > 1 && cc->consistency() != ASYNC) {
+    PSTRAIN_LOG(INFO) << "cluster.dense_sync_steps " << cc->dense_sync_steps()
+                      << " applies to ASYNC only: " << Consistency_Name(cc->consistency())
+                      << " pulls and pushes the dense vector every step";
+  }
+  opts.checkpointer = &checkpointer;
+  opts.worker_index = me;
+  opts.num_workers = N;
+  opts.chief = chief;
+  opts.mode = absl::AsciiStrToLower(absl::StrCat("ps-", Consistency_Name(cc->consistency())));
+  opts.hosts = static_cast<int>(o.shards.size());
+  opts.after_training = [&](TrainSummary* summary) -> absl::Status {
+    if (o.training != nullptr) *o.training = false;
+    // Flushes, then tells the shards that this worker pushes no more (BOUNDED / SYNC stop
+    // waiting for it).
+    RETURN_IF_ERROR(Annotate(client->FinishTraining(), "finishing training on the shards"));
+    const PsClient::Staleness st = client->staleness();
+    PSTRAIN_LOG(INFO) << "worker " << me << ": " << Consistency_Name(cc->consistency())
+                      << " staleness over " << st.pulls << " training pulls: max " << st.max
+                      << ", mean " << absl::StrFormat("%.3f", st.mean());
+    ReportRequest done;
+    done.set_worker_id(me);
+    done.set_phase(TRAINING_DONE);
+    done.set_examples(summary->examples);
+    done.set_steps(summary->steps);
+    done.set_training_pulls(st.pulls);
+    done.set_staleness_max(st.max);
+    done.set_staleness_sum(st.sum);
+    done.set_worker_state(checkpointer.final_state());
+    done.set_examples_this_run(summary->examples_this_run);
+    RETURN_IF_ERROR(shard_zero.Report(done, o.barrier_timeout));
+    if (!chief) return absl::OkStatus();
+    PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
+    ASSIGN_OR_RETURN(std::vector<ReportRequest> all,
+                     shard_zero.WaitForReports(TRAINING_DONE, N, o.barrier_timeout));
+    summary->examples = 0;
+    summary->examples_this_run = 0;
+    summary->steps = 0;
+    double staleness_sum = 0;
+    for (const ReportRequest& r : all) {
+      summary->examples += r.examples();
+      summary->examples_this_run += r.examples_this_run();
+      summary->steps += r.steps();
+      summary->staleness_pulls += r.training_pulls();
+      summary->staleness_max = std::max(summary->staleness_max, r.staleness_max());
+      staleness_sum += r.staleness_sum();
+    }
+    summary->staleness_mean = staleness_sum / std::max<int64_t>(1, summary->staleness_pulls);
+    summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
+    summary->examples_per_sec =
+        summary->examples_this_run / std::max(1e-9, summary->wall_seconds);
+    // Parameter traffic of the training, every shard's request and response payloads (before
+    // the final evaluation's pulls).
+    if (auto stats = client->GetStats(); stats.ok()) {
+      summary->wire_bytes = 0;
+      for (const ShardStats& st : *stats) summary->wire_bytes += st.bytes_in() + st.bytes_out();
+    }
+    auto final_ckpt = checkpointer.SaveFinal();
+    RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
+    summary->checkpoint = *final_ckpt;
+    PSTRAIN_LOG(INFO) << "chief: final checkpoint " << summary->checkpoint;
+    return absl::OkStatus();
+  };
+  if (o.training != nullptr) *o.training = true;
+  absl::StatusOr<TrainSummary> summary = RunTraining(config, opts);
+  if (o.training != nullptr) *o.training = false;
+  if (!summary.ok() || !chief) return summary;
+  if (!summary->preempted) {
+    if (auto stats = client->GetStats(); stats.ok()) {
+      std::fprintf(stderr, "PS shard balance:\n%s\n", FormatShardBalance(*stats).c_str());
+    } else {
+      PSTRAIN_LOG(WARNING) << "shard stats: " << stats.status();
+    }
+  }
+  CoordinateRequest finish;
+  finish.set_kind(CoordinateRequest::FINISH_JOB);
+  RETURN_IF_ERROR(Annotate(shard_zero.Coordinate(finish, o.barrier_timeout).status(),
+                           "marking the job finished"));
+  return summary;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,128 @@
+// Checkpoints of the single-process trainer, in the layout the PS mode generalizes:
+//
+//   <dir>/ckpt-<step>/shard-0-of-1     block file: the embedding store (EMBM + EMBR blocks) and
+//                                      the dense store (DNSE)
+//   <dir>/ckpt-<step>/worker-0.state   block file: one WSTA block, a WorkerState proto (step,
+//                                      examples, exact data-pipeline position); the allreduce
+//                                      mode writes worker-<r>.state for each rank r
+//   <dir>/ckpt-<step>/MANIFEST         block file: one MANI block, a CheckpointManifest proto;
+//                                      written last
+//   <dir>/LATEST                       "ckpt-<step>\n", replaced by atomic rename after MANIFEST
+//
+// docs/CHECKPOINT.md describes the block file byte by byte.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pstrain/state.pb.h"
+#include "worker/params/local_params.h"
+
+namespace pstrain {
+
+// Writes ckpt-<state.step()> under `dir`, updates LATEST, then deletes all but the newest `keep`
+// checkpoints. Each row of the stores is captured consistently (weights and optimizer slots from
+// the same instant). Returns the checkpoint directory.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
+                                           LocalParams& params, int keep);
+
+// The same for a job of several workers that share one replica of the parameters (the allreduce
+// mode): ckpt-<step> with worker-<j>.state for each entry of `workers`; MANIFEST created_by.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
+                                           const std::map<int, WorkerState>& workers,
+                                           LocalParams& params, int keep,
+                                           absl::string_view created_by);
+
+// Restores the checkpoint LATEST names; if it is missing or corrupt, says why on stderr and falls
+// back to the next older complete checkpoint. Every file is verified completely before anything
+// is loaded, so a refused checkpoint leaves `params` untouched. Returns the directory restored,
+// or nullopt when there is no LATEST (a fresh start). Errors: LATEST exists but no checkpoint is
+// usable (DATA_LOSS: progress is never silently discarded), or a verified checkpoint was written
+// for another model shape (FAILED_PRECONDITION).
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state);
+// The same for worker `worker` of a job of `num_workers` sharing one replica (the allreduce
+// mode): reads worker-<worker>.state; a checkpoint of another number of workers is refused.
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
+                                                                   LocalParams* params,
+                                                                   WorkerState* state, int worker,
+                                                                   int num_workers);
+
+// ---- Building blocks shared by every mode's checkpoints ----
+
+// "worker-<j>.state".
+std::string WorkerStateFileName(int worker);
+// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it; returns its path.
+absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
+// Completes ckpt-<manifest.step()> under `dir` whose data files are written and listed in
+// `manifest`: writes worker-<j>.state for each of `workers`, then the MANIFEST (with
+// num_workers and the wall time filled in), then LATEST by atomic rename; then deletes all but
+// the newest `keep` checkpoints. Returns the checkpoint directory.
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
+                                             const std::map<int, WorkerState>& workers, int keep);
+
+struct CheckpointChoice {
+  std::string dir;  // <dir>/ckpt-<step>
+  CheckpointManifest manifest;
+};
+// The checkpoint to resume from: the one LATEST names, or, when it is missing or corrupt (said
+// on stderr), the next older complete one, every file verified completely (all checksums and
+// sizes). nullopt when there is no LATEST (a fresh start); DATA_LOSS when LATEST exists but no
+// checkpoint is usable.
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
+// Reads <ckpt>/worker-<j>.state.
+absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state);
+
+// How RunTraining saves and restores the parameters it trains, one implementation per mode:
+// LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
+// mode's rank-0 writer. The trainer calls, from its training thread only:
+//   - Restore once before the first step;
+//   - Requested(step) at every step boundary, after `step` steps (it must be cheap);
+//   - StopStep(step) at a step boundary once the stop flag is raised (SIGTERM): the trainer
+//     trains on until the step it returns (a synchronous job must stop at one common step);
+//   - Save(state, final) at a step boundary when
+//       (a) options.chief and the checkpoint schedule (every_steps / every_seconds) says so,
+//       (b) Requested(step) returned true (another worker asked for a checkpoint),
+//       (c) the trainer stops after a stop signal: training ends after this Save, or
+//       (d) training ended (final = true), before after_training and the final evaluation.
+//     `state` is this worker's position after state.step() steps of its own. An implementation
+//     may answer (a) by arranging a checkpoint at a later step (returning "" now) and asking for
+//     it with Requested() then.
+// In multi-worker modes Save is collective: the implementation makes every worker take part in
+// the same checkpoint (and may block this worker until the others arrive, with a deadline).
+class Checkpointer {
+ public:
+  virtual ~Checkpointer() = default;
+  // Restores the newest usable checkpoint into the parameters and `state`; returns its
+  // directory, or nullopt for a fresh start.
+  virtual absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) = 0;
+  virtual bool Requested(int64_t /*step*/) { return false; }
+  virtual absl::StatusOr<int64_t> StopStep(int64_t step) { return step; }
+  // Returns the checkpoint directory written ("" if this worker does not know it).
+  virtual absl::StatusOr<std::string> Save(const WorkerState& state, bool final) = 0;
+};
+
+// `pstrain train`: SaveCheckpoint / RestoreLatestCheckpoint of in-process parameters.
+class LocalCheckpointer : public Checkpointer {
+ public:
+  LocalCheckpointer(std::string dir, LocalParams* params, int keep)
+      : dir_(std::move(dir)), params_(params), keep_(keep) {}
+  absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
+    return RestoreLatestCheckpoint(dir_, params_, state);
+  }
+  absl::StatusOr<std::string> Save(const WorkerState& state, bool /*final*/) override {
+    return SaveCheckpoint(dir_, state, *params_, keep_);
+  }
+
+ private:
+  const std::string dir_;
+  LocalParams* const params_;
+  const int keep_;
+};
+
+}  // namespace pstrain

@@ -1,0 +1,67 @@
+#include "worker/train/event_writer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/record_frame.h"
+#include "common/status.h"
+#include "tensorboard/event.pb.h"
+
+namespace pstrain {
+namespace {
+
+double WallTime() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir) {
+  RETURN_IF_ERROR(MakeDirs(dir));
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  const int64_t now = static_cast<int64_t>(WallTime());
+  const std::string path = absl::StrCat(dir, "/events.out.tfevents.", now, ".", host);
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", path));
+  std::unique_ptr<EventWriter> w(new EventWriter(path, f));
+  tensorboard::Event e;
+  e.set_wall_time(WallTime());
+  e.set_file_version("brain.Event:2");
+  RETURN_IF_ERROR(w->WriteRecord(e.SerializeAsString()));
+  RETURN_IF_ERROR(w->Flush());
+  return w;
+}
+
+EventWriter::~EventWriter() {
+  if (file_) std::fclose(file_);
+}
+
+absl::Status EventWriter::WriteRecord(const std::string& data) {
+  std::string framed;
+  AppendTFRecordFrame(data, &framed);
+  if (std::fwrite(framed.data(), 1, framed.size(), file_) != framed.size()) {
+    return absl::UnavailableError(absl::StrCat("write ", path_, " failed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EventWriter::AddScalar(absl::string_view tag, int64_t step, double value) {
+  tensorboard::Event e;
+  e.set_wall_time(WallTime());
+  e.set_step(step);
+  auto* v = e.mutable_summary()->add_value();
+  v->set_tag(std::string(tag));
+  v->set_simple_value(static_cast<float>(value));
+  return WriteRecord(e.SerializeAsString());
+}
+
+absl::Status EventWriter::Flush() {
+  if (std::fflush(file_) != 0) return absl::UnavailableError(absl::StrCat("flush ", path_, " failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,106 @@
+#include "worker/train/progress.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file.h"
+#include "common/json_writer.h"
+#include "common/status.h"
+
+namespace pstrain {
+namespace {
+
+double WallTime() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string Duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, (t / 60) % 60);
+  if (t >= 60) return absl::StrFormat("%dm%02ds", t / 60, t % 60);
+  return absl::StrFormat("%ds", t);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
+    const std::string& model_dir, bool tty) {
+  RETURN_IF_ERROR(MakeDirs(model_dir));
+  std::unique_ptr<ProgressReporter> p(new ProgressReporter());
+  p->tty_ = tty;
+  const std::string path = model_dir + "/metrics.jsonl";
+  p->jsonl_ = std::fopen(path.c_str(), "a");
+  if (p->jsonl_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
+  ASSIGN_OR_RETURN(p->events_, EventWriter::Create(model_dir));
+  return p;
+}
+
+ProgressReporter::~ProgressReporter() {
+  if (line_open_) std::fputc('\n', stderr);
+  if (jsonl_) std::fclose(jsonl_);
+}
+
+void ProgressReporter::Line(const std::string& text, bool transient) {
+  if (tty_ && transient) {
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    line_open_ = true;
+  } else {
+    if (line_open_) std::fprintf(stderr, "\r\033[K");
+    std::fprintf(stderr, "%s\n", text.c_str());
+    line_open_ = false;
+  }
+  std::fflush(stderr);
+}
+
+void ProgressReporter::Train(int64_t step, int64_t epoch, double loss, double eps,
+                             int64_t total_steps, double elapsed) {
+  std::string text = absl::StrFormat("step %d  epoch %d  %.0f ex/s  loss %.4f", step, epoch + 1,
+                                     eps, loss);
+  if (last_auc_ >= 0) absl::StrAppend(&text, absl::StrFormat("  auc %.4f", last_auc_));
+  if (total_steps > 0 && step > 0) {
+    const double eta = elapsed / step * std::max<int64_t>(0, total_steps - step);
+    absl::StrAppend(&text, absl::StrFormat("  %d%%  ETA %s", 100 * step / total_steps, Duration(eta)));
+  }
+  Line(text, /*transient=*/true);
+  std::fprintf(jsonl_, "%s\n",
+               JsonObject().Add("wall_time", WallTime()).Add("step", step).Add("epoch", epoch)
+                   .Add("loss", loss).Add("examples_per_sec", eps).str().c_str());
+  Record(events_->AddScalar("train/loss", step, loss));
+  Record(events_->AddScalar("train/examples_per_sec", step, eps));
+}
+
+void ProgressReporter::Eval(int64_t step, double auc, double logloss, int64_t examples,
+                            bool final_eval) {
+  last_auc_ = auc;
+  Line(absl::StrFormat("%s at step %d: auc %.5f  logloss %.5f  (%d examples)",
+                       final_eval ? "final eval" : "eval", step, auc, logloss, examples),
+       /*transient=*/false);
+  std::fprintf(jsonl_, "%s\n",
+               JsonObject().Add("wall_time", WallTime()).Add("step", step).Add("eval_auc", auc)
+                   .Add("eval_logloss", logloss).Add("eval_examples", examples).str().c_str());
+  Record(events_->AddScalar("eval/auc", step, auc));
+  Record(events_->AddScalar("eval/logloss", step, logloss));
+  Flush();
+}
+
+void ProgressReporter::Record(const absl::Status& s) {
+  // Metrics are for people watching the run: a full disk must not stop training, but it must not
+  // go unnoticed either. Say it once.
+  if (!s.ok() && !events_failed_) {
+    events_failed_ = true;
+    Line(absl::StrCat("warning: TensorBoard events are no longer written: ", s.ToString()),
+         /*transient=*/false);
+  }
+}
+
+void ProgressReporter::Message(const std::string& text) { Line(text, /*transient=*/false); }
+
+void ProgressReporter::Flush() {
+  std::fflush(jsonl_);
+  Record(events_->Flush());
+}
+
+}  // namespace pstrain

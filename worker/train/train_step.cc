@@ -1,0 +1,217 @@
+#include "worker/train/train_step.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+#include "common/status.h"
+
+namespace pstrain {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(const Model& model, int towers,
+                                                             int batch_per_tower,
+                                                             int intra_op_threads) {
+  ASSIGN_OR_RETURN(auto pool, TowerPool::Create(model, towers, batch_per_tower, intra_op_threads));
+  std::unique_ptr<TrainStep> s(
+      new TrainStep(model, std::move(pool), batch_per_tower, intra_op_threads));
+  s->row_grads_.resize(towers);
+  s->dense_grads_.resize(towers);
+  s->losses_.resize(towers);
+  return s;
+}
+
+absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool start_pull) {
+  if (staged_count_ == 2) {
+    return absl::FailedPreconditionError("TrainStep::Stage: two batches are staged already");
+  }
+  if (batch.size > 0 && batch.num_fields != model_.num_fields()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.num_fields,
+                                                   " fields, the model expects ",
+                                                   model_.num_fields()));
+  }
+  if (batch.size > towers() * batch_per_tower_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size, " examples exceeds ",
+                                                   towers(), " towers x ", batch_per_tower_));
+  }
+  const double t0 = Now();
+  Staged& s = staged_[(head_ + staged_count_) % 2];
+  s.batch = &batch;
+  dedup_.Run(batch.ids, &s.unique, &s.slots);
+  s.rows.resize(s.unique.size() * model_.row_dim());
+  s.pull_started = start_pull && batch.size > 0;
+  if (s.pull_started) {
+    // Every push but the one of the step computing now: a fixed staleness of one step.
+    RETURN_IF_ERROR(push_.Wait());
+    s.pull = StartPull(&s, params);
+  }
+  ++staged_count_;
+  profile_.dedup += Now() - t0;
+  return absl::OkStatus();
+}
+
+ParamsOp TrainStep::StartPull(Staged* st, ParameterAccess* params) {
+  float* dense = nullptr;
+  if (pulls_since_dense_ % dense_sync_steps_ == 0) {
+    // The first pull, or a new block: into the buffer no step computing now reads.
+    if (!dense_[0].empty()) dense_latest_ = 1 - dense_latest_;
+    dense_[dense_latest_].resize(model_.dense_size());
+    dense = dense_[dense_latest_].data();
+    pulls_since_dense_ = 0;
+  }
+  ++pulls_since_dense_;
+  st->dense = dense_latest_;
+  return params->StartPull(st->unique, st->rows.data(), dense);
+}
+
+absl::Status TrainStep::WaitPush() {
+  const double t0 = Now();
+  absl::Status s = push_.Wait();
+  push_ = ParamsOp();
+  profile_.push += Now() - t0;
+  return s;
+}
+
+absl::Status TrainStep::Flush() {
+  absl::Status s = WaitPush();
+  const double t0 = Now();
+  if (s.ok() && dense_sum_steps_ > 0) {
+    // A partial block: push the mean of its dense gradients now, and fetch the dense vector
+    // with the next pull.
+    const float scale = 1.0f / static_cast<float>(dense_sum_steps_);
+    for (float& g : dense_sum_) g *= scale;
+    dense_sum_steps_ = 0;
+    pulls_since_dense_ = 0;
+    s = last_params_->StartPush({}, nullptr, dense_sum_.data(), last_step_).Wait();
+  }
+  profile_.push += Now() - t0;
+  return s;
+}
+
+absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* params,
+                                            const std::function<absl::Status()>& overlap) {
+  if (staged_count_ == 0) {
+    return absl::FailedPreconditionError("TrainStep::Train: no batch staged");
+  }
+  Staged& st = staged_[head_];
+  head_ = (head_ + 1) % 2;
+  --staged_count_;
+  const Batch& batch = *st.batch;
+  const int T = towers();
+  const int F = batch.num_fields;
+  const int n = batch.size;
+  if (n == 0) {
+    if (overlap) RETURN_IF_ERROR(overlap());
+    return StepResult{};
+  }
+  const int D = model_.row_dim();
+  const int64_t dsz = model_.dense_size();
+  const int64_t U = static_cast<int64_t>(st.unique.size());
+
+  double t0 = Now();
+  if (!st.pull_started) {
+    RETURN_IF_ERROR(WaitPush());  // read-after-write: the pull sees every earlier push
+    t0 = Now();
+    st.pull = StartPull(&st, params);
+  }
+  RETURN_IF_ERROR(st.pull.Wait());
+  double t1 = Now();
+  profile_.pull += t1 - t0;
+
+  // Split n examples over the towers as evenly as possible (a short last batch stays balanced).
+  using TowerFn = std::function<absl::Status(int, Tower*)>;
+  const TowerFn compute = [&](int t, Tower* tower) -> absl::Status {
+    int64_t b, e;
+    Balance211(n, T, t, &b, &e);
+    auto& rg = row_grads_[t];
+    auto& dg = dense_grads_[t];
+    rg.assign(U * D, 0.0f);
+    dg.assign(dsz, 0.0f);
+    losses_[t] = 0;
+    if (b == e) return absl::OkStatus();
+    Tower::Input in;
+    in.n = static_cast<int>(e - b);
+    in.slots = st.slots.data() + b * F;
+    in.scales = batch.values.data() + b * F;
+    in.labels = batch.labels.data() + b;
+    in.rows = st.rows.data();
+    in.dense = dense_[st.dense].data();
+    ASSIGN_OR_RETURN(losses_[t], tower->ForwardBackward(in, rg.data(), dg.data(), nullptr));
+    return absl::OkStatus();
+  };
+  pool_->Start(compute);
+  const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
+  RETURN_IF_ERROR(pool_->Wait());
+  RETURN_IF_ERROR(overlap_status);
+  double t2 = Now();
+  profile_.compute += t2 - t1;
+
+  // Sum the tower gradients into tower 0's buffers and average over the batch, on the trainer
+  // thread's team of T x I threads. (Each tower thread summing its own slice measured about 2x
+  // slower on the loaded 2-core machine, docs/PERFORMANCE.md: waking the tower threads again
+  // costs more than the sum.)
+  const float scale = 1.0f / static_cast<float>(n);
+  auto reduce = [&](std::vector<std::vector<float>>& bufs, int64_t len) {
+    ParallelFor(len, T * intra_, [&](int, int, int64_t b, int64_t e) {
+      float* out = bufs[0].data();
+      for (int u = 1; u < T; ++u) {
+        const float* in = bufs[u].data();
+        for (int64_t i = b; i < e; ++i) out[i] += in[i];
+      }
+      for (int64_t i = b; i < e; ++i) out[i] *= scale;
+    });
+  };
+  reduce(row_grads_, U * D);
+  reduce(dense_grads_, dsz);
+  double t3 = Now();
+  profile_.reduce += t3 - t2;
+
+  // The previous push must have been accepted before this one starts (one push in flight from
+  // here; the ParameterAccess may keep more in its own queue).
+  RETURN_IF_ERROR(push_.Wait());
+  const float* dense_grad = dense_grads_[0].data();
+  if (dense_sync_steps_ > 1) {
+    if (dense_sum_steps_ == 0) {
+      dense_sum_.assign(dense_grads_[0].begin(), dense_grads_[0].end());
+    } else {
+      const float* g = dense_grads_[0].data();
+      float* sum = dense_sum_.data();
+#pragma omp simd
+      for (int64_t i = 0; i < dsz; ++i) sum[i] += g[i];
+    }
+    dense_grad = nullptr;
+    if (++dense_sum_steps_ == dense_sync_steps_) {
+      const float scale = 1.0f / static_cast<float>(dense_sync_steps_);
+      for (float& g : dense_sum_) g *= scale;
+      dense_sum_steps_ = 0;
+      dense_grad = dense_sum_.data();
+    }
+  }
+  push_ = params->StartPush(st.unique, row_grads_[0].data(), dense_grad, step);
+  last_step_ = step;
+  last_params_ = params;
+  profile_.push += Now() - t3;
+
+  StepResult r;
+  for (double l : losses_) r.loss_sum += l;
+  r.examples = n;
+  r.unique_rows = U;
+  return r;
+}
+
+absl::StatusOr<StepResult> TrainStep::Run(const Batch& batch, int64_t step,
+                                          ParameterAccess* params) {
+  RETURN_IF_ERROR(Stage(batch, params, /*start_pull=*/false));
+  ASSIGN_OR_RETURN(StepResult r, Train(step, params));
+  RETURN_IF_ERROR(Flush());
+  return r;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,86 @@
+// Training of one worker: the data pipeline feeds TrainStep (T towers) against the parameters;
+// evaluation runs beside training on its own thread; progress, metrics, TensorBoard events,
+// checkpoints and summary.json go to the model dir.
+//   - `pstrain train`: in-process parameter stores (LocalParams), one worker, checkpoints.
+//   - `pstrain host`: external parameters (a PsClient over the PS shards), worker i of N reading
+//     its share of the train channels; only the chief evaluates and writes summary.json.
+// Checkpoints go through a Checkpointer (worker/train/checkpoint.h) chosen by the caller.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "pstrain/config.pb.h"
+#include "worker/params/params.h"
+#include "worker/train/checkpoint.h"
+
+namespace pstrain {
+
+struct TrainSummary {
+  double test_auc = 0, test_logloss = 0;
+  int64_t eval_examples = 0;
+  double examples_per_sec = 0;
+  int64_t examples = 0, steps = 0;  // since the job began (a resumed run counts the earlier ones)
+  int64_t examples_this_run = 0;     // trained by this process
+  double wall_seconds = 0;
+  int64_t bad_records = 0;
+  // Sizes for traffic models (bench/compare): mean unique embedding rows per step of this
+  // worker (over the steps of this run), floats per row, floats of the dense vector.
+  double unique_rows_per_step = 0;
+  int row_dim = 0;
+  int64_t dense_params = 0;
+  bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
+  std::string checkpoint;  // path of the last checkpoint written, if any
+  // PS training: steps ahead of the slowest worker seen by the training pulls (PsClient
+  // staleness), over all workers. Written to summary.json when staleness_pulls > 0.
+  int64_t staleness_pulls = 0;
+  int64_t staleness_max = 0;
+  double staleness_mean = 0;
+  // Bytes all workers sent for parameter traffic (allreduce: the collectives, by the ring model
+  // of docs/ALLREDUCE.md), set by after_training; -1 (omitted from summary.json) when the mode
+  // does not count them.
+  int64_t wire_bytes = -1;
+};
+
+struct TrainerOptions {
+  int cores = 0;            // CPUs the automatic thread settings divide; 0 = DetectCpuBudget()
+  int omp_num_threads = 0;  // OMP_NUM_THREADS from the launcher (caps intra_op); 0 = unset
+  bool tty = false;                          // progress line in place
+  const std::atomic<bool>* stop = nullptr;   // set by a SIGTERM handler: checkpoint and stop
+
+  // Parameters to train (not owned; must outlive RunTraining). Null = in-process LocalParams
+  // with a LocalCheckpointer (checkpoints and resume in checkpoint.dir or the model dir).
+  ParameterAccess* params = nullptr;
+  // How to checkpoint `params` when it is not null (not owned). Null: no checkpoints
+  // (summary.checkpoint stays "").
+  Checkpointer* checkpointer = nullptr;
+  // Start the next batch's pull while the current step computes, before its push: asynchronous
+  // SGD that reads rows one step stale (PS ASYNC mode). False: each pull follows the previous
+  // push (read-after-write; `pstrain train` stays bit-exact). Data reading and dedup run ahead
+  // either way (docs/ARCHITECTURE.md, "The pipelined step").
+  bool prefetch_pulls = false;
+  // Pull the dense vector and push its gradient every k steps (TrainStep::set_dense_sync_steps;
+  // PS ASYNC mode's cluster.dense_sync_steps). 1: every step.
+  int dense_sync_steps = 1;
+  int worker_index = 0;  // this worker's shard of the train channels (Pipeline shard_index)
+  int num_workers = 1;   // Pipeline num_shards of the train channels
+  // Only the chief evaluates (periodically and at the end), writes summary.json and prints the
+  // final summary line.
+  bool chief = true;
+  std::string mode = "train";  // summary.json "mode" ("ps-async" for PS training)
+  int hosts = 1;               // summary.json "hosts"
+  // Run by every worker after its last step (not when stopped by `stop`) and before the chief's
+  // final evaluation, with this worker's summary so far (steps, examples, examples_per_sec,
+  // wall_seconds). It may wait for the other workers (an end-of-job barrier) and may replace
+  // examples / examples_per_sec with the whole job's totals. An error ends RunTraining with it.
+  std::function<absl::Status(TrainSummary*)> after_training;
+};
+
+// Runs the job described by `config` (validated) for this worker. The chief writes
+// <model_dir>/summary.json.
+absl::StatusOr<TrainSummary> RunTraining(const Config& config, const TrainerOptions& options);
+
+}  // namespace pstrain
