@@ -2,6 +2,8 @@
 // proto/pstrain/ps_service.proto): a watched Info or Coordinate call is held by the shard until
 // the job state changes (and not before), answered unchanged at its server-side deadline, never
 // held past the call's deadline, and finished when the client cancels it or the shard shuts down.
+// ShardRpc's waits are loops of such calls; BOUNDED / SYNC workers read checkpoint rounds from
+// shard 0's answers to their training pulls, with no RPC of their own.
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -21,6 +23,9 @@
 #include "ps/server/job_coordinator.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "worker/ps_client/ps_checkpoint.h"
+#include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_rpc.h"
 
 namespace pstrain {
 namespace {
@@ -249,6 +254,16 @@ TEST(LongPoll, NoCallIsHeldPastItsDeadline) {
   EXPECT_LT(call.took, absl::Seconds(1));
   EXPECT_GE(call.took, absl::Milliseconds(600));
   EXPECT_EQ(call.response.job_version(), v);
+
+  // The same for a watched Coordinate REPORTS, over ShardRpc: it waits for its whole timeout (in
+  // held calls, not polls) and then names the missing workers.
+  ShardRpc rpc(job.addresses[0]);
+  const absl::Time start = absl::Now();
+  auto none = rpc.WaitForReports(TRAINING_DONE, 2, absl::Milliseconds(700));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
+  EXPECT_THAT(none.status().message(), HasSubstr("workers [0, 1] missing"));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
 TEST(LongPoll, AClientCancellationFinishesTheHeldCall) {
@@ -300,6 +315,165 @@ TEST(LongPoll, Shard0PutsItsJobStateInBoundedAndSyncTrainingPulls) {
     ASSERT_TRUE(job.s0().Pull(PullRequest(), &e).ok());
     EXPECT_FALSE(e.has_job());
   }
+}
+
+TEST(LongPoll, ShardRpcWaitsReturnWhenTheStateChanges) {
+  Shard0 job;
+  ShardRpc rpc(job.addresses[0]);
+  ShardServer& s0 = job.s0();
+  // The chief's wait for arrivals: answered by the last arrival, not by a poll.
+  const int64_t round = s0.coordinator().RequestCheckpoint(false);
+  std::atomic<bool> arrived{false};
+  absl::Time last_arrival;
+  std::thread workers([&] {
+    absl::SleepFor(kHeld);
+    ASSERT_TRUE(s0.coordinator().ArriveCheckpoint(round, 1, "one").ok());
+    absl::SleepFor(kHeld);
+    last_arrival = absl::Now();
+    arrived = true;
+    ASSERT_TRUE(s0.coordinator().ArriveCheckpoint(round, 0, "zero").ok());
+  });
+  auto states = rpc.WaitForArrivals(round, 2, absl::Seconds(30));
+  const absl::Time returned = absl::Now();
+  workers.join();
+  ASSERT_TRUE(states.ok()) << states.status();
+  EXPECT_TRUE(arrived);
+  EXPECT_EQ(states->at(0), "zero");
+  EXPECT_EQ(states->at(1), "one");
+  EXPECT_LT(returned - last_arrival, absl::Seconds(2));
+
+  // A non-chief's wait for the release of its round.
+  std::thread chief([&] {
+    absl::SleepFor(kHeld);
+    s0.coordinator().ReleaseCheckpoint(round);
+  });
+  auto info = rpc.WaitForInfo(
+      [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
+      absl::Seconds(30), "the release");
+  chief.join();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->checkpoint_released_round(), round);
+
+  // A wait that does not come true ends at its timeout, naming what did not happen.
+  auto never = rpc.WaitForInfo([](const InfoResponse& i) { return i.job_finished(); },
+                               absl::Milliseconds(500), "the end of the job");
+  EXPECT_EQ(never.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(never.status().message(), HasSubstr("the end of the job did not happen within"));
+}
+
+TEST(LongPoll, ShardRpcCancelEndsAWaitAtOnce) {
+  Shard0 job;
+  ShardRpc rpc(job.addresses[0]);
+  absl::Status result;
+  absl::Notification done;
+  std::thread waiter([&] {
+    result = rpc.WaitForInfo([](const InfoResponse& i) { return i.job_finished(); },
+                             absl::Minutes(5), "the end of the job")
+                 .status();
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(kHeld));
+  rpc.Cancel();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  waiter.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+}
+
+// SYNC: shard 0's answer to a training pull carries its job state, also for a worker that has no
+// rows and no dense slice there; PsCheckpointer::Requested reads it, with no RPC.
+TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
+  Shard0 job(SYNC, /*num_shards=*/2);
+  PsClient::Options o;
+  o.shards = job.addresses;
+  o.rows = 100;
+  o.partitions = 2;
+  o.row_dim = 2;
+  o.dense_size = 4;
+  o.worker_id = 0;
+  o.consistency = SYNC;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
+  PsClient& c = **client;
+  PsCheckpointer::Options co;
+  co.dir = ::testing::TempDir();
+  co.worker = 0;
+  co.num_workers = 1;
+  co.shards = job.addresses;
+  co.client = &c;
+  co.consistency = SYNC;
+  PsCheckpointer checkpointer(co);
+
+  // A row of shard 1 only (partition 1 of 2), no dense vector.
+  const PartitionMap& map = job.s0().map();
+  const int64_t row = map.PartitionBegin(1);
+  ASSERT_EQ(map.ShardOf(row), 1);
+  std::vector<float> rows(2), grads(2, 0.5f);
+  auto pull = [&](int64_t step) {
+    return c.PullAtStepAsync({row}, rows.data(), nullptr, step)->Wait();
+  };
+  ASSERT_TRUE(pull(1).ok());
+  ASSERT_TRUE(c.PushAsync({row}, grads.data(), nullptr, 1)->Wait().ok());
+  EXPECT_EQ(c.job_state().checkpoint_round(), 0);
+  EXPECT_GT(c.job_state().version(), 0);
+
+  // Another worker asks for a round at step 4: this worker sees it only in the answer to its
+  // next training pull (Requested makes no call of its own).
+  job.s0().coordinator().RequestCheckpoint(false, /*target_step=*/4);
+  EXPECT_FALSE(checkpointer.Requested(4));
+  ASSERT_TRUE(pull(2).ok());
+  EXPECT_EQ(c.job_state().checkpoint_round(), 1);
+  EXPECT_EQ(c.job_state().checkpoint_target_step(), 4);
+  EXPECT_FALSE(checkpointer.Requested(3));
+  EXPECT_TRUE(checkpointer.Requested(4));
+  EXPECT_TRUE(checkpointer.Requested(5));
+  // An evaluation pull (step 0) does not carry it.
+  PullResponse direct;
+  PullRequest eval;
+  ASSERT_TRUE(job.s0().Pull(eval, &direct).ok());
+  EXPECT_FALSE(direct.has_job());
+  // Once released, the round is no longer open.
+  job.s0().coordinator().ReleaseCheckpoint(1);
+  ASSERT_TRUE(c.PushAsync({row}, grads.data(), nullptr, 2)->Wait().ok());
+  ASSERT_TRUE(pull(3).ok());
+  EXPECT_FALSE(checkpointer.Requested(4));
+}
+
+// ASYNC: the checkpointer's watcher thread sees a round as soon as it opens (a held Info call
+// answered by the change), and its destructor ends the held call at once.
+TEST(LongPoll, AsyncWatcherSeesARoundAtOnceAndStopsAtOnce) {
+  Shard0 job;
+  PsClient::Options o;
+  o.shards = job.addresses;
+  o.rows = 100;
+  o.partitions = 1;
+  o.row_dim = 2;
+  o.dense_size = 4;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  PsCheckpointer::Options co;
+  co.dir = ::testing::TempDir();
+  co.worker = 1;
+  co.num_workers = 2;
+  co.shards = job.addresses;
+  co.client = client->get();
+  auto checkpointer = std::make_unique<PsCheckpointer>(co);
+  EXPECT_FALSE(checkpointer->Requested(1));
+  // Wait until the watcher holds a call, so that the round is seen through a held one.
+  for (int i = 0; i < 250 && job.s0().coordinator().held_watches() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(job.s0().coordinator().held_watches(), 1);
+  const absl::Time opened = absl::Now();
+  job.s0().coordinator().RequestCheckpoint(false);
+  while (!checkpointer->Requested(1) && absl::Now() - opened < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(checkpointer->Requested(1));
+  EXPECT_LT(absl::Now() - opened, absl::Seconds(2));
+  const absl::Time start = absl::Now();
+  checkpointer.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 }  // namespace
