@@ -54,7 +54,8 @@ class PsCheckpointer final : public Checkpointer {
     int num_workers = 1;
     int keep = 3;
     std::vector<std::string> shards;     // every shard's address, shard 0 first
-    PsClient* client = nullptr;          // flushed before arriving
+    // Required: flushed before arriving; with BOUNDED / SYNC its job_state() tells of rounds.
+    PsClient* client = nullptr;
     std::atomic<bool>* stop = nullptr;   // raised when a round asks the job to stop
     absl::Duration timeout = absl::Minutes(10);  // for a round's waits
     Consistency consistency = ASYNC;  // BOUNDED / SYNC: rounds at one common step (see .cc)
