@@ -6,7 +6,7 @@
 //   2. the chief waits (bounded) for all N reports, evaluates, writes summary.json with the
 //      whole job's example count, prints the shards' load balance and sets job_finished on
 //      shard 0;
-//   3. every other host polls shard 0's Info (backoff, bounded) until job_finished, reports
+//   3. every other host long-polls shard 0's Info (bounded) until job_finished, reports
 //      FINISH_SEEN and shuts its shard down; the chief waits (bounded) for those reports before
 //      shutting shard 0 down, so no worker loses a shard while it still needs one.
 #include <unistd.h>
@@ -171,10 +171,11 @@ int RunHost(int argc, char** argv) {
     // A preempted host has seen its checkpoint written; the chief waits for this report.
     auto finished = summary->preempted
                         ? absl::StatusOr<InfoResponse>(InfoResponse())
-                        : shard_zero.PollInfo([](const InfoResponse& i) { return i.job_finished(); },
-                                              absl::Seconds(barrier_timeout_s),
-                                              "the end of the job (the chief's evaluation; see "
-                                              "--barrier_timeout_s)");
+                        : shard_zero.WaitForInfo(
+                              [](const InfoResponse& i) { return i.job_finished(); },
+                              absl::Seconds(barrier_timeout_s),
+                              "the end of the job (the chief's evaluation; see "
+                              "--barrier_timeout_s)");
     if (!finished.ok()) {
       (*server)->Shutdown(absl::Seconds(1));
       return fail(finished.status().ToString(), 1);

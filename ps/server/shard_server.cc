@@ -4,97 +4,139 @@
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
-#include <random>
+#include <functional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "common/logging.h"
 #include "common/rpc/grpc_status.h"
-#include "common/rpc/wire.h"
 #include "common/status.h"
 #include "pstrain/ps_service.grpc.pb.h"
 
 namespace pstrain {
 
-// A training pull in BOUNDED / SYNC mode: held in ShardServer::held_ until it may be answered.
+// A training pull in BOUNDED / SYNC mode: held by the ConsistencyTracker until it may be answered.
 // Exactly one of the push that releases it, its cancellation, its expiry and Shutdown takes it
-// off the list (under sync_mu_) and finishes it; gRPC deletes it in OnDone, which comes after
-// Finish and after OnCancel has returned.
-class ShardServer::DeferredPull final : public grpc::ServerUnaryReactor {
+// off the tracker's list and finishes it; gRPC deletes it in OnDone, which comes after Finish and
+// after OnCancel has returned.
+class ShardServer::PullReactor final : public grpc::ServerUnaryReactor,
+                                       public ConsistencyTracker::HeldPull {
  public:
-  DeferredPull(ShardServer* shard, const PullRequest* request, PullResponse* response)
-      : shard_(shard), request_(request), response_(response), since_(absl::Now()) {}
+  PullReactor(ShardServer* server, const PullRequest* request, PullResponse* response)
+      : server_(server), request_(request), response_(response) {}
 
-  void OnCancel() override {
-    uint64_t id;
-    {
-      absl::MutexLock lock(&shard_->sync_mu_);
-      id = id_;
-    }
-    if (id != 0) {
-      shard_->DropHeld(id, grpc::Status(grpc::StatusCode::CANCELLED, "pull cancelled"), false);
-    }
+  int64_t step() const override { return request_->step(); }
+  int32_t worker_id() const override { return request_->worker_id(); }
+  void Answer(int64_t staleness) override {
+    response_->set_staleness(staleness);
+    Finish(ToGrpcStatus(server_->Gather(*request_, response_)));
   }
+  void Fail(absl::Status status) override { Finish(ToGrpcStatus(status)); }
+  void OnCancel() override { server_->tracker_->Cancel(this); }
   void OnDone() override { delete this; }
 
-  ShardServer* const shard_;
+ private:
+  ShardServer* const server_;
   const PullRequest* const request_;
   PullResponse* const response_;
-  const absl::Time since_;
-  uint64_t id_ = 0;  // guarded by shard_->sync_mu_; 0 = not held
 };
 
-// Each handler but a held pull's finishes its reactor before returning: the work is CPU-bound
+// A watched Info or Coordinate call (a long-poll): held by the JobCoordinator until the job state
+// changes or its hold expires, then answered by `answer` with the state as it is then. The same
+// lifetime rules as PullReactor's.
+class ShardServer::WatchReactor final : public grpc::ServerUnaryReactor,
+                                        public JobCoordinator::Watch {
+ public:
+  WatchReactor(ShardServer* server, std::function<absl::Status()> answer)
+      : server_(server), answer_(std::move(answer)) {}
+
+  void Wake(absl::Status status) override {
+    if (status.ok()) status = answer_();
+    Finish(ToGrpcStatus(status));
+  }
+  void OnCancel() override { server_->coordinator_->Cancel(this); }
+  void OnDone() override { delete this; }
+
+ private:
+  ShardServer* const server_;
+  const std::function<absl::Status()> answer_;
+};
+
+// Each handler but a held call's finishes its reactor before returning: the work is CPU-bound
 // and short.
 class ShardServer::Service final : public ParameterServer::CallbackService {
  public:
-  explicit Service(ShardServer* shard) : shard_(shard) {}
+  explicit Service(ShardServer* server) : server_(server) {}
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const PullRequest* request,
                                  PullResponse* response) override {
-    if (shard_->opt_.consistency == ASYNC || request->step() <= 0) {
+    if (server_->opt_.consistency == ASYNC || request->step() <= 0) {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-      reactor->Finish(ToGrpcStatus(shard_->Pull(*request, response)));
+      reactor->Finish(ToGrpcStatus(server_->Pull(*request, response)));
       return reactor;
     }
-    auto* pull = new DeferredPull(shard_, request, response);
-    shard_->HoldOrAnswer(pull, absl::FromChrono(ctx->deadline()));
+    auto* pull = new PullReactor(server_, request, response);
+    server_->tracker_->HoldOrAnswer(pull, absl::FromChrono(ctx->deadline()));
     return pull;
   }
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* request,
                                  PushResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(shard_->Push(*request, response)));
+    reactor->Finish(ToGrpcStatus(server_->Push(*request, response)));
     return reactor;
   }
-  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const InfoRequest*,
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const InfoRequest* request,
                                  InfoResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    *response = shard_->Info();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    if (request->watch_timeout_ms() <= 0) {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      *response = server_->Info();
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    ShardServer* server = server_;
+    auto* watch = new WatchReactor(server, [server, response] {
+      *response = server->Info();
+      return absl::OkStatus();
+    });
+    server->coordinator_->Hold(watch, request->watch_version(),
+                               WatchUntil(absl::FromChrono(ctx->deadline()),
+                                          request->watch_timeout_ms()));
+    return watch;
   }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest*,
                                   ShardStats* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    *response = shard_->Stats();
+    *response = server_->Stats();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
   grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* ctx, const ReportRequest* request,
                                    ReportResponse*) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    shard_->Report(*request);
+    server_->Report(*request);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
   grpc::ServerUnaryReactor* Coordinate(grpc::CallbackServerContext* ctx,
                                        const CoordinateRequest* request,
                                        CoordinateResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(shard_->Coordinate(*request, response)));
-    return reactor;
+    const bool watch = request->watch_timeout_ms() > 0 && server_->opt_.shard == 0 &&
+                       (request->kind() == CoordinateRequest::COLLECT ||
+                        request->kind() == CoordinateRequest::REPORTS);
+    if (!watch) {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(ToGrpcStatus(server_->Coordinate(*request, response)));
+      return reactor;
+    }
+    ShardServer* server = server_;
+    auto* held = new WatchReactor(server, [server, request, response] {
+      response->Clear();
+      return server->Coordinate(*request, response);
+    });
+    server->coordinator_->Hold(held, request->watch_version(),
+                               WatchUntil(absl::FromChrono(ctx->deadline()),
+                                          request->watch_timeout_ms()));
+    return held;
   }
   // COPY is a memory copy and runs on the gRPC thread; WRITE does file I/O for seconds, so it
   // runs on its own thread and finishes the reactor from there.
@@ -103,12 +145,12 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
                                       SaveShardResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (request->phase() == SaveShardRequest::COPY) {
-      auto rows = shard_->CopyForCheckpoint(request->round());
+      auto rows = server_->CopyForCheckpoint(request->round());
       if (rows.ok()) response->set_rows(*rows);
       reactor->Finish(ToGrpcStatus(rows.status()));
     } else if (request->phase() == SaveShardRequest::WRITE) {
-      std::thread([shard = shard_, request, response, reactor] {
-        auto r = shard->WriteCheckpoint(request->round(), request->dir());
+      std::thread([server = server_, request, response, reactor] {
+        auto r = server->WriteCheckpoint(request->round(), request->dir());
         if (r.ok()) *response = *r;
         reactor->Finish(ToGrpcStatus(r.status()));
       }).detach();
@@ -120,23 +162,10 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   }
 
  private:
-  ShardServer* const shard_;
+  ShardServer* const server_;
 };
 
-namespace {
-
-uint64_t RandomIncarnation() {
-  std::random_device rd;
-  return (uint64_t{rd()} << 32 ^ rd()) ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-}
-
-}  // namespace
-
-ShardServer::ShardServer(Options options)
-    : opt_(std::move(options)),
-      map_(opt_.rows, opt_.partitions, opt_.num_shards),
-      incarnation_(RandomIncarnation()),
-      start_time_(absl::Now()) {}
+ShardServer::ShardServer(Options options) : opt_(std::move(options)) {}
 
 ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int shard, int num_shards,
                                                     int64_t rows, int row_dim, int64_t dense_size) {
@@ -156,26 +185,6 @@ ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int sh
 }
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options) {
-  if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " of ",
-                                                   options.num_shards,
-                                                   ": need 0 <= shard < "
-                                                   "num_shards"));
-  }
-  if (options.rows < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("rows must be > 0, got ", options.rows));
-  }
-  if (options.partitions < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partitions must be > 0, got ", options.partitions));
-  }
-  if (options.row_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("row_dim must be > 0, got ", options.row_dim));
-  }
-  if (options.dense_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense_size must be >= 0, got ", options.dense_size));
-  }
   if (options.num_workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_workers must be > 0, got ", options.num_workers));
@@ -184,47 +193,31 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
     return absl::InvalidArgumentError(
         absl::StrCat("BOUNDED consistency needs staleness >= 0, got ", options.staleness));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> sparse_opt,
-                   Optimizer::Create(options.sparse_optimizer));
-  ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> dense_opt,
-                   Optimizer::Create(options.dense_optimizer));
+  Shard::Options so;
+  so.shard = options.shard;
+  so.num_shards = options.num_shards;
+  so.rows = options.rows;
+  so.partitions = options.partitions;
+  so.row_dim = options.row_dim;
+  so.dense_size = options.dense_size;
+  so.sparse_optimizer = options.sparse_optimizer;
+  so.dense_optimizer = options.dense_optimizer;
+  so.row_init = options.row_init;
+  so.dense_init = options.dense_init;
+  so.threads = options.threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<Shard> data, Shard::Create(std::move(so)));
 
   std::unique_ptr<ShardServer> s(new ShardServer(std::move(options)));
   const Options& o = s->opt_;
-  for (int p : s->map_.PartitionsOfShard(o.shard)) {
-    if (s->map_.PartitionSize(p) == 0) break;  // V < P: the trailing partitions are empty
-    EmbeddingStore::Options eo;
-    eo.begin = s->map_.PartitionBegin(p);
-    eo.end = s->map_.PartitionBegin(p + 1);
-    eo.dim = o.row_dim;
-    eo.optimizer = sparse_opt;
-    eo.row_init = o.row_init;
-    eo.threads = o.threads;
-    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));
-    s->stores_.push_back(std::move(store));
-  }
-  const PartitionMap dense_map(o.dense_size, o.num_shards, o.num_shards);
-  s->dense_begin_ = dense_map.PartitionBegin(o.shard);
-  s->dense_slice_size_ = dense_map.PartitionSize(o.shard);
-  if (s->dense_slice_size_ > 0) {
-    DenseStore::Options d;
-    d.begin = s->dense_begin_;
-    d.size = s->dense_slice_size_;
-    d.optimizer = dense_opt;
-    d.threads = o.threads;
-    ASSIGN_OR_RETURN(s->dense_, DenseStore::Create(std::move(d)));
-    if (o.dense_init) {
-      std::vector<float> full(o.dense_size);
-      o.dense_init(full.data());
-      s->dense_->Set(full.data() + s->dense_begin_);
-    }
-  }
-  {
-    absl::MutexLock lock(&s->sync_mu_);
-    s->pushed_.assign(o.num_workers, 0);
-    s->done_.assign(o.num_workers, false);
-  }
-  if (o.consistency != ASYNC) s->timer_ = std::make_unique<Timer>();
+  s->data_ = std::move(data);
+  s->timer_ = std::make_unique<Timer>();
+  ConsistencyTracker::Options co;
+  co.shard = o.shard;
+  co.consistency = o.consistency;
+  co.num_workers = o.num_workers;
+  co.staleness = o.staleness;
+  s->tracker_ = std::make_unique<ConsistencyTracker>(co, s->data_.get(), s->timer_.get());
+  s->coordinator_ = std::make_unique<JobCoordinator>(o.shard, s->timer_.get());
   s->service_ = std::make_unique<Service>(s.get());
   return s;
 }
@@ -269,17 +262,8 @@ std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
 }
 
 void ShardServer::Shutdown(absl::Duration grace) {
-  std::vector<DeferredPull*> held;
-  {
-    absl::MutexLock lock(&sync_mu_);
-    holding_stopped_ = true;
-    for (auto& [id, pull] : held_) held.push_back(pull);
-    held_.clear();
-  }
-  for (DeferredPull* pull : held) {
-    pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              absl::StrCat("shard ", opt_.shard, " is shutting down")));
-  }
+  tracker_->StopHolding();
+  coordinator_->StopHolding();
   absl::MutexLock lock(&server_mu_);
   if (server_ == nullptr || shut_down_) return;
   shut_down_ = true;
@@ -287,85 +271,29 @@ void ShardServer::Shutdown(absl::Duration grace) {
   server_->Wait();
 }
 
-absl::Status ShardServer::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const {
-  runs->clear();
-  const int S = opt_.num_shards;
-  for (int64_t i = 0; i < static_cast<int64_t>(ids.size()); ++i) {
-    const int64_t id = ids[i];
-    // Ids usually come grouped by partition (PsClient sorts them so): extend the current run
-    // without a division when the id is in the same store.
-    if (!runs->empty() && stores_[runs->back().store]->Owns(id)) {
-      runs->back().end = i + 1;
-      continue;
-    }
-    if (id < 0 || id >= map_.rows()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard ", opt_.shard, ": row ", id, " is outside the table [0, ", map_.rows(), ")"));
-    }
-    const int p = map_.PartitionOf(id);
-    if (map_.ShardOfPartition(p) != opt_.shard) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard ", opt_.shard, ": row ", id, " is owned by shard ", map_.ShardOfPartition(p),
-          " (partition ", p, " of ", map_.partitions(), "), not by this shard"));
-    }
-    runs->push_back(Run{p / S, i, i + 1});
+absl::Time ShardServer::WatchUntil(absl::Time deadline, int64_t watch_ms) {
+  const absl::Time now = absl::Now();
+  absl::Time until = now + std::min(absl::Milliseconds(watch_ms), kMaxWatch);
+  // Answer a little before the client's deadline (as a held pull does), never after it.
+  const absl::Duration left = deadline - now;
+  if (left < absl::Hours(24)) {
+    until = std::min(until, deadline - std::min(left / 10, absl::Milliseconds(500)));
   }
-  return absl::OkStatus();
-}
-
-absl::Status ShardServer::Pull(const PullRequest& request, PullResponse* response) {
-  if (request.step() > 0) {
-    absl::MutexLock lock(&sync_mu_);
-    response->set_staleness(StalenessLocked(request.step()));
-  }
-  return Gather(request, response);
-}
-
-absl::Status ShardServer::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense) {
-  pull_requests_.fetch_add(1, std::memory_order_relaxed);
-  std::vector<Run> runs;
-  RETURN_IF_ERROR(Route(ids, &runs));
-  const int dim = opt_.row_dim;
-  for (const Run& r : runs) {
-    RETURN_IF_ERROR(
-        stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim));
-  }
-  if (dense != nullptr && dense_ != nullptr) dense_->Get(dense);
-  pull_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
-  return absl::OkStatus();
+  return until;
 }
 
 absl::Status ShardServer::Gather(const PullRequest& request, PullResponse* response) {
-  bytes_in_.fetch_add(request.ByteSizeLong(), std::memory_order_relaxed);
-  std::vector<int64_t> id_scratch;
-  absl::Span<const int64_t> ids;
-  RETURN_IF_ERROR(UnpackArray(request.ids(), "PullRequest.ids", &id_scratch, &ids));
-  // Gather straight into the response bytes when they are float-aligned (heap storage is): the
-  // dense slice is megabytes, copied on every pull.
-  auto view = [](std::string* bytes, size_t floats, std::vector<float>* scratch) {
-    bytes->resize(floats * sizeof(float));
-    if (reinterpret_cast<uintptr_t>(bytes->data()) % alignof(float) == 0) {
-      return reinterpret_cast<float*>(&(*bytes)[0]);
-    }
-    scratch->resize(floats);
-    return scratch->data();
-  };
-  std::vector<float> row_scratch, dense_scratch;
-  std::string* rows = response->mutable_rows();
-  float* rows_out = view(rows, ids.size() * opt_.row_dim, &row_scratch);
-  const bool want_dense = request.want_dense() && dense_ != nullptr;
-  float* dense_out =
-      want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
-  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out));
-  if (!row_scratch.empty()) PackArray(row_scratch.data(), row_scratch.size(), rows);
-  if (!dense_scratch.empty()) {
-    PackArray(dense_scratch.data(), dense_scratch.size(), response->mutable_dense());
+  // The job state as of this answer: it comes after the pushes the pull waited for, so after any
+  // checkpoint request made before them (docs/CHECKPOINT.md "PS mode").
+  if (opt_.shard == 0 && opt_.consistency != ASYNC && request.step() > 0) {
+    *response->mutable_job() = coordinator_->State();
   }
-  response->set_dense_begin(dense_begin_);
-  response->set_last_step(LastStep());
-  response->set_incarnation(incarnation_);
-  bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
-  return absl::OkStatus();
+  return data_->Gather(request, response);
+}
+
+absl::Status ShardServer::Pull(const PullRequest& request, PullResponse* response) {
+  if (request.step() > 0) response->set_staleness(tracker_->Staleness(request.step()));
+  return Gather(request, response);
 }
 
 absl::Status ShardServer::PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows,
@@ -373,11 +301,8 @@ absl::Status ShardServer::PullDirect(absl::Span<const int64_t> ids, int64_t step
   if (opt_.consistency != ASYNC) {
     return absl::FailedPreconditionError("PullDirect: only for ASYNC shards");
   }
-  {
-    absl::MutexLock lock(&sync_mu_);
-    *staleness = step > 0 ? StalenessLocked(step) : 0;
-  }
-  return GatherInto(ids, rows, dense);
+  *staleness = step > 0 ? tracker_->Staleness(step) : 0;
+  return data_->GatherInto(ids, rows, dense);
 }
 
 absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
@@ -386,474 +311,102 @@ absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
   if (opt_.consistency != ASYNC) {
     return absl::FailedPreconditionError("PushDirect: only for ASYNC shards");
   }
-  push_requests_.fetch_add(1, std::memory_order_relaxed);
-  std::vector<Run> runs;
-  RETURN_IF_ERROR(Route(ids, &runs));
-  return ApplyUpdate(ids, runs, row_grads, dense_grad, worker_id, step);
-}
-
-absl::Status ShardServer::ApplyUpdate(absl::Span<const int64_t> ids, const std::vector<Run>& runs,
-                                      const float* grads, const float* dense_grad,
-                                      int32_t worker_id, int64_t step) {
-  const int dim = opt_.row_dim;
-  for (const Run& r : runs) {
-    RETURN_IF_ERROR(stores_[r.store]->Apply(ids.subspan(r.begin, r.end - r.begin),
-                                            grads + r.begin * dim, step));
-  }
-  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step);
-  push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
-  if (Tracked(worker_id)) {
-    absl::MutexLock sync_lock(&sync_mu_);
-    int64_t& pushed = pushed_[worker_id];
-    pushed = std::max(pushed, step);
-  }
-  if (opt_.consistency == BOUNDED) ReleaseReady();
+  data_->CountPushRequest(0);
+  RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step));
+  tracker_->NoteApplied(worker_id, step);
   return absl::OkStatus();
-}
-
-ShardServer::PushState* ShardServer::PushStateOf(int32_t worker_id, uint64_t incarnation) {
-  absl::MutexLock lock(&push_mu_);
-  std::unique_ptr<PushState>& s = push_states_[{worker_id, incarnation}];
-  if (s == nullptr) s = std::make_unique<PushState>();
-  return s.get();
 }
 
 absl::Status ShardServer::Push(const PushRequest& request, PushResponse* response) {
-  push_requests_.fetch_add(1, std::memory_order_relaxed);
-  bytes_in_.fetch_add(request.ByteSizeLong(), std::memory_order_relaxed);
-  if (opt_.consistency != ASYNC && !Tracked(request.worker_id())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard ", opt_.shard, ": push from worker ", request.worker_id(), ", but this ",
-        Consistency_Name(opt_.consistency), " job has workers [0, ", opt_.num_workers, ")"));
-  }
-  if (request.worker_done()) return MarkDone(request, response);
-  std::vector<int64_t> id_scratch;
-  std::vector<float> grad_scratch, dense_scratch;
-  absl::Span<const int64_t> ids;
-  absl::Span<const float> grads, dense_grad;
-  RETURN_IF_ERROR(UnpackArray(request.ids(), "PushRequest.ids", &id_scratch, &ids));
-  RETURN_IF_ERROR(UnpackArray(request.row_grads(), "PushRequest.row_grads", &grad_scratch, &grads));
-  RETURN_IF_ERROR(
-      UnpackArray(request.dense_grad(), "PushRequest.dense_grad", &dense_scratch, &dense_grad));
-  const int dim = opt_.row_dim;
-  if (grads.size() != ids.size() * dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", opt_.shard, ": push of ", ids.size(), " rows carries ", grads.size(),
-                     " gradient floats, expected ", ids.size() * dim, " (row_dim ", dim, ")"));
-  }
-  if (!dense_grad.empty() && static_cast<int64_t>(dense_grad.size()) != dense_slice_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", opt_.shard, ": dense gradient of ", dense_grad.size(),
-                     " floats, but this shard's dense slice has ", dense_slice_size_));
-  }
-  std::vector<Run> runs;
-  RETURN_IF_ERROR(Route(ids, &runs));
-
-  PushState* state = nullptr;
-  std::unique_lock<std::mutex> lock;
-  if (request.sequence() != 0) {
-    state = PushStateOf(request.worker_id(), request.incarnation());
-    lock = std::unique_lock<std::mutex>(state->mu);
-    if (request.sequence() <= state->last_sequence) {
-      duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
-      response->set_duplicate(true);
-      response->set_last_step(LastStep());
-      response->set_incarnation(incarnation_);
-      return absl::OkStatus();
+  data_->CountPushRequest(request.ByteSizeLong());
+  RETURN_IF_ERROR(tracker_->CheckWorker(request.worker_id()));
+  auto answer = [&] {
+    response->set_last_step(data_->LastStep());
+    response->set_incarnation(data_->incarnation());
+  };
+  if (request.worker_done()) {
+    if (!request.ids().empty() || !request.row_grads().empty() || !request.dense_grad().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.shard, ": worker ",
+                                                     request.worker_id(),
+                                                     "'s worker_done push carries gradients"));
     }
+    tracker_->MarkDone(request.worker_id());
+    answer();
+    return absl::OkStatus();
+  }
+  Shard::Update update;
+  RETURN_IF_ERROR(data_->Unpack(request, &update));
+  Shard::PushGuard guard =
+      data_->BeginPush(request.worker_id(), request.incarnation(), request.sequence());
+  if (guard.duplicate()) {
+    data_->CountDuplicatePush();
+    response->set_duplicate(true);
+    answer();
+    return absl::OkStatus();
   }
   if (opt_.consistency == SYNC) {
     bool duplicate = false;
-    RETURN_IF_ERROR(KeepSyncPush(request, ids, grads, dense_grad, &duplicate));
-    if (state != nullptr) state->last_sequence = request.sequence();
-    if (lock.owns_lock()) lock.unlock();
+    RETURN_IF_ERROR(tracker_->KeepSyncPush(request.worker_id(), request.step(), update.ids,
+                                           update.grads, update.dense_grad, &duplicate));
+    guard.Commit();
+    guard.Release();  // applying the step's mean may take a while: not under the worker's lock
     if (duplicate) {
-      duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
+      data_->CountDuplicatePush();
       response->set_duplicate(true);
     } else {
-      AdvanceSync();
+      tracker_->AdvanceSync();
     }
   } else {
-    RETURN_IF_ERROR(ApplyUpdate(ids, runs, grads.data(),
-                                dense_grad.empty() ? nullptr : dense_grad.data(),
-                                request.worker_id(), request.step()));
-    if (state != nullptr) state->last_sequence = request.sequence();
+    RETURN_IF_ERROR(data_->Apply(update, request.step()));
+    tracker_->NoteApplied(request.worker_id(), request.step());
+    guard.Commit();
   }
-  response->set_last_step(LastStep());
-  response->set_incarnation(incarnation_);
-  bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+  answer();
+  data_->CountBytesOut(response->ByteSizeLong());
   return absl::OkStatus();
-}
-
-absl::Status ShardServer::MarkDone(const PushRequest& request, PushResponse* response) {
-  if (!request.ids().empty() || !request.row_grads().empty() || !request.dense_grad().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.shard, ": worker ",
-                                                   request.worker_id(),
-                                                   "'s worker_done push carries gradients"));
-  }
-  if (Tracked(request.worker_id())) {
-    absl::MutexLock lock(&sync_mu_);
-    done_[request.worker_id()] = true;
-  }
-  // Steps and pulls that waited for this worker may go on without it.
-  if (opt_.consistency == SYNC) {
-    AdvanceSync();
-  } else if (opt_.consistency == BOUNDED) {
-    ReleaseReady();
-  }
-  response->set_last_step(LastStep());
-  response->set_incarnation(incarnation_);
-  return absl::OkStatus();
-}
-
-absl::Status ShardServer::KeepSyncPush(const PushRequest& request, absl::Span<const int64_t> ids,
-                                       absl::Span<const float> grads,
-                                       absl::Span<const float> dense_grad, bool* duplicate) {
-  const int w = request.worker_id();
-  const int64_t t = request.step();
-  absl::MutexLock lock(&sync_mu_);
-  if (done_[w]) {
-    return absl::FailedPreconditionError(absl::StrCat("shard ", opt_.shard, ": worker ", w,
-                                                      " pushed step ", t, " after it finished"));
-  }
-  if (t <= pushed_[w]) {  // a repeat (sequence 0 opts out of the sequence check)
-    *duplicate = true;
-    return absl::OkStatus();
-  }
-  if (t <= applied_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", opt_.shard, ": worker ", w, " pushed step ", t, ", but SYNC step ", applied_,
-        " is already applied (a restarted worker cannot rejoin a SYNC job)"));
-  }
-  SyncPush& p = sync_steps_[t][w];
-  p.ids.assign(ids.begin(), ids.end());
-  p.row_grads.assign(grads.begin(), grads.end());
-  p.dense_grad.assign(dense_grad.begin(), dense_grad.end());
-  pushed_[w] = t;
-  return absl::OkStatus();
-}
-
-void ShardServer::AdvanceSync() {
-  while (true) {
-    std::map<int, SyncPush> pushes;
-    int64_t t;
-    {
-      absl::MutexLock lock(&sync_mu_);
-      // One thread applies at a time, in step order; it loops and sees the others' pushes.
-      if (applying_) return;
-      t = applied_ + 1;
-      if (sync_steps_.empty() || MinActivePushedLocked() < t) break;
-      auto it = sync_steps_.find(t);
-      if (it != sync_steps_.end()) {
-        pushes = std::move(it->second);
-        sync_steps_.erase(it);
-      }
-      applying_ = true;
-    }
-    if (!pushes.empty()) ApplyMean(t, pushes);
-    absl::MutexLock lock(&sync_mu_);
-    applied_ = t;
-    applying_ = false;
-  }
-  ReleaseReady();
-}
-
-void ShardServer::ApplyMean(int64_t step, const std::map<int, SyncPush>& pushes) {
-  // Sum in worker order (deterministic whatever the arrival order), then scale once.
-  const int dim = opt_.row_dim;
-  absl::flat_hash_map<int64_t, int64_t> slot;
-  std::vector<int64_t> ids;
-  std::vector<float> sum, dense;
-  for (const auto& [w, p] : pushes) {
-    for (size_t i = 0; i < p.ids.size(); ++i) {
-      auto [it, fresh] = slot.emplace(p.ids[i], static_cast<int64_t>(ids.size()));
-      if (fresh) {
-        ids.push_back(p.ids[i]);
-        sum.resize(sum.size() + dim, 0.f);
-      }
-      float* out = sum.data() + it->second * dim;
-      const float* in = p.row_grads.data() + i * dim;
-      for (int d = 0; d < dim; ++d) out[d] += in[d];
-    }
-    if (!p.dense_grad.empty()) {
-      if (dense.empty()) dense.assign(p.dense_grad.size(), 0.f);
-      for (size_t i = 0; i < dense.size(); ++i) dense[i] += p.dense_grad[i];
-    }
-  }
-  const float scale = 1.0f / static_cast<float>(pushes.size());
-  // Ascending ids: each partition's rows form one run.
-  std::vector<int64_t> order(ids.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
-  std::vector<int64_t> sorted(ids.size());
-  std::vector<float> grads(sum.size());
-  for (size_t j = 0; j < order.size(); ++j) {
-    sorted[j] = ids[order[j]];
-    for (int d = 0; d < dim; ++d) grads[j * dim + d] = sum[order[j] * dim + d] * scale;
-  }
-  for (float& g : dense) g *= scale;
-  std::vector<Run> runs;
-  absl::Status status = Route(sorted, &runs);  // every id was routed when its push came
-  for (const Run& r : runs) {
-    if (!status.ok()) break;
-    status = stores_[r.store]->Apply(absl::MakeConstSpan(sorted).subspan(r.begin, r.end - r.begin),
-                                     grads.data() + r.begin * dim, step);
-  }
-  PSTRAIN_CHECK(status.ok()) << "shard " << opt_.shard << ": SYNC step " << step << ": " << status;
-  if (!dense.empty()) dense_->Apply(dense.data(), step);
-  push_rows_.fetch_add(sorted.size(), std::memory_order_relaxed);
-}
-
-int64_t ShardServer::applied_step() const {
-  absl::MutexLock lock(&sync_mu_);
-  return applied_;
-}
-
-int64_t ShardServer::consistency_step() const {
-  absl::MutexLock lock(&sync_mu_);
-  if (opt_.consistency == SYNC) return applied_;
-  int64_t step = 0;
-  for (int64_t p : pushed_) step = std::max(step, p);
-  return step;
-}
-
-ConsistencyState ShardServer::SaveConsistency() const {
-  absl::MutexLock lock(&sync_mu_);
-  ConsistencyState c;
-  c.set_applied(applied_);
-  for (int64_t p : pushed_) c.add_pushed(p);
-  for (bool d : done_) c.add_done(d);
-  for (const auto& [step, pushes] : sync_steps_) {
-    for (const auto& [w, p] : pushes) {
-      ConsistencyState::Pending* out = c.add_pending();
-      out->set_step(step);
-      out->set_worker(w);
-      PackArray(p.ids.data(), p.ids.size(), out->mutable_ids());
-      PackArray(p.row_grads.data(), p.row_grads.size(), out->mutable_row_grads());
-      PackArray(p.dense_grad.data(), p.dense_grad.size(), out->mutable_dense_grad());
-    }
-  }
-  return c;
-}
-
-absl::Status ShardServer::RestoreConsistency(const ConsistencyState& c) {
-  if (c.pushed_size() != opt_.num_workers || c.done_size() != opt_.num_workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", opt_.shard, ": consistency state of ", c.pushed_size(),
-                     " workers, this job has ", opt_.num_workers));
-  }
-  std::map<int64_t, std::map<int, SyncPush>> steps;
-  for (const ConsistencyState::Pending& p : c.pending()) {
-    SyncPush& out = steps[p.step()][p.worker()];
-    absl::Span<const int64_t> ids;
-    absl::Span<const float> grads, dense;
-    std::vector<int64_t> id_scratch;
-    std::vector<float> grad_scratch, dense_scratch;
-    RETURN_IF_ERROR(UnpackArray(p.ids(), "ConsistencyState.ids", &id_scratch, &ids));
-    RETURN_IF_ERROR(UnpackArray(p.row_grads(), "ConsistencyState.row_grads", &grad_scratch, &grads));
-    RETURN_IF_ERROR(
-        UnpackArray(p.dense_grad(), "ConsistencyState.dense_grad", &dense_scratch, &dense));
-    out.ids.assign(ids.begin(), ids.end());
-    out.row_grads.assign(grads.begin(), grads.end());
-    out.dense_grad.assign(dense.begin(), dense.end());
-  }
-  absl::MutexLock lock(&sync_mu_);
-  applied_ = c.applied();
-  pushed_.assign(c.pushed().begin(), c.pushed().end());
-  done_.assign(c.done().begin(), c.done().end());
-  sync_steps_ = std::move(steps);
-  return absl::OkStatus();
-}
-
-void ShardServer::ResumeSteps(int64_t step) {
-  absl::MutexLock lock(&sync_mu_);
-  applied_ = step;
-  for (int64_t& p : pushed_) p = step;
-}
-
-int64_t ShardServer::MinActivePushedLocked() const {
-  int64_t m = INT64_MAX;
-  for (int w = 0; w < opt_.num_workers; ++w) {
-    if (!done_[w]) m = std::min(m, pushed_[w]);
-  }
-  return m;
-}
-
-bool ShardServer::PullReadyLocked(int64_t step) const {
-  if (step <= 0 || opt_.consistency == ASYNC) return true;
-  const int64_t slowest = MinActivePushedLocked();
-  if (opt_.consistency == BOUNDED) return slowest >= step - 1 - opt_.staleness;
-  // SYNC; once every worker has finished no step will be applied any more.
-  return applied_ >= step - 1 || slowest == INT64_MAX;
-}
-
-int64_t ShardServer::StalenessLocked(int64_t step) const {
-  const int64_t slowest = MinActivePushedLocked();
-  if (step <= 0 || slowest == INT64_MAX) return 0;
-  return std::max<int64_t>(0, step - 1 - slowest);
-}
-
-std::string ShardServer::WaitingForLocked(int64_t step) const {
-  // The active workers that have not pushed step `need` yet, with the step each is at.
-  auto behind = [&](int64_t need) {
-    std::string out;
-    for (int w = 0; w < opt_.num_workers; ++w) {
-      if (done_[w] || pushed_[w] >= need) continue;
-      absl::StrAppend(&out, out.empty() ? "" : ", ", w, " (at step ", pushed_[w], ")");
-    }
-    return out;
-  };
-  if (opt_.consistency == BOUNDED) {
-    const int64_t need = step - 1 - opt_.staleness;
-    return absl::StrCat("BOUNDED (staleness ", opt_.staleness, "): waits for every worker to push ",
-                        "step ", need, "; workers not there yet: ", behind(need));
-  }
-  return absl::StrCat("SYNC: waits for step ", step - 1, " to be applied (applied: ", applied_,
-                      "); workers that have not pushed step ", applied_ + 1, ": ",
-                      behind(applied_ + 1));
-}
-
-void ShardServer::HoldOrAnswer(DeferredPull* pull, absl::Time deadline) {
-  const int64_t step = pull->request_->step();
-  int64_t staleness = 0;
-  uint64_t id = 0;
-  bool refuse = false;
-  {
-    absl::MutexLock lock(&sync_mu_);
-    if (PullReadyLocked(step)) {
-      staleness = StalenessLocked(step);
-    } else if (holding_stopped_) {
-      refuse = true;
-    } else {
-      id = pull->id_ = ++next_hold_id_;
-      held_[id] = pull;
-    }
-  }
-  // Reactors are finished outside sync_mu_: OnCancel takes it.
-  if (refuse) {
-    return pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     absl::StrCat("shard ", opt_.shard, " is shutting down")));
-  }
-  if (id == 0) return Answer(pull, staleness);
-  // Answer a little before the client's deadline, so that its error says what was missing.
-  const absl::Duration left = deadline - absl::Now();
-  if (left < absl::Hours(24)) {
-    timer_->At(deadline - std::min(left / 10, absl::Milliseconds(500)), [this, id] {
-      DropHeld(id, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ""), true);
-    });
-  }
-}
-
-void ShardServer::ReleaseReady() {
-  std::vector<std::pair<DeferredPull*, int64_t>> ready;
-  {
-    absl::MutexLock lock(&sync_mu_);
-    for (auto it = held_.begin(); it != held_.end();) {
-      const int64_t step = it->second->request_->step();
-      if (PullReadyLocked(step)) {
-        ready.emplace_back(it->second, StalenessLocked(step));
-        it = held_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& [pull, staleness] : ready) Answer(pull, staleness);
-}
-
-void ShardServer::DropHeld(uint64_t id, grpc::Status status, bool expired) {
-  DeferredPull* pull = nullptr;
-  {
-    absl::MutexLock lock(&sync_mu_);
-    auto it = held_.find(id);
-    if (it == held_.end()) return;  // answered, cancelled or expired already
-    pull = it->second;
-    held_.erase(it);
-    if (expired) {
-      status = grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrFormat("shard %d: worker %d's pull of step %d waited %.1f s: %s", opt_.shard,
-                          pull->request_->worker_id(), pull->request_->step(),
-                          absl::ToDoubleSeconds(absl::Now() - pull->since_),
-                          WaitingForLocked(pull->request_->step())));
-    }
-  }
-  pull->Finish(status);
-}
-
-void ShardServer::Answer(DeferredPull* pull, int64_t staleness) {
-  pull->response_->set_staleness(staleness);
-  pull->Finish(ToGrpcStatus(Gather(*pull->request_, pull->response_)));
-}
-
-int64_t ShardServer::LastStep() const {
-  int64_t step = dense_ != nullptr ? dense_->last_step() : 0;
-  for (const auto& s : stores_) step = std::max(step, s->last_step());
-  return step;
 }
 
 InfoResponse ShardServer::Info() const {
   InfoResponse info;
-  info.set_shard(opt_.shard);
-  ShardMap* m = info.mutable_map();
-  m->set_rows(opt_.rows);
-  m->set_partitions(opt_.partitions);
-  m->set_shards(opt_.num_shards);
-  m->set_row_dim(opt_.row_dim);
-  m->set_dense_size(opt_.dense_size);
-  m->set_version(0);
-  info.set_ready(true);
-  info.set_last_step(LastStep());
-  info.set_dense_begin(dense_begin_);
-  info.set_dense_slice_size(dense_slice_size_);
-  info.set_incarnation(incarnation_);
-  info.set_sparse_optimizer(opt_.sparse_optimizer.type());
-  info.set_dense_optimizer(opt_.dense_optimizer.type());
-  absl::MutexLock lock(&job_mu_);
-  info.set_job_finished(job_finished_);
-  info.set_checkpoint_round(ckpt_round_);
-  info.set_checkpoint_stop(ckpt_stop_);
-  info.set_checkpoint_target_step(ckpt_target_);
-  info.set_checkpoint_released_round(ckpt_released_);
-  info.set_checkpoint_done_round(ckpt_done_);
-  info.set_checkpoint_done_dir(ckpt_done_dir_);
-  info.set_checkpoint_error(ckpt_error_);
-  info.set_restored_from(restored_from_);
-  info.set_step(consistency_step());
+  data_->FillInfo(&info);
+  coordinator_->FillInfo(&info);
+  info.set_step(tracker_->step());
   return info;
 }
 
-ShardStats ShardServer::Stats() const {
-  ShardStats s;
-  s.set_shard(opt_.shard);
-  s.set_rows_owned(map_.RowsOfShard(opt_.shard));
-  int64_t rows = 0, bytes = 0;
-  for (const auto& store : stores_) {
-    const EmbeddingStore::Stats st = store->stats();
-    rows += st.rows_initialized;
-    bytes += st.bytes;
+ShardStats ShardServer::Stats() const { return data_->Stats(); }
+
+absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
+                                     CoordinateResponse* response) {
+  if (opt_.shard != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", opt_.shard, ": the job is coordinated by shard 0"));
   }
-  if (dense_ != nullptr) {
-    bytes += (dense_slice_size_ + dense_->optimizer().StateFloats(dense_slice_size_)) *
-             static_cast<int64_t>(sizeof(float));
-  }
-  s.set_rows_initialized(rows);
-  s.set_bytes(bytes);
-  s.set_dense_floats(dense_slice_size_);
-  s.set_pull_requests(pull_requests_.load(std::memory_order_relaxed));
-  s.set_push_requests(push_requests_.load(std::memory_order_relaxed));
-  s.set_duplicate_pushes(duplicate_pushes_.load(std::memory_order_relaxed));
-  s.set_pull_rows(pull_rows_.load(std::memory_order_relaxed));
-  s.set_push_rows(push_rows_.load(std::memory_order_relaxed));
-  s.set_bytes_in(bytes_in_.load(std::memory_order_relaxed));
-  s.set_bytes_out(bytes_out_.load(std::memory_order_relaxed));
-  const double uptime = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start_time_));
-  s.set_uptime_seconds(uptime);
-  s.set_pull_qps(s.pull_requests() / uptime);
-  s.set_push_qps(s.push_requests() / uptime);
-  s.set_last_step(LastStep());
-  return s;
+  return coordinator_->Coordinate(request, response);
 }
 
+void ShardServer::Report(const ReportRequest& report) { coordinator_->Report(report); }
+
+absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
+  return data_->CopyForCheckpoint(round, Info().SerializeAsString(),
+                                  tracker_->Save().SerializeAsString());
+}
+
+absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
+                                                               const std::string& dir) {
+  return data_->WriteCheckpoint(round, dir);
+}
+
+absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
+                                            const CheckpointManifest& manifest) {
+  ASSIGN_OR_RETURN(Shard::Restored restored, data_->RestoreCheckpoint(ckpt_dir, manifest));
+  // With the same workers the exact bookkeeping comes back; otherwise (the workers restart their
+  // data) every worker counts as having pushed the last step.
+  if (!restored.consistency || !tracker_->Restore(*restored.consistency).ok()) {
+    tracker_->ResumeSteps(restored.step);
+  }
+  coordinator_->SetRestoredFrom(ckpt_dir);
+  return absl::OkStatus();
+}
 
 }  // namespace pstrain

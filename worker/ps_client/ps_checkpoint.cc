@@ -10,34 +10,39 @@ namespace pstrain {
 
 PsCheckpointer::PsCheckpointer(Options options) : opt_(std::move(options)) {
   for (const std::string& a : opt_.shards) shards_.push_back(std::make_unique<ShardRpc>(a));
-  // BOUNDED / SYNC ask shard 0 before every step instead (Requested): no poll needed.
-  if (!lockstep()) poller_ = std::thread([this] { Poll(); });
-}
-
-PsCheckpointer::~PsCheckpointer() {
-  if (poller_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(poll_mu_);
-      poll_quit_ = true;
-    }
-    poll_cv_.notify_all();
-    poller_.join();
+  // BOUNDED / SYNC read the job state from their training pulls' answers instead (Requested).
+  if (!lockstep()) {
+    watch_rpc_ = std::make_unique<ShardRpc>(opt_.shards[0]);
+    watcher_ = std::thread([this] { Watch(); });
   }
 }
 
-// A missed poll only delays a worker's joining the round by one period (the chief waits for
-// it), so errors are not fatal here.
-void PsCheckpointer::Poll() {
-  std::unique_lock<std::mutex> lock(poll_mu_);
-  while (!poll_quit_) {
-    lock.unlock();
-    if (auto info = shards_[0]->Info(absl::Seconds(2)); info.ok()) {
+PsCheckpointer::~PsCheckpointer() {
+  if (watcher_.joinable()) {
+    watch_rpc_->Cancel();  // ends the held call at once
+    watcher_.join();
+  }
+}
+
+// Shard 0 answers each call when its job state changes (or after 10 s without a change). A
+// failed call only delays this worker's joining a round (the chief waits for it), so errors are
+// not fatal here; the calls' retry policy paces the attempts to an unreachable shard 0.
+void PsCheckpointer::Watch() {
+  int64_t version = 0;  // the first call is answered at once
+  while (true) {
+    absl::StatusOr<InfoResponse> info =
+        watch_rpc_->WatchInfo(version, absl::Seconds(10), absl::Seconds(30));
+    if (info.ok()) {
+      version = info->job_version();
       open_round_ = info->checkpoint_round() > info->checkpoint_released_round()
                         ? info->checkpoint_round()
                         : 0;
+      continue;
     }
-    lock.lock();
-    poll_cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return poll_quit_; });
+    if (info.status().code() == absl::StatusCode::kCancelled) return;
+    PSTRAIN_LOG(WARNING) << "watching shard 0 for checkpoint rounds: " << info.status();
+    // An error that came back at once (not a retried one) must not make this loop spin.
+    if (!watch_rpc_->Pause(absl::Seconds(1))) return;
   }
 }
 
@@ -72,10 +77,13 @@ int64_t PsCheckpointer::TargetAfter(int64_t step) const {
   return step + 3 + (opt_.consistency == BOUNDED ? opt_.staleness : 0);
 }
 
+bool PsCheckpointer::OpenForMe(int64_t round, int64_t released) const {
+  return round > released && round > handled_round_;
+}
+
 absl::StatusOr<InfoResponse> PsCheckpointer::OpenRound() {
   ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
-  if (info.checkpoint_round() <= info.checkpoint_released_round() ||
-      info.checkpoint_round() <= handled_round_) {
+  if (!OpenForMe(info.checkpoint_round(), info.checkpoint_released_round())) {
     info.set_checkpoint_round(0);  // none open for this worker
   }
   return info;
@@ -93,14 +101,13 @@ absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target) {
 
 bool PsCheckpointer::Requested(int64_t step) {
   if (!lockstep()) return open_round_.load() > handled_round_;
-  // A synchronous check every step: a worker that learnt of the round late could run past the
-  // common step and wait forever on the paused ones.
-  absl::StatusOr<InfoResponse> info = OpenRound();
-  if (!info.ok()) {
-    PSTRAIN_LOG(WARNING) << "checking for a checkpoint round: " << info.status();
-    return false;
-  }
-  return info->checkpoint_round() > 0 && step >= info->checkpoint_target_step();
+  // Checked every step, without an RPC: a worker that learnt of the round late could run past
+  // the common step and wait forever on the paused ones. Shard 0's answer to the pull of the
+  // step before the target came after the requester's push that followed its request (see the
+  // header), so the round is in this state by the time it matters.
+  const JobState job = opt_.client->job_state();
+  return OpenForMe(job.checkpoint_round(), job.checkpoint_released_round()) &&
+         step >= job.checkpoint_target_step();
 }
 
 absl::StatusOr<int64_t> PsCheckpointer::StopStep(int64_t step) {
@@ -153,14 +160,14 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
   } else {
     ASSIGN_OR_RETURN(
         InfoResponse info,
-        shards_[0]->PollInfo(
+        shards_[0]->WaitForInfo(
             [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
             opt_.timeout, absl::StrCat("the release of checkpoint round ", round)));
     stop_job = info.checkpoint_stop() && info.checkpoint_round() == round;
     if (stop_job) {
       // Leaving the job: only once the checkpoint is safely written.
       ASSIGN_OR_RETURN(
-          info, shards_[0]->PollInfo(
+          info, shards_[0]->WaitForInfo(
                     [round](const InfoResponse& i) { return i.checkpoint_done_round() >= round; },
                     opt_.timeout, absl::StrCat("the write of checkpoint round ", round)));
       if (!info.checkpoint_error().empty()) {

@@ -1,8 +1,10 @@
 // PsCheckpointer: the Checkpointer of PS training (`pstrain host`). A checkpoint is a round
 // coordinated by shard 0 (docs/CHECKPOINT.md "PS mode"):
 //   1. a worker asks for a round: the chief on its schedule, any worker on SIGTERM (then the
-//      round ends the job); the other workers see the open round within ~200 ms (a poll of
-//      shard 0's Info on a background thread) and join it at their next step boundary;
+//      round ends the job); the other workers learn of the open round at once (ASYNC: a
+//      background thread long-polls shard 0's Info, which shard 0 answers when its job state
+//      changes; BOUNDED / SYNC: from the job state in shard 0's answers to their training pulls)
+//      and join it at their next step boundary;
 //      every call goes to shard 0 by RPC, also from the host that runs shard 0, so a worker
 //      without a shard (`pstrain worker`) works the same;
 //   2. each worker flushes its pushes, arrives with its WorkerState and pauses;
@@ -14,22 +16,23 @@
 // With BOUNDED and SYNC, a worker paused in a round would make the others wait for its pushes, so
 // every worker arrives at one common step: the round's target, set by the first request to
 // (requester's step) + 3 (+ staleness with BOUNDED). Every worker can reach it without anyone
-// paused, and each worker asks for a round by RPC before it trains each step (so that it does not
-// read ahead past the target): a worker about to train the target step has pulled the step
-// before it, which needed the requester's push after its request, so it sees the round. A stop
-// signal makes the worker train on to the target (StopStep).
+// paused, and each worker checks for a round before it trains each step (so that it does not
+// read ahead past the target), in the job state of shard 0's answer to its last training pull
+// (PsClient::job_state(): no RPC): a worker about to train the target step has pulled the step
+// before it, which shard 0 answered only after the requester's push that followed its request,
+// so that answer shows the round. A stop signal makes the worker train on to the target
+// (StopStep).
 // The checkpoint is named ckpt-<step> with step = the sum of the workers' steps (TF's
 // global_step in asynchronous training: one per applied update).
 //
 // Thread-safety: Restore/Requested/Save from the trainer thread; SaveFinal from the chief's
-// end-of-job code after training.
+// end-of-job code after training. The ASYNC watcher thread only sets an atomic; the destructor
+// cancels its held call and joins it.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -51,7 +54,8 @@ class PsCheckpointer final : public Checkpointer {
     int num_workers = 1;
     int keep = 3;
     std::vector<std::string> shards;     // every shard's address, shard 0 first
-    PsClient* client = nullptr;          // flushed before arriving
+    // Required: flushed before arriving; with BOUNDED / SYNC its job_state() tells of rounds.
+    PsClient* client = nullptr;
     std::atomic<bool>* stop = nullptr;   // raised when a round asks the job to stop
     absl::Duration timeout = absl::Minutes(10);  // for a round's waits
     Consistency consistency = ASYNC;  // BOUNDED / SYNC: rounds at one common step (see .cc)
@@ -80,9 +84,12 @@ class PsCheckpointer final : public Checkpointer {
 
  private:
   bool chief() const { return opt_.worker == 0; }
-  // BOUNDED / SYNC: every worker pauses at the round's target step, checked by RPC every step.
+  // BOUNDED / SYNC: every worker pauses at the round's target step, checked before every step.
   bool lockstep() const;
   int64_t TargetAfter(int64_t step) const;
+  // Whether `round` (of shard 0's job state, with `released`) is open and this worker has not
+  // taken part in it.
+  bool OpenForMe(int64_t round, int64_t released) const;
   // Shard 0's Info, with checkpoint_round set to 0 unless a round is open that this worker has
   // not taken part in.
   absl::StatusOr<InfoResponse> OpenRound();
@@ -90,7 +97,8 @@ class PsCheckpointer final : public Checkpointer {
   // Chief: steps 3 of the protocol for `round`; returns the checkpoint directory.
   absl::StatusOr<std::string> RunRound(int64_t round);
   absl::StatusOr<std::string> RunRoundSteps(int64_t round);
-  void Poll();
+  // ASYNC: long-polls shard 0's Info on watch_rpc_ until the destructor cancels it.
+  void Watch();
 
   const Options opt_;
   std::vector<std::unique_ptr<ShardRpc>> shards_;
@@ -100,12 +108,11 @@ class PsCheckpointer final : public Checkpointer {
   bool stopped_ = false;  // a round ended the job: later saves return last_saved_dir_
   std::string last_saved_dir_;
 
-  // ASYNC: the background poll of shard 0's open round.
+  // ASYNC: the open round as the watcher thread last saw it (0 = none), and the watcher's own
+  // connection to shard 0 (Cancel() ends its held call).
   std::atomic<int64_t> open_round_{0};
-  std::mutex poll_mu_;
-  std::condition_variable poll_cv_;
-  bool poll_quit_ = false;
-  std::thread poller_;
+  std::unique_ptr<ShardRpc> watch_rpc_;
+  std::thread watcher_;
 };
 
 }  // namespace pstrain

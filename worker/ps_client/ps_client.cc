@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/retry.h"
 #include "common/rpc/timer.h"
 #include "common/rpc/wire.h"
 #include "common/status.h"
@@ -50,14 +52,11 @@ std::shared_ptr<PsFuture> CompletedFuture(absl::Status status) {
   return f;
 }
 
-bool Retryable(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
-
 }  // namespace
 
-// One logical RPC to one shard: attempts until success, a non-retryable error, the retry limit or
-// the budget; then `done` runs once.
+// One logical RPC to one shard under the client's RetryPolicy (common/rpc/retry.h): attempts
+// until success, a non-retryable error, the attempt limit or the budget; then `done` runs once.
+// The backoff between attempts is a Timer entry: no thread waits.
 class PsClient::Call : public std::enable_shared_from_this<Call> {
  public:
   using Issue = std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>;
@@ -71,9 +70,8 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
         request_bytes_(request_bytes),
         issue_(std::move(issue)),
         done_(std::move(done)),
-        begin_(absl::Now()),
-        end_(begin_ + budget),
-        rng_(SplitMix64(client->incarnation_ ^ client->next_call_id_.fetch_add(1))) {}
+        schedule_(client->Policy(budget), absl::Now(),
+                  SplitMix64(client->incarnation_ ^ client->next_call_id_.fetch_add(1))) {}
 
   void Start() {
     {
@@ -98,9 +96,7 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
       absl::MutexLock lock(&mu_);
       if (!cancelled_ && !client_->shutting_down_.load()) {
         ctx_ = std::make_unique<grpc::ClientContext>();
-        const absl::Time deadline =
-            std::min(absl::Now() + absl::Milliseconds(client_->opt_.rpc_deadline_ms), end_);
-        ctx_->set_deadline(absl::ToChronoTime(deadline));
+        ctx_->set_deadline(absl::ToChronoTime(schedule_.BeginAttempt(absl::Now())));
         ctx_->set_wait_for_ready(wait_for_ready_);
         ctx = ctx_.get();
       }
@@ -110,35 +106,26 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
           absl::StrCat(Where(), ": ", method_, " cancelled: the PS client is shutting down")));
     }
     client_->rpcs_.fetch_add(1, std::memory_order_relaxed);
-    if (attempts_ > 0) client_->retries_.fetch_add(1, std::memory_order_relaxed);
+    if (schedule_.attempts() > 1) client_->retries_.fetch_add(1, std::memory_order_relaxed);
     client_->bytes_sent_.fetch_add(request_bytes_, std::memory_order_relaxed);
-    ++attempts_;
     issue_(ctx, [self = shared_from_this()](grpc::Status s) { self->OnResult(s); });
   }
 
   void OnResult(const grpc::Status& s) {
     if (s.ok()) return Finish(absl::OkStatus());
     const absl::Time now = absl::Now();
-    const Options& o = client_->opt_;
+    const absl::Status st = FromGrpcStatus(s);
     // While the client shuts down the retry still goes through the timer, which then runs it at
     // once, and Attempt() reports CANCELLED.
-    if (Retryable(s.error_code()) && attempts_ <= o.rpc_retries) {
-      // Exponential backoff with jitter in [50%, 100%], so that workers retrying together spread.
-      const int shift = std::min(attempts_ - 1, 20);
-      const double base_ms = std::min<double>(
-          o.max_backoff_ms, static_cast<double>(o.initial_backoff_ms) * (1 << shift));
-      const absl::Duration backoff =
-          absl::Milliseconds(base_ms * (0.5 + 0.5 * rng_.UniformDouble()));
-      if (now + backoff < end_) {
-        client_->timer_->At(now + backoff, [self = shared_from_this()] { self->Attempt(); });
-        return;
-      }
+    if (const std::optional<absl::Time> next = schedule_.NextAttempt(st.code(), now)) {
+      client_->timer_->At(*next, [self = shared_from_this()] { self->Attempt(); });
+      return;
     }
-    const absl::Status st = FromGrpcStatus(s);
+    const int attempts = schedule_.attempts();
     std::string msg =
-        attempts_ > 1
+        attempts > 1
             ? absl::StrFormat("%s: %s failed after %d attempts over %.1f s: %s: %s", Where(),
-                              method_, attempts_, absl::ToDoubleSeconds(now - begin_),
+                              method_, attempts, absl::ToDoubleSeconds(now - schedule_.start()),
                               absl::StatusCodeToString(st.code()), st.message())
             : absl::StrFormat("%s: %s failed: %s: %s", Where(), method_,
                               absl::StatusCodeToString(st.code()), st.message());
@@ -165,9 +152,7 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
   const int64_t request_bytes_;
   const Issue issue_;
   const std::function<void(absl::Status)> done_;
-  const absl::Time begin_, end_;
-  int attempts_ = 0;  // touched by one attempt's callback at a time
-  Rng rng_;
+  RetrySchedule schedule_;  // touched by one attempt (or its callback) at a time
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);
@@ -344,6 +329,17 @@ PsClient::~PsClient() {
     while (ops_in_flight_ > 0) cv_.Wait(&mu_);
   }
   timer_.reset();
+}
+
+RetryPolicy PsClient::Policy(absl::Duration budget) const {
+  RetryPolicy p;
+  p.attempt_timeout = absl::Milliseconds(opt_.rpc_deadline_ms);
+  p.budget = budget;
+  p.max_attempts = opt_.rpc_retries + 1;
+  p.initial_backoff = absl::Milliseconds(opt_.initial_backoff_ms);
+  p.max_backoff = absl::Milliseconds(opt_.max_backoff_ms);
+  p.jitter = 0.5;  // backoffs in [50%, 100%], so that workers retrying together spread
+  return p;
 }
 
 absl::Duration PsClient::CallBudget() const {
@@ -525,7 +521,10 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
   bool direct = false;  // a part for the local shard, answered by PullDirect below
   for (int s = 0; s < num_shards(); ++s) {
     const bool want_dense = dense != nullptr && dense_map_.PartitionSize(s) > 0;
-    if (bounds[s] == bounds[s + 1] && !want_dense) continue;
+    // BOUNDED / SYNC: every training pull asks shard 0, whose answer carries the job state
+    // (checkpoint rounds: PsCheckpointer::Requested reads it instead of asking every step).
+    const bool for_job = s == 0 && step > 0 && opt_.consistency != ASYNC;
+    if (bounds[s] == bounds[s + 1] && !want_dense && !for_job) continue;
     if (s == direct_shard_) {
       direct = true;
       continue;
@@ -576,6 +575,7 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
           }
           if (st.ok()) {
             NoteIncarnation(part->shard, r.incarnation());
+            if (r.has_job()) NoteJobState(r.incarnation(), r.job());
             const char* src = r.rows().data();
             const size_t row_bytes = dim * sizeof(float);
             for (size_t j = 0; j < part->positions.size(); ++j) {
@@ -794,6 +794,21 @@ absl::Status PsClient::FinishTraining() {
         stub->async()->Push(ctx, req, resp, std::move(cb));
       },
       &responses);
+}
+
+void PsClient::NoteJobState(uint64_t incarnation, const JobState& job) {
+  absl::MutexLock lock(&job_mu_);
+  // Answers may complete out of order: keep the newest (versions grow within one incarnation of
+  // shard 0; a restarted shard 0 starts over).
+  if (incarnation != job_incarnation_ || job.version() > job_.version()) {
+    job_incarnation_ = incarnation;
+    job_ = job;
+  }
+}
+
+JobState PsClient::job_state() const {
+  absl::MutexLock lock(&job_mu_);
+  return job_;
 }
 
 PsClient::Staleness PsClient::staleness() const {

@@ -6,9 +6,10 @@
 // the rows scattered back into the caller's order. The dense vector is split by size into S
 // slices (slice s on shard s), so a dense pull/push touches every shard.
 //
-// Failures. Every RPC attempt has a deadline (rpc_deadline_ms). UNAVAILABLE and DEADLINE_EXCEEDED
-// are retried with exponential backoff and jitter, up to rpc_retries times and within the call's
-// overall budget (call_deadline_ms); then the call fails with the last code and a message naming
+// Failures. Every call follows the one retry policy (common/rpc/retry.h): every RPC attempt has a
+// deadline (rpc_deadline_ms); UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential
+// backoff and jitter, up to rpc_retries times and within the call's overall budget
+// (call_deadline_ms); then the call fails with the last code and a message naming
 // the shard and its address, what failed, how many attempts over how long, e.g.
 //   "shard 1 (127.0.0.1:5001): Pull failed after 6 attempts over 3.1 s: UNAVAILABLE: ..."
 // Other codes (e.g. INVALID_ARGUMENT) fail at once. No RPC outlives its budget; a push queued
@@ -44,6 +45,9 @@
 //     waiting for it. A held pull that cannot be answered (a dead worker) fails within the call
 //     budget with the shard's message naming the step and the workers it waited for.
 //   - staleness(): how far ahead of the slowest active worker this worker's training pulls were.
+//   - In BOUNDED / SYNC every training pull also asks shard 0 (an empty part when the worker has
+//     nothing there), whose answer carries the job state (PullResponse.job): job_state() keeps
+//     the newest, so that the PS checkpointer learns of checkpoint rounds without an RPC.
 //
 // Thread-safety: every method may be called concurrently (the evaluator pulls while the trainer
 // pushes). The destructor cancels calls still in flight and waits for them (bounded by the
@@ -63,6 +67,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/rpc/retry.h"
 #include "ps/store/partition.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
@@ -213,6 +218,9 @@ class PsClient final : public ParameterAccess {
   Traffic traffic() const;
   // Times a shard answered with an incarnation different from the one seen before.
   int64_t shard_restarts() const { return shard_restarts_.load(); }
+  // The newest job state shard 0 sent with an answer to a training pull (BOUNDED / SYNC; see
+  // Consistency above); version 0 before the first.
+  JobState job_state() const;
 
  private:
   class Call;
@@ -223,6 +231,9 @@ class PsClient final : public ParameterAccess {
   struct PushPart;
 
   explicit PsClient(Options options);
+  // The retry policy of a call with this budget (the options' deadline, retries and backoff).
+  RetryPolicy Policy(absl::Duration budget) const;
+  void NoteJobState(uint64_t incarnation, const JobState& job);
   // Starts one call of `method` to `shard`, retried as documented above; `done` runs once, on a
   // gRPC or timer thread.
   template <typename Req, typename Resp, typename Issue>
@@ -267,6 +278,10 @@ class PsClient final : public ParameterAccess {
   std::atomic<int64_t> rpcs_{0}, retries_{0}, bytes_sent_{0}, bytes_received_{0};
   std::atomic<int64_t> shard_restarts_{0};
   std::atomic<int64_t> training_pulls_{0};  // PullAsync's count of training pulls
+
+  mutable absl::Mutex job_mu_;
+  JobState job_ ABSL_GUARDED_BY(job_mu_);
+  uint64_t job_incarnation_ ABSL_GUARDED_BY(job_mu_) = 0;
 
   mutable absl::Mutex staleness_mu_;
   Staleness staleness_ ABSL_GUARDED_BY(staleness_mu_);

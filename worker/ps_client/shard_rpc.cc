@@ -5,16 +5,25 @@
 #include <grpcpp/security/credentials.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/random.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status.h"
 
 namespace pstrain {
 
 namespace {
+
+// The longest a shard holds a watched call (ShardServer::kMaxWatch).
+constexpr absl::Duration kMaxHold = absl::Seconds(10);
+// An attempt of a held call may last its hold plus this (the answer's way back, a busy shard).
+constexpr absl::Duration kHoldSlack = absl::Seconds(5);
+// The deadline of one attempt of a call that is not held.
+constexpr absl::Duration kAttempt = absl::Seconds(10);
 
 std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address) {
   grpc::ChannelArguments args;
@@ -24,6 +33,20 @@ std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
+uint64_t CallSeed() {
+  static std::atomic<uint64_t> calls{0};
+  return SplitMix64(calls.fetch_add(1) ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+}
+
+// How long to ask a shard to hold a call when `left` remains of the wait: all of it but the
+// answer's way back (a fifth, at most 500 ms), at most kMaxHold. `last`: this hold reaches the
+// end of the wait, so an unchanged answer means the wait timed out.
+absl::Duration HoldFor(absl::Duration left, bool* last) {
+  const absl::Duration usable = left - std::min(left / 5, absl::Milliseconds(500));
+  *last = usable <= kMaxHold;
+  return std::min(usable, kMaxHold);
+}
+
 }  // namespace
 
 ShardRpc::ShardRpc(const std::string& address, absl::Duration rpc_budget)
@@ -31,38 +54,67 @@ ShardRpc::ShardRpc(const std::string& address, absl::Duration rpc_budget)
       address_(address),
       rpc_budget_(rpc_budget) {}
 
-template <typename F>
-absl::Status ShardRpc::Call(absl::Duration timeout, absl::Duration attempt, F f) {
-  // A WRITE's single attempt may take as long as the caller allows (it writes a whole file).
-  const absl::Time end = absl::Now() + (attempt >= timeout ? timeout : std::min(timeout, rpc_budget_));
-  absl::Duration backoff = absl::Milliseconds(100);
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + attempt)));
-    ctx.set_wait_for_ready(true);
-    grpc::Status g = f(&ctx);
-    if (g.ok()) return absl::OkStatus();
-    const bool retry = g.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       g.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!retry || absl::Now() + backoff >= end) {
-      return Annotate(FromGrpcStatus(g), absl::StrCat("shard ", address_));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(2));
+RetryPolicy ShardRpc::Policy(absl::Duration timeout, absl::Duration attempt) const {
+  RetryPolicy p;
+  p.budget = std::max(std::min(timeout, rpc_budget_), absl::Milliseconds(1));
+  p.attempt_timeout = std::max(attempt, absl::Milliseconds(1));
+  p.initial_backoff = absl::Milliseconds(100);
+  p.max_backoff = absl::Seconds(2);
+  return p;
+}
+
+absl::Status ShardRpc::Call(const RetryPolicy& policy,
+                            const std::function<grpc::Status(grpc::ClientContext*)>& f) {
+  const absl::Status status =
+      CallWithRetry(policy, CallSeed(), &clock_, [&](absl::Time deadline) -> absl::Status {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(deadline));
+        ctx.set_wait_for_ready(true);
+        {
+          absl::MutexLock lock(&mu_);
+          if (cancelled_) return absl::CancelledError("the call was cancelled");
+          calls_.insert(&ctx);
+        }
+        const grpc::Status g = f(&ctx);
+        absl::MutexLock lock(&mu_);
+        calls_.erase(&ctx);
+        return FromGrpcStatus(g);
+      });
+  return Annotate(status, absl::StrCat("shard ", address_));
+}
+
+void ShardRpc::Cancel() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
   }
+  clock_.Cancel();
 }
 
 absl::StatusOr<InfoResponse> ShardRpc::Info(absl::Duration timeout) {
   InfoResponse info;
-  RETURN_IF_ERROR(Call(timeout, absl::Seconds(10), [&](grpc::ClientContext* ctx) {
+  RETURN_IF_ERROR(Call(Policy(timeout, kAttempt), [&](grpc::ClientContext* ctx) {
     return stub_->Info(ctx, InfoRequest(), &info);
+  }));
+  return info;
+}
+
+absl::StatusOr<InfoResponse> ShardRpc::WatchInfo(int64_t version, absl::Duration hold,
+                                                 absl::Duration timeout) {
+  InfoRequest request;
+  request.set_watch_version(version);
+  request.set_watch_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(hold)));
+  InfoResponse info;
+  RETURN_IF_ERROR(Call(Policy(timeout, hold + kHoldSlack), [&](grpc::ClientContext* ctx) {
+    return stub_->Info(ctx, request, &info);
   }));
   return info;
 }
 
 absl::Status ShardRpc::Report(const ReportRequest& request, absl::Duration timeout) {
   ReportResponse response;
-  return Call(timeout, absl::Seconds(10), [&](grpc::ClientContext* ctx) {
+  return Call(Policy(timeout, kAttempt), [&](grpc::ClientContext* ctx) {
     return stub_->Report(ctx, request, &response);
   });
 }
@@ -70,36 +122,93 @@ absl::Status ShardRpc::Report(const ReportRequest& request, absl::Duration timeo
 absl::StatusOr<CoordinateResponse> ShardRpc::Coordinate(const CoordinateRequest& request,
                                                         absl::Duration timeout) {
   CoordinateResponse response;
-  RETURN_IF_ERROR(Call(timeout, absl::Seconds(10), [&](grpc::ClientContext* ctx) {
+  RETURN_IF_ERROR(Call(Policy(timeout, kAttempt), [&](grpc::ClientContext* ctx) {
     response.Clear();
     return stub_->Coordinate(ctx, request, &response);
   }));
   return response;
 }
 
-namespace {
-
-// Polls `once` (which sets *missing) with backoff 20 ms .. 250 ms until nothing is missing.
-template <typename F>
-absl::Status PollUntilNoneMissing(F once, absl::Duration timeout, const std::string& what) {
-  const absl::Time end = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(20);
-  while (true) {
-    std::vector<int> missing;
-    RETURN_IF_ERROR(once(&missing));
-    if (missing.empty()) return absl::OkStatus();
-    if (absl::Now() + backoff >= end) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": workers [",
-                                                      absl::StrJoin(missing, ", "),
-                                                      "] missing after ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Milliseconds(250));
-  }
+absl::StatusOr<CoordinateResponse> ShardRpc::WatchCoordinate(CoordinateRequest request,
+                                                             int64_t version, absl::Duration hold,
+                                                             absl::Duration timeout) {
+  request.set_watch_version(version);
+  request.set_watch_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(hold)));
+  CoordinateResponse response;
+  RETURN_IF_ERROR(Call(Policy(timeout, hold + kHoldSlack), [&](grpc::ClientContext* ctx) {
+    response.Clear();
+    return stub_->Coordinate(ctx, request, &response);
+  }));
+  return response;
 }
 
-}  // namespace
+absl::StatusOr<SaveShardResponse> ShardRpc::SaveShard(const SaveShardRequest& request,
+                                                      absl::Duration timeout) {
+  RetryPolicy policy = Policy(timeout, kAttempt);
+  if (request.phase() == SaveShardRequest::WRITE) {
+    // A WRITE is a whole file and frees the shard's copy: one attempt, all of the caller's time.
+    policy.budget = std::max(timeout, absl::Milliseconds(1));
+    policy = policy.SingleAttempt();
+  }
+  SaveShardResponse response;
+  RETURN_IF_ERROR(Call(policy, [&](grpc::ClientContext* ctx) {
+    return stub_->SaveShard(ctx, request, &response);
+  }));
+  return response;
+}
+
+absl::StatusOr<InfoResponse> ShardRpc::WaitForInfo(
+    const std::function<bool(const InfoResponse&)>& done, absl::Duration timeout,
+    const std::string& what) {
+  const absl::Time end = absl::Now() + timeout;
+  int64_t version = 0;  // job versions start at 1: the first call is answered at once
+  while (true) {
+    const absl::Duration left = end - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    bool last = false;
+    const absl::Duration hold = HoldFor(left, &last);
+    absl::StatusOr<InfoResponse> info = WatchInfo(version, hold, left);
+    if (!info.ok()) {
+      if (info.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      return info.status();
+    }
+    if (done(*info)) return info;
+    const bool unchanged = info->job_version() == version;
+    version = info->job_version();
+    if (unchanged && last) break;
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "shard ", address_, ": ", what, " did not happen within ", absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<CoordinateResponse> ShardRpc::WaitForCoordinate(
+    const CoordinateRequest& request,
+    const std::function<std::vector<int>(const CoordinateResponse&)>& missing,
+    absl::Duration timeout, const std::string& what) {
+  const absl::Time end = absl::Now() + timeout;
+  int64_t version = 0;  // the first call is answered at once
+  std::vector<int> still;
+  while (true) {
+    const absl::Duration left = end - absl::Now();
+    if (left <= absl::ZeroDuration() && version != 0) break;
+    bool last = false;
+    const absl::Duration hold = HoldFor(std::max(left, absl::Milliseconds(1)), &last);
+    absl::StatusOr<CoordinateResponse> got = WatchCoordinate(request, version, hold, left);
+    if (!got.ok()) {
+      // The end of the wait, after an answer: report what was missing.
+      if (got.status().code() == absl::StatusCode::kDeadlineExceeded && version != 0) break;
+      return got.status();
+    }
+    still = missing(*got);
+    if (still.empty()) return got;
+    const bool unchanged = got->job_version() == version;
+    version = got->job_version();
+    if (unchanged && last) break;
+  }
+  return absl::DeadlineExceededError(absl::StrCat(what, ": workers [", absl::StrJoin(still, ", "),
+                                                  "] missing after ",
+                                                  absl::FormatDuration(timeout)));
+}
 
 absl::StatusOr<std::map<int, std::string>> ShardRpc::WaitForArrivals(int64_t round, int n,
                                                                      absl::Duration timeout) {
@@ -107,15 +216,14 @@ absl::StatusOr<std::map<int, std::string>> ShardRpc::WaitForArrivals(int64_t rou
   req.set_kind(CoordinateRequest::COLLECT);
   req.set_round(round);
   req.set_num_workers(n);
-  CoordinateResponse got;
-  const absl::Time end = absl::Now() + timeout;
-  RETURN_IF_ERROR(PollUntilNoneMissing(
-      [&](std::vector<int>* missing) -> absl::Status {
-        ASSIGN_OR_RETURN(got, Coordinate(req, end - absl::Now()));
-        missing->assign(got.missing().begin(), got.missing().end());
-        return absl::OkStatus();
-      },
-      timeout, absl::StrCat("checkpoint round ", round)));
+  ASSIGN_OR_RETURN(
+      CoordinateResponse got,
+      WaitForCoordinate(
+          req,
+          [](const CoordinateResponse& r) {
+            return std::vector<int>(r.missing().begin(), r.missing().end());
+          },
+          timeout, absl::StrCat("checkpoint round ", round)));
   return std::map<int, std::string>(got.worker_states().begin(), got.worker_states().end());
 }
 
@@ -124,37 +232,25 @@ absl::StatusOr<std::vector<ReportRequest>> ShardRpc::WaitForReports(JobPhase pha
   CoordinateRequest req;
   req.set_kind(CoordinateRequest::REPORTS);
   req.set_phase(phase);
+  auto missing = [n](const CoordinateResponse& got) {
+    std::vector<bool> seen(n, false);
+    for (const ReportRequest& r : got.reports()) {
+      if (r.worker_id() >= 0 && r.worker_id() < n) seen[r.worker_id()] = true;
+    }
+    std::vector<int> out;
+    for (int w = 0; w < n; ++w) {
+      if (!seen[w]) out.push_back(w);
+    }
+    return out;
+  };
+  ASSIGN_OR_RETURN(CoordinateResponse got,
+                   WaitForCoordinate(req, missing, timeout,
+                                     absl::StrCat("waiting for ", JobPhase_Name(phase), " reports")));
   std::vector<ReportRequest> by_worker(n);
-  const absl::Time end = absl::Now() + timeout;
-  RETURN_IF_ERROR(PollUntilNoneMissing(
-      [&](std::vector<int>* missing) -> absl::Status {
-        ASSIGN_OR_RETURN(CoordinateResponse got, Coordinate(req, end - absl::Now()));
-        std::vector<bool> seen(n, false);
-        for (const ReportRequest& r : got.reports()) {
-          if (r.worker_id() >= 0 && r.worker_id() < n) {
-            by_worker[r.worker_id()] = r;
-            seen[r.worker_id()] = true;
-          }
-        }
-        for (int w = 0; w < n; ++w) {
-          if (!seen[w]) missing->push_back(w);
-        }
-        return absl::OkStatus();
-      },
-      timeout, absl::StrCat("waiting for ", JobPhase_Name(phase), " reports")));
+  for (const ReportRequest& r : got.reports()) {
+    if (r.worker_id() >= 0 && r.worker_id() < n) by_worker[r.worker_id()] = r;
+  }
   return by_worker;
-}
-
-absl::StatusOr<SaveShardResponse> ShardRpc::SaveShard(const SaveShardRequest& request,
-                                                      absl::Duration timeout) {
-  SaveShardResponse response;
-  // A WRITE is a whole file: give one attempt the whole budget (a retry would write it again).
-  const absl::Duration attempt =
-      request.phase() == SaveShardRequest::WRITE ? timeout : absl::Seconds(10);
-  RETURN_IF_ERROR(Call(timeout, attempt, [&](grpc::ClientContext* ctx) {
-    return stub_->SaveShard(ctx, request, &response);
-  }));
-  return response;
 }
 
 }  // namespace pstrain

@@ -183,14 +183,14 @@ TEST(ConsistencyTest, SyncAppliesTheMeanOnceAfterEveryWorkerPushed) {
   ASSERT_TRUE(a->PushAsync(kIds, ga.data(), da.data(), 1)->Wait().ok());
   EXPECT_TRUE(HeldFor(sa.pull.get(), kHeld));
   EXPECT_THAT(job.Row(5), ::testing::ElementsAre(0.0f, 0.0f));
-  for (auto& s : job.servers) EXPECT_EQ(s->applied_step(), 0);
+  for (auto& s : job.servers) EXPECT_EQ(s->consistency().applied_step(), 0);
 
   // Worker 1 has row 5 and row 7 (which worker 0 lacks: it counts 0 there), not row 60.
   const std::vector<int64_t> ids_b = {7, 5};
   std::vector<float> gb = {4, 4, 3, 4}, db = {3, 3, 3, 3};
   ASSERT_TRUE(b->PushAsync(ids_b, gb.data(), db.data(), 1)->Wait().ok());
   ASSERT_TRUE(sa.pull->Wait().ok());
-  for (auto& s : job.servers) EXPECT_EQ(s->applied_step(), 1);
+  for (auto& s : job.servers) EXPECT_EQ(s->consistency().applied_step(), 1);
   // The mean over 2 workers, applied once with lr 1.
   EXPECT_THAT(sa.rows, ::testing::ElementsAre(-2.0f, -3.0f, -5.0f, -10.0f));
   EXPECT_THAT(job.Row(7), ::testing::ElementsAre(-2.0f, -2.0f));
@@ -226,9 +226,9 @@ TEST(ConsistencyTest, SyncCountsARetriedPushOnce) {
   EXPECT_TRUE(r.duplicate());
   ASSERT_TRUE(push(0, 0, 2.0f, &r).ok());  // sequence 0 opts out of sequences: the step counts
   EXPECT_TRUE(r.duplicate());
-  EXPECT_EQ(job.servers[0]->applied_step(), 0);
+  EXPECT_EQ(job.servers[0]->consistency().applied_step(), 0);
   ASSERT_TRUE(push(1, 1, 4.0f, &r).ok());
-  EXPECT_EQ(job.servers[0]->applied_step(), 1);
+  EXPECT_EQ(job.servers[0]->consistency().applied_step(), 1);
   EXPECT_THAT(job.Row(5), ::testing::ElementsAre(-3.0f, -3.0f));  // (2 + 4) / 2, once
   EXPECT_EQ(job.servers[0]->Stats().duplicate_pushes(), 2);
 }
@@ -317,7 +317,7 @@ TEST(ConsistencyTest, ACancelledHeldPullIsDroppedOnce) {
   // The step completes later without touching the dropped reactor (ASan / TSan would tell).
   auto b = job.Client(1);
   ASSERT_TRUE(PushConstant(b.get(), 1, 3.0f).ok());
-  EXPECT_EQ(job.servers[0]->applied_step(), 1);
+  EXPECT_EQ(job.servers[0]->consistency().applied_step(), 1);
   EXPECT_THAT(job.Row(5), ::testing::Each(-2.0f));
 }
 

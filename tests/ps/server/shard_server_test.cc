@@ -364,9 +364,9 @@ TEST(ShardServer, DuplicatedPushIdIsAppliedOnce) {
     }
     std::vector<float> got(t.row_dim), expected(t.row_dim);
     std::vector<float> got_dense(t.dense_size), expected_dense(t.dense_size);
-    ASSERT_TRUE(cluster.servers[0]->stores()[0]->Gather({id}, got.data()).ok());
+    ASSERT_TRUE(cluster.servers[0]->data().stores()[0]->Gather({id}, got.data()).ok());
     ASSERT_TRUE(want.rows->Gather({id}, expected.data()).ok());
-    cluster.servers[0]->dense()->Get(got_dense.data());
+    cluster.servers[0]->data().dense()->Get(got_dense.data());
     want.dense->Get(expected_dense.data());
     EXPECT_EQ(got, expected) << "expected " << times << " applications";
     EXPECT_EQ(got_dense, expected_dense) << "expected " << times << " applications";
@@ -671,28 +671,28 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   const Table t;
   Cluster one(1, t, SGD);
   ShardServer& s0 = *one.servers[0];
-  EXPECT_EQ(s0.RequestCheckpoint(false), 1);
-  EXPECT_EQ(s0.RequestCheckpoint(true), 1);  // joins the open round and marks it stopping
+  EXPECT_EQ(s0.coordinator().RequestCheckpoint(false), 1);
+  EXPECT_EQ(s0.coordinator().RequestCheckpoint(true), 1);  // joins the open round and marks it stopping
   EXPECT_TRUE(s0.Info().checkpoint_stop());
-  ASSERT_TRUE(s0.ArriveCheckpoint(1, 0, "state-0").ok());
+  ASSERT_TRUE(s0.coordinator().ArriveCheckpoint(1, 0, "state-0").ok());
   ReportRequest done;
   done.set_worker_id(1);
   done.set_phase(TRAINING_DONE);
   done.set_worker_state("final-1");
   s0.Report(done);
   CoordinateResponse got;
-  ASSERT_TRUE(s0.CollectArrivals(1, 2, &got).ok());
+  ASSERT_TRUE(s0.coordinator().CollectArrivals(1, 2, &got).ok());
   EXPECT_EQ(got.missing_size(), 0);
   EXPECT_EQ(got.worker_states().at(0), "state-0");
   EXPECT_EQ(got.worker_states().at(1), "final-1");
-  s0.ReleaseCheckpoint(1);
-  EXPECT_EQ(s0.ArriveCheckpoint(1, 0, "late").code(), absl::StatusCode::kFailedPrecondition);
-  s0.CompleteCheckpoint(1, "/ckpt/dir", "");
+  s0.coordinator().ReleaseCheckpoint(1);
+  EXPECT_EQ(s0.coordinator().ArriveCheckpoint(1, 0, "late").code(), absl::StatusCode::kFailedPrecondition);
+  s0.coordinator().CompleteCheckpoint(1, "/ckpt/dir", "");
   InfoResponse info = s0.Info();
   EXPECT_EQ(info.checkpoint_done_round(), 1);
   EXPECT_EQ(info.checkpoint_done_dir(), "/ckpt/dir");
 
-  EXPECT_EQ(s0.RequestCheckpoint(false), 2);  // a new round, not stopping
+  EXPECT_EQ(s0.coordinator().RequestCheckpoint(false), 2);  // a new round, not stopping
   EXPECT_FALSE(s0.Info().checkpoint_stop());
   // Over gRPC, as the chief waits: a bounded poll naming the missing workers (worker 1 stands in
   // with its final state).
@@ -701,7 +701,7 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("workers [0, 2]"));
   CoordinateResponse closed;
-  EXPECT_EQ(s0.CollectArrivals(1, 2, &closed).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s0.coordinator().CollectArrivals(1, 2, &closed).code(), absl::StatusCode::kFailedPrecondition);
 
   // Worker states hold the pipeline's buffered records: megabytes go through in both directions.
   const std::string big(6 << 20, 'x');
@@ -714,7 +714,7 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   auto states = rpc.WaitForArrivals(2, 1, absl::Seconds(10));
   ASSERT_TRUE(states.ok()) << states.status();
   EXPECT_EQ(states->at(0).size(), big.size());
-  s0.CompleteCheckpoint(2, "", "disk full");
+  s0.coordinator().CompleteCheckpoint(2, "", "disk full");
   EXPECT_EQ(s0.Info().checkpoint_error(), "disk full");
 }
 

@@ -1,0 +1,356 @@
+#include "ps/server/consistency_tracker.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/rpc/wire.h"
+#include "common/status.h"
+
+namespace pstrain {
+
+ConsistencyTracker::ConsistencyTracker(Options options, Shard* shard, Timer* timer)
+    : opt_(std::move(options)), shard_(shard), timer_(timer) {
+  absl::MutexLock lock(&mu_);
+  pushed_.assign(opt_.num_workers, 0);
+  done_.assign(opt_.num_workers, false);
+}
+
+absl::Status ConsistencyTracker::CheckWorker(int32_t worker_id) const {
+  if (opt_.consistency == ASYNC || Tracked(worker_id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard ", opt_.shard, ": push from worker ", worker_id, ", but this ",
+      Consistency_Name(opt_.consistency), " job has workers [0, ", opt_.num_workers, ")"));
+}
+
+int64_t ConsistencyTracker::Staleness(int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  return StalenessLocked(step);
+}
+
+void ConsistencyTracker::NoteApplied(int32_t worker_id, int64_t step) {
+  if (Tracked(worker_id)) {
+    absl::MutexLock lock(&mu_);
+    int64_t& pushed = pushed_[worker_id];
+    pushed = std::max(pushed, step);
+  }
+  if (opt_.consistency == BOUNDED) ReleaseReady();
+}
+
+void ConsistencyTracker::MarkDone(int32_t worker_id) {
+  if (Tracked(worker_id)) {
+    absl::MutexLock lock(&mu_);
+    done_[worker_id] = true;
+  }
+  // Steps and pulls that waited for this worker may go on without it.
+  if (opt_.consistency == SYNC) {
+    AdvanceSync();
+  } else if (opt_.consistency == BOUNDED) {
+    ReleaseReady();
+  }
+}
+
+absl::Status ConsistencyTracker::KeepSyncPush(int32_t w, int64_t t, absl::Span<const int64_t> ids,
+                                              absl::Span<const float> grads,
+                                              absl::Span<const float> dense_grad,
+                                              bool* duplicate) {
+  absl::MutexLock lock(&mu_);
+  if (done_[w]) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", opt_.shard, ": worker ", w,
+                                                      " pushed step ", t, " after it finished"));
+  }
+  if (t <= pushed_[w]) {  // a repeat (sequence 0 opts out of the sequence check)
+    *duplicate = true;
+    return absl::OkStatus();
+  }
+  if (t <= applied_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", opt_.shard, ": worker ", w, " pushed step ", t, ", but SYNC step ", applied_,
+        " is already applied (a restarted worker cannot rejoin a SYNC job)"));
+  }
+  SyncPush& p = sync_steps_[t][w];
+  p.ids.assign(ids.begin(), ids.end());
+  p.row_grads.assign(grads.begin(), grads.end());
+  p.dense_grad.assign(dense_grad.begin(), dense_grad.end());
+  pushed_[w] = t;
+  return absl::OkStatus();
+}
+
+void ConsistencyTracker::AdvanceSync() {
+  while (true) {
+    std::map<int, SyncPush> pushes;
+    int64_t t;
+    {
+      absl::MutexLock lock(&mu_);
+      // One thread applies at a time, in step order; it loops and sees the others' pushes.
+      if (applying_) return;
+      t = applied_ + 1;
+      if (sync_steps_.empty() || MinActivePushedLocked() < t) break;
+      auto it = sync_steps_.find(t);
+      if (it != sync_steps_.end()) {
+        pushes = std::move(it->second);
+        sync_steps_.erase(it);
+      }
+      applying_ = true;
+    }
+    if (!pushes.empty()) ApplyMean(t, pushes);
+    absl::MutexLock lock(&mu_);
+    applied_ = t;
+    applying_ = false;
+  }
+  ReleaseReady();
+}
+
+void ConsistencyTracker::ApplyMean(int64_t step, const std::map<int, SyncPush>& pushes) {
+  // Sum in worker order (deterministic whatever the arrival order), then scale once.
+  const int dim = shard_->row_dim();
+  absl::flat_hash_map<int64_t, int64_t> slot;
+  std::vector<int64_t> ids;
+  std::vector<float> sum, dense;
+  for (const auto& [w, p] : pushes) {
+    for (size_t i = 0; i < p.ids.size(); ++i) {
+      auto [it, fresh] = slot.emplace(p.ids[i], static_cast<int64_t>(ids.size()));
+      if (fresh) {
+        ids.push_back(p.ids[i]);
+        sum.resize(sum.size() + dim, 0.f);
+      }
+      float* out = sum.data() + it->second * dim;
+      const float* in = p.row_grads.data() + i * dim;
+      for (int d = 0; d < dim; ++d) out[d] += in[d];
+    }
+    if (!p.dense_grad.empty()) {
+      if (dense.empty()) dense.assign(p.dense_grad.size(), 0.f);
+      for (size_t i = 0; i < dense.size(); ++i) dense[i] += p.dense_grad[i];
+    }
+  }
+  const float scale = 1.0f / static_cast<float>(pushes.size());
+  // Ascending ids: each partition's rows form one run.
+  std::vector<int64_t> order(ids.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  std::vector<int64_t> sorted(ids.size());
+  std::vector<float> grads(sum.size());
+  for (size_t j = 0; j < order.size(); ++j) {
+    sorted[j] = ids[order[j]];
+    for (int d = 0; d < dim; ++d) grads[j * dim + d] = sum[order[j] * dim + d] * scale;
+  }
+  for (float& g : dense) g *= scale;
+  // Every id was routed when its push came.
+  const absl::Status status =
+      shard_->Apply(sorted, grads.data(), dense.empty() ? nullptr : dense.data(), step);
+  PSTRAIN_CHECK(status.ok()) << "shard " << opt_.shard << ": SYNC step " << step << ": " << status;
+}
+
+int64_t ConsistencyTracker::applied_step() const {
+  absl::MutexLock lock(&mu_);
+  return applied_;
+}
+
+int64_t ConsistencyTracker::step() const {
+  absl::MutexLock lock(&mu_);
+  if (opt_.consistency == SYNC) return applied_;
+  int64_t step = 0;
+  for (int64_t p : pushed_) step = std::max(step, p);
+  return step;
+}
+
+ConsistencyState ConsistencyTracker::Save() const {
+  absl::MutexLock lock(&mu_);
+  ConsistencyState c;
+  c.set_applied(applied_);
+  for (int64_t p : pushed_) c.add_pushed(p);
+  for (bool d : done_) c.add_done(d);
+  for (const auto& [step, pushes] : sync_steps_) {
+    for (const auto& [w, p] : pushes) {
+      ConsistencyState::Pending* out = c.add_pending();
+      out->set_step(step);
+      out->set_worker(w);
+      PackArray(p.ids.data(), p.ids.size(), out->mutable_ids());
+      PackArray(p.row_grads.data(), p.row_grads.size(), out->mutable_row_grads());
+      PackArray(p.dense_grad.data(), p.dense_grad.size(), out->mutable_dense_grad());
+    }
+  }
+  return c;
+}
+
+absl::Status ConsistencyTracker::Restore(const ConsistencyState& c) {
+  if (c.pushed_size() != opt_.num_workers || c.done_size() != opt_.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", opt_.shard, ": consistency state of ", c.pushed_size(),
+                     " workers, this job has ", opt_.num_workers));
+  }
+  std::map<int64_t, std::map<int, SyncPush>> steps;
+  for (const ConsistencyState::Pending& p : c.pending()) {
+    SyncPush& out = steps[p.step()][p.worker()];
+    absl::Span<const int64_t> ids;
+    absl::Span<const float> grads, dense;
+    std::vector<int64_t> id_scratch;
+    std::vector<float> grad_scratch, dense_scratch;
+    RETURN_IF_ERROR(UnpackArray(p.ids(), "ConsistencyState.ids", &id_scratch, &ids));
+    RETURN_IF_ERROR(UnpackArray(p.row_grads(), "ConsistencyState.row_grads", &grad_scratch, &grads));
+    RETURN_IF_ERROR(
+        UnpackArray(p.dense_grad(), "ConsistencyState.dense_grad", &dense_scratch, &dense));
+    out.ids.assign(ids.begin(), ids.end());
+    out.row_grads.assign(grads.begin(), grads.end());
+    out.dense_grad.assign(dense.begin(), dense.end());
+  }
+  absl::MutexLock lock(&mu_);
+  applied_ = c.applied();
+  pushed_.assign(c.pushed().begin(), c.pushed().end());
+  done_.assign(c.done().begin(), c.done().end());
+  sync_steps_ = std::move(steps);
+  return absl::OkStatus();
+}
+
+void ConsistencyTracker::ResumeSteps(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  applied_ = step;
+  for (int64_t& p : pushed_) p = step;
+}
+
+int64_t ConsistencyTracker::MinActivePushedLocked() const {
+  int64_t m = INT64_MAX;
+  for (int w = 0; w < opt_.num_workers; ++w) {
+    if (!done_[w]) m = std::min(m, pushed_[w]);
+  }
+  return m;
+}
+
+bool ConsistencyTracker::PullReadyLocked(int64_t step) const {
+  if (step <= 0 || opt_.consistency == ASYNC) return true;
+  const int64_t slowest = MinActivePushedLocked();
+  if (opt_.consistency == BOUNDED) return slowest >= step - 1 - opt_.staleness;
+  // SYNC; once every worker has finished no step will be applied any more.
+  return applied_ >= step - 1 || slowest == INT64_MAX;
+}
+
+int64_t ConsistencyTracker::StalenessLocked(int64_t step) const {
+  const int64_t slowest = MinActivePushedLocked();
+  if (step <= 0 || slowest == INT64_MAX) return 0;
+  return std::max<int64_t>(0, step - 1 - slowest);
+}
+
+std::string ConsistencyTracker::WaitingForLocked(int64_t step) const {
+  // The active workers that have not pushed step `need` yet, with the step each is at.
+  auto behind = [&](int64_t need) {
+    std::string out;
+    for (int w = 0; w < opt_.num_workers; ++w) {
+      if (done_[w] || pushed_[w] >= need) continue;
+      absl::StrAppend(&out, out.empty() ? "" : ", ", w, " (at step ", pushed_[w], ")");
+    }
+    return out;
+  };
+  if (opt_.consistency == BOUNDED) {
+    const int64_t need = step - 1 - opt_.staleness;
+    return absl::StrCat("BOUNDED (staleness ", opt_.staleness, "): waits for every worker to push ",
+                        "step ", need, "; workers not there yet: ", behind(need));
+  }
+  return absl::StrCat("SYNC: waits for step ", step - 1, " to be applied (applied: ", applied_,
+                      "); workers that have not pushed step ", applied_ + 1, ": ",
+                      behind(applied_ + 1));
+}
+
+void ConsistencyTracker::HoldOrAnswer(HeldPull* pull, absl::Time deadline) {
+  const int64_t step = pull->step();
+  int64_t staleness = 0;
+  uint64_t id = 0;
+  bool refuse = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (PullReadyLocked(step)) {
+      staleness = StalenessLocked(step);
+    } else if (holding_stopped_) {
+      refuse = true;
+    } else {
+      id = pull->hold_id_ = ++next_hold_id_;
+      pull->since_ = absl::Now();
+      held_[id] = pull;
+    }
+  }
+  // Pulls are finished outside mu_: a reactor's OnCancel takes it.
+  if (refuse) {
+    return pull->Fail(
+        absl::UnavailableError(absl::StrCat("shard ", opt_.shard, " is shutting down")));
+  }
+  if (id == 0) return pull->Answer(staleness);
+  // Answer a little before the client's deadline, so that its error says what was missing.
+  const absl::Duration left = deadline - absl::Now();
+  if (left < absl::Hours(24)) {
+    timer_->At(deadline - std::min(left / 10, absl::Milliseconds(500)), [this, id] {
+      DropHeld(id, absl::DeadlineExceededError(""), true);
+    });
+  }
+}
+
+void ConsistencyTracker::Cancel(HeldPull* pull) {
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = pull->hold_id_;
+  }
+  if (id != 0) DropHeld(id, absl::CancelledError("pull cancelled"), false);
+}
+
+void ConsistencyTracker::StopHolding() {
+  std::vector<HeldPull*> held;
+  {
+    absl::MutexLock lock(&mu_);
+    holding_stopped_ = true;
+    for (auto& [id, pull] : held_) {
+      pull->hold_id_ = 0;
+      held.push_back(pull);
+    }
+    held_.clear();
+  }
+  for (HeldPull* pull : held) {
+    pull->Fail(absl::UnavailableError(absl::StrCat("shard ", opt_.shard, " is shutting down")));
+  }
+}
+
+int ConsistencyTracker::held_pulls() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(held_.size());
+}
+
+void ConsistencyTracker::ReleaseReady() {
+  std::vector<std::pair<HeldPull*, int64_t>> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      const int64_t step = it->second->step();
+      if (PullReadyLocked(step)) {
+        it->second->hold_id_ = 0;
+        ready.emplace_back(it->second, StalenessLocked(step));
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [pull, staleness] : ready) pull->Answer(staleness);
+}
+
+void ConsistencyTracker::DropHeld(uint64_t id, absl::Status status, bool expired) {
+  HeldPull* pull = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return;  // answered, cancelled or expired already
+    pull = it->second;
+    held_.erase(it);
+    pull->hold_id_ = 0;
+    if (expired) {
+      status = absl::DeadlineExceededError(
+          absl::StrFormat("shard %d: worker %d's pull of step %d waited %.1f s: %s", opt_.shard,
+                          pull->worker_id(), pull->step(),
+                          absl::ToDoubleSeconds(absl::Now() - pull->since_),
+                          WaitingForLocked(pull->step())));
+    }
+  }
+  pull->Fail(std::move(status));
+}
+
+}  // namespace pstrain

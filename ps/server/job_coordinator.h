@@ -1,0 +1,138 @@
+// JobCoordinator: the job's coordination, kept by shard 0 (docs/PS.md "End of job",
+// docs/CHECKPOINT.md "PS mode"). Every shard has one (its Info reports it, and restored_from is
+// per shard), but only shard 0's is used by the workers: ShardServer refuses Coordinate elsewhere.
+//   - Reports: each worker's latest report per JobPhase (TRAINING_DONE, FINISH_SEEN).
+//   - The end of the job (job_finished).
+//   - Checkpoint rounds: workers request a round (one open for arrivals at a time; later requests
+//     join it), arrive in it with their WorkerState, the chief collects the states (a worker that
+//     reported TRAINING_DONE stands in with its final state), releases the workers after every
+//     shard's COPY, and completes the round with its directory or error.
+//   - restored_from: the checkpoint this shard restored.
+// All of it is the job state (JobState in proto/pstrain/ps_service.proto), whose `version` grows
+// by one with every change. Waiting on it is a long-poll: Hold keeps a Watch (the gRPC layer's
+// reactor of a held Info or Coordinate call) until the version differs from the one the caller
+// saw or its time is up, then wakes it; the caller then answers with the state as it is. No
+// thread waits.
+//
+// Memory: the reports (one per worker and phase), the open round's arrived worker states (each
+// holds the worker's pipeline position: up to megabytes), the held watches (at most kMaxHeld).
+//
+// Thread-safety: every method may be called concurrently; one lock (mu_) guards all of it. Watch
+// callbacks run outside the lock.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/rpc/timer.h"
+#include "pstrain/ps_service.pb.h"
+
+namespace pstrain {
+
+class JobCoordinator {
+ public:
+  // A call held until the job state changes (a long-poll). The gRPC layer implements it; Wake is
+  // called once, never under the coordinator's lock.
+  class Watch {
+   public:
+    virtual ~Watch() = default;
+    // OK: the state changed or the hold expired: answer with the current state. Otherwise the
+    // call ends with `status` (UNAVAILABLE: the shard shuts down, or holds too many calls).
+    virtual void Wake(absl::Status status) = 0;
+
+   private:
+    friend class JobCoordinator;
+    uint64_t hold_id_ = 0;  // read and written under the coordinator's mu_; 0 = not held
+  };
+  // The most calls held at once; more are refused UNAVAILABLE (the client retries later).
+  static constexpr int kMaxHeld = 1024;
+
+  // `shard` names this shard in messages. `timer` runs the expiries of held watches; it must
+  // outlive the coordinator and run or drop its pending functions before it is destroyed.
+  JobCoordinator(int shard, Timer* timer);
+  JobCoordinator(const JobCoordinator&) = delete;
+  JobCoordinator& operator=(const JobCoordinator&) = delete;
+
+  // The Coordinate RPC: dispatches on request.kind to the methods below (INVALID_ARGUMENT for an
+  // unknown kind) and sets response->job_version.
+  absl::Status Coordinate(const CoordinateRequest& request, CoordinateResponse* response);
+
+  // Report records a worker's phase (a repeated report replaces the earlier one); Reports returns
+  // those of `phase`, by worker.
+  void Report(const ReportRequest& report);
+  std::vector<ReportRequest> Reports(JobPhase phase) const;
+  void FinishJob();
+
+  // RequestCheckpoint opens a round unless one is open for arrivals and returns the open round;
+  // `stop` marks it as the job's last; a new round takes `target_step` (0: none).
+  // ArriveCheckpoint records a paused worker's state (FAILED_PRECONDITION if `round` is not
+  // open). CollectArrivals fills out->worker_states with the state each of workers 0..n-1 arrived
+  // with in `round` (a worker that reported TRAINING_DONE stands in with its final state) and
+  // out->missing with the others; FAILED_PRECONDITION if `round` is not the open round.
+  // ReleaseCheckpoint lets the arrived workers go on (after every shard's COPY);
+  // CompleteCheckpoint publishes the result.
+  int64_t RequestCheckpoint(bool stop, int64_t target_step = 0);
+  absl::Status ArriveCheckpoint(int64_t round, int worker, std::string state);
+  absl::Status CollectArrivals(int64_t round, int n, CoordinateResponse* out) const;
+  void ReleaseCheckpoint(int64_t round);
+  void CompleteCheckpoint(int64_t round, const std::string& dir, const std::string& error);
+  void SetRestoredFrom(const std::string& dir);
+
+  // The job state now (PullResponse.job), and its version.
+  JobState State() const;
+  int64_t version() const;
+  // The job's fields of InfoResponse (job_finished, checkpoint_*, restored_from, job_version).
+  void FillInfo(InfoResponse* info) const;
+
+  // ---- Long-polls ----
+  // Holds `watch` while the version equals `version`, until `until` at the latest, then wakes it
+  // OK. Wakes it at once (outside the lock, possibly before returning) when the version already
+  // differs or `until` has passed (OK), or when holding has stopped or kMaxHeld calls are held
+  // (UNAVAILABLE).
+  void Hold(Watch* watch, int64_t version, absl::Time until);
+  // The watch's call was cancelled: if it is still held, takes it off the list and wakes it with
+  // CANCELLED.
+  void Cancel(Watch* watch);
+  // Shutdown: wakes every held watch UNAVAILABLE and holds nothing more.
+  void StopHolding();
+  int held_watches() const;
+
+ private:
+  // A change of the job state: bumps the version and takes the held watches to wake (after the
+  // lock is released) into *wake.
+  void ChangedLocked(std::vector<Watch*>* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void WakeAll(const std::vector<Watch*>& wake);
+  // Takes held watch `id` off the list (if still there) and wakes it with `status`.
+  void Drop(uint64_t id, absl::Status status);
+
+  const int shard_;
+  Timer* const timer_;
+
+  mutable absl::Mutex mu_;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
+  // phase -> worker id -> its latest report
+  std::map<int, std::map<int, ReportRequest>> reports_ ABSL_GUARDED_BY(mu_);
+  bool job_finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Checkpoint rounds.
+  int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t target_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, std::string> arrivals_ ABSL_GUARDED_BY(mu_);
+  int64_t released_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string done_dir_ ABSL_GUARDED_BY(mu_);
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  std::string restored_from_ ABSL_GUARDED_BY(mu_);
+  // Held watches, by hold id.
+  std::map<uint64_t, Watch*> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_hold_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool holding_stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pstrain

@@ -1,0 +1,294 @@
+#include "ps/server/shard.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/wire.h"
+#include "common/status.h"
+
+namespace pstrain {
+
+namespace {
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32 ^ rd()) ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+}
+
+}  // namespace
+
+Shard::Shard(Options options)
+    : opt_(std::move(options)),
+      map_(opt_.rows, opt_.partitions, opt_.num_shards),
+      incarnation_(RandomIncarnation()),
+      start_time_(absl::Now()) {}
+
+absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
+  if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " of ",
+                                                   options.num_shards,
+                                                   ": need 0 <= shard < "
+                                                   "num_shards"));
+  }
+  if (options.rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("rows must be > 0, got ", options.rows));
+  }
+  if (options.partitions < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partitions must be > 0, got ", options.partitions));
+  }
+  if (options.row_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("row_dim must be > 0, got ", options.row_dim));
+  }
+  if (options.dense_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_size must be >= 0, got ", options.dense_size));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> sparse_opt,
+                   Optimizer::Create(options.sparse_optimizer));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> dense_opt,
+                   Optimizer::Create(options.dense_optimizer));
+
+  std::unique_ptr<Shard> s(new Shard(std::move(options)));
+  const Options& o = s->opt_;
+  for (int p : s->map_.PartitionsOfShard(o.shard)) {
+    if (s->map_.PartitionSize(p) == 0) break;  // V < P: the trailing partitions are empty
+    EmbeddingStore::Options eo;
+    eo.begin = s->map_.PartitionBegin(p);
+    eo.end = s->map_.PartitionBegin(p + 1);
+    eo.dim = o.row_dim;
+    eo.optimizer = sparse_opt;
+    eo.row_init = o.row_init;
+    eo.threads = o.threads;
+    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));
+    s->stores_.push_back(std::move(store));
+  }
+  const PartitionMap dense_map(o.dense_size, o.num_shards, o.num_shards);
+  s->dense_begin_ = dense_map.PartitionBegin(o.shard);
+  s->dense_slice_size_ = dense_map.PartitionSize(o.shard);
+  if (s->dense_slice_size_ > 0) {
+    DenseStore::Options d;
+    d.begin = s->dense_begin_;
+    d.size = s->dense_slice_size_;
+    d.optimizer = dense_opt;
+    d.threads = o.threads;
+    ASSIGN_OR_RETURN(s->dense_, DenseStore::Create(std::move(d)));
+    if (o.dense_init) {
+      std::vector<float> full(o.dense_size);
+      o.dense_init(full.data());
+      s->dense_->Set(full.data() + s->dense_begin_);
+    }
+  }
+  return s;
+}
+
+absl::Status Shard::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const {
+  runs->clear();
+  const int S = opt_.num_shards;
+  for (int64_t i = 0; i < static_cast<int64_t>(ids.size()); ++i) {
+    const int64_t id = ids[i];
+    // Ids usually come grouped by partition (PsClient sorts them so): extend the current run
+    // without a division when the id is in the same store.
+    if (!runs->empty() && stores_[runs->back().store]->Owns(id)) {
+      runs->back().end = i + 1;
+      continue;
+    }
+    if (id < 0 || id >= map_.rows()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", opt_.shard, ": row ", id, " is outside the table [0, ", map_.rows(), ")"));
+    }
+    const int p = map_.PartitionOf(id);
+    if (map_.ShardOfPartition(p) != opt_.shard) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", opt_.shard, ": row ", id, " is owned by shard ", map_.ShardOfPartition(p),
+          " (partition ", p, " of ", map_.partitions(), "), not by this shard"));
+    }
+    runs->push_back(Run{p / S, i, i + 1});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense) {
+  pull_requests_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<Run> runs;
+  RETURN_IF_ERROR(Route(ids, &runs));
+  const int dim = opt_.row_dim;
+  for (const Run& r : runs) {
+    RETURN_IF_ERROR(
+        stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim));
+  }
+  if (dense != nullptr && dense_ != nullptr) dense_->Get(dense);
+  pull_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
+  bytes_in_.fetch_add(request.ByteSizeLong(), std::memory_order_relaxed);
+  std::vector<int64_t> id_scratch;
+  absl::Span<const int64_t> ids;
+  RETURN_IF_ERROR(UnpackArray(request.ids(), "PullRequest.ids", &id_scratch, &ids));
+  // Gather straight into the response bytes when they are float-aligned (heap storage is): the
+  // dense slice is megabytes, copied on every pull.
+  auto view = [](std::string* bytes, size_t floats, std::vector<float>* scratch) {
+    bytes->resize(floats * sizeof(float));
+    if (reinterpret_cast<uintptr_t>(bytes->data()) % alignof(float) == 0) {
+      return reinterpret_cast<float*>(&(*bytes)[0]);
+    }
+    scratch->resize(floats);
+    return scratch->data();
+  };
+  std::vector<float> row_scratch, dense_scratch;
+  std::string* rows = response->mutable_rows();
+  float* rows_out = view(rows, ids.size() * opt_.row_dim, &row_scratch);
+  const bool want_dense = request.want_dense() && dense_ != nullptr;
+  float* dense_out =
+      want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
+  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out));
+  if (!row_scratch.empty()) PackArray(row_scratch.data(), row_scratch.size(), rows);
+  if (!dense_scratch.empty()) {
+    PackArray(dense_scratch.data(), dense_scratch.size(), response->mutable_dense());
+  }
+  response->set_dense_begin(dense_begin_);
+  response->set_last_step(LastStep());
+  response->set_incarnation(incarnation_);
+  bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Unpack(const PushRequest& request, Update* u) const {
+  RETURN_IF_ERROR(UnpackArray(request.ids(), "PushRequest.ids", &u->id_scratch, &u->ids));
+  RETURN_IF_ERROR(
+      UnpackArray(request.row_grads(), "PushRequest.row_grads", &u->grad_scratch, &u->grads));
+  RETURN_IF_ERROR(UnpackArray(request.dense_grad(), "PushRequest.dense_grad", &u->dense_scratch,
+                              &u->dense_grad));
+  const int dim = opt_.row_dim;
+  if (u->grads.size() != u->ids.size() * dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", opt_.shard, ": push of ", u->ids.size(), " rows carries ", u->grads.size(),
+        " gradient floats, expected ", u->ids.size() * dim, " (row_dim ", dim, ")"));
+  }
+  if (!u->dense_grad.empty() && static_cast<int64_t>(u->dense_grad.size()) != dense_slice_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", opt_.shard, ": dense gradient of ", u->dense_grad.size(),
+                     " floats, but this shard's dense slice has ", dense_slice_size_));
+  }
+  return Route(u->ids, &u->runs);
+}
+
+absl::Status Shard::Apply(const Update& u, int64_t step) {
+  const int dim = opt_.row_dim;
+  for (const Run& r : u.runs) {
+    RETURN_IF_ERROR(stores_[r.store]->Apply(u.ids.subspan(r.begin, r.end - r.begin),
+                                            u.grads.data() + r.begin * dim, step));
+  }
+  if (!u.dense_grad.empty() && dense_ != nullptr) dense_->Apply(u.dense_grad.data(), step);
+  push_rows_.fetch_add(u.ids.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
+                          const float* dense_grad, int64_t step) {
+  std::vector<Run> runs;
+  RETURN_IF_ERROR(Route(ids, &runs));
+  const int dim = opt_.row_dim;
+  for (const Run& r : runs) {
+    RETURN_IF_ERROR(stores_[r.store]->Apply(ids.subspan(r.begin, r.end - r.begin),
+                                            row_grads + r.begin * dim, step));
+  }
+  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step);
+  push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+Shard::PushGuard Shard::BeginPush(int32_t worker_id, uint64_t incarnation, uint64_t sequence) {
+  PushGuard g;
+  if (sequence == 0) return g;
+  {
+    absl::MutexLock lock(&push_mu_);
+    std::unique_ptr<PushGuard::State>& s = push_states_[{worker_id, incarnation}];
+    if (s == nullptr) s = std::make_unique<PushGuard::State>();
+    g.state_ = s.get();  // never freed while the shard lives
+  }
+  g.sequence_ = sequence;
+  g.lock_ = std::unique_lock<std::mutex>(g.state_->mu);
+  g.duplicate_ = sequence <= g.state_->last_sequence;
+  return g;
+}
+
+void Shard::PushGuard::Commit() {
+  if (state_ != nullptr && lock_.owns_lock()) state_->last_sequence = sequence_;
+}
+
+void Shard::PushGuard::Release() {
+  if (lock_.owns_lock()) lock_.unlock();
+}
+
+void Shard::CountPushRequest(int64_t bytes_in) {
+  push_requests_.fetch_add(1, std::memory_order_relaxed);
+  bytes_in_.fetch_add(bytes_in, std::memory_order_relaxed);
+}
+
+void Shard::CountDuplicatePush() { duplicate_pushes_.fetch_add(1, std::memory_order_relaxed); }
+
+void Shard::CountBytesOut(int64_t bytes) {
+  bytes_out_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+int64_t Shard::LastStep() const {
+  int64_t step = dense_ != nullptr ? dense_->last_step() : 0;
+  for (const auto& s : stores_) step = std::max(step, s->last_step());
+  return step;
+}
+
+void Shard::FillInfo(InfoResponse* info) const {
+  info->set_shard(opt_.shard);
+  ShardMap* m = info->mutable_map();
+  m->set_rows(opt_.rows);
+  m->set_partitions(opt_.partitions);
+  m->set_shards(opt_.num_shards);
+  m->set_row_dim(opt_.row_dim);
+  m->set_dense_size(opt_.dense_size);
+  m->set_version(0);
+  info->set_ready(true);
+  info->set_last_step(LastStep());
+  info->set_dense_begin(dense_begin_);
+  info->set_dense_slice_size(dense_slice_size_);
+  info->set_incarnation(incarnation_);
+  info->set_sparse_optimizer(opt_.sparse_optimizer.type());
+  info->set_dense_optimizer(opt_.dense_optimizer.type());
+}
+
+ShardStats Shard::Stats() const {
+  ShardStats s;
+  s.set_shard(opt_.shard);
+  s.set_rows_owned(map_.RowsOfShard(opt_.shard));
+  int64_t rows = 0, bytes = 0;
+  for (const auto& store : stores_) {
+    const EmbeddingStore::Stats st = store->stats();
+    rows += st.rows_initialized;
+    bytes += st.bytes;
+  }
+  if (dense_ != nullptr) {
+    bytes += (dense_slice_size_ + dense_->optimizer().StateFloats(dense_slice_size_)) *
+             static_cast<int64_t>(sizeof(float));
+  }
+  s.set_rows_initialized(rows);
+  s.set_bytes(bytes);
+  s.set_dense_floats(dense_slice_size_);
+  s.set_pull_requests(pull_requests_.load(std::memory_order_relaxed));
+  s.set_push_requests(push_requests_.load(std::memory_order_relaxed));
+  s.set_duplicate_pushes(duplicate_pushes_.load(std::memory_order_relaxed));
+  s.set_pull_rows(pull_rows_.load(std::memory_order_relaxed));
+  s.set_push_rows(push_rows_.load(std::memory_order_relaxed));
+  s.set_bytes_in(bytes_in_.load(std::memory_order_relaxed));
+  s.set_bytes_out(bytes_out_.load(std::memory_order_relaxed));
+  const double uptime = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start_time_));
+  s.set_uptime_seconds(uptime);
+  s.set_pull_qps(s.pull_requests() / uptime);
+  s.set_push_qps(s.push_requests() / uptime);
+  s.set_last_step(LastStep());
+  return s;
+}
+
+}  // namespace pstrain

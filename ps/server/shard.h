@@ -1,0 +1,221 @@
+// Shard: the parameters PS shard s of S holds, and the work on them:
+//   - one EmbeddingStore per table partition it owns (PartitionMap(V, P, S).PartitionsOfShard(s));
+//   - one DenseStore for its slice of the flat dense vector: the vector is split by size into S
+//     contiguous slices exactly like rows (PartitionMap(dense_size, S, S), slice s on shard s; the
+//     first dense_size mod S slices get one extra float). A shard with an empty slice has none;
+//   - routing of global row ids to its stores (and refusal of foreign ids, naming their owner);
+//   - gather (pulls) and apply (pushes) through the stores' optimizers;
+//   - push idempotence: a push carries (worker_id, incarnation, sequence); the shard keeps, per
+//     (worker_id, incarnation), the last sequence it applied, and a push whose sequence is not
+//     above it is a duplicate (BeginPush). A worker's pushes to one shard must therefore arrive in
+//     sequence order (PsClient sends them one at a time per shard). Sequence 0 opts out;
+//   - the counters of Stats();
+//   - its checkpoint file (ps/server/shard_checkpoint.cc): a copy of the stores in memory
+//     (COPY, while every worker is paused), written as <dir>/shard-<s>-of-<S> later (WRITE), and
+//     the restore from any checkpoint's shard files, whatever their shard count.
+// It knows nothing of consistency modes, job coordination or gRPC (ps/server/shard_server.h
+// composes those).
+//
+// Memory: the stores (rows take memory once trained), the dense slice and its optimizer state,
+// one small PushState per (worker, incarnation) that pushed with a sequence, and between COPY
+// and WRITE a full copy of the stores and the dense slice.
+//
+// Thread-safety: every method may be called concurrently. The stores lock their rows; the dense
+// store locks itself; push_mu_ guards the map of push states and each PushState's own mutex
+// serializes one worker incarnation's pushes; snap_mu_ guards the checkpoint copy.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "ps/store/dense_store.h"
+#include "ps/store/embedding_store.h"
+#include "ps/store/partition.h"
+#include "pstrain/config.pb.h"
+#include "pstrain/ps_service.pb.h"
+#include "pstrain/state.pb.h"
+
+namespace pstrain {
+
+// Fills dense[dense_size], the whole flat dense vector (each shard keeps its slice). Typically
+// Model::InitDense with the job's seed.
+using DenseInit = std::function<void(float* dense)>;
+
+class Shard {
+ public:
+  struct Options {
+    int shard = 0;           // s in [0, num_shards)
+    int num_shards = 1;      // S
+    int64_t rows = 0;        // V, the table's rows, > 0
+    int partitions = 1;      // P >= 1 (P < S leaves some shards without rows)
+    int row_dim = 0;         // floats per row, > 0
+    int64_t dense_size = 0;  // floats of the whole dense vector, >= 0
+    OptimizerConfig sparse_optimizer;
+    OptimizerConfig dense_optimizer;
+    RowInit row_init;      // null = zeros; a pure function of the row id (see EmbeddingStore)
+    DenseInit dense_init;  // null = zeros
+    int threads = 1;       // OpenMP threads one request's gather / update is split over
+  };
+
+  // Creates the stores. INVALID_ARGUMENT for bad options (naming the field) or a bad optimizer
+  // config.
+  static absl::StatusOr<std::unique_ptr<Shard>> Create(Options options);
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // A run of ids [begin, end) of one call that all belong to stores()[store].
+  struct Run {
+    int store;
+    int64_t begin, end;
+  };
+  // Splits ids into runs of one store each; INVALID_ARGUMENT naming the first id that is out of
+  // range or owned by another shard (and its owner).
+  absl::Status Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const;
+
+  // ---- Pulls ----
+  // Fills response's rows (request.ids' order), the dense slice when want_dense, dense_begin,
+  // last_step and incarnation; counts the pull and its bytes. Does not touch staleness or job.
+  absl::Status Gather(const PullRequest& request, PullResponse* response);
+  // Rows of `ids` into rows[ids.size() x row_dim], the dense slice into dense if not null; counts
+  // the pull (not its bytes: nothing crossed a wire).
+  absl::Status GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense);
+
+  // ---- Pushes ----
+  // A push's payload, unpacked (views into the request's bytes, or into the scratch when they
+  // are not aligned) and routed. Valid while the request lives.
+  struct Update {
+    absl::Span<const int64_t> ids;
+    absl::Span<const float> grads, dense_grad;
+    std::vector<Run> runs;
+    std::vector<int64_t> id_scratch;
+    std::vector<float> grad_scratch, dense_scratch;
+  };
+  // INVALID_ARGUMENT for sizes that do not fit (gradient floats per row, the dense slice) or a
+  // foreign id; nothing is applied then.
+  absl::Status Unpack(const PushRequest& request, Update* update) const;
+  // Applies an unpacked update with the optimizers' step `step`; counts its rows.
+  absl::Status Apply(const Update& update, int64_t step);
+  // Routes and applies row_grads[ids.size() x row_dim] and, if not null, dense_grad[the slice
+  // size] (a push from this process: no message).
+  absl::Status Apply(absl::Span<const int64_t> ids, const float* row_grads,
+                     const float* dense_grad, int64_t step);
+
+  // The idempotence of one push: holds the lock of the pushing worker incarnation (so that a
+  // retry waits for the push it repeats) until destroyed or Release()d. A guard of sequence 0 is
+  // empty (never a duplicate, nothing locked).
+  class PushGuard {
+   public:
+    PushGuard() = default;
+    PushGuard(PushGuard&&) = default;
+    PushGuard& operator=(PushGuard&&) = default;
+    // The push had been applied before (its sequence is not above the last applied).
+    bool duplicate() const { return duplicate_; }
+    // Records the push as applied (call while still held).
+    void Commit();
+    void Release();
+
+   private:
+    friend class Shard;
+    struct State {  // the last push applied for one (worker_id, incarnation)
+      std::mutex mu;  // held while that worker's push is applied (serializes a retry with it)
+      uint64_t last_sequence = 0;
+    };
+    State* state_ = nullptr;
+    uint64_t sequence_ = 0;
+    bool duplicate_ = false;
+    std::unique_lock<std::mutex> lock_;
+  };
+  PushGuard BeginPush(int32_t worker_id, uint64_t incarnation, uint64_t sequence);
+
+  // ---- Counters ----
+  void CountPushRequest(int64_t bytes_in);
+  void CountDuplicatePush();
+  void CountBytesOut(int64_t bytes);
+  ShardStats Stats() const;
+  // The largest step any store or the dense slice applied.
+  int64_t LastStep() const;
+  // The shard's part of InfoResponse: index, map, readiness, dense slice, incarnation, optimizers,
+  // last_step.
+  void FillInfo(InfoResponse* info) const;
+
+  // ---- The checkpoint file (ps/server/shard_checkpoint.cc, docs/CHECKPOINT.md "PS mode") ----
+  // CopyForCheckpoint snapshots the stores and the dense slice into memory (each row
+  // consistent; the caller pauses the writers for a cluster-wide instant), keeping `header` (the
+  // shard's InfoResponse, serialized) and `consistency` (its ConsistencyState, serialized) to
+  // write with them; returns the rows copied. WriteCheckpoint writes that copy to
+  // <dir>/shard-<s>-of-<S> (block file: SHRD, CONS, then EMBM/EMBR groups, then DNSE) and frees
+  // it; returns the file name and size. FAILED_PRECONDITION when no copy of `round` is held.
+  absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round, std::string header,
+                                            std::string consistency);
+  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& dir);
+  // What a restore found besides the parameters.
+  struct Restored {
+    int64_t step = 0;  // the largest SHRD step of the files
+    // This shard's own CONS block, when the checkpoint has the same layout (shard index, shard
+    // count, partitions).
+    std::optional<ConsistencyState> consistency;
+  };
+  // Restores rows and dense values from every shard file the manifest lists (any shard count:
+  // rows this shard does not own are skipped, dense slices are cut to this shard's). Call before
+  // serving. The files must have been verified (checksums) by the caller; FAILED_PRECONDITION if
+  // they were written for another shape (rows, row_dim, dense size).
+  absl::StatusOr<Restored> RestoreCheckpoint(const std::string& ckpt_dir,
+                                             const CheckpointManifest& manifest);
+  static std::string ShardFileName(int shard, int num_shards);
+
+  const Options& options() const { return opt_; }
+  const PartitionMap& map() const { return map_; }
+  int shard() const { return opt_.shard; }
+  int row_dim() const { return opt_.row_dim; }
+  int64_t dense_begin() const { return dense_begin_; }
+  int64_t dense_slice_size() const { return dense_slice_size_; }
+  // Stores of the owned partitions, ascending by partition (partition shard + i * num_shards).
+  const std::vector<std::unique_ptr<EmbeddingStore>>& stores() const { return stores_; }
+  // The dense slice, or null if this shard's slice is empty.
+  DenseStore* dense() const { return dense_.get(); }
+  // Random per process: a client seeing it change knows the shard restarted.
+  uint64_t incarnation() const { return incarnation_; }
+
+ private:
+  explicit Shard(Options options);
+
+  const Options opt_;
+  const PartitionMap map_;
+  int64_t dense_begin_ = 0;
+  int64_t dense_slice_size_ = 0;
+  std::vector<std::unique_ptr<EmbeddingStore>> stores_;
+  std::unique_ptr<DenseStore> dense_;
+  const uint64_t incarnation_;
+  const absl::Time start_time_;
+
+  absl::Mutex push_mu_;
+  absl::flat_hash_map<std::pair<int32_t, uint64_t>, std::unique_ptr<PushGuard::State>> push_states_
+      ABSL_GUARDED_BY(push_mu_);
+
+  std::atomic<int64_t> pull_requests_{0}, push_requests_{0}, duplicate_pushes_{0};
+  std::atomic<int64_t> pull_rows_{0}, push_rows_{0}, bytes_in_{0}, bytes_out_{0};
+
+  // The copy between COPY and WRITE.
+  absl::Mutex snap_mu_;
+  int64_t snap_round_ ABSL_GUARDED_BY(snap_mu_) = 0;
+  std::string snap_header_ ABSL_GUARDED_BY(snap_mu_);       // InfoResponse at the copy
+  std::string snap_consistency_ ABSL_GUARDED_BY(snap_mu_);  // ConsistencyState at the copy
+  std::vector<EmbeddingSnapshot> snap_stores_ ABSL_GUARDED_BY(snap_mu_);
+  std::unique_ptr<DenseSnapshot> snap_dense_ ABSL_GUARDED_BY(snap_mu_);
+};
+
+}  // namespace pstrain

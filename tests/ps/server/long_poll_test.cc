@@ -1,0 +1,521 @@
+// Waiting on shard 0's job state without polling (ps/server/job_coordinator.h,
+// proto/pstrain/ps_service.proto): a watched Info or Coordinate call is held by the shard until
+// the job state changes (and not before), answered unchanged at its server-side deadline, never
+// held past the call's deadline, and finished when the client cancels it or the shard shuts down.
+// ShardRpc's waits are loops of such calls; BOUNDED / SYNC workers read checkpoint rounds from
+// shard 0's answers to their training pulls, with no RPC of their own.
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/rpc/timer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ps/server/job_coordinator.h"
+#include "ps/server/shard_server.h"
+#include "pstrain/ps_service.grpc.pb.h"
+#include "worker/ps_client/ps_checkpoint.h"
+#include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_rpc.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// How long a call must stay unanswered to count as held. Only the negative checks wait this long.
+constexpr absl::Duration kHeld = absl::Milliseconds(300);
+
+// ---- JobCoordinator alone, with a fake held call ----
+
+struct FakeWatch : JobCoordinator::Watch {
+  void Wake(absl::Status status) override {
+    EXPECT_FALSE(woken.HasBeenNotified()) << "woken twice";
+    result = std::move(status);
+    when = absl::Now();
+    woken.Notify();
+  }
+  bool WokenWithin(absl::Duration d) { return woken.WaitForNotificationWithTimeout(d); }
+  absl::Notification woken;
+  absl::Status result = absl::UnknownError("not woken");
+  absl::Time when;
+};
+
+TEST(JobCoordinator, AHeldWatchWakesOnTheNextChangeOnly) {
+  Timer timer;
+  JobCoordinator c(0, &timer);
+  const int64_t v = c.version();
+  FakeWatch w;
+  c.Hold(&w, v, absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(c.held_watches(), 1);
+  EXPECT_FALSE(w.WokenWithin(kHeld));
+  c.RequestCheckpoint(false, 7);
+  ASSERT_TRUE(w.WokenWithin(absl::Seconds(5)));
+  EXPECT_TRUE(w.result.ok()) << w.result;
+  EXPECT_EQ(c.held_watches(), 0);
+  EXPECT_GT(c.version(), v);
+  EXPECT_EQ(c.State().checkpoint_round(), 1);
+  EXPECT_EQ(c.State().checkpoint_target_step(), 7);
+
+  // A watcher that saw an older version is answered at once.
+  FakeWatch stale;
+  c.Hold(&stale, v, absl::Now() + absl::Seconds(30));
+  EXPECT_TRUE(stale.woken.HasBeenNotified());
+  EXPECT_TRUE(stale.result.ok());
+}
+
+TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
+  Timer timer;
+  JobCoordinator c(0, &timer);
+  int64_t v = c.version();
+  auto changed = [&] {
+    const int64_t now = c.version();
+    const bool grew = now > v;
+    v = now;
+    return grew;
+  };
+  ReportRequest r;
+  r.set_worker_id(1);
+  r.set_phase(TRAINING_DONE);
+  c.Report(r);
+  EXPECT_TRUE(changed());
+  EXPECT_EQ(c.RequestCheckpoint(false), 1);
+  EXPECT_TRUE(changed());
+  EXPECT_EQ(c.RequestCheckpoint(false), 1);  // joins the open round: nothing changed
+  EXPECT_FALSE(changed());
+  c.RequestCheckpoint(true);  // marks it stopping
+  EXPECT_TRUE(changed());
+  ASSERT_TRUE(c.ArriveCheckpoint(1, 0, "s").ok());
+  EXPECT_TRUE(changed());
+  c.ReleaseCheckpoint(1);
+  EXPECT_TRUE(changed());
+  c.ReleaseCheckpoint(1);
+  EXPECT_FALSE(changed());
+  c.CompleteCheckpoint(1, "/d", "");
+  EXPECT_TRUE(changed());
+  c.FinishJob();
+  EXPECT_TRUE(changed());
+  c.SetRestoredFrom("/d");
+  EXPECT_TRUE(changed());
+}
+
+TEST(JobCoordinator, AHeldWatchIsAnsweredAtItsTimeUnchanged) {
+  Timer timer;
+  JobCoordinator c(0, &timer);
+  FakeWatch w;
+  const absl::Time start = absl::Now();
+  c.Hold(&w, c.version(), start + absl::Milliseconds(200));
+  ASSERT_TRUE(w.WokenWithin(absl::Seconds(10)));
+  EXPECT_TRUE(w.result.ok());
+  EXPECT_GE(w.when - start, absl::Milliseconds(200));
+  EXPECT_EQ(c.held_watches(), 0);
+}
+
+TEST(JobCoordinator, CancelAndStopHoldingEndEveryHeldWatchOnce) {
+  Timer timer;
+  JobCoordinator c(0, &timer);
+  FakeWatch a, b;
+  c.Hold(&a, c.version(), absl::Now() + absl::Seconds(30));
+  c.Hold(&b, c.version(), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(c.held_watches(), 2);
+  c.Cancel(&a);
+  ASSERT_TRUE(a.woken.HasBeenNotified());
+  EXPECT_EQ(a.result.code(), absl::StatusCode::kCancelled);
+  c.Cancel(&a);  // a second cancellation finds nothing
+  c.StopHolding();
+  ASSERT_TRUE(b.woken.HasBeenNotified());
+  EXPECT_EQ(b.result.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(b.result.message(), HasSubstr("shutting down"));
+  FakeWatch late;
+  c.Hold(&late, c.version(), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(late.result.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.held_watches(), 0);
+}
+
+TEST(JobCoordinator, HoldsAtMostkMaxHeldCalls) {
+  Timer timer;
+  JobCoordinator c(0, &timer);
+  std::vector<std::unique_ptr<FakeWatch>> held;
+  for (int i = 0; i < JobCoordinator::kMaxHeld; ++i) {
+    held.push_back(std::make_unique<FakeWatch>());
+    c.Hold(held.back().get(), c.version(), absl::Now() + absl::Seconds(30));
+  }
+  FakeWatch one_more;
+  c.Hold(&one_more, c.version(), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(one_more.result.code(), absl::StatusCode::kUnavailable);
+  c.FinishJob();  // wakes them all
+  for (auto& w : held) EXPECT_TRUE(w->result.ok());
+}
+
+// ---- Over gRPC ----
+
+struct Shard0 {
+  explicit Shard0(Consistency mode = ASYNC, int num_shards = 1) {
+    for (int s = 0; s < num_shards; ++s) {
+      ShardServer::Options o;
+      o.shard = s;
+      o.num_shards = num_shards;
+      o.rows = 100;
+      o.partitions = num_shards;
+      o.row_dim = 2;
+      o.dense_size = 4;
+      o.consistency = mode;
+      o.num_workers = 1;
+      auto server = ShardServer::Create(std::move(o));
+      EXPECT_TRUE(server.ok()) << server.status();
+      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
+      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers.push_back(std::move(server).value());
+    }
+    stub = ParameterServer::NewStub(
+        grpc::CreateChannel(addresses[0], grpc::InsecureChannelCredentials()));
+  }
+  ShardServer& s0() { return *servers[0]; }
+
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> addresses;
+  std::unique_ptr<ParameterServer::Stub> stub;
+};
+
+// One asynchronous Info call with a watch.
+struct HeldInfo {
+  HeldInfo(ParameterServer::Stub* stub, int64_t version, int64_t watch_ms,
+           absl::Duration deadline) {
+    request.set_watch_version(version);
+    request.set_watch_timeout_ms(watch_ms);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    start = absl::Now();
+    stub->async()->Info(&ctx, &request, &response, [this](grpc::Status s) {
+      status = s;
+      took = absl::Now() - start;
+      done.Notify();
+    });
+  }
+  bool DoneWithin(absl::Duration d) { return done.WaitForNotificationWithTimeout(d); }
+
+  grpc::ClientContext ctx;
+  InfoRequest request;
+  InfoResponse response;
+  grpc::Status status;
+  absl::Time start;
+  absl::Duration took;
+  absl::Notification done;
+};
+
+TEST(LongPoll, AHeldInfoIsAnsweredWhenTheJobStateChangesNotBefore) {
+  Shard0 job;
+  const int64_t v = job.s0().Info().job_version();
+  HeldInfo call(job.stub.get(), v, /*watch_ms=*/20000, absl::Seconds(30));
+  EXPECT_FALSE(call.DoneWithin(kHeld));
+  EXPECT_EQ(job.s0().coordinator().held_watches(), 1);
+  const absl::Time change = absl::Now();
+  EXPECT_EQ(job.s0().coordinator().RequestCheckpoint(false, 12), 1);
+  ASSERT_TRUE(call.DoneWithin(absl::Seconds(5)));
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  EXPECT_LT(call.start + call.took - change, absl::Seconds(2));
+  EXPECT_GT(call.response.job_version(), v);
+  EXPECT_EQ(call.response.checkpoint_round(), 1);
+  EXPECT_EQ(call.response.checkpoint_target_step(), 12);
+  EXPECT_EQ(job.s0().coordinator().held_watches(), 0);
+}
+
+TEST(LongPoll, AHeldInfoIsAnsweredUnchangedAtItsServerSideDeadline) {
+  Shard0 job;
+  const int64_t v = job.s0().Info().job_version();
+  HeldInfo call(job.stub.get(), v, /*watch_ms=*/400, absl::Seconds(30));
+  ASSERT_TRUE(call.DoneWithin(absl::Seconds(10)));
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  EXPECT_GE(call.took, absl::Milliseconds(400));
+  EXPECT_EQ(call.response.job_version(), v);
+  EXPECT_EQ(call.response.shard(), 0);
+  // A watcher that saw another version is answered at once.
+  HeldInfo old(job.stub.get(), v - 1, /*watch_ms=*/20000, absl::Seconds(30));
+  ASSERT_TRUE(old.DoneWithin(absl::Seconds(5)));
+  EXPECT_LT(old.took, absl::Seconds(2));
+}
+
+TEST(LongPoll, NoCallIsHeldPastItsDeadline) {
+  Shard0 job;
+  const int64_t v = job.s0().Info().job_version();
+  // The client asks for a minute, its deadline is 4 s: the shard answers (OK, unchanged) shortly
+  // before the deadline (a tenth of the time left: 400 ms, a margin a loaded machine keeps), not
+  // with DEADLINE_EXCEEDED after it.
+  HeldInfo call(job.stub.get(), v, /*watch_ms=*/60000, absl::Seconds(4));
+  ASSERT_TRUE(call.DoneWithin(absl::Seconds(10)));
+  EXPECT_TRUE(call.status.ok()) << call.status.error_code() << " " << call.status.error_message();
+  EXPECT_LT(call.took, absl::Seconds(4));
+  EXPECT_GE(call.took, absl::Seconds(3));
+  EXPECT_EQ(call.response.job_version(), v);
+
+  // The same for a watched Coordinate REPORTS, over ShardRpc: it waits for its whole timeout (in
+  // held calls, not polls) and then names the missing workers.
+  ShardRpc rpc(job.addresses[0]);
+  const absl::Time start = absl::Now();
+  auto none = rpc.WaitForReports(TRAINING_DONE, 2, absl::Milliseconds(700));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
+  EXPECT_THAT(none.status().message(), HasSubstr("workers [0, 1] missing"));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+TEST(LongPoll, AHeldCoordinateReportsIsAnsweredByTheNextReport) {
+  Shard0 job;
+  CoordinateRequest request;
+  request.set_kind(CoordinateRequest::REPORTS);
+  request.set_phase(TRAINING_DONE);
+  CoordinateResponse first;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ASSERT_TRUE(job.stub->Coordinate(&ctx, request, &first).ok());
+  }
+  EXPECT_EQ(first.reports_size(), 0);
+  request.set_watch_version(first.job_version());
+  request.set_watch_timeout_ms(20000);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  CoordinateResponse held;
+  grpc::Status status;
+  absl::Notification done;
+  job.stub->async()->Coordinate(&ctx, &request, &held, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(kHeld));
+  EXPECT_EQ(job.s0().coordinator().held_watches(), 1);
+  ReportRequest report;
+  report.set_worker_id(1);
+  report.set_phase(TRAINING_DONE);
+  report.set_examples(5);
+  job.s0().Report(report);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(held.reports_size(), 1);
+  EXPECT_EQ(held.reports(0).examples(), 5);
+  EXPECT_GT(held.job_version(), first.job_version());
+}
+
+TEST(LongPoll, AClientCancellationFinishesTheHeldCall) {
+  Shard0 job;
+  HeldInfo call(job.stub.get(), job.s0().Info().job_version(), 20000, absl::Seconds(30));
+  EXPECT_FALSE(call.DoneWithin(kHeld));
+  call.ctx.TryCancel();
+  ASSERT_TRUE(call.DoneWithin(absl::Seconds(5)));
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::CANCELLED);
+  // The shard drops it (OnCancel); a later change does not touch it (ASan / TSan would tell).
+  for (int i = 0; i < 100 && job.s0().coordinator().held_watches() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(job.s0().coordinator().held_watches(), 0);
+  job.s0().coordinator().FinishJob();
+}
+
+TEST(LongPoll, ShutdownFinishesHeldCalls) {
+  Shard0 job;
+  HeldInfo call(job.stub.get(), job.s0().Info().job_version(), 20000, absl::Seconds(30));
+  EXPECT_FALSE(call.DoneWithin(kHeld));
+  const absl::Time start = absl::Now();
+  job.s0().Shutdown(absl::Seconds(5));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // not the grace: the held call ended first
+  ASSERT_TRUE(call.DoneWithin(absl::Seconds(5)));
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(call.status.error_message(), HasSubstr("shutting down"));
+}
+
+// BOUNDED / SYNC: shard 0 puts its job state in its answer to a training pull (the workers' way
+// to learn of checkpoint rounds without an RPC); not in ASYNC, not in an evaluation pull.
+TEST(LongPoll, Shard0PutsItsJobStateInBoundedAndSyncTrainingPulls) {
+  for (Consistency mode : {ASYNC, BOUNDED, SYNC}) {
+    SCOPED_TRACE(Consistency_Name(mode));
+    Shard0 job(mode);
+    job.s0().coordinator().RequestCheckpoint(false, /*target_step=*/9);
+    PullRequest train;
+    train.set_step(1);
+    train.set_want_dense(true);
+    PullResponse r;
+    ASSERT_TRUE(job.s0().Pull(train, &r).ok());
+    EXPECT_EQ(r.has_job(), mode != ASYNC);
+    if (mode != ASYNC) {
+      EXPECT_EQ(r.job().checkpoint_round(), 1);
+      EXPECT_EQ(r.job().checkpoint_target_step(), 9);
+      EXPECT_EQ(r.job().version(), job.s0().Info().job_version());
+    }
+    PullResponse e;
+    ASSERT_TRUE(job.s0().Pull(PullRequest(), &e).ok());
+    EXPECT_FALSE(e.has_job());
+  }
+}
+
+TEST(LongPoll, ShardRpcWaitsReturnWhenTheStateChanges) {
+  Shard0 job;
+  ShardRpc rpc(job.addresses[0]);
+  ShardServer& s0 = job.s0();
+  // The chief's wait for arrivals: answered by the last arrival, not by a poll.
+  const int64_t round = s0.coordinator().RequestCheckpoint(false);
+  std::atomic<bool> arrived{false};
+  absl::Time last_arrival;
+  std::atomic<int> held_while_waiting{0};
+  std::thread workers([&] {
+    absl::SleepFor(kHeld);
+    held_while_waiting = s0.coordinator().held_watches();  // the wait is a held call, not polls
+    ASSERT_TRUE(s0.coordinator().ArriveCheckpoint(round, 1, "one").ok());
+    absl::SleepFor(kHeld);
+    last_arrival = absl::Now();
+    arrived = true;
+    ASSERT_TRUE(s0.coordinator().ArriveCheckpoint(round, 0, "zero").ok());
+  });
+  auto states = rpc.WaitForArrivals(round, 2, absl::Seconds(30));
+  const absl::Time returned = absl::Now();
+  workers.join();
+  ASSERT_TRUE(states.ok()) << states.status();
+  EXPECT_TRUE(arrived);
+  EXPECT_EQ(held_while_waiting, 1);
+  EXPECT_EQ(states->at(0), "zero");
+  EXPECT_EQ(states->at(1), "one");
+  EXPECT_LT(returned - last_arrival, absl::Seconds(2));
+
+  // A non-chief's wait for the release of its round.
+  std::thread chief([&] {
+    absl::SleepFor(kHeld);
+    s0.coordinator().ReleaseCheckpoint(round);
+  });
+  auto info = rpc.WaitForInfo(
+      [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
+      absl::Seconds(30), "the release");
+  chief.join();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->checkpoint_released_round(), round);
+
+  // A wait that does not come true ends at its timeout, naming what did not happen.
+  auto never = rpc.WaitForInfo([](const InfoResponse& i) { return i.job_finished(); },
+                               absl::Milliseconds(500), "the end of the job");
+  EXPECT_EQ(never.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(never.status().message(), HasSubstr("the end of the job did not happen within"));
+}
+
+TEST(LongPoll, ShardRpcCancelEndsAWaitAtOnce) {
+  Shard0 job;
+  ShardRpc rpc(job.addresses[0]);
+  absl::Status result;
+  absl::Notification done;
+  std::thread waiter([&] {
+    result = rpc.WaitForInfo([](const InfoResponse& i) { return i.job_finished(); },
+                             absl::Minutes(5), "the end of the job")
+                 .status();
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(kHeld));
+  rpc.Cancel();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  waiter.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+}
+
+// SYNC: shard 0's answer to a training pull carries its job state, also for a worker that has no
+// rows and no dense slice there; PsCheckpointer::Requested reads it, with no RPC.
+TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
+  Shard0 job(SYNC, /*num_shards=*/2);
+  PsClient::Options o;
+  o.shards = job.addresses;
+  o.rows = 100;
+  o.partitions = 2;
+  o.row_dim = 2;
+  o.dense_size = 4;
+  o.worker_id = 0;
+  o.consistency = SYNC;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
+  PsClient& c = **client;
+  PsCheckpointer::Options co;
+  co.dir = ::testing::TempDir();
+  co.worker = 0;
+  co.num_workers = 1;
+  co.shards = job.addresses;
+  co.client = &c;
+  co.consistency = SYNC;
+  PsCheckpointer checkpointer(co);
+
+  // A row of shard 1 only (partition 1 of 2), no dense vector.
+  const PartitionMap& map = job.s0().map();
+  const int64_t row = map.PartitionBegin(1);
+  ASSERT_EQ(map.ShardOf(row), 1);
+  std::vector<float> rows(2), grads(2, 0.5f);
+  auto pull = [&](int64_t step) {
+    return c.PullAtStepAsync({row}, rows.data(), nullptr, step)->Wait();
+  };
+  ASSERT_TRUE(pull(1).ok());
+  ASSERT_TRUE(c.PushAsync({row}, grads.data(), nullptr, 1)->Wait().ok());
+  EXPECT_EQ(c.job_state().checkpoint_round(), 0);
+  EXPECT_GT(c.job_state().version(), 0);
+
+  // Another worker asks for a round at step 4: this worker sees it only in the answer to its
+  // next training pull (Requested makes no call of its own).
+  job.s0().coordinator().RequestCheckpoint(false, /*target_step=*/4);
+  EXPECT_FALSE(checkpointer.Requested(4));
+  ASSERT_TRUE(pull(2).ok());
+  EXPECT_EQ(c.job_state().checkpoint_round(), 1);
+  EXPECT_EQ(c.job_state().checkpoint_target_step(), 4);
+  EXPECT_FALSE(checkpointer.Requested(3));
+  EXPECT_TRUE(checkpointer.Requested(4));
+  EXPECT_TRUE(checkpointer.Requested(5));
+  // An evaluation pull (step 0) does not carry it.
+  PullResponse direct;
+  PullRequest eval;
+  ASSERT_TRUE(job.s0().Pull(eval, &direct).ok());
+  EXPECT_FALSE(direct.has_job());
+  // Once released, the round is no longer open.
+  job.s0().coordinator().ReleaseCheckpoint(1);
+  ASSERT_TRUE(c.PushAsync({row}, grads.data(), nullptr, 2)->Wait().ok());
+  ASSERT_TRUE(pull(3).ok());
+  EXPECT_FALSE(checkpointer.Requested(4));
+}
+
+// ASYNC: the checkpointer's watcher thread sees a round as soon as it opens (a held Info call
+// answered by the change), and its destructor ends the held call at once.
+TEST(LongPoll, AsyncWatcherSeesARoundAtOnceAndStopsAtOnce) {
+  Shard0 job;
+  PsClient::Options o;
+  o.shards = job.addresses;
+  o.rows = 100;
+  o.partitions = 1;
+  o.row_dim = 2;
+  o.dense_size = 4;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  PsCheckpointer::Options co;
+  co.dir = ::testing::TempDir();
+  co.worker = 1;
+  co.num_workers = 2;
+  co.shards = job.addresses;
+  co.client = client->get();
+  auto checkpointer = std::make_unique<PsCheckpointer>(co);
+  EXPECT_FALSE(checkpointer->Requested(1));
+  // Wait until the watcher holds a call, so that the round is seen through a held one.
+  for (int i = 0; i < 250 && job.s0().coordinator().held_watches() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(job.s0().coordinator().held_watches(), 1);
+  const absl::Time opened = absl::Now();
+  job.s0().coordinator().RequestCheckpoint(false);
+  while (!checkpointer->Requested(1) && absl::Now() - opened < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(checkpointer->Requested(1));
+  EXPECT_LT(absl::Now() - opened, absl::Seconds(2));
+  const absl::Time start = absl::Now();
+  checkpointer.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+}  // namespace
+}  // namespace pstrain
