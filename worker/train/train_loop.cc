@@ -43,6 +43,7 @@ absl::Status TrainLoop::Resume() {
     ASSIGN_OR_RETURN(std::optional<std::string> restored, checkpointer_->Restore(&restored_));
     if (restored) {
       progress_->Message(absl::StrCat("resumed from ", *restored, " at step ", restored_.step()));
+      last_checkpoint_ = *restored;
     }
   } else {
     progress_->Message("no checkpointer: no checkpoints are written or restored");
@@ -150,6 +151,7 @@ absl::Status TrainLoop::RunStep() {
     return read_ahead ? StageNext(next) : absl::OkStatus();
   }));
   cur_ = next;
+  if (!std::isfinite(r.loss_sum)) return Diverged(r.loss_sum);
   examples_ += r.examples;
   unique_rows_ += r.unique_rows;
   ex_since_log_ += r.examples;
@@ -175,6 +177,8 @@ absl::Status TrainLoop::RunStep() {
 }
 
 absl::Status TrainLoop::Checkpoint(bool final) {
+  // The divergence's update was pushed: a checkpoint now would capture it.
+  if (!diverged_.ok()) return diverged_;
   if (checkpointer_ == nullptr) return absl::OkStatus();
   // Every push completes, and the pipeline's position is right after the last trained batch
   // (there is no read-ahead batch at a checkpoint).
@@ -184,7 +188,13 @@ absl::Status TrainLoop::Checkpoint(bool final) {
   ws.set_examples(examples_);
   *ws.mutable_position() = pipeline_->position();
   ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
-  if (!dir.empty()) summary_.checkpoint = dir;
+  if (!dir.empty()) {
+    summary_.checkpoint = dir;
+    last_checkpoint_ = dir;
+    unnamed_checkpoint_ = false;
+  } else {
+    unnamed_checkpoint_ = true;
+  }
   t_last_ckpt_ = Now();
   return absl::OkStatus();
 }
@@ -197,7 +207,20 @@ absl::Status TrainLoop::DrainEval() {
   return absl::OkStatus();
 }
 
+absl::Status TrainLoop::Diverged(double loss) {
+  // x86 computes inf - inf as a NaN with the sign bit set, which printf writes "-nan".
+  const char* value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  std::string last = last_checkpoint_.empty() ? "none" : last_checkpoint_;
+  if (unnamed_checkpoint_) last = "the one LATEST names in the job's checkpoint directory";
+  diverged_ = absl::FailedPreconditionError(absl::StrCat(
+      "training diverged at step ", step_, ": loss is ", value, " (last good checkpoint: ", last,
+      "); nothing is saved after it: lower the learning rates, or look for extreme values in the "
+      "data of this step"));
+  return diverged_;
+}
+
 absl::StatusOr<TrainSummary> TrainLoop::Finish() {
+  if (!diverged_.ok()) return diverged_;
   PSTRAIN_CHECK(read_ahead_ != ReadAhead::kStaged) << "a read-ahead batch was left untrained";
   RETURN_IF_ERROR(step_runner_->Flush());
   const double train_seconds = Now() - t_start_;

@@ -1,8 +1,8 @@
 // The step loop of one worker, the core of RunTraining (worker/train/trainer.h) in every mode:
-// resume from the checkpointer, train until the input ends, max_steps or a stop signal, with the
-// checkpoint schedule, the periodic evaluation and the progress lines on the way, then save the
-// final (or the stop's) checkpoint. RunTraining builds the parts (model, parameters,
-// checkpointer, progress) before it and runs the end of the job after it.
+// resume from the checkpointer, train until the input ends, max_steps, a stop signal or a
+// divergence, with the checkpoint schedule, the periodic evaluation and the progress lines on the
+// way, then save the final (or the stop's) checkpoint. RunTraining builds the parts (model,
+// parameters, checkpointer, progress) before it and runs the end of the job after it.
 //
 // Read-ahead (docs/ARCHITECTURE.md "The pipelined step"). While the towers compute step t, the
 // loop reads batch t+1 and stages it (dedup; with prefetch_pulls its pull starts). A checkpoint
@@ -15,6 +15,13 @@
 //     boundary after that batch (one more step).
 // The state of the next batch to train is one ReadAhead value; a request owed to the next
 // boundary without read-ahead and a stop seen are two more flags.
+//
+// Divergence. A step whose summed loss is not finite (NaN or +-inf) ends Run at once with
+// FAILED_PRECONDITION "training diverged at step N: loss is nan (last good checkpoint: DIR)".
+// That step's update has already been pushed (TrainStep::Train starts the push before it
+// returns the loss), so nothing is saved after it: no scheduled, requested, stop or final
+// checkpoint, and Checkpoint refuses from then on. LATEST keeps naming the last checkpoint
+// written before the divergence; a resume starts from it.
 //
 // Memory: two batches (the one training and the one read ahead), TrainStep's buffers and the
 // pipeline's prefetch queue. Threading: not thread-safe; the trainer thread calls Resume, Run and
@@ -62,7 +69,8 @@ class TrainLoop {
   // its position and creates the step runner.
   absl::Status Resume();
   // The steps: until the input ends, max_steps, or a stop (then summary().preempted). Errors:
-  // the pipeline's, the step's, the checkpointer's, a background evaluation's.
+  // the pipeline's, the step's, the checkpointer's, a background evaluation's, and
+  // FAILED_PRECONDITION for a divergence (see the top of this file).
   absl::Status Run();
   // After a successful Run: flushes, waits for the background evaluation, fills the summary
   // (steps, examples, timings, sizes) and writes the final checkpoint, or the stop's.
@@ -94,11 +102,13 @@ class TrainLoop {
   absl::StatusOr<Boundary> AtBoundary(bool stop);
   // Trains batches_[cur_] as step step_ + 1, reading the next batch ahead while the towers
   // compute unless a boundary without read-ahead must follow; then progress, evaluation and the
-  // scheduled checkpoint.
+  // scheduled checkpoint. FAILED_PRECONDITION if the step's loss is not finite.
   absl::Status RunStep();
-  // Flushes the pushes and saves the worker's state.
+  // Flushes the pushes and saves the worker's state (refused after a divergence).
   absl::Status Checkpoint(bool final);
   absl::Status DrainEval();
+  // The divergence error of step step_ with `loss`; remembered, so that nothing is saved after.
+  absl::Status Diverged(double loss);
 
   const Config& config_;
   const TrainerOptions& opts_;
@@ -124,10 +134,16 @@ class TrainLoop {
   ReadAhead read_ahead_ = ReadAhead::kNone;
   bool checkpoint_owed_ = false;  // a checkpoint is due at the next boundary without read-ahead
   bool stop_seen_ = false;        // a stop was seen: no more reading ahead
+  absl::Status diverged_;         // set by Diverged: no checkpoint after it
 
   int64_t step_ = 0, examples_ = 0, first_step_ = 0;
   int64_t unique_rows_ = 0;  // this run's steps only (not restored)
   int64_t epoch_ = 0, last_epoch_ = 0, total_steps_estimate_ = 0;
+  // The last checkpoint known to be written (restored or saved), for the divergence message;
+  // unnamed_checkpoint_ when a later Save did not learn its name (a PS worker that is not the
+  // chief).
+  std::string last_checkpoint_;
+  bool unnamed_checkpoint_ = false;
   double t_start_ = 0, t_last_log_ = 0, t_last_ckpt_ = 0;
   int64_t ex_since_log_ = 0;
   double loss_since_log_ = 0;

@@ -97,8 +97,8 @@ TEST(AucTest, NanScoresAreAnErrorNotAnAbort) {
   }
   // Clear forgets them; infinite scores are ordered and fine.
   merged.Clear();
-  merged.Add({-std::numeric_limits<float>::infinity(), 0.5f, std::numeric_limits<float>::infinity()},
-             {0, 0, 1});
+  const float inf = std::numeric_limits<float>::infinity();
+  merged.Add({-inf, 0.5f, inf}, {0, 0, 1});
   EXPECT_DOUBLE_EQ(Value(merged.Auc()), 1.0);
 }
 
