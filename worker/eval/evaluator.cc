@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/data/pipeline.h"
 #include "worker/eval/metrics.h"
@@ -56,10 +57,16 @@ absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spe
               batch.labels[i]);
     }
   }
+  // NaN scores (diverged parameters) fail the evaluation with the metrics' INVALID_ARGUMENT.
+  const std::string where = absl::StrCat("evaluation at step ", step);
+  absl::StatusOr<double> auc = acc.Auc();
+  if (!auc.ok()) return Annotate(auc.status(), where);
+  absl::StatusOr<double> logloss = acc.LogLoss();
+  if (!logloss.ok()) return Annotate(logloss.status(), where);
   EvalResult r;
   r.step = step;
-  r.auc = acc.Auc();
-  r.logloss = acc.LogLoss();
+  r.auc = *auc;
+  r.logloss = *logloss;
   r.examples = acc.count();
   return r;
 }

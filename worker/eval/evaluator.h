@@ -26,7 +26,9 @@ struct EvalResult {
 };
 
 // Evaluates `params` on the eval channels of config.data() with `threads` OpenMP threads.
-// The calling thread runs the tower (and sets its own OpenMP thread count).
+// The calling thread runs the tower (and sets its own OpenMP thread count). A model that scores
+// NaN (diverged parameters) fails with INVALID_ARGUMENT ("evaluation at step S: n of N scores
+// are NaN ...").
 absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spec,
                                     const Model& model, ParameterAccess* params, int64_t step,
                                     int threads);

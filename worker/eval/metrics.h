@@ -11,11 +11,18 @@
 //
 // When one class has no weight (all labels 0, or all labels 1, or no examples) the AUC is
 // undefined and these functions return NaN; callers print it as "nan" rather than inventing 0.5.
+//
+// A NaN score is an error, not a programmer's mistake: a model whose parameters diverged scores
+// NaN, and NaN has no place in an order (sorting it is undefined behaviour) nor a logloss. The
+// metrics then return INVALID_ARGUMENT naming how many scores are NaN and the first one, and the
+// evaluation that asked fails with that status instead of the process aborting.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace pstrain {
@@ -25,14 +32,17 @@ namespace pstrain {
 // log_loss and TF's binary_crossentropy clip).
 inline constexpr double kLogLossEpsilon = 1e-7;
 
-// Exact AUC of `scores` against `labels` (same length). O(n log n) time, O(n) extra memory.
-// Any monotone transform of the scores gives the same AUC (probabilities or logits both work).
-// NaN when one class is empty (see above). NaN scores are not allowed (programmer error).
-double ComputeAuc(absl::Span<const float> scores, absl::Span<const float> labels);
+// Exact AUC of `scores` against `labels` (same length: a programmer's error otherwise). O(n log n)
+// time, O(n) extra memory. Any monotone transform of the scores gives the same AUC (probabilities
+// or logits both work). NaN when one class is empty (see above); INVALID_ARGUMENT when a score
+// is NaN.
+absl::StatusOr<double> ComputeAuc(absl::Span<const float> scores, absl::Span<const float> labels);
 
 // Mean sigmoid cross-entropy  -[y ln p + (1 - y) ln(1 - p)]  of probabilities `probs` (clipped,
-// see kLogLossEpsilon) against `labels`. NaN for zero examples.
-double ComputeLogLoss(absl::Span<const float> probs, absl::Span<const float> labels);
+// see kLogLossEpsilon) against `labels`. NaN for zero examples; INVALID_ARGUMENT when a
+// probability is NaN.
+absl::StatusOr<double> ComputeLogLoss(absl::Span<const float> probs,
+                                      absl::Span<const float> labels);
 
 // The per-example term of ComputeLogLoss, for callers that accumulate it themselves.
 double LogLossTerm(double prob, double label);
@@ -49,6 +59,7 @@ class AucAccumulator {
   // `prob` must be a probability in [0, 1] for LogLoss() to be meaningful (AUC accepts any
   // score); `label` in [0, 1].
   void Add(float prob, float label) {
+    if (std::isnan(prob) && nan_scores_++ == 0) first_nan_ = count();
     scores_.push_back(prob);
     labels_.push_back(label);
     logloss_sum_ += LogLossTerm(prob, label);
@@ -64,10 +75,11 @@ class AucAccumulator {
   }
 
   int64_t count() const { return static_cast<int64_t>(scores_.size()); }
-  // Exact AUC over everything added (sorts a copy: O(n log n)). NaN if one class is empty.
-  double Auc() const { return ComputeAuc(scores_, labels_); }
-  // Mean logloss; NaN when empty.
-  double LogLoss() const;
+  // Exact AUC over everything added (sorts a copy: O(n log n)). NaN if one class is empty;
+  // INVALID_ARGUMENT if a score is NaN.
+  absl::StatusOr<double> Auc() const;
+  // Mean logloss; NaN when empty; INVALID_ARGUMENT if a probability is NaN.
+  absl::StatusOr<double> LogLoss() const;
   // Mean label (the positive rate for 0/1 labels); NaN when empty.
   double PositiveRate() const;
 
@@ -76,6 +88,8 @@ class AucAccumulator {
   std::vector<float> labels_;
   double logloss_sum_ = 0;
   double label_sum_ = 0;
+  int64_t nan_scores_ = 0;  // NaN probabilities added, the first at index first_nan_
+  int64_t first_nan_ = 0;
 };
 
 }  // namespace pstrain

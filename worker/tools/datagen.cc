@@ -696,8 +696,8 @@ absl::StatusOr<DatagenResult> WriteSyntheticData(const SyntheticData& data,
   while (file + 1 < out.files) RETURN_IF_ERROR(next_file());
   RETURN_IF_ERROR(writer->Close());
   result.bytes += writer->bytes_written();
-  result.bayes_auc = bayes.Auc();
-  result.bayes_logloss = bayes.LogLoss();
+  ASSIGN_OR_RETURN(result.bayes_auc, bayes.Auc());
+  ASSIGN_OR_RETURN(result.bayes_logloss, bayes.LogLoss());
   result.positive_rate = bayes.PositiveRate();
   result.mean_probability = out.rows > 0 ? prob_sum / out.rows : std::nan("");
   RETURN_IF_ERROR(

@@ -28,6 +28,14 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(const Model& model,
   return s;
 }
 
+TrainStep::~TrainStep() {
+  for (int i = 0; i < staged_count_; ++i) {
+    Staged& s = staged_[(head_ + i) % 2];
+    if (s.pull_started) s.pull.Wait().IgnoreError();
+  }
+  push_.Wait().IgnoreError();
+}
+
 absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool start_pull) {
   if (staged_count_ == 2) {
     return absl::FailedPreconditionError("TrainStep::Stage: two batches are staged already");

@@ -62,6 +62,12 @@ class TrainStep {
   static absl::StatusOr<std::unique_ptr<TrainStep>> Create(const Model& model, int towers,
                                                            int batch_per_tower,
                                                            int intra_op_threads);
+  // Waits for what an error left in flight (a staged batch's pull, the last push), so that no
+  // ParameterAccess writes into these buffers after they are freed. Their statuses are dropped:
+  // the error that ended training is the one to report.
+  ~TrainStep();
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
 
   // Stages `batch` (up to towers x batch_per_tower examples, with the model's field count): its
   // ids are deduplicated now and, if `start_pull`, its pull is started. At most two batches are

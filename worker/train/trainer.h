@@ -80,7 +80,10 @@ struct TrainerOptions {
 };
 
 // Runs the job described by `config` (validated) for this worker. The chief writes
-// <model_dir>/summary.json.
+// <model_dir>/summary.json. A step whose loss is NaN or infinite ends the run with
+// FAILED_PRECONDITION "training diverged at step N: loss is nan (last good checkpoint: DIR)";
+// nothing is saved after it, so LATEST keeps naming the last checkpoint written before it
+// (worker/train/train_loop.h). The step loop is TrainLoop (worker/train/train_loop.h).
 absl::StatusOr<TrainSummary> RunTraining(const Config& config, const TrainerOptions& options);
 
 }  // namespace pstrain

@@ -318,21 +318,21 @@ TEST(ZipfSamplerTest, BothMethodsFollowTheExactLaw) {
 TEST(DatagenTest, BayesAucIsRealisticAndBeatsWeakerPredictors) {
   const All& s = Sample();
   const SyntheticData d = Make(DatagenOptions());
-  const double bayes = ComputeAuc(s.probs, s.rows.labels);
-  const double logloss = ComputeLogLoss(s.probs, s.rows.labels);
+  const double bayes = ComputeAuc(s.probs, s.rows.labels).value();
+  const double logloss = ComputeLogLoss(s.probs, s.rows.labels).value();
   std::vector<float> first(s.rows.size()), first_fm(s.rows.size()), constant(s.rows.size(), 0.25f);
   for (int r = 0; r < s.rows.size(); ++r) {
     const TeacherTerms t = d.Terms(s.rows, r);
     first[r] = static_cast<float>(t.first_order);
     first_fm[r] = static_cast<float>(t.first_order + t.fm);
   }
-  const double auc_first = ComputeAuc(first, s.rows.labels);
-  const double auc_first_fm = ComputeAuc(first_fm, s.rows.labels);
+  const double auc_first = ComputeAuc(first, s.rows.labels).value();
+  const double auc_first_fm = ComputeAuc(first_fm, s.rows.labels).value();
   std::printf("bayes auc %.4f logloss %.4f | first-order auc %.4f | first+fm auc %.4f\n", bayes,
               logloss, auc_first, auc_first_fm);
   EXPECT_GT(bayes, 0.77);
   EXPECT_LT(bayes, 0.83);
-  EXPECT_LT(logloss, ComputeLogLoss(constant, s.rows.labels) - 0.05);
+  EXPECT_LT(logloss, ComputeLogLoss(constant, s.rows.labels).value() - 0.05);
   EXPECT_LT(auc_first, bayes - 0.02);
   EXPECT_LT(auc_first_fm, bayes - 0.005);
   EXPECT_GT(auc_first, 0.65);  // the weak predictor is still informative
@@ -344,8 +344,8 @@ TEST(DatagenTest, LogitStdControlsDifficulty) {
   const All easy_less = GenerateAll(Make(o), 50000, 2);
   o.logit_std = 2.5;
   const All more = GenerateAll(Make(o), 50000, 2);
-  EXPECT_LT(ComputeAuc(easy_less.probs, easy_less.rows.labels) + 0.05,
-            ComputeAuc(more.probs, more.rows.labels));
+  EXPECT_LT(ComputeAuc(easy_less.probs, easy_less.rows.labels).value() + 0.05,
+            ComputeAuc(more.probs, more.rows.labels).value());
 }
 
 TEST(DatagenTest, FillMissingKeepsEveryFieldPresent) {
@@ -362,7 +362,7 @@ TEST(DatagenTest, FillMissingKeepsEveryFieldPresent) {
   }
   EXPECT_NEAR(filled_c22 / 20000.0, 0.763, 0.015);  // C22's missing rate
   EXPECT_GT(zero_i12 / 20000.0, 0.765);             // I12's missing rate plus its real zeros
-  EXPECT_GT(ComputeAuc(a.probs, a.rows.labels), 0.77);
+  EXPECT_GT(ComputeAuc(a.probs, a.rows.labels).value(), 0.77);
 }
 
 TEST(DatagenTest, RejectsBadOptions) {

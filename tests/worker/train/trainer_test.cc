@@ -6,12 +6,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "common/config.h"
 #include "common/file.h"
@@ -334,6 +338,207 @@ TEST_F(ResumeTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   EXPECT_THAT(err, testing::HasSubstr("resumed from"));
   EXPECT_THAT(err, testing::HasSubstr("ckpt-40"));
   EXPECT_EQ(second->steps, 50);
+}
+
+// ---- Divergence (worker/train/train_loop.h) ----
+
+// Record 700 of the training file carries I1 = 1e30 in a DENSE, NO_TRANSFORM field that every
+// other record leaves missing: that value scales I1's embedding row (entries ~1e28) and the FM
+// term's squares overflow float, so the loss of exactly step 11 (records 640..703, 64 a step,
+// read in order) is NaN whatever the parameters are, and the steps before are ordinary training.
+// tests/cmd/divergence_test.cc runs the commands on the same trigger.
+constexpr int kDivergedStep = 11;
+
+// "nan" or "inf", as the status says: which of the two the overflow gives depends on the record
+// (an infinite logit gives an infinite loss for label 0 and inf - inf = NaN for label 1), and
+// both are a divergence. Anything else fails the test's match.
+std::string LossWord(const absl::Status& s) {
+  const std::string m(s.message());
+  return m.find("loss is inf ") != std::string::npos ? "inf" : "nan";
+}
+
+// Asks for a checkpoint at the boundary after each step of `requests` (once each) and raises the
+// stop flag while step `stop_before` is about to train (after the trainer decided to read the
+// next batch ahead, so that the stop is served one step later). Records every Save.
+class RecordingCheckpointer : public Checkpointer {
+ public:
+  RecordingCheckpointer(const std::string& dir, LocalParams* params, std::atomic<bool>* stop,
+                        std::vector<int64_t> requests, int64_t stop_before)
+      : inner_(dir, params, 100), stop_(stop), requests_(std::move(requests)),
+        stop_before_(stop_before) {}
+  absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
+    return inner_.Restore(state);
+  }
+  bool Requested(int64_t step) override {
+    if (stop_before_ > 0 && step == stop_before_) stop_->store(true);
+    auto it = std::find(requests_.begin(), requests_.end(), step);
+    if (it == requests_.end()) return false;
+    requests_.erase(it);
+    return true;
+  }
+  absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override {
+    saved_steps.push_back(state.step());
+    return inner_.Save(state, final);
+  }
+  std::vector<int64_t> saved_steps;
+
+ private:
+  LocalCheckpointer inner_;
+  std::atomic<bool>* stop_;
+  std::vector<int64_t> requests_;
+  const int64_t stop_before_;
+};
+
+struct DivergenceCase {
+  const char* name;
+  int64_t every_steps;             // the chief's checkpoint schedule (0: off)
+  std::vector<int64_t> requests;   // RecordingCheckpointer's
+  int64_t stop_before;             // RecordingCheckpointer's (0: no stop)
+  bool checkpointer;               // false: none (the message says "none")
+};
+
+void PrintTo(const DivergenceCase& c, std::ostream* os) { *os << c.name; }
+
+class TrainerDivergence : public testing::TestWithParam<DivergenceCase> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = FreshDir("trainer_divergence");
+    for (auto [name, seed, rows] : {std::tuple{"gen", 1, 1200}, std::tuple{"test", 2, 300}}) {
+      const std::string cmd = std::string(PSTRAIN_BINARY) + " datagen --rows " +
+                              std::to_string(rows) + " --seed " + std::to_string(seed) +
+                              " --out " + dir_ + "/" + name + " > /dev/null 2>&1";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    std::ifstream in(dir_ + "/gen/part-00000.tsv");
+    std::ofstream out(dir_ + "/train.tsv");
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i) {
+      // Column 1 is I1 (column 0 the label).
+      const size_t a = line.find('\t'), b = line.find('\t', a + 1);
+      ASSERT_NE(b, std::string::npos) << line;
+      out << line.substr(0, a + 1) << (i == 700 ? "1e30" : "") << line.substr(b) << '\n';
+    }
+  }
+  static void TearDownTestSuite() { std::system(("rm -rf " + dir_).c_str()); }
+
+  static Config MakeConfig(const std::string& model_dir) {
+    Config c = BaseConfig(dir_ + "/train.tsv", dir_ + "/test/part-*", model_dir);
+    for (const char* set : {"train.epochs=1", "train.batch_size=32", "threads.towers=2",
+                            "threads.intra_op_threads=1", "threads.inter_op_threads=1",
+                            "features.categorical_vocab_size=20000", "data.shuffle_buffer=0",
+                            "model.hidden=[32]", "checkpoint.every_seconds=0",
+                            "checkpoint.keep=100"}) {
+      EXPECT_TRUE(ApplyOverride(set, &c).ok()) << set;
+    }
+    FieldSpec* f = c.mutable_features()->add_field();
+    f->set_name("I1");
+    f->set_kind(NUMERIC);
+    f->set_numeric_mode(DENSE);
+    f->set_numeric_transform(NO_TRANSFORM);
+    return c;
+  }
+
+  // Fresh in-process parameters for `c`.
+  static std::unique_ptr<LocalParams> MakeParams(const Config& c) {
+    ThreadConfig threads = c.threads();
+    ResolveThreadDefaults(2, &threads);
+    auto spec = FeatureSpec::Create(c.features());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    auto model = Model::Create(c.model(), spec->num_fields());
+    EXPECT_TRUE(model.ok()) << model.status();
+    auto params = LocalParams::Create(**model, spec->total_rows(), c,
+                                      threads.towers() * threads.intra_op_threads());
+    EXPECT_TRUE(params.ok()) << params.status();
+    return params.ok() ? std::move(*params) : nullptr;
+  }
+
+  // Restores LATEST of `dir` into fresh parameters: its step, and the count of non-finite
+  // values among every row's weights and optimizer slots and the dense weights and state.
+  static void ExpectLatestFinite(const Config& c, const std::string& dir, int64_t want_step) {
+    std::unique_ptr<LocalParams> p = MakeParams(c);
+    ASSERT_NE(p, nullptr);
+    WorkerState state;
+    auto restored = RestoreLatestCheckpoint(dir, p.get(), &state);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    ASSERT_TRUE(restored->has_value());
+    EXPECT_EQ(**restored, dir + "/ckpt-" + std::to_string(want_step));
+    EXPECT_EQ(state.step(), want_step);
+    const EmbeddingSnapshot rows = p->embedding()->Snapshot();
+    const DenseSnapshot dense = p->dense()->Snapshot();
+    EXPECT_GT(rows.rows(), 1000);
+    int64_t non_finite = 0;
+    for (const std::vector<float>* v : {&rows.weights, &rows.state, &dense.weights, &dense.state}) {
+      for (float x : *v) non_finite += !std::isfinite(x);
+    }
+    EXPECT_EQ(non_finite, 0);
+  }
+
+  static std::string dir_;
+};
+std::string TrainerDivergence::dir_;
+
+// The divergence ends training within the step, with FAILED_PRECONDITION naming the step and the
+// last good checkpoint, and nothing is saved after it: not the checkpoint the schedule or a
+// request wants at that step's boundary, not the stop's (raised while that step was read ahead),
+// not the final one. LATEST and its parameters are those of step 5.
+TEST_P(TrainerDivergence, StopsAtTheStepAndSavesNothingAfterIt) {
+  const DivergenceCase& t = GetParam();
+  const std::string model_dir = dir_ + "/" + t.name;
+  Config c = MakeConfig(model_dir);
+  c.mutable_checkpoint()->set_every_steps(t.every_steps);
+  std::unique_ptr<LocalParams> params = MakeParams(c);
+  ASSERT_NE(params, nullptr);
+  std::atomic<bool> stop{false};
+  RecordingCheckpointer recording(model_dir, params.get(), &stop, t.requests, t.stop_before);
+  TrainerOptions opts;
+  opts.cores = 2;
+  opts.params = params.get();
+  opts.checkpointer = t.checkpointer ? &recording : nullptr;
+  opts.stop = &stop;
+  testing::internal::CaptureStderr();
+  auto summary = RunTraining(c, opts);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(summary.ok()) << err;
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string last = t.checkpointer ? model_dir + "/ckpt-5" : "none";
+  EXPECT_THAT(std::string(summary.status().message()),
+              testing::HasSubstr("training diverged at step " + std::to_string(kDivergedStep) +
+                                 ": loss is " + LossWord(summary.status()) +
+                                 " (last good checkpoint: " + last + ")"));
+  EXPECT_FALSE(PathExists(model_dir + "/summary.json"));
+  if (!t.checkpointer) return;
+  EXPECT_EQ(recording.saved_steps, std::vector<int64_t>{5});
+  EXPECT_EQ(Slurp(model_dir + "/LATEST"), "ckpt-5\n");
+  EXPECT_FALSE(PathExists(model_dir + "/ckpt-" + std::to_string(kDivergedStep)));
+  ExpectLatestFinite(c, model_dir, 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, TrainerDivergence,
+    testing::Values(DivergenceCase{"ScheduledAtTheStep", kDivergedStep, {5}, 0, true},
+                    DivergenceCase{"RequestedAtTheStep", 0, {5, kDivergedStep}, 0, true},
+                    DivergenceCase{"StopWhileTheStepIsReadAhead", 0, {5}, kDivergedStep - 1, true},
+                    DivergenceCase{"NoCheckpointer", 0, {}, 0, false}),
+    [](const testing::TestParamInfo<DivergenceCase>& info) { return info.param.name; });
+
+// train.async_local_updates (pushes on a background thread, pulls one step ahead) detects it at
+// the same step; the checkpoints of the schedule before it (5, 10) stay, LATEST is ckpt-10.
+TEST_F(TrainerDivergence, AsyncLocalUpdatesStopAtTheSameStep) {
+  const std::string model_dir = dir_ + "/async";
+  Config c = MakeConfig(model_dir);
+  c.mutable_train()->set_async_local_updates(true);
+  c.mutable_checkpoint()->set_every_steps(5);
+  TrainerOptions opts;
+  opts.cores = 2;
+  auto summary = RunTraining(c, opts);
+  ASSERT_FALSE(summary.ok());
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(summary.status().message()),
+              testing::HasSubstr("training diverged at step " + std::to_string(kDivergedStep) +
+                                 ": loss is " + LossWord(summary.status()) +
+                                 " (last good checkpoint: " + model_dir + "/ckpt-10)"));
+  EXPECT_EQ(Slurp(model_dir + "/LATEST"), "ckpt-10\n");
+  ExpectLatestFinite(c, model_dir, 10);
 }
 
 }  // namespace

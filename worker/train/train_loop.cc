@@ -1,0 +1,256 @@
+#include "worker/train/train_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace pstrain {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TrainLoop::TrainLoop(const Parts& parts)
+    : config_(*parts.config),
+      opts_(*parts.options),
+      spec_(*parts.spec),
+      model_(*parts.model),
+      params_(parts.params),
+      checkpointer_(parts.checkpointer),
+      progress_(parts.progress),
+      prefetch_pulls_(parts.prefetch_pulls),
+      max_steps_(config_.train().max_steps()),
+      log_every_(std::max<int64_t>(1, config_.train().log_every_steps())),
+      eval_every_(config_.train().eval_every_steps()),
+      ckpt_every_(config_.checkpoint().every_steps()),
+      ckpt_seconds_(config_.checkpoint().every_seconds()),
+      have_eval_(opts_.chief && config_.data().eval_size() > 0),
+      background_(config_, spec_, model_, params_, /*threads=*/1) {}
+
+bool TrainLoop::Stopped() const { return opts_.stop != nullptr && opts_.stop->load(); }
+
+absl::Status TrainLoop::Resume() {
+  if (checkpointer_ != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<std::string> restored, checkpointer_->Restore(&restored_));
+    if (restored) {
+      progress_->Message(absl::StrCat("resumed from ", *restored, " at step ", restored_.step()));
+      last_checkpoint_ = *restored;
+    }
+  } else {
+    progress_->Message("no checkpointer: no checkpoints are written or restored");
+  }
+  const ThreadConfig& t = config_.threads();
+  const int T = t.towers(), B = config_.train().batch_size();
+  PipelineOptions po = OptionsFromConfig(config_.data(), /*train=*/true, T * B, opts_.worker_index,
+                                         opts_.num_workers, config_.train().epochs());
+  po.reader_threads = t.inter_op_threads();
+  if (restored_.has_position()) po.start = restored_.position();
+  ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(std::move(po), spec_));
+  ASSIGN_OR_RETURN(step_runner_, TrainStep::Create(model_, T, B, t.intra_op_threads()));
+  step_runner_->set_dense_sync_steps(std::max(1, opts_.dense_sync_steps));
+
+  step_ = first_step_ = restored_.step();
+  examples_ = restored_.examples();
+  total_steps_estimate_ = max_steps_;
+  t_start_ = t_last_log_ = t_last_ckpt_ = Now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> TrainLoop::ReadNext(int slot) {
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, pipeline_->Next(&batches_[slot], &batch_epoch_[slot]));
+    if (!more || batches_[slot].size > 0) return more;
+  }
+}
+
+absl::Status TrainLoop::StageNext(int slot) {
+  ASSIGN_OR_RETURN(bool more, ReadNext(slot));
+  if (!more) {
+    read_ahead_ = ReadAhead::kInputDone;
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(step_runner_->Stage(batches_[slot], params_, prefetch_pulls_));
+  read_ahead_ = ReadAhead::kStaged;
+  return absl::OkStatus();
+}
+
+absl::Status TrainLoop::Run() {
+  while (max_steps_ == 0 || step_ < max_steps_) {
+    const bool stop = Stopped();
+    stop_seen_ = stop_seen_ || stop;
+    if (read_ahead_ != ReadAhead::kStaged) {
+      ASSIGN_OR_RETURN(const Boundary next, AtBoundary(stop));
+      if (next == Boundary::kEnd) break;
+      if (next == Boundary::kRecheck) continue;
+    }
+    RETURN_IF_ERROR(RunStep());
+  }
+  PSTRAIN_CHECK(read_ahead_ != ReadAhead::kStaged) << "a read-ahead batch was left untrained";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainLoop::Boundary> TrainLoop::AtBoundary(bool stop) {
+  if (stop) {
+    // A synchronous job stops at one common step: train on to it (Checkpointer::StopStep).
+    int64_t stop_at = step_;
+    if (checkpointer_ != nullptr) {
+      ASSIGN_OR_RETURN(stop_at, checkpointer_->StopStep(step_));
+    }
+    if (step_ >= stop_at) {
+      summary_.preempted = true;
+      return Boundary::kEnd;
+    }
+  }
+  if (checkpoint_owed_ || (checkpointer_ != nullptr && checkpointer_->Requested(step_))) {
+    checkpoint_owed_ = false;
+    RETURN_IF_ERROR(Checkpoint(/*final=*/false));
+    // A stop raised by the round (it ended the job) or by a signal during it: serve it at this
+    // boundary, through StopStep (a synchronous job may have to train on to a common step: the
+    // other workers were released and go on).
+    if (Stopped()) return Boundary::kRecheck;
+  }
+  checkpoint_owed_ = false;
+  if (read_ahead_ == ReadAhead::kInputDone) return Boundary::kEnd;
+  RETURN_IF_ERROR(StageNext(cur_));
+  return read_ahead_ == ReadAhead::kStaged ? Boundary::kTrain : Boundary::kEnd;
+}
+
+absl::Status TrainLoop::RunStep() {
+  epoch_ = batch_epoch_[cur_];
+  if (epoch_ != last_epoch_) {
+    // After the first epoch the steps per epoch are known: estimate the total for the ETA.
+    if (max_steps_ == 0 && last_epoch_ == 0) {
+      total_steps_estimate_ = step_ * config_.train().epochs();
+    }
+    last_epoch_ = epoch_;
+  }
+  ++step_;
+  const double t_step = Now();
+  const bool ckpt_due =
+      opts_.chief && ((ckpt_every_ > 0 && step_ % ckpt_every_ == 0) ||
+                      (ckpt_seconds_ > 0 && t_step - t_last_ckpt_ > ckpt_seconds_));
+  // A checkpoint wanted at the boundary after this step (another worker's round) needs that
+  // boundary without a read-ahead batch. Asked before the step trains: with BOUNDED / SYNC the
+  // round's target leaves a step of margin for exactly this (worker/ps_client/ps_checkpoint.h).
+  checkpoint_owed_ =
+      checkpoint_owed_ || (checkpointer_ != nullptr && checkpointer_->Requested(step_));
+  const bool read_ahead =
+      !(max_steps_ > 0 && step_ >= max_steps_) && !ckpt_due && !stop_seen_ && !checkpoint_owed_;
+  const int next = 1 - cur_;
+  read_ahead_ = ReadAhead::kNone;  // batches_[cur_] is being trained
+  ASSIGN_OR_RETURN(StepResult r, step_runner_->Train(step_, params_, [&]() -> absl::Status {
+    return read_ahead ? StageNext(next) : absl::OkStatus();
+  }));
+  cur_ = next;
+  if (!std::isfinite(r.loss_sum)) return Diverged(r.loss_sum);
+  examples_ += r.examples;
+  unique_rows_ += r.unique_rows;
+  ex_since_log_ += r.examples;
+  loss_since_log_ += r.loss_sum;
+
+  const double now = Now();
+  if (step_ % log_every_ == 0 || (opts_.tty && now - t_last_log_ > 0.5)) {
+    progress_->Train(step_, epoch_, loss_since_log_ / std::max<int64_t>(1, ex_since_log_),
+                     ex_since_log_ / std::max(1e-9, now - t_last_log_), total_steps_estimate_,
+                     now - t_start_);
+    t_last_log_ = now;
+    ex_since_log_ = 0;
+    loss_since_log_ = 0;
+  }
+  RETURN_IF_ERROR(DrainEval());
+  if (have_eval_ && eval_every_ > 0 && step_ % eval_every_ == 0) {
+    // The evaluation should see this step's update.
+    RETURN_IF_ERROR(step_runner_->Flush());
+    background_.Start(step_);
+  }
+  if (ckpt_due) RETURN_IF_ERROR(Checkpoint(/*final=*/false));
+  return absl::OkStatus();
+}
+
+absl::Status TrainLoop::Checkpoint(bool final) {
+  // The divergence's update was pushed: a checkpoint now would capture it.
+  if (!diverged_.ok()) return diverged_;
+  if (checkpointer_ == nullptr) return absl::OkStatus();
+  // Every push completes, and the pipeline's position is right after the last trained batch
+  // (there is no read-ahead batch at a checkpoint).
+  RETURN_IF_ERROR(step_runner_->Flush());
+  WorkerState ws;
+  ws.set_step(step_);
+  ws.set_examples(examples_);
+  *ws.mutable_position() = pipeline_->position();
+  ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
+  if (!dir.empty()) {
+    summary_.checkpoint = dir;
+    last_checkpoint_ = dir;
+    unnamed_checkpoint_ = false;
+  } else {
+    unnamed_checkpoint_ = true;
+  }
+  t_last_ckpt_ = Now();
+  return absl::OkStatus();
+}
+
+absl::Status TrainLoop::DrainEval() {
+  if (auto r = background_.Take()) {
+    if (!r->ok()) return Annotate(r->status(), "evaluation");
+    progress_->Eval((*r)->step, (*r)->auc, (*r)->logloss, (*r)->examples, false);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainLoop::Diverged(double loss) {
+  // x86 computes inf - inf as a NaN with the sign bit set, which printf writes "-nan".
+  const char* value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  std::string last = last_checkpoint_.empty() ? "none" : last_checkpoint_;
+  if (unnamed_checkpoint_) last = "the one LATEST names in the job's checkpoint directory";
+  diverged_ = absl::FailedPreconditionError(absl::StrCat(
+      "training diverged at step ", step_, ": loss is ", value, " (last good checkpoint: ", last,
+      "); nothing is saved after it: lower the learning rates, or look for extreme values in the "
+      "data of this step"));
+  return diverged_;
+}
+
+absl::StatusOr<TrainSummary> TrainLoop::Finish() {
+  if (!diverged_.ok()) return diverged_;
+  PSTRAIN_CHECK(read_ahead_ != ReadAhead::kStaged) << "a read-ahead batch was left untrained";
+  RETURN_IF_ERROR(step_runner_->Flush());
+  const double train_seconds = Now() - t_start_;
+  background_.Wait();
+  RETURN_IF_ERROR(DrainEval());
+
+  summary_.steps = step_;
+  summary_.unique_rows_per_step =
+      step_ > first_step_ ? static_cast<double>(unique_rows_) / (step_ - first_step_) : 0;
+  summary_.row_dim = params_->row_dim();
+  summary_.dense_params = params_->dense_size();
+  summary_.examples = examples_;
+  summary_.wall_seconds = train_seconds;
+  summary_.examples_this_run = examples_ - restored_.examples();
+  summary_.examples_per_sec = train_seconds > 0 ? summary_.examples_this_run / train_seconds : 0;
+  summary_.bad_records = static_cast<int64_t>(pipeline_->stats().bad_records);
+  RETURN_IF_ERROR(Checkpoint(/*final=*/!summary_.preempted));
+  if (checkpointer_ != nullptr) {
+    progress_->Message(absl::StrCat(summary_.preempted ? "stopped by SIGTERM; " : "",
+                                    "checkpoint written: ", summary_.checkpoint));
+  } else if (summary_.preempted) {
+    progress_->Message("stopped by a signal; no checkpointer, so nothing was saved");
+  }
+  const StepProfile& prof = step_runner_->profile();
+  progress_->Message(absl::StrFormat(
+      "step time: dedup %.1f%%  pull %.1f%%  towers %.1f%%  reduce %.1f%%  push %.1f%%",
+      100 * prof.dedup / train_seconds, 100 * prof.pull / train_seconds,
+      100 * prof.compute / train_seconds, 100 * prof.reduce / train_seconds,
+      100 * prof.push / train_seconds));
+  return summary_;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,153 @@
+// The step loop of one worker, the core of RunTraining (worker/train/trainer.h) in every mode:
+// resume from the checkpointer, train until the input ends, max_steps, a stop signal or a
+// divergence, with the checkpoint schedule, the periodic evaluation and the progress lines on the
+// way, then save the final (or the stop's) checkpoint. RunTraining builds the parts (model,
+// parameters, checkpointer, progress) before it and runs the end of the job after it.
+//
+// Read-ahead (docs/ARCHITECTURE.md "The pipelined step"). While the towers compute step t, the
+// loop reads batch t+1 and stages it (dedup; with prefetch_pulls its pull starts). A checkpoint
+// or a stop happens only at a boundary without a read-ahead batch, so that the pipeline's
+// position is right after the last trained batch and, after a flush, every push is complete:
+//   - a boundary known in advance (the last of max_steps, the chief's checkpoint schedule, a
+//     request the checkpointer reports before the step) is reached without reading ahead in the
+//     step before it;
+//   - a stop or a checkpoint request that arrives while a batch is read ahead is served at the
+//     boundary after that batch (one more step).
+// The state of the next batch to train is one ReadAhead value; a request owed to the next
+// boundary without read-ahead and a stop seen are two more flags.
+//
+// Divergence. A step whose summed loss is not finite (NaN or +-inf) ends Run at once with
+// FAILED_PRECONDITION "training diverged at step N: loss is nan (last good checkpoint: DIR)".
+// That step's update has already been pushed (TrainStep::Train starts the push before it
+// returns the loss), so nothing is saved after it: no scheduled, requested, stop or final
+// checkpoint, and Checkpoint refuses from then on. LATEST keeps naming the last checkpoint
+// written before the divergence; a resume starts from it.
+//
+// Memory: two batches (the one training and the one read ahead), TrainStep's buffers and the
+// pipeline's prefetch queue. Threading: not thread-safe; the trainer thread calls Resume, Run and
+// Finish, in that order, once each. The background evaluator runs on its own thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "pstrain/config.pb.h"
+#include "worker/data/batch.h"
+#include "worker/data/feature_spec.h"
+#include "worker/data/pipeline.h"
+#include "worker/eval/evaluator.h"
+#include "worker/model/model.h"
+#include "worker/params/params.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/progress.h"
+#include "worker/train/train_step.h"
+#include "worker/train/trainer.h"
+
+namespace pstrain {
+
+class TrainLoop {
+ public:
+  // What the loop uses and does not own; everything must outlive it.
+  struct Parts {
+    const Config* config = nullptr;  // validated, with the thread settings resolved
+    const TrainerOptions* options = nullptr;
+    const FeatureSpec* spec = nullptr;
+    const Model* model = nullptr;
+    ParameterAccess* params = nullptr;
+    Checkpointer* checkpointer = nullptr;  // null: no checkpoints are restored or written
+    ProgressReporter* progress = nullptr;
+    bool prefetch_pulls = false;  // TrainStep::Stage's start_pull
+  };
+
+  explicit TrainLoop(const Parts& parts);
+  TrainLoop(const TrainLoop&) = delete;
+  TrainLoop& operator=(const TrainLoop&) = delete;
+
+  // Restores the newest usable checkpoint (Checkpointer::Restore), then opens the pipeline at
+  // its position and creates the step runner.
+  absl::Status Resume();
+  // The steps: until the input ends, max_steps, or a stop (then summary().preempted). Errors:
+  // the pipeline's, the step's, the checkpointer's, a background evaluation's, and
+  // FAILED_PRECONDITION for a divergence (see the top of this file).
+  absl::Status Run();
+  // After a successful Run: flushes, waits for the background evaluation, fills the summary
+  // (steps, examples, timings, sizes) and writes the final checkpoint, or the stop's.
+  absl::StatusOr<TrainSummary> Finish();
+
+  int64_t step() const { return step_; }
+
+ private:
+  // The next batch to train, batches_[cur_].
+  enum class ReadAhead {
+    kNone,       // none read: the boundary before it may checkpoint or stop
+    kStaged,     // read and staged (by the previous step's read-ahead, or at the boundary)
+    kInputDone,  // reading found the end of the input
+  };
+  // What a boundary without read-ahead leads to.
+  enum class Boundary {
+    kTrain,    // a batch is staged: train it
+    kRecheck,  // a stop was raised during the checkpoint: look at the boundary again
+    kEnd,      // stopped, or the input ended
+  };
+
+  bool Stopped() const;
+  // Reads the next non-empty batch into batches_[slot]; false at the end of the input.
+  absl::StatusOr<bool> ReadNext(int slot);
+  // ReadNext, then stages the batch (ReadAhead::kStaged) or notes the end (kInputDone).
+  absl::Status StageNext(int slot);
+  // A boundary without a read-ahead batch after step_ steps: serves a stop (`stop`, sampled at
+  // the top of the loop) and a checkpoint request, then stages the next batch.
+  absl::StatusOr<Boundary> AtBoundary(bool stop);
+  // Trains batches_[cur_] as step step_ + 1, reading the next batch ahead while the towers
+  // compute unless a boundary without read-ahead must follow; then progress, evaluation and the
+  // scheduled checkpoint. FAILED_PRECONDITION if the step's loss is not finite.
+  absl::Status RunStep();
+  // Flushes the pushes and saves the worker's state (refused after a divergence).
+  absl::Status Checkpoint(bool final);
+  absl::Status DrainEval();
+  // The divergence error of step step_ with `loss`; remembered, so that nothing is saved after.
+  absl::Status Diverged(double loss);
+
+  const Config& config_;
+  const TrainerOptions& opts_;
+  const FeatureSpec& spec_;
+  const Model& model_;
+  ParameterAccess* const params_;
+  Checkpointer* const checkpointer_;
+  ProgressReporter* const progress_;
+  const bool prefetch_pulls_;
+  const int64_t max_steps_, log_every_, eval_every_, ckpt_every_;
+  const double ckpt_seconds_;
+  const bool have_eval_;  // the chief with an eval channel evaluates
+
+  WorkerState restored_;  // the state resumed from (empty for a fresh start)
+  std::unique_ptr<Pipeline> pipeline_;
+  Batch batches_[2];
+  int64_t batch_epoch_[2] = {0, 0};
+  std::unique_ptr<TrainStep> step_runner_;  // after batches_: destroyed first (it points at them)
+  BackgroundEvaluator background_;
+
+  // The loop's state.
+  int cur_ = 0;  // batches_[cur_] is trained next
+  ReadAhead read_ahead_ = ReadAhead::kNone;
+  bool checkpoint_owed_ = false;  // a checkpoint is due at the next boundary without read-ahead
+  bool stop_seen_ = false;        // a stop was seen: no more reading ahead
+  absl::Status diverged_;         // set by Diverged: no checkpoint after it
+
+  int64_t step_ = 0, examples_ = 0, first_step_ = 0;
+  int64_t unique_rows_ = 0;  // this run's steps only (not restored)
+  int64_t epoch_ = 0, last_epoch_ = 0, total_steps_estimate_ = 0;
+  // The last checkpoint known to be written (restored or saved), for the divergence message;
+  // unnamed_checkpoint_ when a later Save did not learn its name (a PS worker that is not the
+  // chief).
+  std::string last_checkpoint_;
+  bool unnamed_checkpoint_ = false;
+  double t_start_ = 0, t_last_log_ = 0, t_last_ckpt_ = 0;
+  int64_t ex_since_log_ = 0;
+  double loss_since_log_ = 0;
+  TrainSummary summary_;
+};
+
+}  // namespace pstrain
