@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "common/status.h"
 #include "ps/server/shard_server.h"
 #include "ps/store/store_blocks.h"
@@ -18,7 +19,7 @@ constexpr char kConsistencyTag[] = "CONS";
 }  // namespace
 
 std::string ShardServer::ShardFileName(int shard, int num_shards) {
-  return absl::StrCat("shard-", shard, "-of-", num_shards);
+  return pstrain::ShardFileName(shard, num_shards);
 }
 
 int64_t ShardServer::RequestCheckpoint(bool stop, int64_t target_step) {
@@ -198,7 +199,7 @@ absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
   // bookkeeping (with SYNC, the kept pushes of a step only some workers had pushed).
   std::optional<ConsistencyState> own;
   for (const auto& f : manifest.file()) {
-    if (f.name().rfind("shard-", 0) != 0) continue;
+    if (!IsShardFileName(f.name())) continue;
     const std::string path = ckpt_dir + "/" + f.name();
     ASSIGN_OR_RETURN(auto reader, BlockReader::Open(path));
     Block b;
