@@ -229,8 +229,15 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointM
 }
 
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep) {
-  const std::vector<CheckpointEntry> all = ListCheckpoints(dir);
-  for (size_t i = std::max(keep, 1); i < all.size(); ++i) RemoveTree(all[i].path);
+  int kept = 1;  // the committed checkpoint
+  for (const CheckpointEntry& e : ListCheckpoints(dir)) {
+    if (e.step >= committed_step) continue;
+    if (e.complete && kept < keep) {
+      ++kept;
+      continue;
+    }
+    RemoveTree(e.path);
+  }
 }
 
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir) {

@@ -110,8 +110,11 @@ absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t
 // checkpoint directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep);
-// Retention (checkpoint.keep), after LATEST moved to ckpt-<committed_step>: deletes all but the
-// newest `keep` checkpoint directories. keep < 1 counts as 1.
+// Retention (checkpoint.keep), after LATEST moved to ckpt-<committed_step>: keeps it and the
+// newest keep - 1 complete checkpoints older than it, and deletes every other directory older
+// than it (complete or not). Directories newer than it are left alone: LATEST never named them
+// (a crash while writing, or a job that resumed from an older checkpoint), they are never chosen,
+// and they are deleted once the job commits a newer step. keep < 1 counts as 1.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
 
 // ---- Choosing the checkpoint to resume from ----

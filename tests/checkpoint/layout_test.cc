@@ -244,5 +244,43 @@ TEST(CheckpointLayout, RetentionKeepsTheNewestCommitted) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// Regression: retention counted every ckpt-<step> directory, so a stale directory newer than the
+// committed checkpoint (a crash while writing it, or a job that fell back past it) made it
+// delete the checkpoint it had just committed: LATEST then named a deleted directory and the
+// next start refused to run ("no usable checkpoint").
+TEST(CheckpointLayout, RetentionNeverDeletesTheCommittedCheckpoint) {
+  const std::string dir = FreshDir("stale_newer");
+  Save(dir, 90, 3);
+  const std::string stale = Save(dir, 100, 3);
+  ASSERT_TRUE(WriteFileAtomic(stale + "/shard-0-of-1", "corrupt").ok());
+  // The job resumes from 90 (falling back past 100) and commits 95 with keep = 1.
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  ASSERT_EQ((*choice)->dir, dir + "/ckpt-90");
+  const std::string ckpt = Save(dir, 95, 1);
+  EXPECT_EQ(*ReadLatest(dir), 95);
+  EXPECT_TRUE(PathExists(ckpt + "/MANIFEST"));
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{100, 95}));  // 90 deleted; 100 left alone
+  choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->dir, ckpt);
+  // Once the job commits past the stale directory, it goes.
+  Save(dir, 105, 1);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{105}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Regression: incomplete directories (no MANIFEST) counted towards checkpoint.keep, so fewer
+// usable checkpoints were kept for a fallback than asked.
+TEST(CheckpointLayout, RetentionCountsOnlyCompleteCheckpoints) {
+  const std::string dir = FreshDir("incomplete");
+  Save(dir, 10, 2);
+  ASSERT_TRUE(MakeDirs(dir + "/ckpt-20").ok());  // an interrupted attempt
+  ASSERT_TRUE(WriteFileAtomic(dir + "/ckpt-20/shard-0-of-1.tmp.1", "partial").ok());
+  Save(dir, 30, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{30, 10}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace
 }  // namespace pstrain
