@@ -210,6 +210,13 @@ absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t
   return ckpt;
 }
 
+bool IsCommittedCheckpoint(const std::string& dir, int64_t step) {
+  absl::StatusOr<int64_t> latest = ReadLatest(dir);
+  if (!latest.ok() || *latest != step) return false;
+  CheckpointManifest manifest;
+  return VerifyCheckpoint(CheckpointPath(dir, step), &manifest).ok() && manifest.step() == step;
+}
+
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep) {
   const std::string ckpt = CheckpointPath(dir, manifest.step());

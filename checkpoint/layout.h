@@ -103,7 +103,14 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir);
 
 // Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it (from an interrupted attempt at
 // the same step: it must not vouch for the new files before they are complete); returns its path.
+// A mode that writes a checkpoint first asks IsCommittedCheckpoint (below).
 absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
+// Whether LATEST names ckpt-<step> and that checkpoint verifies. A checkpoint of the same step
+// must then not be written again: nothing trains between two checkpoints of one step, so the
+// committed one already holds the state, and rewriting it in place would leave LATEST naming an
+// incomplete checkpoint until the new MANIFEST is written. (A step equal to a committed one
+// happens when a scheduled checkpoint falls on the last step, or a finished job is resumed.)
+bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
 // Completes ckpt-<manifest.step()> under `dir`, whose data files are written and listed in
 // `manifest`: writes worker-<j>.state for each of `workers` (and lists them), sets num_workers
 // and wall_time (now), writes the MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the

@@ -235,6 +235,21 @@ TEST(CheckpointLayout, PrepareRemovesALeftoverManifest) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+TEST(CheckpointLayout, IsCommittedCheckpoint) {
+  const std::string dir = FreshDir("committed");
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 5));
+  const std::string ckpt = Save(dir, 5, 3);
+  EXPECT_TRUE(IsCommittedCheckpoint(dir, 5));
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 6));
+  Save(dir, 6, 3);
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 5));  // complete, but LATEST names another
+  EXPECT_TRUE(IsCommittedCheckpoint(dir, 6));
+  // Corrupt: LATEST names it, but it must be written again.
+  ASSERT_TRUE(WriteFileAtomic(dir + "/ckpt-6/worker-0.state", "x").ok());
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 6));
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(CheckpointLayout, RetentionKeepsTheNewestCommitted) {
   const std::string dir = FreshDir("keep");
   for (int64_t step : {1, 2, 3, 4}) Save(dir, step, 2);

@@ -15,6 +15,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
                                            absl::string_view created_by) {
+  if (IsCommittedCheckpoint(dir, step)) return CheckpointPath(dir, step);
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, step));
   CheckpointManifest manifest;
   {

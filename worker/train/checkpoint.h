@@ -25,8 +25,8 @@ namespace pstrain {
 
 // Writes ckpt-<state.step()> under `dir`, updates LATEST, then deletes all but the newest `keep`
 // checkpoints (checkpoint/layout.h CommitCheckpoint). Each row of the stores is captured
-// consistently (weights and optimizer slots from the same instant). Returns the checkpoint
-// directory.
+// consistently (weights and optimizer slots from the same instant). A step already committed
+// (IsCommittedCheckpoint) is not written again. Returns the checkpoint directory.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep);
 
