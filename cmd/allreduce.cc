@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
@@ -89,8 +90,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks) {
   AllreduceOptions ao;
   ao.sparse_as_dense = config.allreduce().sparse_as_dense();
   ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;
-  ao.checkpoint_dir =
-      config.checkpoint().dir().empty() ? config.train().model_dir() : config.checkpoint().dir();
+  ao.checkpoint_dir = JobCheckpointDir(config);
   ao.keep = config.checkpoint().keep();
   ao.checkpoint_every_steps = config.checkpoint().every_steps();
   ao.checkpoint_every_seconds = config.checkpoint().every_seconds();

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/cluster_spec.h"
 #include "cmd/commands.h"

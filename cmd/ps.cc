@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/ps_setup.h"

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"

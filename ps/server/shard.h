@@ -175,7 +175,6 @@ class Shard {
   // they were written for another shape (rows, row_dim, dense size).
   absl::StatusOr<Restored> RestoreCheckpoint(const std::string& ckpt_dir,
                                              const CheckpointManifest& manifest);
-  static std::string ShardFileName(int shard, int num_shards);
 
   const Options& options() const { return opt_; }
   const PartitionMap& map() const { return map_; }

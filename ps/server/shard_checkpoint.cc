@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "common/status.h"
 #include "ps/server/shard.h"
 #include "ps/store/store_blocks.h"
@@ -17,10 +18,6 @@ constexpr char kShardHeaderTag[] = "SHRD";
 constexpr char kConsistencyTag[] = "CONS";
 
 }  // namespace
-
-std::string Shard::ShardFileName(int shard, int num_shards) {
-  return absl::StrCat("shard-", shard, "-of-", num_shards);
-}
 
 absl::StatusOr<int64_t> Shard::CopyForCheckpoint(int64_t round, std::string header,
                                                  std::string consistency) {
@@ -55,7 +52,7 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
     }
   } release{this};
   SaveShardResponse response;
-  response.set_file(ShardFileName(opt_.shard, opt_.num_shards));
+  response.set_file(pstrain::ShardFileName(opt_.shard, opt_.num_shards));
   const std::string path = dir + "/" + response.file();
   ASSIGN_OR_RETURN(auto w, BlockWriter::Create(path));
   RETURN_IF_ERROR(w->Add(kShardHeaderTag, snap_header_));
@@ -86,7 +83,7 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(const std::string& ckpt
   int64_t& step = restored.step;
   std::optional<ConsistencyState>& own = restored.consistency;
   for (const auto& f : manifest.file()) {
-    if (f.name().rfind("shard-", 0) != 0) continue;
+    if (!IsShardFileName(f.name())) continue;
     const std::string path = ckpt_dir + "/" + f.name();
     ASSIGN_OR_RETURN(auto reader, BlockReader::Open(path));
     Block b;

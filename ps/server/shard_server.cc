@@ -388,7 +388,12 @@ absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
 void ShardServer::Report(const ReportRequest& report) { coordinator_->Report(report); }
 
 absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
-  return data_->CopyForCheckpoint(round, Info().SerializeAsString(),
+  // The shard file's SHRD header: this shard's Info at the copy, without the coordinator's
+  // job_version (a counter of this process's long-polls, meaningless after a restore; leaving it
+  // out keeps the header's bytes those of format version 1, tests/checkpoint/fixtures_test.cc).
+  InfoResponse header = Info();
+  header.clear_job_version();
+  return data_->CopyForCheckpoint(round, header.SerializeAsString(),
                                   tracker_->Save().SerializeAsString());
 }
 

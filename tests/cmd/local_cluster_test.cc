@@ -117,7 +117,9 @@ std::string Latest(const std::string& dir) {
 // so that the round also flushes a partial block of dense gradients.
 TEST_F(LocalClusterTest, SigtermCheckpointsAndTheResumeTrainsEveryRecordOnce) {
   const std::string model_dir = Dir() + "/model_sigterm";
-  const int epochs = 12;
+  // Long enough that the signal lands mid-job: the job trains ~250k examples/s on this tiny
+  // model, so 12 epochs (240k examples) could end within the second before the signal.
+  const int epochs = 48;
   std::vector<std::string> args = LocalArgs(2, epochs, model_dir);
   args.insert(args.end(), {"--set", "cluster.dense_sync_steps=3"});
   Subprocess local;
@@ -127,7 +129,7 @@ TEST_F(LocalClusterTest, SigtermCheckpointsAndTheResumeTrainsEveryRecordOnce) {
   ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), ::testing::HasSubstr("training"));
   // Let it train a little (progress goes to stderr); whenever the signal lands, the checks below
   // hold, and the examples check says if the job was already over.
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   ASSERT_TRUE(local.Signal(SIGTERM));
   const int status = local.WaitExit(120000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";

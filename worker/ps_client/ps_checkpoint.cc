@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -218,6 +219,15 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
     }
     step += states[w].step();
   }
+  CoordinateRequest release;
+  release.set_kind(CoordinateRequest::RELEASE);
+  release.set_round(round);
+  if (IsCommittedCheckpoint(opt_.dir, step)) {
+    // Nothing trained since the committed checkpoint of this step: it holds this state already,
+    // and writing over it would leave LATEST naming an incomplete one (checkpoint/layout.h).
+    RETURN_IF_ERROR(shard0.Coordinate(release, opt_.timeout).status());
+    return CheckpointPath(opt_.dir, step);
+  }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(opt_.dir, step));
 
   // Every writer is paused: the copies are one instant of the whole cluster.
@@ -229,9 +239,6 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
     RETURN_IF_ERROR(
         Annotate(shards_[s]->SaveShard(req, opt_.timeout).status(), "copying the shard"));
   }
-  CoordinateRequest release;
-  release.set_kind(CoordinateRequest::RELEASE);
-  release.set_round(round);
   RETURN_IF_ERROR(shard0.Coordinate(release, opt_.timeout).status());
 
   // The shards write their files in parallel while training goes on.

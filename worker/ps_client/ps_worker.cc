@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "checkpoint/layout.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
@@ -17,10 +18,6 @@
 #include "worker/ps_client/shard_rpc.h"
 
 namespace pstrain {
-
-std::string JobCheckpointDir(const Config& config) {
-  return config.checkpoint().dir().empty() ? config.train().model_dir() : config.checkpoint().dir();
-}
 
 absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o) {
   const int me = o.index;

@@ -44,9 +44,6 @@ struct PsWorkerOptions {
   LocalShard* local_server = nullptr;
 };
 
-// The checkpoint directory of a job: checkpoint.dir, else the (chief's) model dir.
-std::string JobCheckpointDir(const Config& config);
-
 // Runs the worker role. `config` is validated, with the job's model dir (this function derives
 // a non-chief's log dir). Returns the summary (preempted when a round stopped the job).
 absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& options);

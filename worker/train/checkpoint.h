@@ -1,15 +1,13 @@
-// Checkpoints of the single-process trainer, in the layout the PS mode generalizes:
+// Checkpoints of in-process parameters: the single-process trainer's (`pstrain train`) and the
+// allreduce mode's replica (`pstrain allreduce`, written by rank 0), and the Checkpointer
+// interface through which RunTraining saves and restores in every mode. The directory layout and
+// the commit rules are checkpoint/layout.h; what is specific here is the one parameter file:
 //
 //   <dir>/ckpt-<step>/shard-0-of-1     block file: the embedding store (EMBM + EMBR blocks) and
-//                                      the dense store (DNSE)
-//   <dir>/ckpt-<step>/worker-0.state   block file: one WSTA block, a WorkerState proto (step,
-//                                      examples, exact data-pipeline position); the allreduce
-//                                      mode writes worker-<r>.state for each rank r
-//   <dir>/ckpt-<step>/MANIFEST         block file: one MANI block, a CheckpointManifest proto;
-//                                      written last
-//   <dir>/LATEST                       "ckpt-<step>\n", replaced by atomic rename after MANIFEST
+//                                      the dense store (DNSE), ps/store/store_blocks.h
+//   <dir>/ckpt-<step>/worker-<j>.state worker 0's state (`pstrain train`), each rank's (allreduce)
 //
-// docs/CHECKPOINT.md describes the block file byte by byte.
+// docs/CHECKPOINT.md describes the files byte by byte.
 #pragma once
 
 #include <map>
@@ -19,14 +17,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/layout.h"
 #include "pstrain/state.pb.h"
 #include "worker/params/local_params.h"
 
 namespace pstrain {
 
 // Writes ckpt-<state.step()> under `dir`, updates LATEST, then deletes all but the newest `keep`
-// checkpoints. Each row of the stores is captured consistently (weights and optimizer slots from
-// the same instant). Returns the checkpoint directory.
+// checkpoints (checkpoint/layout.h CommitCheckpoint). Each row of the stores is captured
+// consistently (weights and optimizer slots from the same instant). A step already committed
+// (IsCommittedCheckpoint) is not written again. Returns the checkpoint directory.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep);
 
@@ -52,31 +52,6 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
                                                                    LocalParams* params,
                                                                    WorkerState* state, int worker,
                                                                    int num_workers);
-
-// ---- Building blocks shared by every mode's checkpoints ----
-
-// "worker-<j>.state".
-std::string WorkerStateFileName(int worker);
-// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it; returns its path.
-absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
-// Completes ckpt-<manifest.step()> under `dir` whose data files are written and listed in
-// `manifest`: writes worker-<j>.state for each of `workers`, then the MANIFEST (with
-// num_workers and the wall time filled in), then LATEST by atomic rename; then deletes all but
-// the newest `keep` checkpoints. Returns the checkpoint directory.
-absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
-                                             const std::map<int, WorkerState>& workers, int keep);
-
-struct CheckpointChoice {
-  std::string dir;  // <dir>/ckpt-<step>
-  CheckpointManifest manifest;
-};
-// The checkpoint to resume from: the one LATEST names, or, when it is missing or corrupt (said
-// on stderr), the next older complete one, every file verified completely (all checksums and
-// sizes). nullopt when there is no LATEST (a fresh start); DATA_LOSS when LATEST exists but no
-// checkpoint is usable.
-absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
-// Reads <ckpt>/worker-<j>.state.
-absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state);
 
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce

@@ -68,8 +68,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   const int J = config.threads().inter_op_threads();
   const int B = config.train().batch_size();
   const std::string model_dir = config.train().model_dir();
-  const std::string ckpt_dir =
-      config.checkpoint().dir().empty() ? model_dir : config.checkpoint().dir();
+  const std::string ckpt_dir = JobCheckpointDir(config);
   RETURN_IF_ERROR(MakeDirs(model_dir));
 
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));

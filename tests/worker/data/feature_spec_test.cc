@@ -1,8 +1,10 @@
-// FeatureSpec's value transform of DENSE numeric fields.
+// FeatureSpec: the value transform of DENSE numeric fields, and golden row ids.
 #include "worker/data/feature_spec.h"
 
 #include <cmath>
+#include <vector>
 
+#include "common/hash.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -56,6 +58,86 @@ TEST(FeatureSpec, TransformOnlyTouchesDenseFields) {
   EXPECT_EQ(scale, 1.0f);
   spec->EncodeOne(20, true, 77, 0.25, &row, &scale);  // C8, a LibSVM-style value
   EXPECT_EQ(scale, 0.25f);
+}
+
+int64_t Row(const FeatureSpec& spec, const std::string& field, bool present, uint64_t key,
+            double value) {
+  const int f = spec.FieldIndex(field);
+  EXPECT_GE(f, 0) << field;
+  int64_t row = -1;
+  float scale = 0;
+  spec.EncodeOne(f, present, key, value, &row, &scale);
+  return row;
+}
+
+// Golden rows: raw values -> global row ids, fixed here. Checkpoints store rows by id, so a
+// change to the hash, the per-field seeds, the field offsets, the bucketing or the multiply-shift
+// reduction (row = offset + 1 + (hash * (rows - 1)) >> 64) must fail this test.
+TEST(FeatureSpecGolden, CriteoPresetRows) {
+  auto spec = FeatureSpec::Create(FeatureConfig());  // CRITEO, default vocabularies and seed
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->total_rows(), 26013312u);  // 13 x 1024 + 26 x 1000000
+  EXPECT_EQ(spec->field(12).offset, 12288u);    // I13
+  EXPECT_EQ(spec->field(15).offset, 2013312u);  // C3
+  // Numeric fields: LOG_SQUARED_BUCKET buckets (0 and 2.5 share bucket 0; -1 is bucket -1).
+  EXPECT_EQ(Row(*spec, "I1", true, 0, 0.0), 401);
+  EXPECT_EQ(Row(*spec, "I1", true, 0, 1.0), 610);
+  EXPECT_EQ(Row(*spec, "I2", true, 0, 2.5), 1307);
+  EXPECT_EQ(Row(*spec, "I3", true, 0, 100.0), 2615);    // bucket 21
+  EXPECT_EQ(Row(*spec, "I4", true, 0, -1.0), 4044);
+  EXPECT_EQ(Row(*spec, "I5", true, 0, 1e6), 5095);      // bucket 190
+  // Categorical fields: an integer key (Criteo's hex "68fd1e64"), a string's HashBytes, the
+  // extreme keys.
+  EXPECT_EQ(Row(*spec, "C1", true, 0x68fd1e64, 1.0), 64149);
+  EXPECT_EQ(Row(*spec, "C2", true, HashBytes("hello world"), 1.0), 1902023);
+  EXPECT_EQ(Row(*spec, "C26", true, 0, 1.0), 25762118);
+  EXPECT_EQ(Row(*spec, "C26", true, ~0ull, 1.0), 25563985);
+  // Missing values: the field's row 0.
+  EXPECT_EQ(Row(*spec, "C3", false, 0x68fd1e64, 1.0), 2013312);
+  EXPECT_EQ(Row(*spec, "I13", false, 0, 5.0), 12288);
+  EXPECT_EQ(FeatureSpec::LogSquaredBucket(100.0), 21);
+  EXPECT_EQ(FeatureSpec::LogSquaredBucket(2.5), 0);
+  EXPECT_EQ(FeatureSpec::LogSquaredBucket(-1.5), -1);
+}
+
+// Explicit fields with their own hash_seed; Encode over a RawRows batch gives the same rows.
+TEST(FeatureSpecGolden, ExplicitFieldsRows) {
+  FeatureConfig config;
+  config.set_preset(NO_PRESET);
+  config.set_hash_seed(12345);
+  FieldSpec* user = config.add_field();
+  user->set_name("user");
+  user->set_vocab_size(7);
+  FieldSpec* price = config.add_field();
+  price->set_name("price");
+  price->set_kind(NUMERIC);
+  price->set_numeric_mode(DENSE);
+  FieldSpec* age = config.add_field();
+  age->set_name("age");
+  age->set_kind(NUMERIC);
+  age->set_vocab_size(2);  // one row besides "missing": every value lands on it
+  auto spec = FeatureSpec::Create(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->total_rows(), 11u);  // user [0, 7), price [7, 9), age [9, 11)
+
+  RawRows raw;
+  raw.Clear(3);
+  const uint64_t keys[] = {1, 2, 3, HashBytes("alice"), HashBytes("bob")};
+  const double ages[] = {0, 30, 1e9, 4, 5};
+  for (int r = 0; r < 5; ++r) {
+    raw.AddRow(r % 2);
+    raw.SetCategorical(r, 0, keys[r]);
+    if (r != 3) raw.SetNumeric(r, 1, 10.0 * r);
+    if (r != 4) raw.SetNumeric(r, 2, ages[r]);
+  }
+  Batch batch;
+  spec->Encode(raw, &batch);
+  ASSERT_EQ(batch.size, 5);
+  EXPECT_EQ(batch.ids, (std::vector<int64_t>{2, 8, 10,  //
+                                             5, 8, 10,  //
+                                             2, 8, 10,  //
+                                             2, 7, 10,  // price missing
+                                             6, 8, 9}));  // age missing
 }
 
 }  // namespace

@@ -1,0 +1,284 @@
+#include "checkpoint/layout.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "checkpoint/block_file.h"
+#include "common/file.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kCheckpointPrefix[] = "ckpt-";
+
+// A non-negative decimal number as CheckpointName and ShardFileName write it: digits only, no
+// leading zero (but "0"), within int64.
+std::optional<int64_t> ParseCanonicalInt(absl::string_view s) {
+  if (s.empty() || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  int64_t v;
+  if (!absl::SimpleAtoi(s, &v)) return std::nullopt;  // out of range
+  return v;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Deletes a checkpoint directory: its files (a checkpoint has no subdirectories), then itself.
+// Best effort: whatever remains is deleted by a later retention.
+void RemoveTree(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d != nullptr) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") std::remove((path + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
+
+// A block file holding one block: `tag` with msg's serialization. Small: built in memory, then
+// written atomically.
+absl::StatusOr<uint64_t> WriteProtoBlockFile(const std::string& path, absl::string_view tag,
+                                             const google::protobuf::Message& msg) {
+  std::string file;
+  auto w = BlockWriter::ToString(&file);
+  RETURN_IF_ERROR(w->Add(tag, msg.SerializeAsString()));
+  RETURN_IF_ERROR(w->Finish());
+  RETURN_IF_ERROR(WriteFileAtomic(path, file));
+  return static_cast<uint64_t>(file.size());
+}
+
+absl::Status ReadProtoBlockFile(const std::string& path, absl::string_view tag,
+                                google::protobuf::Message* msg) {
+  ASSIGN_OR_RETURN(auto r, BlockReader::Open(path));
+  Block b;
+  ASSIGN_OR_RETURN(bool got, r->Next(&b));
+  if (!got || b.tag != tag) {
+    return absl::DataLossError(absl::StrCat(path, ": expected a '", tag, "' block"));
+  }
+  if (!msg->ParseFromString(b.payload)) {
+    return r->Corrupt(b, absl::StrCat("payload is not a valid ", msg->GetTypeName()));
+  }
+  ASSIGN_OR_RETURN(bool more, r->Next(&b));
+  if (more) return r->Corrupt(b, "unexpected extra block");
+  return absl::OkStatus();
+}
+
+// Reads every block of a block file, verifying all checksums and the framing.
+absl::Status VerifyBlockFile(const std::string& path) {
+  ASSIGN_OR_RETURN(auto r, BlockReader::Open(path));
+  Block b;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, r->Next(&b));
+    if (!more) return absl::OkStatus();
+  }
+}
+
+// A name the MANIFEST may list: a file directly inside the checkpoint directory.
+bool IsPlainFileName(absl::string_view name) {
+  return !name.empty() && name != "." && name != ".." && !absl::StrContains(name, '/');
+}
+
+}  // namespace
+
+std::string JobCheckpointDir(const Config& config) {
+  return config.checkpoint().dir().empty() ? config.train().model_dir()
+                                           : config.checkpoint().dir();
+}
+
+std::string CheckpointName(int64_t step) { return absl::StrCat(kCheckpointPrefix, step); }
+
+std::optional<int64_t> ParseCheckpointName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kCheckpointPrefix)) return std::nullopt;
+  return ParseCanonicalInt(name);
+}
+
+std::string CheckpointPath(const std::string& dir, int64_t step) {
+  return absl::StrCat(dir, "/", CheckpointName(step));
+}
+
+std::string ShardFileName(int shard, int num_shards) {
+  return absl::StrCat("shard-", shard, "-of-", num_shards);
+}
+
+bool IsShardFileName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "shard-")) return false;
+  const size_t of = name.find("-of-");
+  if (of == absl::string_view::npos) return false;
+  const std::optional<int64_t> shard = ParseCanonicalInt(name.substr(0, of));
+  const std::optional<int64_t> shards = ParseCanonicalInt(name.substr(of + 4));
+  return shard && shards && *shard < *shards;
+}
+
+std::string WorkerStateFileName(int worker) { return absl::StrCat("worker-", worker, ".state"); }
+
+absl::StatusOr<uint64_t> WriteWorkerState(const std::string& ckpt, int worker,
+                                          const WorkerState& state) {
+  return WriteProtoBlockFile(ckpt + "/" + WorkerStateFileName(worker), kWorkerStateTag, state);
+}
+
+absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state) {
+  return ReadProtoBlockFile(ckpt + "/" + WorkerStateFileName(worker), kWorkerStateTag, state);
+}
+
+absl::Status WriteManifest(const std::string& ckpt, const CheckpointManifest& manifest) {
+  return WriteProtoBlockFile(ckpt + "/" + kManifestFileName, kManifestTag, manifest).status();
+}
+
+absl::Status ReadManifest(const std::string& ckpt, CheckpointManifest* manifest) {
+  return ReadProtoBlockFile(ckpt + "/" + kManifestFileName, kManifestTag, manifest);
+}
+
+absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manifest) {
+  RETURN_IF_ERROR(ReadManifest(ckpt, manifest));
+  for (const auto& f : manifest->file()) {
+    if (!IsPlainFileName(f.name())) {
+      return absl::DataLossError(absl::StrCat(ckpt, "/", kManifestFileName, ": lists '",
+                                              f.name(), "', not a file name in the directory"));
+    }
+    const std::string path = ckpt + "/" + f.name();
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
+    if (static_cast<uint64_t>(st.st_size) != f.bytes()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, MANIFEST says ",
+                                              f.bytes()));
+    }
+    RETURN_IF_ERROR(VerifyBlockFile(path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteLatest(const std::string& dir, int64_t step) {
+  return WriteFileAtomic(absl::StrCat(dir, "/", kLatestFileName), CheckpointName(step) + "\n");
+}
+
+absl::StatusOr<int64_t> ReadLatest(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kLatestFileName);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  const std::optional<int64_t> step = ParseCheckpointName(absl::StripAsciiWhitespace(text));
+  if (!step) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": expected 'ckpt-<step>', got '", absl::CHexEscape(text), "'"));
+  }
+  return *step;
+}
+
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir) {
+  std::vector<CheckpointEntry> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const std::optional<int64_t> step = ParseCheckpointName(e->d_name);
+    if (!step) continue;
+    CheckpointEntry entry;
+    entry.step = *step;
+    entry.path = CheckpointPath(dir, *step);
+    if (!IsDirectory(entry.path)) continue;
+    entry.complete = PathExists(absl::StrCat(entry.path, "/", kManifestFileName));
+    out.push_back(std::move(entry));
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step > b.step; });
+  return out;
+}
+
+absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step) {
+  const std::string ckpt = CheckpointPath(dir, step);
+  RETURN_IF_ERROR(MakeDirs(ckpt));
+  const std::string manifest = absl::StrCat(ckpt, "/", kManifestFileName);
+  if (std::remove(manifest.c_str()) != 0 && errno != ENOENT) return ErrnoError("remove", manifest);
+  return ckpt;
+}
+
+bool IsCommittedCheckpoint(const std::string& dir, int64_t step) {
+  absl::StatusOr<int64_t> latest = ReadLatest(dir);
+  if (!latest.ok() || *latest != step) return false;
+  CheckpointManifest manifest;
+  return VerifyCheckpoint(CheckpointPath(dir, step), &manifest).ok() && manifest.step() == step;
+}
+
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
+                                             const std::map<int, WorkerState>& workers, int keep) {
+  const std::string ckpt = CheckpointPath(dir, manifest.step());
+  for (const auto& [j, state] : workers) {
+    ASSIGN_OR_RETURN(const uint64_t bytes, WriteWorkerState(ckpt, j, state));
+    auto* f = manifest.add_file();
+    f->set_name(WorkerStateFileName(j));
+    f->set_bytes(bytes);
+  }
+  manifest.set_num_workers(static_cast<int>(workers.size()));
+  manifest.set_wall_time(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  RETURN_IF_ERROR(WriteManifest(ckpt, manifest));
+  RETURN_IF_ERROR(WriteLatest(dir, manifest.step()));
+  RemoveOldCheckpoints(dir, manifest.step(), keep);
+  return ckpt;
+}
+
+void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep) {
+  int kept = 1;  // the committed checkpoint
+  for (const CheckpointEntry& e : ListCheckpoints(dir)) {
+    if (e.step >= committed_step) continue;
+    if (e.complete && kept < keep) {
+      ++kept;
+      continue;
+    }
+    RemoveTree(e.path);
+  }
+}
+
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir) {
+  std::vector<int64_t> candidates;
+  int64_t latest_step = -1;
+  absl::StatusOr<int64_t> latest = ReadLatest(dir);
+  if (latest.ok()) {
+    latest_step = *latest;
+    candidates.push_back(latest_step);
+  } else if (absl::IsNotFound(latest.status())) {
+    return std::optional<CheckpointChoice>();  // no LATEST: a fresh start
+  } else {
+    PSTRAIN_LOG(WARNING) << latest.status().message() << "; looking for older checkpoints";
+  }
+  // Fall back only to checkpoints older than LATEST: a newer directory without LATEST pointing
+  // at it was never committed.
+  for (const CheckpointEntry& e : ListCheckpoints(dir)) {
+    if (latest_step < 0 || e.step < latest_step) candidates.push_back(e.step);
+  }
+  for (int64_t step : candidates) {
+    CheckpointChoice c;
+    c.dir = CheckpointPath(dir, step);
+    if (absl::Status s = VerifyCheckpoint(c.dir, &c.manifest); !s.ok()) {
+      PSTRAIN_LOG(ERROR) << "refusing checkpoint " << c.dir << ": " << s.message()
+                         << "; falling back to the previous checkpoint";
+      continue;
+    }
+    return std::optional<CheckpointChoice>(std::move(c));
+  }
+  // LATEST exists but nothing under it is usable: starting over would silently discard the
+  // job's progress, so stop and let the user decide.
+  return absl::DataLossError(absl::StrCat(
+      "no usable checkpoint in ", dir, " although LATEST exists (see the errors above); move the "
+      "directory away to start from scratch"));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,139 @@
+// The checkpoint directory's layout and commit rules, which every mode's checkpointer builds on
+// (`pstrain train` and `pstrain allreduce`: worker/train/checkpoint.h; the PS mode:
+// worker/ps_client/ps_checkpoint.h and ps/server/shard_checkpoint.cc). docs/CHECKPOINT.md is the
+// specification; in short:
+//
+//   <dir>/ckpt-<step>/shard-<i>-of-<S>   the parameters shard i of S holds (a block file whose
+//                                        blocks are the mode's business)
+//   <dir>/ckpt-<step>/worker-<j>.state   block file: one WSTA block, a pstrain.WorkerState
+//   <dir>/ckpt-<step>/MANIFEST           block file: one MANI block, a pstrain.CheckpointManifest
+//                                        listing every other file with its size; written LAST
+//   <dir>/LATEST                         "ckpt-<step>\n", replaced by atomic rename
+//
+// Commit order: the data files (each written to a temporary name, fsync'ed and renamed), then
+// the worker states, then the MANIFEST, then LATEST; then retention. A directory with a MANIFEST
+// is *complete*; the job's checkpoint is the one LATEST names, and a crash at any point leaves
+// LATEST naming a complete checkpoint (or no LATEST at all).
+//
+// Choosing a checkpoint to resume from: the one LATEST names, else (missing or corrupt: every
+// file is read and verified) the next older complete one. A directory newer than LATEST was never
+// committed and is never chosen.
+//
+// Thread-safety: the functions are thread-compatible; one process (the single trainer, the
+// allreduce rank 0, the PS chief) commits a job's checkpoints, while any number may read them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pstrain/config.pb.h"
+#include "pstrain/state.pb.h"
+
+namespace pstrain {
+
+// ---- Where a job's checkpoints live ----
+
+// checkpoint.dir, or else train.model_dir (for a PS job, the chief's: call it before a worker
+// derives its own log dir). Every mode's command uses this one rule.
+std::string JobCheckpointDir(const Config& config);
+
+// ---- Names ----
+
+constexpr char kLatestFileName[] = "LATEST";
+constexpr char kManifestFileName[] = "MANIFEST";
+constexpr char kManifestTag[] = "MANI";     // the MANIFEST's one block
+constexpr char kWorkerStateTag[] = "WSTA";  // a worker-<j>.state file's one block
+
+// "ckpt-<step>".
+std::string CheckpointName(int64_t step);
+// The step of a name CheckpointName produces, else nullopt: "ckpt-" and the decimal step >= 0
+// with no sign, spaces or leading zeros (so that CheckpointName(*Parse(name)) == name).
+std::optional<int64_t> ParseCheckpointName(absl::string_view name);
+// "<dir>/ckpt-<step>".
+std::string CheckpointPath(const std::string& dir, int64_t step);
+// "shard-<i>-of-<S>": the parameters of shard i of S (`pstrain train` and allreduce: shard-0-of-1).
+std::string ShardFileName(int shard, int num_shards);
+// Whether `name` is a ShardFileName (with 0 <= i < S).
+bool IsShardFileName(absl::string_view name);
+// "worker-<j>.state".
+std::string WorkerStateFileName(int worker);
+
+// ---- The files of one checkpoint (`ckpt` is its directory) ----
+
+// Writes <ckpt>/worker-<worker>.state atomically; returns its size in bytes.
+absl::StatusOr<uint64_t> WriteWorkerState(const std::string& ckpt, int worker,
+                                          const WorkerState& state);
+// Reads it back: errors name the file (DATA_LOSS for a corrupt one).
+absl::Status ReadWorkerState(const std::string& ckpt, int worker, WorkerState* state);
+// Writes <ckpt>/MANIFEST atomically, exactly as given (CommitCheckpoint fills num_workers and
+// wall_time first).
+absl::Status WriteManifest(const std::string& ckpt, const CheckpointManifest& manifest);
+absl::Status ReadManifest(const std::string& ckpt, CheckpointManifest* manifest);
+// Reads the MANIFEST, then every file it lists: each must be a plain file name in `ckpt`, have
+// the listed size, and read as a block file with every checksum and the framing intact. DATA_LOSS
+// naming the file (and block and offset) otherwise.
+absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manifest);
+
+// ---- LATEST ----
+
+// Replaces <dir>/LATEST with "ckpt-<step>\n" (temporary file, fsync, rename, fsync of dir).
+absl::Status WriteLatest(const std::string& dir, int64_t step);
+// The step <dir>/LATEST names. NOT_FOUND when there is none; DATA_LOSS naming the file when it
+// holds anything else than a checkpoint name (surrounding whitespace aside).
+absl::StatusOr<int64_t> ReadLatest(const std::string& dir);
+
+// ---- Listing ----
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string path;       // <dir>/ckpt-<step>
+  bool complete = false;  // its MANIFEST exists (it may still fail verification)
+};
+// Every ckpt-<step> directory under `dir`, newest first, complete or not. Empty when `dir` does
+// not exist.
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir);
+
+// ---- Writing a checkpoint ----
+
+// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it (from an interrupted attempt at
+// the same step: it must not vouch for the new files before they are complete); returns its path.
+// A mode that writes a checkpoint first asks IsCommittedCheckpoint (below).
+absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
+// Whether LATEST names ckpt-<step> and that checkpoint verifies. A checkpoint of the same step
+// must then not be written again: nothing trains between two checkpoints of one step, so the
+// committed one already holds the state, and rewriting it in place would leave LATEST naming an
+// incomplete checkpoint until the new MANIFEST is written. (A step equal to a committed one
+// happens when a scheduled checkpoint falls on the last step, or a finished job is resumed.)
+bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
+// Completes ckpt-<manifest.step()> under `dir`, whose data files are written and listed in
+// `manifest`: writes worker-<j>.state for each of `workers` (and lists them), sets num_workers
+// and wall_time (now), writes the MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the
+// checkpoint directory.
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
+                                             const std::map<int, WorkerState>& workers, int keep);
+// Retention (checkpoint.keep), after LATEST moved to ckpt-<committed_step>: keeps it and the
+// newest keep - 1 complete checkpoints older than it, and deletes every other directory older
+// than it (complete or not). Directories newer than it are left alone: LATEST never named them
+// (a crash while writing, or a job that resumed from an older checkpoint), they are never chosen,
+// and they are deleted once the job commits a newer step. keep < 1 counts as 1.
+void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
+
+// ---- Choosing the checkpoint to resume from ----
+
+struct CheckpointChoice {
+  std::string dir;  // <dir>/ckpt-<step>
+  CheckpointManifest manifest;
+};
+// The checkpoint LATEST names, or, when it is missing or corrupt (said on stderr, naming the file,
+// block and offset), the next older complete one, every file verified completely (all checksums
+// and sizes). nullopt when there is no LATEST (a fresh start). DATA_LOSS when LATEST exists but
+// no checkpoint is usable: starting over would silently discard the job's progress.
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
+
+}  // namespace pstrain

@@ -1,0 +1,301 @@
+// checkpoint/layout.h: names, LATEST, listing, the commit order, choosing with fallback, and
+// retention. (tests/checkpoint/fixtures_test.cc pins the bytes of the files.)
+#include "checkpoint/layout.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/block_file.h"
+#include "common/file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  std::string templ = testing::TempDir() + "/layout_" + name + ".XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr) return testing::TempDir() + "/layout_" + name;
+  return templ;
+}
+
+std::string Slurp(const std::string& path) {
+  auto s = ReadFileToString(path);
+  return s.ok() ? *s : "<" + s.status().ToString() + ">";
+}
+
+TEST(CheckpointLayout, JobCheckpointDirIsCheckpointDirElseModelDir) {
+  Config config;
+  config.mutable_train()->set_model_dir("/m");
+  EXPECT_EQ(JobCheckpointDir(config), "/m");
+  config.mutable_checkpoint()->set_dir("/c");
+  EXPECT_EQ(JobCheckpointDir(config), "/c");
+}
+
+TEST(CheckpointLayout, CheckpointNames) {
+  EXPECT_EQ(CheckpointName(0), "ckpt-0");
+  EXPECT_EQ(CheckpointName(42), "ckpt-42");
+  EXPECT_EQ(CheckpointPath("/d", 7), "/d/ckpt-7");
+  EXPECT_EQ(ParseCheckpointName("ckpt-0"), 0);
+  EXPECT_EQ(ParseCheckpointName("ckpt-42"), 42);
+  EXPECT_EQ(ParseCheckpointName("ckpt-9223372036854775807"), INT64_MAX);
+  // Only what CheckpointName writes: another spelling of a step would name another directory.
+  for (const char* bad : {"ckpt-", "ckpt-+5", "ckpt- 5", "ckpt-5 ", "ckpt-05", "ckpt--1", "ckpt-5x",
+                          "ckpt-9223372036854775808", "CKPT-5", "ckpt5", "xckpt-5", ""}) {
+    EXPECT_EQ(ParseCheckpointName(bad), std::nullopt) << bad;
+  }
+}
+
+TEST(CheckpointLayout, FileNames) {
+  EXPECT_EQ(ShardFileName(0, 1), "shard-0-of-1");
+  EXPECT_EQ(ShardFileName(2, 3), "shard-2-of-3");
+  EXPECT_EQ(WorkerStateFileName(4), "worker-4.state");
+  EXPECT_TRUE(IsShardFileName("shard-0-of-1"));
+  EXPECT_TRUE(IsShardFileName("shard-11-of-12"));
+  for (const char* other : {"shard-3-of-3", "shard-01-of-2", "shard-0-of-", "shard-0", "shard-",
+                            "shard-0-of-1.tmp.12", "worker-0.state", "MANIFEST", "xshard-0-of-1"}) {
+    EXPECT_FALSE(IsShardFileName(other)) << other;
+  }
+}
+
+TEST(CheckpointLayout, Latest) {
+  const std::string dir = FreshDir("latest");
+  EXPECT_EQ(ReadLatest(dir).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(WriteLatest(dir, 7).ok());
+  EXPECT_EQ(Slurp(dir + "/LATEST"), "ckpt-7\n");
+  EXPECT_EQ(*ReadLatest(dir), 7);
+  ASSERT_TRUE(WriteFileAtomic(dir + "/LATEST", "  ckpt-8 \n\n").ok());
+  EXPECT_EQ(*ReadLatest(dir), 8);
+  ASSERT_TRUE(WriteFileAtomic(dir + "/LATEST", "ckpt-08\n").ok());
+  const absl::Status bad = ReadLatest(dir).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr(dir + "/LATEST"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// A data file as a mode writes one: a block file listed in the manifest.
+void WriteDataFile(const std::string& ckpt, const std::string& name, CheckpointManifest* m) {
+  auto w = BlockWriter::Create(ckpt + "/" + name);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Add("NOTE", absl::StrCat("data of ", ckpt)).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  auto* f = m->add_file();
+  f->set_name(name);
+  f->set_bytes((*w)->bytes());
+}
+
+// A checkpoint of `step` as every mode writes one: prepare, data files, commit.
+std::string Save(const std::string& dir, int64_t step, int keep) {
+  auto ckpt = PrepareCheckpointDir(dir, step);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+  CheckpointManifest m;
+  m.set_step(step);
+  m.set_num_shards(1);
+  WriteDataFile(*ckpt, ShardFileName(0, 1), &m);
+  WorkerState w0, w1;
+  w0.set_step(step);
+  w1.set_step(step);
+  w1.set_examples(5);
+  auto done = CommitCheckpoint(dir, m, {{0, w0}, {1, w1}}, keep);
+  EXPECT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, *ckpt);
+  return *ckpt;
+}
+
+std::vector<int64_t> Steps(const std::string& dir) {
+  std::vector<int64_t> out;
+  for (const CheckpointEntry& e : ListCheckpoints(dir)) out.push_back(e.step);
+  return out;
+}
+
+TEST(CheckpointLayout, CommitWritesWorkerStatesThenManifestThenLatest) {
+  const std::string dir = FreshDir("commit");
+  const std::string ckpt = Save(dir, 12, 3);
+  EXPECT_EQ(ckpt, dir + "/ckpt-12");
+  EXPECT_EQ(*ReadLatest(dir), 12);
+  CheckpointManifest m;
+  ASSERT_TRUE(VerifyCheckpoint(ckpt, &m).ok());
+  EXPECT_EQ(m.step(), 12);
+  EXPECT_EQ(m.num_workers(), 2);
+  EXPECT_GT(m.wall_time(), 1.7e9);
+  ASSERT_EQ(m.file_size(), 3);
+  EXPECT_EQ(m.file(0).name(), "shard-0-of-1");
+  EXPECT_EQ(m.file(1).name(), "worker-0.state");
+  EXPECT_EQ(m.file(2).name(), "worker-1.state");
+  for (const auto& f : m.file()) {
+    EXPECT_EQ(f.bytes(), Slurp(ckpt + "/" + f.name()).size()) << f.name();
+  }
+  WorkerState w1;
+  ASSERT_TRUE(ReadWorkerState(ckpt, 1, &w1).ok());
+  EXPECT_EQ(w1.examples(), 5);
+  EXPECT_EQ(ReadWorkerState(ckpt, 2, &w1).code(), absl::StatusCode::kNotFound);
+  // Nothing but the checkpoint's files: no temporary file is left behind.
+  ASSERT_EQ(std::system(("test $(ls " + ckpt + " | wc -l) = 4").c_str()), 0);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->dir, ckpt);
+  EXPECT_EQ((*choice)->manifest.SerializeAsString(), m.SerializeAsString());
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(CheckpointLayout, ListingSeesOnlyCheckpointDirectories) {
+  const std::string dir = FreshDir("list");
+  EXPECT_TRUE(ListCheckpoints(dir + "/missing").empty());
+  Save(dir, 3, 5);
+  ASSERT_TRUE(MakeDirs(dir + "/ckpt-10").ok());  // incomplete: no MANIFEST
+  ASSERT_TRUE(MakeDirs(dir + "/ckpt-07").ok());  // not a name pstrain writes
+  ASSERT_TRUE(MakeDirs(dir + "/other").ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/ckpt-5", "a file").ok());
+  const std::vector<CheckpointEntry> list = ListCheckpoints(dir);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].step, 10);
+  EXPECT_EQ(list[0].path, dir + "/ckpt-10");
+  EXPECT_FALSE(list[0].complete);
+  EXPECT_EQ(list[1].step, 3);
+  EXPECT_TRUE(list[1].complete);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(CheckpointLayout, ChooseFallsBackPastACorruptCheckpoint) {
+  const std::string dir = FreshDir("choose");
+  auto none = ChooseCheckpoint(dir);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());  // no LATEST: a fresh start
+  Save(dir, 10, 5);
+  Save(dir, 20, 5);
+  const std::string newest = Save(dir, 30, 5);
+  ASSERT_TRUE(MakeDirs(dir + "/ckpt-40").ok());  // newer than LATEST: never committed
+  // A flipped byte in the newest checkpoint's data file.
+  std::string data = Slurp(newest + "/shard-0-of-1");
+  data[data.size() - 30] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(newest + "/shard-0-of-1", data).ok());
+  CheckpointManifest m;
+  const absl::Status bad = VerifyCheckpoint(newest, &m);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr(newest + "/shard-0-of-1: block 0"));
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->dir, dir + "/ckpt-20");
+  // LATEST garbled: every checkpoint is a candidate, newest first.
+  ASSERT_TRUE(WriteFileAtomic(dir + "/LATEST", "garbage").ok());
+  choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->dir, dir + "/ckpt-20");
+  // Nothing usable although LATEST exists: an error, not a fresh start.
+  ASSERT_TRUE(WriteLatest(dir, 30).ok());
+  for (const char* c : {"/ckpt-10", "/ckpt-20"}) {
+    ASSERT_EQ(std::remove((dir + c + "/worker-0.state").c_str()), 0);
+  }
+  choice = ChooseCheckpoint(dir);
+  EXPECT_EQ(choice.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(choice.status().message()), HasSubstr("LATEST exists"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(CheckpointLayout, VerifyRefusesSizesMissingFilesAndPathsOutsideTheDirectory) {
+  const std::string dir = FreshDir("verify");
+  const std::string ckpt = Save(dir, 1, 3);
+  CheckpointManifest good, m;
+  ASSERT_TRUE(VerifyCheckpoint(ckpt, &good).ok());
+  CheckpointManifest bad = good;
+  bad.mutable_file(0)->set_bytes(good.file(0).bytes() + 1);
+  ASSERT_TRUE(WriteManifest(ckpt, bad).ok());
+  EXPECT_THAT(std::string(VerifyCheckpoint(ckpt, &m).message()), HasSubstr("MANIFEST says"));
+  bad = good;
+  bad.mutable_file(0)->set_name("gone");
+  ASSERT_TRUE(WriteManifest(ckpt, bad).ok());
+  EXPECT_THAT(std::string(VerifyCheckpoint(ckpt, &m).message()), HasSubstr("gone: missing"));
+  for (const char* name : {"../LATEST", "/etc/passwd", "", ".."}) {
+    bad = good;
+    bad.mutable_file(0)->set_name(name);
+    ASSERT_TRUE(WriteManifest(ckpt, bad).ok());
+    const absl::Status s = VerifyCheckpoint(ckpt, &m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << name;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("not a file name")) << name;
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(CheckpointLayout, PrepareRemovesALeftoverManifest) {
+  const std::string dir = FreshDir("prepare");
+  const std::string ckpt = Save(dir, 4, 3);
+  ASSERT_TRUE(WriteLatest(dir, 3).ok());  // as if ckpt-4 were an interrupted attempt
+  ASSERT_TRUE(PathExists(ckpt + "/MANIFEST"));
+  auto again = PrepareCheckpointDir(dir, 4);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, ckpt);
+  EXPECT_FALSE(PathExists(ckpt + "/MANIFEST"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(CheckpointLayout, IsCommittedCheckpoint) {
+  const std::string dir = FreshDir("committed");
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 5));
+  const std::string ckpt = Save(dir, 5, 3);
+  EXPECT_TRUE(IsCommittedCheckpoint(dir, 5));
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 6));
+  Save(dir, 6, 3);
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 5));  // complete, but LATEST names another
+  EXPECT_TRUE(IsCommittedCheckpoint(dir, 6));
+  // Corrupt: LATEST names it, but it must be written again.
+  ASSERT_TRUE(WriteFileAtomic(dir + "/ckpt-6/worker-0.state", "x").ok());
+  EXPECT_FALSE(IsCommittedCheckpoint(dir, 6));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(CheckpointLayout, RetentionKeepsTheNewestCommitted) {
+  const std::string dir = FreshDir("keep");
+  for (int64_t step : {1, 2, 3, 4}) Save(dir, step, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{4, 3}));
+  Save(dir, 5, 0);  // keep < 1 keeps the one just committed
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{5}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Regression: retention counted every ckpt-<step> directory, so a stale directory newer than the
+// committed checkpoint (a crash while writing it, or a job that fell back past it) made it
+// delete the checkpoint it had just committed: LATEST then named a deleted directory and the
+// next start refused to run ("no usable checkpoint").
+TEST(CheckpointLayout, RetentionNeverDeletesTheCommittedCheckpoint) {
+  const std::string dir = FreshDir("stale_newer");
+  Save(dir, 90, 3);
+  const std::string stale = Save(dir, 100, 3);
+  ASSERT_TRUE(WriteFileAtomic(stale + "/shard-0-of-1", "corrupt").ok());
+  // The job resumes from 90 (falling back past 100) and commits 95 with keep = 1.
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  ASSERT_EQ((*choice)->dir, dir + "/ckpt-90");
+  const std::string ckpt = Save(dir, 95, 1);
+  EXPECT_EQ(*ReadLatest(dir), 95);
+  EXPECT_TRUE(PathExists(ckpt + "/MANIFEST"));
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{100, 95}));  // 90 deleted; 100 left alone
+  choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->dir, ckpt);
+  // Once the job commits past the stale directory, it goes.
+  Save(dir, 105, 1);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{105}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Regression: incomplete directories (no MANIFEST) counted towards checkpoint.keep, so fewer
+// usable checkpoints were kept for a fallback than asked.
+TEST(CheckpointLayout, RetentionCountsOnlyCompleteCheckpoints) {
+  const std::string dir = FreshDir("incomplete");
+  Save(dir, 10, 2);
+  ASSERT_TRUE(MakeDirs(dir + "/ckpt-20").ok());  // an interrupted attempt
+  ASSERT_TRUE(WriteFileAtomic(dir + "/ckpt-20/shard-0-of-1.tmp.1", "partial").ok());
+  Save(dir, 30, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{30, 10}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace pstrain
