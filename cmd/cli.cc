@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "worker/data/file_list.h"
 #include "worker/data/record_io.h"
 
 namespace pstrain {
@@ -60,11 +61,33 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   };
   set_channel(flags.train, config.mutable_data()->mutable_train(), "train");
   set_channel(flags.eval, config.mutable_data()->mutable_eval(), "eval");
+  if (flags.train_only) config.mutable_data()->clear_eval();
   if (!flags.model_dir.empty()) config.mutable_train()->set_model_dir(flags.model_dir);
   if (flags.epochs > 0) config.mutable_train()->set_epochs(flags.epochs);
   for (const auto& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));
   RETURN_IF_ERROR(ValidateConfig(config));
   return config;
+}
+
+absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config,
+                                                                       int readers) {
+  std::vector<std::string> notes;
+  if (readers <= 1) return notes;
+  auto* chans = config->mutable_data()->mutable_train();
+  for (int i = 0; i < chans->size(); ++i) {
+    Channel* c = chans->Mutable(i);
+    if (c->shard_policy() != SHARD_BY_FILE || !c->pipe_dir().empty()) continue;
+    ASSIGN_OR_RETURN(std::vector<std::string> files,
+                     ExpandPath(std::vector<std::string>(c->path().begin(), c->path().end())));
+    if (static_cast<int>(files.size()) >= readers) continue;
+    c->set_shard_policy(SHARD_BY_RECORD);
+    notes.push_back(absl::StrCat(
+        "train channel '", c->name(), "' has ", files.size(), " file", files.size() == 1 ? "" : "s",
+        " for ", readers, " readers: sharding it by record instead of by file (each reader reads "
+        "every file and keeps every ", readers, "th record; set data.train[", i,
+        "].shard_policy to choose)"));
+  }
+  return notes;
 }
 
 std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,

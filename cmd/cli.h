@@ -22,6 +22,9 @@ struct TrainingFlags {
   std::string format;               // --format: format of the --train/--eval channels
   std::string model_dir;            // --model_dir DIR
   int epochs = 0;                   // --epochs N (0 = from the config)
+  // Set by commands that never evaluate (`tune`): BuildConfig drops the eval channels before
+  // validating, so a config whose eval channel has no path yet is accepted.
+  bool train_only = false;
 };
 
 void AddTrainingFlags(FlagSet* flags, TrainingFlags* out);
@@ -38,5 +41,12 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags);
 std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,
                                         FlagSet* flags, const TrainingFlags& training,
                                         Config* config);
+
+// Horovod users expect one file to just work: every SHARD_BY_FILE train channel (not in pipe mode)
+// whose paths expand to fewer files than `readers` is switched to SHARD_BY_RECORD (every reader
+// reads all files and keeps every readers-th record). Returns one notice line per channel changed
+// (for the log), or the error of expanding a path. `readers` is the job's reader count (ranks,
+// hosts x workers).
+absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config, int readers);
 
 }  // namespace pstrain

@@ -285,6 +285,21 @@ int RunLocal(int argc, char** argv) {
     }
     if (!own) base_args.push_back(a);
   }
+  // Fewer train files than hosts (Kaggle's train.txt is one file): record sharding.
+  {
+    Config sharded = config;
+    auto notes = ShardByRecordWhenTooFewFiles(&sharded, hosts);
+    if (!notes.ok()) {
+      std::fprintf(stderr, "pstrain local: %s\n", std::string(notes.status().message()).c_str());
+      return 2;
+    }
+    for (const std::string& n : *notes) std::fprintf(stderr, "pstrain local: %s\n", n.c_str());
+    for (int i = 0; i < sharded.data().train_size(); ++i) {
+      if (sharded.data().train(i).shard_policy() != config.data().train(i).shard_policy()) {
+        base_args.push_back(absl::StrCat("--set=data.train[", i, "].shard_policy=SHARD_BY_RECORD"));
+      }
+    }
+  }
   const std::string model_dir = config.train().model_dir();
   if (absl::Status s = MakeDirs(model_dir); !s.ok()) {
     std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
