@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "cmd/sagemaker.h"
 #include "common/malloc_tuning.h"
 #include "pstrain_version.h"  // generated: cmake/version.cmake
 
@@ -66,7 +67,12 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   for (const auto& c : kCommands) {
-    if (!std::strcmp(argv[1], c.name)) return c.run(argc, argv);
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    // In a SageMaker container a failure's reason goes to /opt/ml/output/failure.
+    auto failure = pstrain::FailureCapture::Start(pstrain::SageMakerFailureFile());
+    const int code = c.run(argc, argv);
+    if (failure) failure->Finish(code);
+    return code;
   }
   std::fprintf(stderr, "pstrain: unknown command '%s'\n\n", argv[1]);
   PrintUsage();
