@@ -3,6 +3,7 @@
 #include "cmd/launcher.h"
 #include "cmd/sagemaker.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "worker/model/isa.h"
 
 #include <cstdio>
@@ -25,6 +26,11 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
   f->String("format", &o->format, "format of --train/--eval: criteo_tsv|csv|libsvm|tfrecord|recordio");
   f->String("model_dir", &o->model_dir, "where metrics, summary.json and checkpoints go");
   f->Int("epochs", &o->epochs, "epochs to train (0 = from the config)");
+  f->Int("metrics_port", &o->metrics_port,
+         "serve Prometheus metrics on http://<metrics_bind>:PORT/metrics (0 = off; `local` gives "
+         "host i PORT + i)");
+  f->String("metrics_bind", &o->metrics_bind,
+            "address of the metrics endpoint (0.0.0.0 to let a Prometheus on another host scrape)");
   f->AddEpilogue(
       "environment:\n"
       "  OMP_NUM_THREADS=N  bounds threads.intra_op_threads (automatic or configured)\n"
@@ -144,6 +150,22 @@ absl::Status ApplyPlatformContract(const char* command, const FlagSet* flags,
   return absl::OkStatus();
 }
 
+// The process's metrics endpoint (common/metrics/metrics.h), up until the process exits.
+absl::Status StartMetrics(const TrainingFlags& tf) {
+  static MetricsEndpoint* endpoint = nullptr;
+  if (endpoint != nullptr) return absl::OkStatus();
+  if (tf.metrics_port < 0 || tf.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port: expected a port in [1, 65535] (0 = off), got ", tf.metrics_port));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<MetricsEndpoint> e,
+                   MetricsEndpoint::Start(absl::StrCat(tf.metrics_bind, ":", tf.metrics_port)));
+  endpoint = e.release();
+  PSTRAIN_LOG(INFO) << "metrics on http://" << tf.metrics_bind << ":" << endpoint->port()
+                    << "/metrics";
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config,
@@ -181,6 +203,10 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
     absl::StatusOr<Config> c = BuildConfig(effective);
     // Before any data is read: a precision this CPU (or the forced ISA path) cannot run.
     if (c.ok()) s = CheckPrecisionSupported(c->model().precision(), Launch().isa);
+    // `local` hands each of its hosts a port of its own instead.
+    if (c.ok() && s.ok() && training.metrics_port != 0 && std::string(command) != "local") {
+      s = StartMetrics(training);
+    }
     if (c.ok() && s.ok()) {
       *config = *std::move(c);
       return std::nullopt;

@@ -23,6 +23,10 @@ struct TrainingFlags {
   std::string format;               // --format: format of the --train/--eval channels
   std::string model_dir;            // --model_dir DIR
   int epochs = 0;                   // --epochs N (0 = from the config)
+  // --metrics_port P: serve Prometheus metrics on http://<metrics_bind>:P/metrics (0 = off);
+  // --metrics_bind: loopback unless told otherwise.
+  int metrics_port = 0;
+  std::string metrics_bind = "127.0.0.1";
   // Set by commands that never evaluate (`tune`): BuildConfig drops the eval channels before
   // validating, so a config whose eval channel has no path yet is accepted.
   bool train_only = false;

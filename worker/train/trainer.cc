@@ -99,7 +99,10 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                                                              config.checkpoint().keep());
     checkpointer = local_checkpointer.get();
   }
-  ASSIGN_OR_RETURN(auto progress, ProgressReporter::Create(model_dir, opts.tty));
+  ASSIGN_OR_RETURN(auto progress,
+                   ProgressReporter::Create(model_dir, opts.tty,
+                                            config.train().metrics_flush_seconds(),
+                                            opts.worker_index));
   progress->Message(absl::StrFormat(
       "pstrain %s: %s %s k=%d, %d fields (%d rows), towers=%d intra_op=%d inter_op=%d, batch %d x "
       "%d%s; isa %s (oneDNN %s), %d cores",
