@@ -11,6 +11,7 @@
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
+#include "cmd/ps_setup.h"
 #include "cmd/launcher.h"
 #include "cmd/stop_signal.h"
 #include "common/flags.h"
@@ -55,7 +56,7 @@ int RunWorker(int argc, char** argv) {
                              index, " and ", num_workers),
                 2);
   }
-  auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+  auto choice = ChooseJobCheckpoint(config);
   if (!choice.ok()) return fail(choice.status().ToString(), 1);
 
   PsWorkerOptions wo;

@@ -242,7 +242,7 @@ class ScriptedCheckpointer : public Checkpointer {
  public:
   ScriptedCheckpointer(const std::string& dir, LocalParams* params, std::atomic<bool>* stop,
                        int request_at, int stop_at)
-      : inner_(dir, params, 3), stop_(stop), request_at_(request_at), stop_at_(stop_at) {}
+      : inner_(dir, params, 3, ModelDescription()), stop_(stop), request_at_(request_at), stop_at_(stop_at) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return inner_.Restore(state);
   }
@@ -364,7 +364,7 @@ class RecordingCheckpointer : public Checkpointer {
  public:
   RecordingCheckpointer(const std::string& dir, LocalParams* params, std::atomic<bool>* stop,
                         std::vector<int64_t> requests, int64_t stop_before)
-      : inner_(dir, params, 100), stop_(stop), requests_(std::move(requests)),
+      : inner_(dir, params, 100, ModelDescription()), stop_(stop), requests_(std::move(requests)),
         stop_before_(stop_before) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return inner_.Restore(state);
@@ -458,7 +458,7 @@ class TrainerDivergence : public testing::TestWithParam<DivergenceCase> {
     std::unique_ptr<LocalParams> p = MakeParams(c);
     ASSERT_NE(p, nullptr);
     WorkerState state;
-    auto restored = RestoreLatestCheckpoint(dir, p.get(), &state);
+    auto restored = RestoreLatestCheckpoint(dir, p.get(), &state, *DescribeModel(c));
     ASSERT_TRUE(restored.ok()) << restored.status();
     ASSERT_TRUE(restored->has_value());
     EXPECT_EQ(**restored, dir + "/ckpt-" + std::to_string(want_step));
