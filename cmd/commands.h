@@ -13,5 +13,8 @@ int RunWorker(int argc, char** argv);
 int RunLocal(int argc, char** argv);
 int RunAllreduce(int argc, char** argv);
 int RunTune(int argc, char** argv);
+int RunPredict(int argc, char** argv);
+int RunExport(int argc, char** argv);
+int RunServe(int argc, char** argv);
 
 }  // namespace pstrain

@@ -26,6 +26,9 @@ const Command kCommands[] = {
     {"local", pstrain::RunLocal, "async PS training on N local hosts (runs N `pstrain host`)"},
     {"allreduce", pstrain::RunAllreduce, "synchronous MPI data-parallel training (mpirun -np N)"},
     {"tune", pstrain::RunTune, "time towers x intra_op x inter_op (x batch) settings, write the best"},
+    {"predict", pstrain::RunPredict, "score files with a trained checkpoint (no config needed)"},
+    {"export", pstrain::RunExport, "write a serving export of a checkpoint (docs/SERVING.md)"},
+    {"serve", pstrain::RunServe, "serve an export over gRPC (Predict, health, hot reload)"},
 };
 
 void PrintUsage() {

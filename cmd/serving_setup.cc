@@ -1,0 +1,39 @@
+#include "cmd/serving_setup.h"
+
+#include "cmd/cli.h"
+#include "common/status.h"
+#include "worker/train/checkpoint.h"
+
+namespace pstrain {
+
+void AddCheckpointFlags(FlagSet* f, CheckpointFlags* o) {
+  f->String("model_dir", &o->model_dir,
+            "the training run's model dir (or its checkpoint.dir): LATEST and ckpt-<step>/");
+  f->String("checkpoint", &o->checkpoint,
+            "which checkpoint: ckpt-<step> under --model_dir, or a checkpoint directory's path "
+            "(default: the one LATEST names, verified, falling back like a resume)");
+  f->List("config", &o->config,
+          "the training config, only for checkpoints from before checkpoints recorded their model "
+          "(MANIFEST version 1); for newer ones it must describe the same model");
+  f->List("set", &o->set, "override one field of --config: --set features.hash_seed=7");
+}
+
+absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const CheckpointFlags& flags) {
+  if (flags.model_dir.empty() && flags.checkpoint.empty()) {
+    return absl::InvalidArgumentError("--model_dir (or --checkpoint) is required");
+  }
+  std::optional<ModelDescription> from_config;
+  if (!flags.config.empty() || !flags.set.empty()) {
+    TrainingFlags tf;
+    tf.config = flags.config;
+    tf.set = flags.set;
+    ASSIGN_OR_RETURN(Config config, BuildConfig(tf));
+    ASSIGN_OR_RETURN(from_config, DescribeModel(config));
+  }
+  ASSIGN_OR_RETURN(ChosenCheckpoint c,
+                   ChooseCheckpointToRead(flags.model_dir, flags.checkpoint,
+                                          from_config ? &*from_config : nullptr));
+  return ServingModel::FromCheckpoint(c.dir, c.manifest, c.description);
+}
+
+}  // namespace pstrain

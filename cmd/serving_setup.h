@@ -1,0 +1,29 @@
+// What `pstrain predict` and `pstrain export` share: reading the trained model of a model dir.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/flags.h"
+#include "serving/serving_model.h"
+
+namespace pstrain {
+
+struct CheckpointFlags {
+  std::string model_dir;   // --model_dir: the training run's model dir (or checkpoint.dir)
+  std::string checkpoint;  // --checkpoint: "ckpt-N" under it, or a checkpoint's path; "" = LATEST
+  // --config / --set: only for checkpoints that do not record their model (MANIFEST version 1);
+  // given for a newer one, they must describe the same model (the comparison names the field).
+  std::vector<std::string> config;
+  std::vector<std::string> set;
+};
+
+void AddCheckpointFlags(FlagSet* flags, CheckpointFlags* out);
+
+// The model of the chosen checkpoint (serving/serving_model.h ChooseCheckpointToRead), loaded.
+// Errors name the checkpoint and the field or file at fault.
+absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const CheckpointFlags& flags);
+
+}  // namespace pstrain
