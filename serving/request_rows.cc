@@ -71,9 +71,10 @@ absl::Status ParseTextRows(const PredictRequest& req, const FeatureSpec& spec, R
       start = at + 1;
     }
     if (static_cast<int>(cols.size()) != want) {
+      const bool more = cols.size() > static_cast<size_t>(want);
       return absl::InvalidArgumentError(absl::StrCat(
-          "row ", i, ": ", cols.size() > static_cast<size_t>(want) ? "more than " : "",
-          cols.size(), " ", csv ? "comma" : "tab", "-separated values, expected ", want, " (",
+          "row ", i, ": ", more ? "more than " : "", more ? want : static_cast<int>(cols.size()),
+          " ", csv ? "comma" : "tab", "-separated values, expected ", want, " (",
           req.rows_have_label() ? "the label and " : "", "the model's ", nf, " fields ",
           spec.field(0).name, "..", spec.field(nf - 1).name, ")"));
     }

@@ -148,6 +148,12 @@ void Batcher::Loop() {
       logits.resize(padded);
       status = scorer->Score(padded, ids.data(), values.data(), logits.data(), probs.data());
     }
+    {
+      absl::MutexLock l(&mu_);
+      ++stats_.batches;
+      stats_.rows += n;
+      stats_.padded_rows += padded;
+    }
     int at = 0;
     for (const Piece& p : pieces) {
       ScoreJob& job = *p.job;
@@ -163,10 +169,6 @@ void Batcher::Loop() {
       // The last piece of a job completes it (after a failure, without calling done again).
       if (job.remaining.fetch_sub(p.count) == p.count && !job.failed.load()) job.done({});
     }
-    absl::MutexLock l(&mu_);
-    ++stats_.batches;
-    stats_.rows += n;
-    stats_.padded_rows += padded;
   }
 }
 
