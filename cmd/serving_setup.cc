@@ -1,6 +1,6 @@
 #include "cmd/serving_setup.h"
 
-#include "cmd/cli.h"
+#include "common/config.h"
 #include "common/status.h"
 #include "worker/train/checkpoint.h"
 
@@ -24,10 +24,14 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const Checkpoi
   }
   std::optional<ModelDescription> from_config;
   if (!flags.config.empty() || !flags.set.empty()) {
-    TrainingFlags tf;
-    tf.config = flags.config;
-    tf.set = flags.set;
-    ASSIGN_OR_RETURN(Config config, BuildConfig(tf));
+    // The config's model only: no data or training settings are needed (nor validated).
+    Config config;
+    for (const std::string& path : flags.config) {
+      ASSIGN_OR_RETURN(Config part, LoadConfigFile(path));
+      config.MergeFrom(part);
+    }
+    ApplyConfigDefaults(&config);
+    for (const std::string& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));
     ASSIGN_OR_RETURN(from_config, DescribeModel(config));
   }
   ASSIGN_OR_RETURN(ChosenCheckpoint c,
