@@ -5,6 +5,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -136,9 +137,22 @@ class PredictorService final : public Predictor::CallbackService {
       response->mutable_logits()->Resize(static_cast<int>(n), 0.f);
       job->logits = response->mutable_logits()->mutable_data();
     }
-    job->done = [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); };
-    RETURN_IF_ERROR(server_->batcher_->Enqueue(std::move(job)));
+    PredictServer* server = server_;
+    job->done = [reactor, server](absl::Status s) {
+      reactor->Finish(ToGrpcStatus(s));
+      absl::MutexLock l(&server->mu_);
+      --server->in_flight_;
+    };
+    {
+      absl::MutexLock l(&server_->mu_);
+      ++server_->in_flight_;
+    }
+    absl::Status queued = server_->batcher_->Enqueue(std::move(job));
     absl::MutexLock l(&server_->mu_);
+    if (!queued.ok()) {
+      --server_->in_flight_;
+      return queued;
+    }
     ++server_->stats_.requests;
     return absl::OkStatus();
   }
@@ -306,14 +320,23 @@ void PredictServer::Shutdown(absl::Duration grace) {
     stopping_ = true;
     load_cv_.Signal();
   }
+  const absl::Time deadline = absl::Now() + grace;
   if (server_ != nullptr) {
     if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
       health->SetServingStatus(kServiceName, false);
       health->SetServingStatus(false);
     }
-    // Calls in flight finish: their rows are queued, and the batcher keeps scoring until after
-    // the server has stopped.
-    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+    // Drain: the accepted requests are answered while gRPC still runs (the batcher keeps
+    // scoring); new ones are answered UNAVAILABLE by the handler.
+    {
+      absl::MutexLock l(&mu_);
+      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+      mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
+    }
+    // What is left are calls that arrive now (our handler answers them at once) and idle client
+    // connections, which gRPC would otherwise wait for until the deadline: a short last wait.
+    server_->Shutdown(absl::ToChronoTime(
+        std::min(deadline, absl::Now() + absl::Milliseconds(200))));
   }
   if (batcher_ != nullptr) batcher_->Stop();
   if (wake_fd_ >= 0) {

@@ -76,8 +76,10 @@ class PredictServer {
   // loader thread and Reload never load two at a time). Returns whether the model changed; an
   // error when the newest version does not load (the served model stays).
   absl::StatusOr<bool> LoadNewest();
-  // Marks the health NOT_SERVING, refuses new requests (UNAVAILABLE), lets the calls in flight
-  // finish (cancelled after `grace`), scores what is queued, and stops every thread. Idempotent.
+  // Stops in order: marks the health NOT_SERVING and answers new Predict calls UNAVAILABLE (a
+  // client retries elsewhere); waits until every accepted request is answered (at most
+  // `grace`); then stops gRPC within 200 ms more (a call that reaches it in that last instant is
+  // CANCELLED by gRPC itself; idle client connections are closed), and every thread. Idempotent.
   void Shutdown(absl::Duration grace);
   Stats stats() const;
 
@@ -101,6 +103,7 @@ class PredictServer {
   std::shared_ptr<const ServingModel> model_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // accepted Predict calls not yet answered
   std::vector<std::function<void(absl::StatusOr<bool>)>> load_requests_ ABSL_GUARDED_BY(mu_);
   bool load_wanted_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar load_cv_;
