@@ -210,6 +210,23 @@ TEST(ServingModel, ReadsTheVersion1PsFixtureGivenItsModel) {
   EXPECT_EQ((*m)->dense(), (std::vector<float>{-1.25f, -0.8125f, -0.375f, 0.0625f, 0.5f}));
 }
 
+// Rows never trained are stored nowhere: they read as Model::InitRow(row, init_seed), the rule
+// docs/CHECKPOINT.md documents and python/pstrain_checkpoint.py reimplements. Golden values (the
+// Python twin's; tests/python/pstrain_checkpoint_test.py checks it against the same numbers).
+TEST(ServingModel, RowsNeverTrainedReadAsTheDocumentedInitRule) {
+  auto m = ServingModel::Create(testing_serving::SmallDescription(), ServingModel::Origin{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<int64_t> ids = {0, 1, 169};
+  std::vector<float> rows(ids.size() * 5);
+  ASSERT_TRUE((*m)->Gather(ids, rows.data()).ok());
+  const std::vector<float> want = {
+      0.f, -0.0954230055f, -0.0210496709f, 0.0176667515f, -0.00829756539f,  // row 0
+      0.f, 0.0442207977f,  0.0220386144f,  0.0666234121f, -0.0896068513f,   // row 1
+      0.f, 0.00583246443f, -0.0327057838f, -0.0704622939f, 0.035526827f,    // row 169
+  };
+  EXPECT_EQ(rows, want);
+}
+
 TEST(ServingModel, ChoosingRefusesWhatDoesNotFit) {
   const std::string dir = FreshDir("sm_choose");
   auto missing = ChooseCheckpointToRead(dir, "", nullptr);
