@@ -1,14 +1,18 @@
 #include "cmd/serving_setup.h"
 
+#include "checkpoint/layout.h"
 #include "common/config.h"
+#include "common/file.h"
 #include "common/status.h"
+#include "serving/export.h"
 #include "worker/train/checkpoint.h"
 
 namespace pstrain {
 
 void AddCheckpointFlags(FlagSet* f, CheckpointFlags* o) {
   f->String("model_dir", &o->model_dir,
-            "the training run's model dir (or its checkpoint.dir): LATEST and ckpt-<step>/");
+            "the training run's model dir (or its checkpoint.dir): LATEST and ckpt-<step>/; or "
+            "an export (`pstrain export --out`: the newest version, or one version's directory)");
   f->String("checkpoint", &o->checkpoint,
             "which checkpoint: ckpt-<step> under --model_dir, or a checkpoint directory's path "
             "(default: the one LATEST names, verified, falling back like a resume)");
@@ -33,6 +37,20 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const Checkpoi
     ApplyConfigDefaults(&config);
     for (const std::string& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));
     ASSIGN_OR_RETURN(from_config, DescribeModel(config));
+  }
+  // An export (a base directory of versions, or one version) is read as such: predict scores
+  // with it as `serve` would (its rows may be quantized).
+  if (flags.checkpoint.empty() && !flags.model_dir.empty() &&
+      !PathExists(flags.model_dir + "/" + kLatestFileName)) {
+    if (absl::StatusOr<std::string> dir = ResolveExportDir(flags.model_dir); dir.ok()) {
+      ASSIGN_OR_RETURN(std::unique_ptr<ServingModel> model, ReadExport(*dir));
+      if (from_config) {
+        absl::Status same = CompareModelDescriptions(model->description(), *from_config,
+                                                     "the export", "the config");
+        if (!same.ok()) return Annotate(same, *dir + " was exported from another model");
+      }
+      return model;
+    }
   }
   ASSIGN_OR_RETURN(ChosenCheckpoint c,
                    ChooseCheckpointToRead(flags.model_dir, flags.checkpoint,

@@ -22,8 +22,9 @@ struct CheckpointFlags {
 
 void AddCheckpointFlags(FlagSet* flags, CheckpointFlags* out);
 
-// The model of the chosen checkpoint (serving/serving_model.h ChooseCheckpointToRead), loaded.
-// Errors name the checkpoint and the field or file at fault.
+// The model of the chosen checkpoint (serving/serving_model.h ChooseCheckpointToRead), loaded;
+// or, when --model_dir holds no LATEST but an export (serving/export.h ResolveExportDir), the
+// export's model. Errors name the checkpoint or export and the field or file at fault.
 absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const CheckpointFlags& flags);
 
 }  // namespace pstrain

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -368,6 +369,54 @@ TEST_F(PredictTest, ExportHoldsTheCheckpointsModel) {
   EXPECT_EQ(rows, trained.weights);
   EXPECT_EQ((*exported)->dense(), (*params)->dense()->Snapshot().weights);
   EXPECT_EQ((*exported)->origin().version, state.step());
+}
+
+// predict --model_dir EXPORT scores with the export: an f32 export scores exactly as its
+// checkpoint; an int8 one within its quantization error.
+TEST_F(PredictTest, AnExportPredictsAsItsCheckpoint) {
+  std::string out;
+  for (const char* rows : {"f32", "int8"}) {
+    ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", Dir(), "/m --out ",
+                                             Dir(), "/px_", rows, " --rows ", rows),
+                                120, &out),
+              0)
+        << out;
+  }
+  ASSERT_EQ(Predict(absl::StrCat("--model_dir ", Dir(), "/m --input '", TestData(), "' --out ",
+                                 Dir(), "/pc.tsv"),
+                    &out),
+            0)
+      << out;
+  // The base directory (newest version) and one version's directory both read as the export.
+  ASSERT_EQ(Predict(absl::StrCat("--model_dir ", Dir(), "/px_f32 --input '", TestData(),
+                                 "' --out ", Dir(), "/pf.tsv"),
+                    &out),
+            0)
+      << out;
+  const std::string int8_version = *ResolveExportDir(Dir() + "/px_int8");
+  ASSERT_EQ(Predict(absl::StrCat("--model_dir ", int8_version, " --input '", TestData(),
+                                 "' --out ", Dir(), "/pq.tsv"),
+                    &out),
+            0)
+      << out;
+  const Scores c = ReadScores(Dir() + "/pc.tsv"), f = ReadScores(Dir() + "/pf.tsv"),
+               q = ReadScores(Dir() + "/pq.tsv");
+  ASSERT_EQ(c.probs.size(), 2000u);
+  EXPECT_EQ(f.probs, c.probs);
+  EXPECT_EQ(f.labels, c.labels);
+  ASSERT_EQ(q.probs.size(), c.probs.size());
+  double worst = 0;
+  for (size_t i = 0; i < c.probs.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(q.probs[i] - c.probs[i])));
+  }
+  EXPECT_GT(worst, 0) << "int8 rows changed no score: were they quantized?";
+  EXPECT_LT(worst, 0.02);
+  // Neither a checkpoint directory nor an export: the error names the directory.
+  EXPECT_NE(Predict(absl::StrCat("--model_dir ", Dir(), "/test --input '", TestData(),
+                                 "' --out ", Dir(), "/none.tsv"),
+                    &out),
+            0);
+  EXPECT_THAT(out, HasSubstr(Dir() + "/test"));
 }
 
 }  // namespace
