@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/ps_setup.h"
 #include "common/flags.h"
@@ -24,7 +25,7 @@ int RunPs(int argc, char** argv) {
                 "== shard and the shard's slice of the dense vector.\nPrints 'pstrain ps: shard "
                 "i/S listening on HOST:PORT' once ready; SIGTERM or Ctrl-C stops it (exit 0), like a TF "
                 "ps task it serves until stopped. With --model_dir (or checkpoint.dir) it resumes "
-                "from the job's latest checkpoint.");
+                "from the job's latest checkpoint. Without --shard/--num_shards, TF_CONFIG's ps task gives them (a Kubeflow PS pod).");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
   int port = 0, shard = 0, num_shards = 1, row_dim = 0, partitions = 0, threads = 1;
@@ -51,6 +52,22 @@ int RunPs(int argc, char** argv) {
   };
   Config config;
   if (auto code = ParseTrainingCommand("ps", argc, argv, &flags, tf, &config)) return *code;
+  // A Kubeflow PS pod: TF_CONFIG gives the shard, the shard count, the port and the workers when
+  // the flags do not (cmd/cluster_spec.h).
+  if (!flags.WasSet("shard") && !flags.WasSet("num_shards")) {
+    auto env = ReadClusterEnvironment("");
+    auto task = env.ok() ? PsTaskFromEnvironment(*env)
+                         : absl::StatusOr<std::optional<PsTask>>(env.status());
+    if (!task.ok()) return fail(std::string(task.status().message()), 2);
+    if (*task) {
+      shard = (*task)->shard;
+      num_shards = (*task)->num_shards;
+      if (!flags.WasSet("port")) port = (*task)->port;
+      if (!flags.WasSet("num_workers")) num_workers = (*task)->num_workers;
+      PSTRAIN_LOG(INFO) << "TF_CONFIG: ps task " << shard << " of " << num_shards << ", port "
+                        << port << ", " << num_workers << " workers";
+    }
+  }
   if (port < 0 || port > 65535) return fail(absl::StrCat("--port must be in [0, 65535]"), 2);
   // A shape given by flags (tests and benchmarks of the PS alone) is not the config's model, so
   // only a shard of the config's own shape compares the checkpoint's model description with it.

@@ -12,6 +12,8 @@ PACKAGES=(
   ocl-icd-opencl-dev opencl-headers
   libopenmpi-dev openmpi-bin
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # gzip input (worker/data/formats/buffered_io.cc); the Prometheus endpoint (common/metrics/).
+  zlib1g-dev prometheus-cpp-dev
   python3
   # python/pstrain_checkpoint.py (NumPy only) and its tests; the gRPC client example of
   # `pstrain serve` (python/serve_client.py: grpcio, and protobuf for the messages protoc writes).

@@ -1,5 +1,7 @@
 #include "ps/server/shard_server.h"
 
+#include <grpcpp/health_check_service_interface.h>
+
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -72,7 +74,9 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
                                  PullResponse* response) override {
     if (server_->opt_.consistency == ASYNC || request->step() <= 0) {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      const absl::Time start = absl::Now();
       reactor->Finish(ToGrpcStatus(server_->Pull(*request, response)));
+      server_->metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start));
       return reactor;
     }
     auto* pull = new PullReactor(server_, request, response);
@@ -82,7 +86,9 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* request,
                                  PushResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    const absl::Time start = absl::Now();
     reactor->Finish(ToGrpcStatus(server_->Push(*request, response)));
+    server_->metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start));
     return reactor;
   }
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const InfoRequest* request,
@@ -219,10 +225,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
   s->tracker_ = std::make_unique<ConsistencyTracker>(co, s->data_.get(), s->timer_.get());
   s->coordinator_ = std::make_unique<JobCoordinator>(o.shard, s->timer_.get());
   s->service_ = std::make_unique<Service>(s.get());
+  s->metrics_ = std::make_unique<ShardMetrics>(s->opt_.shard, [p = s.get()] { return p->Stats(); });
   return s;
 }
 
 ShardServer::~ShardServer() {
+  metrics_.reset();  // no scrape reads Stats() from here on
   Shutdown(absl::ZeroDuration());
   timer_.reset();  // runs the pending expiries now; they find nothing held
   absl::MutexLock lock(&server_mu_);
@@ -234,6 +242,9 @@ absl::Status ShardServer::Start(const std::string& address) {
   if (server_ != nullptr || shut_down_) {
     return absl::FailedPreconditionError("ShardServer::Start called twice");
   }
+  // The standard gRPC health service (grpc.health.v1.Health): SERVING while the shard serves,
+  // for Kubernetes' gRPC probes and load balancers.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);

@@ -38,6 +38,7 @@
 #include "ps/server/job_coordinator.h"
 #include "ps/server/shard.h"
 #include "pstrain/config.pb.h"
+#include "ps/server/shard_metrics.h"
 #include "pstrain/ps_service.pb.h"
 #include "pstrain/state.pb.h"
 
@@ -173,6 +174,7 @@ class ShardServer {
 
   absl::Mutex server_mu_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<ShardMetrics> metrics_;  // Prometheus (ps/server/shard_metrics.h)
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
   bool shut_down_ ABSL_GUARDED_BY(server_mu_) = false;
   int port_ = 0;

@@ -330,6 +330,18 @@ TEST_F(PredictTest, BadInputFailsCleanlyAndLeavesNoOutput) {
   EXPECT_THAT(out, HasSubstr("batch_size 0"));
   EXPECT_EQ(Predict("--input x", &out), 2);
   EXPECT_THAT(out, HasSubstr("--model_dir"));
+  // The command line's traps (common/flags.h): an unquoted glob's second match, a single dash.
+  EXPECT_EQ(Predict(absl::StrCat("--model_dir ", Dir(), "/m --input a.tsv b.tsv"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("b.tsv"));
+  EXPECT_EQ(Predict(absl::StrCat("--model_dir ", Dir(), "/m -input a.tsv"), &out), 2);
+  EXPECT_THAT(out, HasSubstr("--input"));
+  std::string export_out;
+  EXPECT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", Dir(), "/m --out ", Dir(),
+                                           "/e1 stray"),
+                              60, &export_out),
+            2);
+  EXPECT_THAT(export_out, HasSubstr("stray"));
+  EXPECT_FALSE(PathExists(Dir() + "/e1"));
 }
 
 // export -> the export's model scores as the checkpoint does; the row encodings shrink the file.
@@ -417,6 +429,32 @@ TEST_F(PredictTest, AnExportPredictsAsItsCheckpoint) {
                     &out),
             0);
   EXPECT_THAT(out, HasSubstr(Dir() + "/test"));
+}
+
+// Every reader takes gzip (by the name or the magic bytes): predict scores a gzipped copy of the
+// test set exactly as the plain one, in the same order.
+TEST_F(PredictTest, GzippedInputScoresTheSame) {
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat("mkdir -p ", Dir(), "/gz && for f in ", Dir(),
+                                           "/test/part-*; do gzip -c $f > ", Dir(),
+                                           "/gz/$(basename $f).gz; done && ls ", Dir(), "/gz"),
+                              60, &out),
+            0)
+      << out;
+  ASSERT_EQ(Predict(absl::StrCat("--model_dir ", Dir(), "/m --input '", TestData(), "' --out ",
+                                 Dir(), "/plain.tsv"),
+                    &out),
+            0)
+      << out;
+  ASSERT_EQ(Predict(absl::StrCat("--model_dir ", Dir(), "/m --input '", Dir(),
+                                 "/gz/part-*' --out ", Dir(), "/gz.tsv"),
+                    &out),
+            0)
+      << out;
+  const Scores plain = ReadScores(Dir() + "/plain.tsv"), gz = ReadScores(Dir() + "/gz.tsv");
+  ASSERT_EQ(plain.probs.size(), 2000u);
+  EXPECT_EQ(gz.probs, plain.probs);
+  EXPECT_EQ(gz.labels, plain.labels);
 }
 
 }  // namespace

@@ -8,8 +8,8 @@ namespace pstrain {
 
 RecordFormats RegisteredFormats() {
   RecordFormats f;
-  f.open_source = [](DataFormat format, const std::string& path) {
-    return OpenRecordSource(format, path);
+  f.open_source = [](DataFormat format, const std::string& path, Channel::Compression c) {
+    return OpenRecordSource(format, path, c);
   };
   f.make_parser = [](DataFormat format, const FeatureSpec& spec, absl::string_view header) {
     return CreateRecordParser(format, spec, header);

@@ -10,8 +10,9 @@ namespace pstrain {
 
 absl::StatusOr<std::unique_ptr<RecordSource>> LineSource::Open(DataFormat format,
                                                                const std::string& path,
-                                                               size_t chunk_size) {
-  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size));
+                                                               size_t chunk_size,
+                                                               Channel::Compression compression) {
+  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
   std::unique_ptr<LineSource> src(new LineSource(std::move(reader), format == CSV));
   if (src->header_lines_ > 0) {
     absl::string_view line;

@@ -20,9 +20,9 @@ namespace pstrain {
 
 class LineSource : public RecordSource {
  public:
-  static absl::StatusOr<std::unique_ptr<RecordSource>> Open(DataFormat format,
-                                                            const std::string& path,
-                                                            size_t chunk_size);
+  static absl::StatusOr<std::unique_ptr<RecordSource>> Open(
+      DataFormat format, const std::string& path, size_t chunk_size,
+      Channel::Compression compression = Channel::AUTO);
 
   absl::Status Next(RecordRef* rec, bool* eof) override;
   uint64_t offset() const override { return reader_->offset(); }

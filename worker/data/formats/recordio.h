@@ -36,8 +36,8 @@ constexpr uint32_t kRecordIOMaxPart = (1u << 29) - 1;
 // every 4-aligned occurrence of the magic. The payload must be shorter than 2^29 bytes.
 void AppendRecordIOFrame(absl::string_view payload, std::string* out);
 
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(const std::string& path,
-                                                                 size_t chunk_size);
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(
+    const std::string& path, size_t chunk_size, Channel::Compression compression = Channel::AUTO);
 
 std::unique_ptr<RecordParser> NewRecordIOParser(const FeatureSpec& spec);
 

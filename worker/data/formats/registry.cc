@@ -26,16 +26,19 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
   switch (format) {
     case CRITEO_TSV:
     case CSV:
-    case LIBSVM: return LineSource::Open(format, path, options.read_chunk);
-    case TFRECORD: return OpenTFRecordSource(path, options.read_chunk);
-    case RECORDIO: return OpenRecordIOSource(path, options.read_chunk);
+    case LIBSVM: return LineSource::Open(format, path, options.read_chunk, options.compression);
+    case TFRECORD: return OpenTFRecordSource(path, options.read_chunk, options.compression);
+    case RECORDIO: return OpenRecordIOSource(path, options.read_chunk, options.compression);
     default: return UnknownFormat(format);
   }
 }
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format,
-                                                               const std::string& path) {
-  return OpenRecordSource(format, path, RecordSourceOptions{});
+                                                               const std::string& path,
+                                                               Channel::Compression compression) {
+  RecordSourceOptions options;
+  options.compression = compression;
+  return OpenRecordSource(format, path, options);
 }
 
 absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,

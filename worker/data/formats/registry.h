@@ -14,6 +14,8 @@ namespace pstrain {
 struct RecordSourceOptions {
   // Bytes per read(2). Records may straddle reads; tests use tiny values to prove it.
   size_t read_chunk = kDefaultReadChunk;
+  // gzip or not (buffered_io.h); AUTO decides by the name and the first bytes.
+  Channel::Compression compression = Channel::AUTO;
 };
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format,

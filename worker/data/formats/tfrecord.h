@@ -20,8 +20,8 @@
 
 namespace pstrain {
 
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(const std::string& path,
-                                                                 size_t chunk_size);
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
+    const std::string& path, size_t chunk_size, Channel::Compression compression = Channel::AUTO);
 
 std::unique_ptr<RecordParser> NewTFRecordParser(const FeatureSpec& spec);
 
