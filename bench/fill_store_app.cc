@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/app_util.h"
 #include "checkpoint/layout.h"
 #include "common/config.h"
 #include "common/flags.h"
@@ -42,10 +43,7 @@ int Main(int argc, char** argv) {
   flags.Int64("rows", &rows, "rows to fill: 0 .. rows-1 of the table");
   flags.Double("stddev", &stddev, "standard deviation of the embedding values");
   flags.Int("seed", &seed, "random seed");
-  if (absl::Status s = flags.Parse(argc, argv); !s.ok() || flags.help_requested()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
-    return s.ok() ? 0 : 2;
-  }
+  if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   if (config_path.empty() || model_dir.empty() || rows < 1) {
     std::fprintf(stderr, "--config and --model_dir are required, --rows >= 1\n");
     return 2;

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/app_util.h"
 #include "cmd/launcher.h"
 #include "common/config.h"
 #include "common/cpu.h"
@@ -32,19 +33,6 @@
 namespace pstrain {
 namespace {
 
-struct Stats {
-  double median = 0, min = 0, max = 0;
-};
-
-Stats Summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  Stats s;
-  s.min = v.front();
-  s.max = v.back();
-  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  return s;
-}
-
 int Main(int argc, char** argv) {
   std::string config_path, input, format = "criteo_tsv", out, work = "/tmp/predict_throughput";
   int train_steps = 300, repeats = 3;
@@ -57,10 +45,7 @@ int Main(int argc, char** argv) {
   flags.Int("repeats", &repeats, "runs of each");
   flags.String("work", &work, "scratch directory (model dirs)");
   flags.String("out", &out, "write the results as JSON here");
-  if (absl::Status s = flags.Parse(argc, argv); !s.ok() || flags.help_requested()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
-    return s.ok() ? 0 : 2;
-  }
+  if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   auto env = InitLaunchEnvironment();
   if (!env.ok() || config_path.empty() || input.empty() || repeats < 1) {
     std::fprintf(stderr, "--config and --input are required (%s)\n",
@@ -134,7 +119,7 @@ int Main(int argc, char** argv) {
     predict_rate.push_back(rate);
     ratio.push_back(rate / summary->examples_per_sec);
   }
-  const Stats t = Summarize(train_rate), p = Summarize(predict_rate), q = Summarize(ratio);
+  const Spread t = Summarize(train_rate), p = Summarize(predict_rate), q = Summarize(ratio);
   absl::PrintF(
       "\n%s, %d cores, isa %s\n"
       "train:   %.0f ex/s (range %.0f-%.0f), %.0f per core\n"
@@ -158,10 +143,7 @@ int Main(int argc, char** argv) {
         .Add("ratio_per_core_median", q.median)
         .Add("ratio_per_core_min", q.min)
         .Add("ratio_per_core_max", q.max);
-    if (absl::Status s = WriteFileAtomic(out, j.str() + "\n"); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (int code = WriteJsonResults(out, j.str())) return code;
   }
   std::system(("rm -rf " + work).c_str());
   return 0;

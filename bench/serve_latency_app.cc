@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/app_util.h"
 #include "cmd/launcher.h"
 #include "common/file.h"
 #include "common/flags.h"
@@ -134,10 +135,7 @@ int Main(int argc, char** argv) {
   flags.Int("client_cpu", &client_cpu, "the CPU this client is pinned to");
   flags.String("server_args", &server_args, "more flags for pstrain serve");
   flags.String("out", &out, "write the results as JSON here");
-  if (absl::Status s = flags.Parse(argc, argv); !s.ok() || flags.help_requested()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
-    return s.ok() ? 0 : 2;
-  }
+  if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   auto env = InitLaunchEnvironment();
   if (!env.ok() || pstrain.empty() || model.empty() || rows_path.empty()) {
     std::fprintf(stderr, "--pstrain, --model and --rows are required\n");
@@ -270,10 +268,7 @@ int Main(int argc, char** argv) {
         .Add("server", ready)
         .Add("server_exit_status", status)
         .AddRaw("results", results);
-    if (absl::Status s = WriteFileAtomic(out, doc.str() + "\n"); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (int code = WriteJsonResults(out, doc.str())) return code;
   }
   return 0;
 }

@@ -27,15 +27,8 @@ int RunExport(int argc, char** argv) {
   flags.String("rows", &rows,
                "row encoding: f32 (exact), bf16 (half the size) or int8 (w exact, the "
                "embedding scaled per row: about a quarter)");
-  auto fail = [](const std::string& msg, int code) {
-    std::fprintf(stderr, "pstrain export: %s\n", msg.c_str());
-    return code;
-  };
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return fail(std::string(s.message()), 2);
-  if (flags.help_requested()) {
-    std::printf("%s", flags.Usage().c_str());
-    return 0;
-  }
+  auto fail = [](const std::string& msg, int code) { return CommandError("export", msg, code); };
+  if (std::optional<int> code = ParseCommandFlags("export", flags, argc, argv)) return *code;
   if (out.empty()) return fail("--out is required (see --help)", 2);
   absl::StatusOr<RowEncoding> encoding = ParseRowEncoding(rows);
   if (!encoding.ok()) return fail(absl::StrCat("--rows: ", encoding.status().message()), 2);

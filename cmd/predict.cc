@@ -44,15 +44,8 @@ int RunPredict(int argc, char** argv) {
   flags.Int("reader_threads", &po.reader_threads, "parser threads");
   flags.String("summary", &summary,
                "write a JSON summary (examples, auc, logloss, seconds, checkpoint) to this file");
-  auto fail = [](const std::string& msg, int code) {
-    std::fprintf(stderr, "pstrain predict: %s\n", msg.c_str());
-    return code;
-  };
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return fail(std::string(s.message()), 2);
-  if (flags.help_requested()) {
-    std::printf("%s", flags.Usage().c_str());
-    return 0;
-  }
+  auto fail = [](const std::string& msg, int code) { return CommandError("predict", msg, code); };
+  if (std::optional<int> code = ParseCommandFlags("predict", flags, argc, argv)) return *code;
   if (inputs.empty()) return fail("--input is required (see --help)", 2);
   absl::StatusOr<DataFormat> parsed = ParseDataFormat(format);
   if (!parsed.ok()) return fail(absl::StrCat("--format: ", parsed.status().message()), 2);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "cmd/serving_setup.h"
 #include "common/file.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -48,15 +49,8 @@ int RunServe(int argc, char** argv) {
                "file holding the token the Reload RPC needs (metadata 'authorization: Bearer "
                "<token>'); without it Reload is refused");
   flags.Int("grace_s", &grace_s, "on SIGTERM, how long calls in flight may take to finish");
-  auto fail = [](const std::string& msg, int code) {
-    std::fprintf(stderr, "pstrain serve: %s\n", msg.c_str());
-    return code;
-  };
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) return fail(std::string(s.message()), 2);
-  if (flags.help_requested()) {
-    std::printf("%s", flags.Usage().c_str());
-    return 0;
-  }
+  auto fail = [](const std::string& msg, int code) { return CommandError("serve", msg, code); };
+  if (std::optional<int> code = ParseCommandFlags("serve", flags, argc, argv)) return *code;
   if (model_path.empty()) return fail("--model is required (see --help)", 2);
   if (port < 0 || port > 65535) return fail("--port must be in [0, 65535]", 2);
   if (threads < 0 || max_delay_us < 0 || grace_s < 0) {
