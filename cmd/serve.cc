@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "cmd/serving_setup.h"
@@ -48,6 +49,13 @@ int RunServe(int argc, char** argv) {
   flags.String("admin_token_file", &token_file,
                "file holding the token the Reload RPC needs (metadata 'authorization: Bearer "
                "<token>'); without it Reload is refused");
+  int metrics_port = 0;
+  std::string metrics_bind = "127.0.0.1";
+  flags.Int("metrics_port", &metrics_port,
+            "serve Prometheus metrics on http://<metrics_bind>:PORT/metrics (0 = off)");
+  flags.String("metrics_bind", &metrics_bind,
+               "address of the metrics endpoint (0.0.0.0 to let a Prometheus on another host "
+               "scrape)");
   flags.Int("grace_s", &grace_s, "on SIGTERM, how long calls in flight may take to finish");
   auto fail = [](const std::string& msg, int code) { return CommandError("serve", msg, code); };
   if (std::optional<int> code = ParseCommandFlags("serve", flags, argc, argv)) return *code;
@@ -83,6 +91,9 @@ int RunServe(int argc, char** argv) {
   if (!server.ok()) {
     return fail(server.status().ToString(),
                 server.status().code() == absl::StatusCode::kUnavailable ? 1 : 2);
+  }
+  if (absl::Status m = StartMetricsEndpoint(metrics_bind, metrics_port); !m.ok()) {
+    return fail(m.ToString(), m.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
   }
   const std::shared_ptr<const ServingModel> model = (*server)->model();
   absl::PrintF("pstrain serve: version %d (%s, step %d, %d rows) on %d threads, listening on %s:%d\n",

@@ -30,7 +30,7 @@ BELOW = {
     "worker/allreduce": ["worker/train"],
     "worker/tools": ["worker/eval", "worker/data"],
     "serving": ["worker/eval", "checkpoint"],
-    "serving/server": ["serving", "common/rpc"],
+    "serving/server": ["serving", "common/rpc", "common/metrics"],
 }
 UNRESTRICTED = ("cmd", "tests", "bench")
 # Our top folders; includes of anything else (absl/, grpcpp/, oneapi/, the generated protobuf

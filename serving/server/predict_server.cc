@@ -138,7 +138,8 @@ class PredictorService final : public Predictor::CallbackService {
       job->logits = response->mutable_logits()->mutable_data();
     }
     PredictServer* server = server_;
-    job->done = [reactor, server](absl::Status s) {
+    job->done = [reactor, server, start = absl::Now()](absl::Status s) {
+      if (s.ok()) server->metrics_->ObservePredict(absl::ToDoubleSeconds(absl::Now() - start));
       reactor->Finish(ToGrpcStatus(s));
       absl::MutexLock l(&server->mu_);
       --server->in_flight_;
@@ -173,6 +174,18 @@ absl::StatusOr<std::unique_ptr<PredictServer>> PredictServer::Start(Options opti
   if (!model.ok()) return Annotate(model.status(), "loading " + dir);
   s->model_ = std::shared_ptr<const ServingModel>(*std::move(model));
   ASSIGN_OR_RETURN(s->batcher_, Batcher::Create(s->opt_.batching));
+  s->metrics_ = std::make_unique<ServeMetrics>([p = s.get()] {
+    const Stats st = p->stats();
+    ServeCounters c;
+    c.requests = st.requests;
+    c.rejected = st.rejected;
+    c.rows = st.batcher.rows;
+    c.padded_rows = st.batcher.padded_rows;
+    c.batches = st.batcher.batches;
+    c.reloads = st.reloads;
+    c.version = p->model()->origin().version;
+    return c;
+  });
   s->loader_ = std::thread([p = s.get()] { p->LoaderLoop(); });
   if (s->versioned_ && s->opt_.watch) {
     s->watch_fd_ = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);

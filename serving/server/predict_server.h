@@ -20,6 +20,9 @@
 // admin token (metadata "authorization: Bearer <token>", compared in constant time) and is refused
 // when the server has none. Predict and GetModelInfo change nothing.
 //
+// Metrics: serving/server/serve_metrics.h, in the process's registry (served when the process
+// starts common/metrics' endpoint).
+//
 // Thread-safety: all public methods may be called from any thread.
 #pragma once
 
@@ -35,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "serving/server/batcher.h"
+#include "serving/server/serve_metrics.h"
 #include "serving/serving_model.h"
 
 namespace grpc {
@@ -114,6 +118,8 @@ class PredictServer {
   int watch_fd_ = -1;  // inotify
   int wake_fd_ = -1;   // eventfd that ends the watcher
   std::atomic<bool> shut_down_{false};
+  // Last: its scrape callback reads the members above, so it goes first.
+  std::unique_ptr<ServeMetrics> metrics_;
 };
 
 }  // namespace pstrain

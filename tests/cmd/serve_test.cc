@@ -30,6 +30,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "pstrain/serving.grpc.pb.h"
+#include "tests/common/metrics/exposition.h"
+#include "tests/common/metrics/http_scrape.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
 
@@ -267,6 +269,28 @@ TEST_F(ServeTest, ScoresEqualPredictAndHealthAnswers) {
   const int status = server.Stop();
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// --metrics_port: Prometheus' exposition with the calls counted (accepted, refused, rows), their
+// latency observed, and the version served.
+TEST_F(ServeTest, MetricsCountTheCalls) {
+  const int metrics_port = testing::FreePort();
+  Server server({"--metrics_port", absl::StrCat(metrics_port), "--max_request_rows", "64"});
+  PredictResponse resp;
+  ASSERT_TRUE(Predict(server.stub(), Rows(0, 10), &resp).ok());
+  ASSERT_TRUE(Predict(server.stub(), Rows(10, 13), &resp).ok());
+  EXPECT_EQ(Predict(server.stub(), Rows(0, 65), &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const std::string body = testing::ScrapeMetrics(metrics_port);
+  std::vector<testing::Sample> samples;
+  ASSERT_EQ(testing::CheckExposition(body, &samples), "") << body;
+  EXPECT_EQ(testing::SampleValue(samples, "pstrain_serve_requests_total", ""), 2) << body;
+  EXPECT_EQ(testing::SampleValue(samples, "pstrain_serve_rejected_total", ""), 1) << body;
+  EXPECT_EQ(testing::SampleValue(samples, "pstrain_serve_rows_total", ""), 13) << body;
+  EXPECT_EQ(testing::SampleValue(samples, "pstrain_serve_model_version", ""), 1) << body;
+  EXPECT_EQ(testing::SampleValue(samples, "pstrain_serve_predict_seconds_count", ""), 2) << body;
+  EXPECT_GT(testing::SampleValue(samples, "pstrain_serve_predict_seconds_sum", ""), 0) << body;
+  EXPECT_EQ(server.Stop(), 0);
 }
 
 TEST_F(ServeTest, BadRequestsGetClearErrorsAndTheServerGoesOn) {
