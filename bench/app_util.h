@@ -1,5 +1,5 @@
-// What the end-to-end benchmark apps (bench/*_app.cc) share: their flag parsing front, the median
-// and range of repeated measurements, and writing their JSON results.
+// What the end-to-end benchmark apps (bench/*_app.cc) share: their main, their flag parsing
+// front, the median and range of repeated measurements, and writing their JSON results.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cmd/launcher.h"
 #include "common/file.h"
 #include "common/flags.h"
 
@@ -44,3 +45,12 @@ inline int WriteJsonResults(const std::string& path, const std::string& json) {
 }
 
 }  // namespace pstrain
+
+// The main of a benchmark app whose work is `pstrain::Main(argc, argv)`: runs it with
+// OMP_WAIT_POLICY=PASSIVE as pstrain's own main does (cmd/launcher.h), so that what is measured
+// is what pstrain runs.
+#define PSTRAIN_APP_MAIN()                                \
+  int main(int argc, char** argv) {                       \
+    pstrain::ReexecWithPassiveOmpWaitPolicy(argv);        \
+    return pstrain::Main(argc, argv);                     \
+  }

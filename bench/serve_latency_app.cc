@@ -276,7 +276,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace pstrain
 
-int main(int argc, char** argv) {
-  pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
-  return pstrain::Main(argc, argv);
-}
+PSTRAIN_APP_MAIN()

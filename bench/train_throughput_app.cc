@@ -212,8 +212,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace pstrain
 
-int main(int argc, char** argv) {
-  // As pstrain's own main does, so that the step measured here is the one pstrain runs.
-  pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
-  return pstrain::Main(argc, argv);
-}
+PSTRAIN_APP_MAIN()
