@@ -124,6 +124,12 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointM
 // and they are deleted once the job commits a newer step. keep < 1 counts as 1.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
 
+// Removes every ckpt-<step> directory under `dir` that is incomplete (no MANIFEST), newer or
+// older than LATEST: what an interrupted or failed write left. Call only where no checkpoint of
+// the job is being written: at the start of the process that commits the job's checkpoints
+// (before it writes any), and after one of its writes failed. Returns how many it removed.
+int RemoveIncompleteCheckpoints(const std::string& dir);
+
 // ---- Choosing the checkpoint to resume from ----
 
 struct CheckpointChoice {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_security.h"
 #include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
@@ -55,13 +56,20 @@ int RunHost(int argc, char** argv) {
       "writes a checkpoint of the whole job and exits 0.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  std::string cluster, bind = "0.0.0.0", resource_config = kSageMakerResourceConfig;
+  std::string cluster, bind = "127.0.0.1", resource_config = kSageMakerResourceConfig;
   int index = -1, ps_threads = 1, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
+  int stop_grace_s = 300;
   flags.String("cluster", &cluster, "PS shard addresses host:port of hosts 0..N-1, comma-separated");
   flags.Int("index", &index, "this host's index in --cluster (-1 = from the environment)");
   flags.String("resource_config", &resource_config,
                "SageMaker's resource config, read when present (after SM_HOSTS in the order)");
-  flags.String("bind", &bind, "address the shard listens on (its port is from the cluster spec)");
+  flags.String("bind", &bind,
+               "address the shard listens on (its port is from the cluster spec); default "
+               "loopback only. Another address (e.g. 0.0.0.0 for a multi-host job) needs the "
+               "cluster secret in cluster.secret_file or PSTRAIN_CLUSTER_SECRET");
+  flags.Int("stop_grace_s", &stop_grace_s,
+            "after SIGTERM / SIGINT, seconds the host may take to checkpoint and stop before it "
+            "exits anyway (code 124)");
   flags.Int("ps_threads", &ps_threads, "OpenMP threads per PS request");
   flags.Int("cores", &cores,
             "cores this host's automatic thread settings divide (0 = the CPUs this process may "
@@ -100,6 +108,16 @@ int RunHost(int argc, char** argv) {
   auto shard_options = ShardOptionsForJob(config, me, N);
   if (!shard_options.ok()) return fail(std::string(shard_options.status().message()), 2);
   shard_options->threads = ps_threads;
+  shard_options->checkpoint_dir = JobCheckpointDir(config);
+  auto security = ClusterSecurity(config, SecretEnvironment(), bind,
+                                  shard_options->security.max_message_bytes);
+  if (!security.ok()) return fail(security.status().ToString(), 2);
+  shard_options->security = *security;
+  if (IsLoopbackAddress(bind) && !IsLoopbackAddress(my_address)) {
+    PSTRAIN_LOG(WARNING) << "host " << me << " listens on " << bind << " only, but the cluster "
+                         << "spec names it " << my_address << ": the other hosts cannot reach "
+                         << "its shard; pass --bind 0.0.0.0 (or its address) and a cluster secret";
+  }
   const int64_t rows = shard_options->rows;
   const int row_dim = shard_options->row_dim;
   const int64_t dense_size = shard_options->dense_size;
@@ -118,13 +136,15 @@ int RunHost(int argc, char** argv) {
   }
   // From here on a stop signal is a preemption: the job checkpoints (the other hosts need this
   // shard for it), also if it comes while this host still connects to the others.
+  SetStopGrace(stop_grace_s);
   StopSignals& signals = InstallStopSignals();
   signals.served = true;
   if (absl::Status s = (*server)->Start(absl::StrCat(bind, ":", port)); !s.ok()) {
     return fail(std::string(s.message()), kExitCannotListen);
   }
   PSTRAIN_LOG(INFO) << "host " << me << "/" << N << " (cluster from " << spec->source
-                    << "): shard listening on " << bind << ":" << port << ", " << rows
+                    << "): shard listening on " << bind << ":" << (*server)->port()
+                    << (security->secret.empty() ? " (no cluster secret)" : "") << ", " << rows
                     << " rows, row_dim " << row_dim << ", dense " << dense_size;
 
   // The worker.
@@ -143,6 +163,8 @@ int RunHost(int argc, char** argv) {
   wo.local_shard = me;
   ServedShard served(server->get());
   wo.local_server = &served;
+  wo.security = *security;
+  wo.worker_hosts = spec->hosts;
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));
@@ -158,7 +180,7 @@ int RunHost(int argc, char** argv) {
   }
 
   // Keep every shard up until no worker needs it: the chief's evaluation reads them all.
-  ShardRpc shard_zero(spec->hosts[0]);
+  ShardRpc shard_zero(spec->hosts[0], *security);
   ReportRequest seen;
   seen.set_worker_id(me);
   seen.set_phase(FINISH_SEEN);
@@ -180,6 +202,10 @@ int RunHost(int argc, char** argv) {
     if (!finished.ok()) {
       (*server)->Shutdown(absl::Seconds(1));
       return fail(finished.status().ToString(), 1);
+    }
+    if (!finished->job_error().empty()) {
+      (*server)->Shutdown(absl::Seconds(1));
+      return fail(absl::StrCat("the job failed: ", finished->job_error()), 1);
     }
     if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
       PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -39,6 +40,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_security.h"
+#include "common/rpc/security.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "common/file.h"
@@ -289,6 +292,17 @@ int RunLocal(int argc, char** argv) {
   if (absl::Status s = MakeDirs(model_dir); !s.ok()) {
     std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
     return 1;
+  }
+  // The job's calls carry a secret (docs/PS.md "Operations and security"): the user's
+  // (cluster.secret_file or PSTRAIN_CLUSTER_SECRET, which the hosts read themselves), else a
+  // random one for this job, handed to the hosts in their environment, never on a command line.
+  if (config.cluster().secret_file().empty() && std::getenv(kSecretEnvVariable) == nullptr) {
+    auto secret = RandomSecret();
+    if (!secret.ok()) {
+      std::fprintf(stderr, "pstrain local: %s\n", secret.status().ToString().c_str());
+      return 1;
+    }
+    setenv(kSecretEnvVariable, secret->c_str(), 1);
   }
   // Signals are taken synchronously by sigtimedwait in RunCluster; children unblock them.
   sigset_t signals;

@@ -18,11 +18,22 @@
 // In BOUNDED / SYNC, shard 0's answer to a training pull carries its job state (PullResponse.job),
 // so that the workers learn of checkpoint rounds from the traffic of their steps (docs/PS.md).
 //
+// Every request is hostile (docs/PS.md "Operations and security"): each handler first checks the
+// cluster secret (UNAUTHENTICATED, nothing read or changed); messages are capped at
+// security.max_message_bytes both ways (a pull whose answer would exceed it is refused before it
+// is gathered); steps must lie within kMaxStepsAhead of what the shard saw of the worker; worker
+// ids within [0, num_workers) (BOUNDED / SYNC pushes, and every coordination call); non-finite
+// gradients are refused (INVALID_ARGUMENT, counted in Stats().nonfinite_pushes) before anything
+// is applied; checkpoint files are written only under options.checkpoint_dir, in a directory
+// named ckpt-<step> that is not committed. Held calls never outlive kMaxHold. Shard 0 keeps the
+// workers' leases (JobCoordinator): calls naming a worker renew its lease.
+//
 // Thread-safety: all public methods may be called concurrently.
 #pragma once
 
 #include <grpcpp/server.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/rpc/security.h"
 #include "common/rpc/timer.h"
 #include "ps/server/consistency_tracker.h"
 #include "ps/server/job_coordinator.h"
@@ -64,9 +76,19 @@ class ShardServer {
     Consistency consistency = ASYNC;
     int num_workers = 1;  // N >= 1
     int staleness = 0;    // BOUNDED: s >= 0
+    // The cluster secret (empty: calls are not authenticated), TLS, and the message cap.
+    RpcSecurity security;
+    // The job's checkpoint directory: SaveShard WRITE writes <checkpoint_dir>/ckpt-<step>/ only.
+    // Empty: this shard writes no checkpoint (FAILED_PRECONDITION).
+    std::string checkpoint_dir;
+    // Shard 0: a worker not heard of for this long is lost (JobCoordinator).
+    absl::Duration lease = absl::Seconds(30);
   };
   // The longest a watched Info / Coordinate call is held.
   static constexpr absl::Duration kMaxWatch = absl::Seconds(10);
+  // How far a request's step may lie beyond the steps this shard has seen of the worker (its
+  // pushes' in BOUNDED / SYNC; the largest step pushed for a checkpoint round's target).
+  static constexpr int64_t kMaxStepsAhead = 1000;
 
   // Options of shard `shard` of `num_shards` from a job config: the partitions
   // (NumPartitions(config.cluster(), num_shards)), the sparse and dense optimizers, and
@@ -124,16 +146,23 @@ class ShardServer {
   // step (SYNC's applied step, else the largest step pushed).
   InfoResponse Info() const;
   ShardStats Stats() const;
-  // The Coordinate RPC (JobCoordinator::Coordinate); FAILED_PRECONDITION on a shard other than 0.
+  // The Coordinate RPC (JobCoordinator::Coordinate); FAILED_PRECONDITION on a shard other than 0;
+  // INVALID_ARGUMENT for a round's target step more than kMaxStepsAhead past step().
   absl::Status Coordinate(const CoordinateRequest& request, CoordinateResponse* response);
   // The Report RPC (JobCoordinator::Report).
-  void Report(const ReportRequest& report);
+  absl::Status Report(const ReportRequest& report);
+  // What the gRPC handler checks of a pull before it is held or answered: the answer's size
+  // against the message cap (RESOURCE_EXHAUSTED), the step (ConsistencyTracker::CheckPullStep).
+  absl::Status CheckPull(const PullRequest& request) const;
+  // Shard 0: a call of worker `worker_id` renews its lease.
+  void Heard(int32_t worker_id);
 
   // ---- Checkpoints (docs/CHECKPOINT.md "PS mode") ----
   // COPY: the Shard's in-memory copy, with this instant's Info as the file's header and the
-  // tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE: Shard::WriteCheckpoint.
+  // tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE: Shard::WriteCheckpoint into
+  // <options.checkpoint_dir>/<name>.
   absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round);
-  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& dir);
+  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& name);
   // Shard::RestoreCheckpoint, then the tracker's bookkeeping: exactly as saved when the
   // checkpoint has this shard's layout and workers, else every worker as having pushed the
   // checkpoint's step; records restored_from. Call before Start.
@@ -166,6 +195,7 @@ class ShardServer {
   static absl::Time WatchUntil(absl::Time deadline, int64_t watch_ms);
 
   const Options opt_;
+  const SecretChecker secret_;
   std::unique_ptr<Shard> data_;
   std::unique_ptr<Timer> timer_;  // expiries of held pulls and watches
   std::unique_ptr<ConsistencyTracker> tracker_;
@@ -175,6 +205,7 @@ class ShardServer {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
   bool shut_down_ ABSL_GUARDED_BY(server_mu_) = false;
+  std::atomic<bool> writing_{false};  // a SaveShard WRITE thread runs
   int port_ = 0;
 };
 

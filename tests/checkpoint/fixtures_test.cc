@@ -413,10 +413,13 @@ ShardServer::Options PsShardOptions(int shard, int shards) {
   return o;
 }
 
-std::vector<std::unique_ptr<ShardServer>> PsShards(int shards) {
+std::vector<std::unique_ptr<ShardServer>> PsShards(int shards,
+                                                   const std::string& checkpoint_dir = "") {
   std::vector<std::unique_ptr<ShardServer>> out;
   for (int s = 0; s < shards; ++s) {
-    auto server = ShardServer::Create(PsShardOptions(s, shards));
+    ShardServer::Options o = PsShardOptions(s, shards);
+    o.checkpoint_dir = checkpoint_dir;
+    auto server = ShardServer::Create(std::move(o));
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) out.push_back(std::move(server).value());
   }
@@ -460,7 +463,7 @@ std::map<int, WorkerState> PsWorkerStates() {
 // Writes the ps_v1 contents under `dir` as the chief's round does: COPY and WRITE on every
 // shard, then the worker states, the MANIFEST and LATEST.
 void WritePsCheckpoint(const std::string& dir) {
-  auto shards = PsShards(kPsShards);
+  auto shards = PsShards(kPsShards, dir);
   ASSERT_EQ(shards.size(), 2u);
   PsTrain(shards);
   auto ckpt = PrepareCheckpointDir(dir, 3);
@@ -475,7 +478,7 @@ void WritePsCheckpoint(const std::string& dir) {
   manifest.set_created_by("pstrain PS job (2 shards, 2 workers, round 1)");
   for (auto& s : shards) ASSERT_TRUE(s->CopyForCheckpoint(1).ok());
   for (auto& s : shards) {
-    auto written = s->WriteCheckpoint(1, *ckpt);
+    auto written = s->WriteCheckpoint(1, CheckpointName(3));
     ASSERT_TRUE(written.ok()) << written.status();
     auto* f = manifest.add_file();
     f->set_name(written->file());

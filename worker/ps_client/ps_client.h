@@ -68,6 +68,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/rpc/retry.h"
+#include "common/rpc/security.h"
 #include "ps/store/partition.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
@@ -123,6 +124,8 @@ class PsClient final : public ParameterAccess {
     // deadlines and retries, without TCP). -1 = every shard over its address.
     int local_shard = -1;
     LocalShard* local_server = nullptr;
+    // The cluster secret every call carries, TLS, and the message cap (common/rpc/security.h).
+    RpcSecurity security;
   };
 
   // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
