@@ -51,7 +51,8 @@ int RunPs(int argc, char** argv) {
   flags.Int("partitions", &partitions,
             "table partitions P (0 = cluster.num_partitions, or 4 x num_shards if that is 0)");
   flags.Int("num_workers", &num_workers,
-            "workers of the job, ids [0, N), that BOUNDED / SYNC wait for (0 = num_shards)");
+            "workers of the job, ids [0, N) (0 = num_shards): the only worker ids the shard "
+            "accepts, and those BOUNDED / SYNC wait for");
   flags.Int("threads", &threads,
             "OpenMP threads per request (gRPC already runs requests in "
             "parallel)");

@@ -212,7 +212,8 @@ TEST_F(LocalClusterTest, SeparatePsAndWorkerProcesses) {
     for (int s = 0; s < 2; ++s) {
       std::vector<std::string> argv = job;
       argv.insert(argv.begin() + 1, {"ps", "--shard", absl::StrCat(s), "--num_shards", "2",
-                                     "--port", "0", "--bind", "127.0.0.1"});
+                                     "--num_workers", "3", "--port", "0", "--bind",
+                                     "127.0.0.1"});
       shards.push_back(std::make_unique<Subprocess>());
       std::string error;
       EXPECT_TRUE(shards.back()->Start(argv, &error)) << error;
