@@ -58,6 +58,16 @@ void JobCoordinator::Heard(int worker) {
   if (!armed_[worker].exchange(true)) {
     timer_->At(absl::Now() + lease_, [this, worker] { CheckLease(worker); });
   }
+  // The job has started: a worker that never calls (it could not start, or was refused) is lost
+  // kConnectGrace + lease from now, as if it had called then.
+  if (!started_.exchange(true)) {
+    const absl::Time now = absl::Now();
+    for (int w = 0; w < num_workers_; ++w) {
+      if (w == worker || armed_[w].exchange(true)) continue;
+      heard_ns_[w].store(absl::ToUnixNanos(now + kConnectGrace), std::memory_order_relaxed);
+      timer_->At(now + kConnectGrace + lease_, [this, w] { CheckLease(w); });
+    }
+  }
 }
 
 void JobCoordinator::CheckLease(int worker) {
@@ -71,12 +81,13 @@ void JobCoordinator::CheckLease(int worker) {
       return;
     }
     const absl::Time heard = absl::FromUnixNanos(heard_ns_[worker].load());
+    const bool never_called = heard > absl::Now();  // kConnectGrace not over yet
     const auto done_it = reports_.find(TRAINING_DONE);
     const bool finished = job_finished_ || (done_it != reports_.end() &&
                                             done_it->second.count(worker) > 0);
     if (finished) {
       armed_[worker] = false;  // a finished worker holds no lease
-    } else if (absl::Now() - heard >= lease_) {
+    } else if (!never_called && absl::Now() - heard >= lease_) {
       armed_[worker] = false;  // Heard re-arms it
       lost_[worker] = heard;
       lost_flag_[worker] = true;

@@ -66,6 +66,9 @@ class JobCoordinator {
   };
   // The most calls held at once; more are refused UNAVAILABLE (the client retries later).
   static constexpr int kMaxHeld = 1024;
+  // Once any worker has called, a worker that has not called within this (plus the lease) is
+  // lost too: it could not start, or was refused.
+  static constexpr absl::Duration kConnectGrace = absl::Seconds(120);
 
   // `shard` names this shard in messages; workers have ids [0, num_workers); a worker not heard
   // of for `lease` is lost. `timer` runs the expiries of held watches and leases; it must
@@ -158,6 +161,7 @@ class JobCoordinator {
   std::unique_ptr<std::atomic<int64_t>[]> heard_ns_;
   std::unique_ptr<std::atomic<bool>[]> armed_;
   std::unique_ptr<std::atomic<bool>[]> lost_flag_;  // mirrors lost_, read without the lock
+  std::atomic<bool> started_{false};                // some worker has called
 
   mutable absl::Mutex mu_;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;

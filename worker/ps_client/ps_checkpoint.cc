@@ -48,12 +48,24 @@ void PsCheckpointer::NoteJobHealth(const InfoResponse& info) {
     }
   }
   if (why.empty()) return;
-  absl::MutexLock lock(&failure_mu_);
-  if (failure_.empty()) {
+  {
+    absl::MutexLock lock(&failure_mu_);
+    if (!failure_.empty()) return;
     failure_ = why;
-    PSTRAIN_LOG(ERROR) << "worker " << opt_.worker << ": " << why;
   }
   failed_ = true;
+  const absl::Status status = FailureStatus();
+  PSTRAIN_LOG(ERROR) << status.message();
+  // A trainer blocked in a pull or push (e.g. on the lost worker's shard) returns now.
+  if (opt_.client != nullptr) opt_.client->Abort(status);
+}
+
+absl::Status PsCheckpointer::FailureStatus() const {
+  absl::StatusOr<int64_t> latest = ReadLatest(opt_.dir);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", opt_.worker, " stops: ", failure(), "; last good checkpoint: ",
+      latest.ok() ? CheckpointPath(opt_.dir, *latest) : std::string("none"),
+      " (run the same command to resume from it, or use --max_restarts)"));
 }
 
 PsCheckpointer::~PsCheckpointer() {
@@ -173,13 +185,7 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
   }
   // The trainer saves again when it stops after a round that asked it to stop: nothing changed.
   if (stopped_) return last_saved_dir_;
-  if (failed_.load()) {
-    absl::StatusOr<int64_t> latest = ReadLatest(opt_.dir);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", opt_.worker, " stops: ", failure(), "; last good checkpoint: ",
-        latest.ok() ? CheckpointPath(opt_.dir, *latest) : std::string("none"),
-        " (run the same command to resume from it, or use --max_restarts)"));
-  }
+  if (failed_.load()) return FailureStatus();
   const bool stop = opt_.stop != nullptr && opt_.stop->load();
   if (lockstep()) {
     // Arrive only at the round's common step; the schedule's call asks for a round at a later

@@ -96,6 +96,8 @@ class PsCheckpointer final : public Checkpointer {
   // lost. Then Requested() is true and Save() returns FAILED_PRECONDITION with this message and
   // the last good checkpoint.
   std::string failure() const;
+  // failure() as the error Save returns, naming the last good checkpoint.
+  absl::Status FailureStatus() const;
   // Chief, after every worker reported TRAINING_DONE: a round made of their final states.
   absl::StatusOr<std::string> SaveFinal();
 

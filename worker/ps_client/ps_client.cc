@@ -95,7 +95,7 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
     {
       // Under mu_, so that Cancel() either sees this context or prevents it.
       absl::MutexLock lock(&mu_);
-      if (!cancelled_ && !client_->shutting_down_.load()) {
+      if (!cancelled_ && !client_->shutting_down_.load() && !client_->aborting_.load()) {
         ctx_ = std::make_unique<grpc::ClientContext>();
         ctx_->set_deadline(absl::ToChronoTime(schedule_.BeginAttempt(absl::Now())));
         ctx_->set_wait_for_ready(wait_for_ready_);
@@ -103,6 +103,10 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
       }
     }
     if (ctx == nullptr) {
+      if (absl::Status aborted = client_->aborted(); !aborted.ok()) {
+        return Finish(absl::Status(aborted.code(), absl::StrCat(Where(), ": ", method_, ": ",
+                                                                aborted.message())));
+      }
       return Finish(absl::CancelledError(
           absl::StrCat(Where(), ": ", method_, " cancelled: the PS client is shutting down")));
     }
@@ -114,6 +118,10 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
 
   void OnResult(const grpc::Status& s) {
     if (s.ok()) return Finish(absl::OkStatus());
+    if (absl::Status aborted = client_->aborted(); !aborted.ok()) {
+      return Finish(absl::Status(aborted.code(), absl::StrCat(Where(), ": ", method_, ": ",
+                                                              aborted.message())));
+    }
     const absl::Time now = absl::Now();
     const absl::Status st = FromGrpcStatus(s);
     // While the client shuts down the retry still goes through the timer, which then runs it at
@@ -408,6 +416,23 @@ absl::Status PsClient::CallAllShards(const char* method, const Req& request, boo
   const absl::Status status = state->future.Wait();
   OpFinished();
   return status;
+}
+
+void PsClient::Abort(absl::Status reason) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (!abort_.ok()) return;
+    abort_ = std::move(reason);
+  }
+  aborting_ = true;
+  absl::MutexLock lock(&mu_);
+  for (Call* call : calls_) call->Cancel();
+}
+
+absl::Status PsClient::aborted() const {
+  if (!aborting_.load()) return absl::OkStatus();
+  absl::MutexLock lock(&abort_mu_);
+  return abort_;
 }
 
 absl::Status PsClient::WaitForShards(absl::Duration timeout) {
