@@ -58,16 +58,34 @@ void JobCoordinator::Heard(int worker) {
   if (!armed_[worker].exchange(true)) {
     timer_->At(absl::Now() + lease_, [this, worker] { CheckLease(worker); });
   }
-  // The job has started: a worker that never calls (it could not start, or was refused) is lost
-  // kConnectGrace + lease from now, as if it had called then.
+  // The job has started: a worker that has not called kConnectGrace + lease from now (it could
+  // not start, or was refused) is lost too.
   if (!started_.exchange(true)) {
-    const absl::Time now = absl::Now();
-    for (int w = 0; w < num_workers_; ++w) {
-      if (w == worker || armed_[w].exchange(true)) continue;
-      heard_ns_[w].store(absl::ToUnixNanos(now + kConnectGrace), std::memory_order_relaxed);
-      timer_->At(now + kConnectGrace + lease_, [this, w] { CheckLease(w); });
-    }
+    started_at_ = absl::Now();
+    timer_->At(started_at_ + kConnectGrace + lease_, [this] { CheckNeverCalled(); });
   }
+}
+
+void JobCoordinator::CheckNeverCalled() {
+  std::vector<Watch*> wake;
+  std::string detail;
+  {
+    absl::MutexLock lock(&mu_);
+    if (holding_stopped_ || job_finished_) return;
+    const auto done_it = reports_.find(TRAINING_DONE);
+    for (int w = 0; w < num_workers_; ++w) {
+      if (heard_ns_[w].load() != 0 || lost_.count(w) > 0) continue;
+      if (done_it != reports_.end() && done_it->second.count(w) > 0) continue;
+      lost_[w] = started_at_;
+      lost_flag_[w] = true;
+    }
+    detail = LostDetailLocked();
+    if (detail.empty()) return;
+    PSTRAIN_LOG(WARNING) << "shard " << shard_ << ": " << detail;
+    ChangedLocked(&wake);
+  }
+  WakeAll(wake);
+  NotifyLost(detail);
 }
 
 void JobCoordinator::CheckLease(int worker) {
@@ -81,13 +99,12 @@ void JobCoordinator::CheckLease(int worker) {
       return;
     }
     const absl::Time heard = absl::FromUnixNanos(heard_ns_[worker].load());
-    const bool never_called = heard > absl::Now();  // kConnectGrace not over yet
     const auto done_it = reports_.find(TRAINING_DONE);
     const bool finished = job_finished_ || (done_it != reports_.end() &&
                                             done_it->second.count(worker) > 0);
     if (finished) {
       armed_[worker] = false;  // a finished worker holds no lease
-    } else if (!never_called && absl::Now() - heard >= lease_) {
+    } else if (absl::Now() - heard >= lease_) {
       armed_[worker] = false;  // Heard re-arms it
       lost_[worker] = heard;
       lost_flag_[worker] = true;

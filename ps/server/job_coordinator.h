@@ -146,6 +146,8 @@ class JobCoordinator {
   absl::Status CheckWorker(int worker, const char* what) const;
   // The lease timer of `worker` fired: marks it lost if its lease expired, else re-arms.
   void CheckLease(int worker);
+  // kConnectGrace + lease after the first call: the workers that never called are lost.
+  void CheckNeverCalled();
   std::string LostDetailLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fills reports' lost workers into a COLLECT / REPORTS answer.
   void FillLostLocked(CoordinateResponse* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -162,6 +164,7 @@ class JobCoordinator {
   std::unique_ptr<std::atomic<bool>[]> armed_;
   std::unique_ptr<std::atomic<bool>[]> lost_flag_;  // mirrors lost_, read without the lock
   std::atomic<bool> started_{false};                // some worker has called
+  absl::Time started_at_;                           // when (written once, before the timer)
 
   mutable absl::Mutex mu_;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
