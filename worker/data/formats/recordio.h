@@ -36,8 +36,11 @@ constexpr uint32_t kRecordIOMaxPart = (1u << 29) - 1;
 // every 4-aligned occurrence of the magic. The payload must be shorter than 2^29 bytes.
 void AppendRecordIOFrame(absl::string_view payload, std::string* out);
 
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(const std::string& path,
-                                                                 size_t chunk_size);
+// A record longer than max_record_bytes (a part, or the parts of a split record reassembled so
+// far) is INVALID_ARGUMENT naming the file, the record and its offset; the source then reads no
+// further.
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(
+    const std::string& path, size_t chunk_size, size_t max_record_bytes = size_t{16} << 20);
 
 std::unique_ptr<RecordParser> NewRecordIOParser(const FeatureSpec& spec);
 

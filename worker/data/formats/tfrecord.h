@@ -20,8 +20,10 @@
 
 namespace pstrain {
 
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(const std::string& path,
-                                                                 size_t chunk_size);
+// A record longer than max_record_bytes is INVALID_ARGUMENT naming the file, the record and its
+// offset, before any of it is buffered; the source then reads no further.
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
+    const std::string& path, size_t chunk_size, size_t max_record_bytes = size_t{16} << 20);
 
 std::unique_ptr<RecordParser> NewTFRecordParser(const FeatureSpec& spec);
 
