@@ -191,7 +191,10 @@ class RecordIOParser : public RowParser {
       return Visit(rec, "features[\"values\"]", values_it->second,
                    [&](const auto& t) { return FillRow(rec, t, base, rows); });
     }
-    for (const auto& [name, value] : features) {
+    for (const auto& entry : features) {
+      // Not a structured binding: C++17 lambdas cannot capture one (clang refuses it).
+      const std::string& name = entry.first;
+      const auto& value = entry.second;
       const auto it = index_.find(name);
       if (it == index_.end()) continue;
       const int f = it->second;
