@@ -202,15 +202,15 @@ int Main(int argc, char** argv) {
   std::vector<std::string> addresses;
   for (int s = 0; s < f.shards; ++s) {
     ShardServer::Options o;
-    o.shard = s;
-    o.num_shards = f.shards;
-    o.rows = rows;
-    o.partitions = partitions;
-    o.row_dim = f.row_dim;
-    o.dense_size = f.dense_size;
-    o.sparse_optimizer = adagrad;
-    o.dense_optimizer = adagrad;
-    o.row_init = row_init;
+    o.data.shard = s;
+    o.data.num_shards = f.shards;
+    o.data.rows = rows;
+    o.data.partitions = partitions;
+    o.data.row_dim = f.row_dim;
+    o.data.dense_size = f.dense_size;
+    o.data.sparse_optimizer = adagrad;
+    o.data.dense_optimizer = adagrad;
+    o.data.row_init = row_init;
     o.security = security;
     o.num_workers = f.clients;
     auto server = ShardServer::Create(std::move(o));

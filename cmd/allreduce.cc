@@ -183,6 +183,14 @@ int RunAllreduce(int argc, char** argv) {
   if (s.ok() && provided < MPI_THREAD_FUNNELED) {
     s = absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
   }
+  if (s.ok()) {
+    // Fewer files than ranks: record sharding (every rank decides alike from the same files).
+    absl::StatusOr<std::vector<std::string>> notes = ShardByRecordWhenTooFewFiles(&config, size);
+    if (!notes.ok()) s = notes.status();
+    if (notes.ok() && rank == 0) {
+      for (const std::string& n : *notes) std::fprintf(stderr, "pstrain allreduce: %s\n", n.c_str());
+    }
+  }
   if (s.ok()) s = Train(std::move(config), rank, size, local_ranks);
   g_training_done = true;
   sem_post(&g_wake);

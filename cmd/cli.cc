@@ -1,6 +1,9 @@
 #include "cmd/cli.h"
 
 #include "cmd/launcher.h"
+#include "cmd/sagemaker.h"
+#include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "worker/model/isa.h"
 
 #include <cstdio>
@@ -8,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "worker/data/file_list.h"
 #include "worker/data/record_io.h"
 
 namespace pstrain {
@@ -22,6 +26,11 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
   f->String("format", &o->format, "format of --train/--eval: criteo_tsv|csv|libsvm|tfrecord|recordio");
   f->String("model_dir", &o->model_dir, "where metrics, summary.json and checkpoints go");
   f->Int("epochs", &o->epochs, "epochs to train (0 = from the config)");
+  f->Int("metrics_port", &o->metrics_port,
+         "serve Prometheus metrics on http://<metrics_bind>:PORT/metrics (0 = off; `local` gives "
+         "host i PORT + i)");
+  f->String("metrics_bind", &o->metrics_bind,
+            "address of the metrics endpoint (0.0.0.0 to let a Prometheus on another host scrape)");
   f->AddEpilogue(
       "environment:\n"
       "  OMP_NUM_THREADS=N  bounds threads.intra_op_threads (automatic or configured)\n"
@@ -44,6 +53,40 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   if (!flags.format.empty()) {
     ASSIGN_OR_RETURN(format, ParseDataFormat(flags.format));
   }
+  // The platform's defaults, where the config leaves the value unset.
+  if (!flags.default_model_dir.empty() && !config.train().has_model_dir()) {
+    config.mutable_train()->set_model_dir(flags.default_model_dir);
+  }
+  if (!flags.default_checkpoint_dir.empty() && !config.checkpoint().has_dir()) {
+    config.mutable_checkpoint()->set_dir(flags.default_checkpoint_dir);
+  }
+  if (!flags.default_channels.empty()) {
+    auto fill = [&flags](Channel* c) {
+      auto it = flags.default_channels.find(c->name());
+      if (it == flags.default_channels.end() || c->path_size() > 0 || !c->pipe_dir().empty()) return;
+      if (!it->second.pipe_dir.empty()) {
+        c->set_pipe_dir(it->second.pipe_dir);
+      } else {
+        c->add_path(it->second.dir);
+      }
+      if (it->second.sharded && !c->has_shard_policy()) c->set_shard_policy(REPLICATED);
+      if (it->second.gzip && !c->has_compression()) c->set_compression(Channel::GZIP);
+    };
+    auto* data = config.mutable_data();
+    if (data->train_size() == 0 && flags.default_channels.count("train")) {
+      data->add_train()->set_name("train");
+    }
+    if (data->eval_size() == 0) {
+      for (const char* name : {"eval", "validation", "test"}) {
+        if (flags.default_channels.count(name)) {
+          data->add_eval()->set_name(name);
+          break;
+        }
+      }
+    }
+    for (Channel& c : *data->mutable_train()) fill(&c);
+    for (Channel& c : *data->mutable_eval()) fill(&c);
+  }
   auto set_channel = [&](const std::vector<std::string>& paths,
                          google::protobuf::RepeatedPtrField<Channel>* chans, const char* name) {
     if (paths.empty()) {
@@ -60,11 +103,90 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   };
   set_channel(flags.train, config.mutable_data()->mutable_train(), "train");
   set_channel(flags.eval, config.mutable_data()->mutable_eval(), "eval");
+  if (flags.train_only) config.mutable_data()->clear_eval();
   if (!flags.model_dir.empty()) config.mutable_train()->set_model_dir(flags.model_dir);
   if (flags.epochs > 0) config.mutable_train()->set_epochs(flags.epochs);
+  for (const auto& s : flags.platform_sets) RETURN_IF_ERROR(ApplyOverride(s, &config));
   for (const auto& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));
   RETURN_IF_ERROR(ValidateConfig(config));
   return config;
+}
+
+namespace {
+
+// SageMaker's contract (cmd/sagemaker.h) as defaults of the training flags. Flags given on the
+// command line keep precedence: hyperparameters fill --config/--format/--epochs only when the
+// command line left them unset, and their --set values come before the command line's.
+absl::Status ApplyPlatformContract(const char* command, const FlagSet* flags,
+                                   TrainingFlags* tf) {
+  ASSIGN_OR_RETURN(SageMakerContract sm, ReadSageMakerContract());
+  if (!sm.active) return absl::OkStatus();
+  if (std::string(command) == "train" && sm.hosts.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this SageMaker job has ", sm.hosts.size(), " hosts, and `pstrain train` trains on one: "
+        "run `pstrain host` on every host (container entry point [\"pstrain\", \"host\", ...]; "
+        "docs/DEPLOY.md)"));
+  }
+  tf->default_model_dir = sm.model_dir;
+  if (sm.hosts.size() <= 1) tf->default_checkpoint_dir = sm.checkpoint_dir;
+  for (const auto& [name, in] : sm.channels) {
+    TrainingFlags::ChannelDefault d;
+    d.dir = in.dir;
+    if (in.pipe) d.pipe_dir = sm.data_dir;
+    d.sharded = in.sharded;
+    d.gzip = in.gzip;
+    tf->default_channels[name] = d;
+  }
+  if (!flags->WasSet("config")) tf->config = sm.config_files;
+  if (!flags->WasSet("format") && !sm.format.empty()) tf->format = sm.format;
+  if (!flags->WasSet("epochs") && sm.epochs > 0) tf->epochs = sm.epochs;
+  tf->platform_sets = sm.sets;
+  PSTRAIN_LOG(INFO) << "SageMaker: model dir " << sm.model_dir
+                    << (tf->default_checkpoint_dir.empty()
+                            ? ""
+                            : ", checkpoints " + tf->default_checkpoint_dir)
+                    << ", " << sm.channels.size() << " channel(s), " << sm.sets.size()
+                    << " hyperparameter override(s)";
+  return absl::OkStatus();
+}
+
+// The process's metrics endpoint (common/metrics/metrics.h), up until the process exits.
+absl::Status StartMetrics(const TrainingFlags& tf) {
+  static MetricsEndpoint* endpoint = nullptr;
+  if (endpoint != nullptr) return absl::OkStatus();
+  if (tf.metrics_port < 0 || tf.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port: expected a port in [1, 65535] (0 = off), got ", tf.metrics_port));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<MetricsEndpoint> e,
+                   MetricsEndpoint::Start(absl::StrCat(tf.metrics_bind, ":", tf.metrics_port)));
+  endpoint = e.release();
+  PSTRAIN_LOG(INFO) << "metrics on http://" << tf.metrics_bind << ":" << endpoint->port()
+                    << "/metrics";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config,
+                                                                       int readers) {
+  std::vector<std::string> notes;
+  if (readers <= 1) return notes;
+  auto* chans = config->mutable_data()->mutable_train();
+  for (int i = 0; i < chans->size(); ++i) {
+    Channel* c = chans->Mutable(i);
+    if (c->shard_policy() != SHARD_BY_FILE || !c->pipe_dir().empty()) continue;
+    ASSIGN_OR_RETURN(std::vector<std::string> files,
+                     ExpandPath(std::vector<std::string>(c->path().begin(), c->path().end())));
+    if (static_cast<int>(files.size()) >= readers) continue;
+    c->set_shard_policy(SHARD_BY_RECORD);
+    notes.push_back(absl::StrCat(
+        "train channel '", c->name(), "' has ", files.size(), " file", files.size() == 1 ? "" : "s",
+        " for ", readers, " readers: sharding it by record instead of by file (each reader reads "
+        "every file and keeps every ", readers, "th record; set data.train[", i,
+        "].shard_policy to choose)"));
+  }
+  return notes;
 }
 
 std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,
@@ -75,10 +197,16 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
     std::printf("%s", flags->Usage().c_str());
     return 0;
   }
+  TrainingFlags effective = training;
+  if (s.ok()) s = ApplyPlatformContract(command, flags, &effective);
   if (s.ok()) {
-    absl::StatusOr<Config> c = BuildConfig(training);
+    absl::StatusOr<Config> c = BuildConfig(effective);
     // Before any data is read: a precision this CPU (or the forced ISA path) cannot run.
     if (c.ok()) s = CheckPrecisionSupported(c->model().precision(), Launch().isa);
+    // `local` hands each of its hosts a port of its own instead.
+    if (c.ok() && s.ok() && training.metrics_port != 0 && std::string(command) != "local") {
+      s = StartMetrics(training);
+    }
     if (c.ok() && s.ok()) {
       *config = *std::move(c);
       return std::nullopt;

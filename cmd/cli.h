@@ -2,6 +2,7 @@
 // the flag contract users and scripts rely on.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,21 +23,56 @@ struct TrainingFlags {
   std::string format;               // --format: format of the --train/--eval channels
   std::string model_dir;            // --model_dir DIR
   int epochs = 0;                   // --epochs N (0 = from the config)
+  // --metrics_port P: serve Prometheus metrics on http://<metrics_bind>:P/metrics (0 = off);
+  // --metrics_bind: loopback unless told otherwise.
+  int metrics_port = 0;
+  std::string metrics_bind = "127.0.0.1";
+  // Set by commands that never evaluate (`tune`): BuildConfig drops the eval channels before
+  // validating, so a config whose eval channel has no path yet is accepted.
+  bool train_only = false;
+
+  // Defaults of the platform the command runs on (SageMaker's contract, cmd/sagemaker.h), filled
+  // by ParseTrainingCommand; each applies only where the config files and flags leave the value
+  // unset. Tests set them directly.
+  std::string default_model_dir;       // train.model_dir when the config has none
+  std::string default_checkpoint_dir;  // checkpoint.dir when the config has none
+  struct ChannelDefault {
+    std::string dir;       // the channel's data directory
+    std::string pipe_dir;  // pipe mode: the FIFOs <pipe_dir>/<name>_<epoch> (dir then unused)
+    bool sharded = false;  // the platform gave this host its own files: read them all
+    bool gzip = false;
+  };
+  // By channel name: a train or eval channel of that name without paths reads it; with no train
+  // channel configured, a "train" entry makes one, and with no eval channel, an "eval",
+  // "validation" or "test" entry makes one.
+  std::map<std::string, ChannelDefault> default_channels;
+  std::vector<std::string> platform_sets;  // --set values applied before the command line's
 };
 
 void AddTrainingFlags(FlagSet* flags, TrainingFlags* out);
 
 // Builds the effective config: the --config files merged in order (or the schema defaults), then
-// ApplyConfigDefaults (common/config.h: Adam for an absent dense_optimizer), then --train/--eval/
-// --format/--model_dir/--epochs, then each --set in order; then validates it.
+// ApplyConfigDefaults (common/config.h: Adam for an absent dense_optimizer), then the platform's
+// defaults (model dir, checkpoint dir, channels), then --train/--eval/--format/--model_dir/
+// --epochs, then platform_sets (SageMaker's hyperparameters), then each --set in order; then
+// validates it.
 absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags);
 
 // The common front of a training command: parses argv (from argv[2]) into `flags` (which holds
-// AddTrainingFlags' targets and the command's own), prints --help, builds *config. Returns the
+// AddTrainingFlags' targets and the command's own), prints --help, applies SageMaker's contract
+// when the process runs in a SageMaker container (cmd/sagemaker.h: model dir, checkpoint dir,
+// channels, hyperparameters; `train` refuses a multi-host job), builds *config. Returns the
 // exit code when the command should stop here (0 after --help, 2 after an error printed as
 // "pstrain <command>: <message>"), nullopt to go on.
 std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,
                                         FlagSet* flags, const TrainingFlags& training,
                                         Config* config);
+
+// Horovod users expect one file to just work: every SHARD_BY_FILE train channel (not in pipe mode)
+// whose paths expand to fewer files than `readers` is switched to SHARD_BY_RECORD (every reader
+// reads all files and keeps every readers-th record). Returns one notice line per channel changed
+// (for the log), or the error of expanding a path. `readers` is the job's reader count (ranks,
+// hosts x workers).
+absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config, int readers);
 
 }  // namespace pstrain

@@ -4,11 +4,13 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/file.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -22,10 +24,11 @@ absl::Status Bad(absl::string_view what, absl::string_view expected) {
 }
 
 // "host:port" with a port in [1, 65535]; a bare host gets kDefaultPsPort.
-absl::StatusOr<std::string> HostPort(absl::string_view entry, absl::string_view what) {
+absl::StatusOr<std::string> HostPort(absl::string_view entry, absl::string_view what,
+                                     int default_port = kDefaultPsPort) {
   if (entry.empty()) return Bad(what, "a non-empty host[:port] entry");
   const size_t colon = entry.rfind(':');
-  if (colon == absl::string_view::npos) return absl::StrCat(entry, ":", kDefaultPsPort);
+  if (colon == absl::string_view::npos) return absl::StrCat(entry, ":", default_port);
   int port = 0;
   if (colon == 0 || !absl::SimpleAtoi(entry.substr(colon + 1), &port) || port < 1 ||
       port > 65535) {
@@ -34,10 +37,11 @@ absl::StatusOr<std::string> HostPort(absl::string_view entry, absl::string_view 
   return std::string(entry);
 }
 
-absl::StatusOr<std::vector<std::string>> HostList(absl::string_view list, absl::string_view what) {
+absl::StatusOr<std::vector<std::string>> HostList(absl::string_view list, absl::string_view what,
+                                                  int default_port) {
   std::vector<std::string> hosts;
   for (absl::string_view e : absl::StrSplit(list, ',')) {
-    ASSIGN_OR_RETURN(std::string h, HostPort(e, what));
+    ASSIGN_OR_RETURN(std::string h, HostPort(e, what, default_port));
     hosts.push_back(std::move(h));
   }
   return hosts;
@@ -64,64 +68,56 @@ absl::StatusOr<std::vector<std::string>> StringList(const Value& v, absl::string
   return out;
 }
 
-absl::StatusOr<ClusterSpec> FromTfConfig(const std::string& text) {
-  ASSIGN_OR_RETURN(Value v, ParseJson(text, "TF_CONFIG"));
-  if (v.kind_case() != Value::kStructValue) return Bad("TF_CONFIG", "a JSON object");
-  const auto& top = v.struct_value().fields();
-  auto cluster = top.find("cluster");
-  if (cluster == top.end() || cluster->second.kind_case() != Value::kStructValue) {
-    return Bad("TF_CONFIG", "a \"cluster\" object");
+// "host" of "host:port".
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+absl::StatusOr<std::vector<std::string>> TfList(const google::protobuf::Map<std::string, Value>& jobs,
+                                                const char* name) {
+  auto it = jobs.find(name);
+  if (it == jobs.end()) return std::vector<std::string>{};
+  const std::string what = absl::StrCat("TF_CONFIG cluster.", name);
+  ASSIGN_OR_RETURN(std::vector<std::string> entries, StringList(it->second, what));
+  std::vector<std::string> out;
+  for (const std::string& e : entries) {
+    ASSIGN_OR_RETURN(std::string h, HostPort(e, what));
+    out.push_back(std::move(h));
   }
-  const auto& jobs = cluster->second.struct_value().fields();
-  auto ps = jobs.find("ps");
-  if (ps == jobs.end()) return Bad("TF_CONFIG", "a \"cluster\".\"ps\" list (the PS shards)");
+  return out;
+}
+
+// Host i of `pstrain host` from a TF_CONFIG whose ps and worker tasks are co-located.
+absl::StatusOr<ClusterSpec> HostFromTfConfig(const std::string& text) {
+  ASSIGN_OR_RETURN(TfConfig tf, ParseTfConfig(text));
   ClusterSpec spec;
   spec.source = "TF_CONFIG";
-  ASSIGN_OR_RETURN(std::vector<std::string> names, StringList(ps->second, "TF_CONFIG cluster.ps"));
-  for (const std::string& n : names) {
-    ASSIGN_OR_RETURN(std::string h, HostPort(n, "TF_CONFIG cluster.ps"));
-    spec.hosts.push_back(std::move(h));
+  if (tf.task_type == "evaluator") {
+    spec.evaluator = true;
+    return spec;
   }
-  auto task = top.find("task");
-  if (task == top.end() || task->second.kind_case() != Value::kStructValue) {
-    return Bad("TF_CONFIG", "a \"task\" object with \"type\" and \"index\"");
+  if (tf.ps.empty()) return Bad("TF_CONFIG", "a \"cluster\".\"ps\" list (the PS shards)");
+  if (tf.task_type == "ps") {
+    return Bad("TF_CONFIG task.type",
+               absl::StrCat("chief, master or worker for `pstrain host`, got ps (index ",
+                            tf.task_index, "): a PS-only task runs `pstrain ps`, which reads "
+                            "TF_CONFIG too"));
   }
-  const auto& t = task->second.struct_value().fields();
-  auto type = t.find("type");
-  auto index = t.find("index");
-  if (type == t.end() || type->second.kind_case() != Value::kStringValue) {
-    return Bad("TF_CONFIG task.type", "a string (ps, chief or worker)");
+  // `pstrain host` runs shard i and worker i in one process: only when the job was laid out that
+  // way. In a Kubeflow TFJob every replica is its own pod, and two pods must not both become host i.
+  bool colocated = tf.workers.size() == tf.ps.size();
+  for (size_t i = 0; colocated && i < tf.ps.size(); ++i) {
+    colocated = HostOf(tf.ps[i]) == HostOf(tf.workers[i]);
   }
-  int i = 0;
-  if (index != t.end()) {
-    const double d = index->second.number_value();
-    if (index->second.kind_case() != Value::kNumberValue || d < 0 || d != std::floor(d)) {
-      return Bad("TF_CONFIG task.index", "a non-negative integer");
-    }
-    i = static_cast<int>(d);
-  }
-  const std::string& tt = type->second.string_value();
-  const int chiefs = jobs.count("chief") ? jobs.at("chief").list_value().values_size() : 0;
-  const int workers = jobs.count("worker") ? jobs.at("worker").list_value().values_size() : 0;
-  if (tt != "ps" && chiefs + workers != static_cast<int>(spec.hosts.size())) {
+  if (!colocated) {
     return Bad("TF_CONFIG cluster",
-               absl::StrCat("one chief/worker per ps entry (pstrain host runs both on each host), "
-                            "got ", chiefs + workers, " chief/worker and ", spec.hosts.size(),
-                            " ps"));
+               absl::StrCat("each ps task on the host of the worker with its index (the chief "
+                            "first) for `pstrain host`, which runs both in one process; this job "
+                            "has ", tf.ps.size(), " ps (", tf.ps[0], "...) and ", tf.workers.size(),
+                            " chief/worker tasks (", tf.workers.empty() ? "none" : tf.workers[0],
+                            "...) on separate hosts: run `pstrain ps` in the ps tasks and `pstrain "
+                            "worker` in the chief and worker tasks (both read TF_CONFIG)"));
   }
-  if (tt == "ps") {
-    spec.index = i;
-  } else if (tt == "chief") {
-    spec.index = 0;
-  } else if (tt == "worker") {
-    spec.index = i + (chiefs > 0 ? 1 : 0);
-  } else {
-    return Bad("TF_CONFIG task.type", absl::StrCat("ps, chief or worker, got '", tt, "'"));
-  }
-  if (spec.index >= static_cast<int>(spec.hosts.size())) {
-    return Bad("TF_CONFIG task.index",
-               absl::StrCat("a host index below ", spec.hosts.size(), ", got ", spec.index));
-  }
+  spec.hosts = tf.ps;
+  spec.index = tf.WorkerIndex();
   return spec;
 }
 
@@ -129,7 +125,7 @@ absl::StatusOr<ClusterSpec> FromTfConfig(const std::string& text) {
 // from in messages.
 absl::StatusOr<ClusterSpec> SageMakerSpec(const std::vector<std::string>& names,
                                           const std::string& current, const std::string& source,
-                                          const std::string& current_what) {
+                                          const std::string& current_what, int port) {
   ClusterSpec spec;
   spec.source = source;
   spec.index = -1;
@@ -138,7 +134,7 @@ absl::StatusOr<ClusterSpec> SageMakerSpec(const std::vector<std::string>& names,
       return Bad(source, absl::StrCat("host names without ':', got '", names[i], "'"));
     }
     if (names[i] == current) spec.index = static_cast<int>(i);
-    spec.hosts.push_back(absl::StrCat(names[i], ":", kDefaultPsPort));
+    spec.hosts.push_back(absl::StrCat(names[i], ":", port));
   }
   if (spec.index < 0) {
     return Bad(current_what, absl::StrCat("one of ", source, " [", absl::StrJoin(names, ","),
@@ -147,15 +143,16 @@ absl::StatusOr<ClusterSpec> SageMakerSpec(const std::vector<std::string>& names,
   return spec;
 }
 
-absl::StatusOr<ClusterSpec> FromSageMaker(const std::string& hosts, const std::string* current) {
+absl::StatusOr<ClusterSpec> FromSageMaker(const std::string& hosts, const std::string* current,
+                                          int port) {
   ASSIGN_OR_RETURN(Value v, ParseJson(hosts, "SM_HOSTS"));
   ASSIGN_OR_RETURN(std::vector<std::string> names, StringList(v, "SM_HOSTS"));
   if (current == nullptr) return Bad("SM_CURRENT_HOST", "to be set when SM_HOSTS is");
-  return SageMakerSpec(names, *current, "SM_HOSTS", "SM_CURRENT_HOST");
+  return SageMakerSpec(names, *current, "SM_HOSTS", "SM_CURRENT_HOST", port);
 }
 
 // resourceconfig.json: {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], ...}.
-absl::StatusOr<ClusterSpec> FromResourceConfig(const std::string& text) {
+absl::StatusOr<ClusterSpec> FromResourceConfig(const std::string& text, int port) {
   const std::string what = kSageMakerResourceConfig;
   ASSIGN_OR_RETURN(Value v, ParseJson(text, what));
   if (v.kind_case() != Value::kStructValue) return Bad(what, "a JSON object");
@@ -169,10 +166,143 @@ absl::StatusOr<ClusterSpec> FromResourceConfig(const std::string& text) {
   ASSIGN_OR_RETURN(std::vector<std::string> names,
                    StringList(hosts->second, absl::StrCat(what, " hosts")));
   return SageMakerSpec(names, current->second.string_value(), what,
-                       absl::StrCat(what, " current_host"));
+                       absl::StrCat(what, " current_host"), port);
 }
 
 }  // namespace
+
+int TfConfig::WorkerIndex() const {
+  if (task_type == "chief" || task_type == "master") return 0;
+  if (task_type == "worker") return task_index + (has_chief ? 1 : 0);
+  return -1;
+}
+
+absl::StatusOr<TfConfig> ParseTfConfig(const std::string& text) {
+  ASSIGN_OR_RETURN(Value v, ParseJson(text, "TF_CONFIG"));
+  if (v.kind_case() != Value::kStructValue) return Bad("TF_CONFIG", "a JSON object");
+  const auto& top = v.struct_value().fields();
+  auto cluster = top.find("cluster");
+  if (cluster == top.end() || cluster->second.kind_case() != Value::kStructValue) {
+    return Bad("TF_CONFIG", "a \"cluster\" object");
+  }
+  const auto& jobs = cluster->second.struct_value().fields();
+  TfConfig tf;
+  ASSIGN_OR_RETURN(tf.ps, TfList(jobs, "ps"));
+  ASSIGN_OR_RETURN(std::vector<std::string> chief, TfList(jobs, "chief"));
+  ASSIGN_OR_RETURN(std::vector<std::string> master, TfList(jobs, "master"));
+  ASSIGN_OR_RETURN(std::vector<std::string> workers, TfList(jobs, "worker"));
+  if (!chief.empty() && !master.empty()) {
+    return Bad("TF_CONFIG cluster", "either \"chief\" or \"master\" (TF1's name for it), not both");
+  }
+  if (chief.size() + master.size() > 1) {
+    return Bad("TF_CONFIG cluster.chief", "one entry (there is one chief)");
+  }
+  tf.workers = chief.empty() ? master : chief;
+  tf.has_chief = !tf.workers.empty();
+  tf.workers.insert(tf.workers.end(), workers.begin(), workers.end());
+
+  auto task = top.find("task");
+  if (task == top.end() || task->second.kind_case() != Value::kStructValue) {
+    return Bad("TF_CONFIG", "a \"task\" object with \"type\" and \"index\"");
+  }
+  const auto& t = task->second.struct_value().fields();
+  auto type = t.find("type");
+  auto index = t.find("index");
+  if (type == t.end() || type->second.kind_case() != Value::kStringValue) {
+    return Bad("TF_CONFIG task.type", "a string (chief, master, worker, ps or evaluator)");
+  }
+  tf.task_type = type->second.string_value();
+  if (index != t.end()) {
+    const double d = index->second.number_value();
+    if (index->second.kind_case() != Value::kNumberValue || d < 0 || d != std::floor(d) ||
+        d > 1e6) {
+      return Bad("TF_CONFIG task.index", "a non-negative integer");
+    }
+    tf.task_index = static_cast<int>(d);
+  }
+  size_t listed = 0;
+  if (tf.task_type == "ps") {
+    listed = tf.ps.size();
+  } else if (tf.task_type == "worker") {
+    listed = workers.size();
+  } else if (tf.task_type == "chief" || tf.task_type == "master") {
+    if (tf.task_type == "chief" ? chief.empty() : master.empty()) {
+      return Bad("TF_CONFIG cluster", absl::StrCat("a \"", tf.task_type, "\" list for a ",
+                                                   tf.task_type, " task"));
+    }
+    listed = 1;
+  } else if (tf.task_type == "evaluator") {
+    return tf;  // not listed in "cluster"
+  } else {
+    return Bad("TF_CONFIG task.type",
+               absl::StrCat("chief, master, worker, ps or evaluator, got '", tf.task_type, "'"));
+  }
+  if (static_cast<size_t>(tf.task_index) >= listed) {
+    return Bad("TF_CONFIG task.index",
+               absl::StrCat("an index below the ", listed, " \"", tf.task_type,
+                            "\" entries of cluster, got ", tf.task_index));
+  }
+  return tf;
+}
+
+absl::StatusOr<std::optional<PsTask>> PsTaskFromEnvironment(
+    const std::map<std::string, std::string>& env) {
+  auto it = env.find("TF_CONFIG");
+  if (it == env.end()) return std::nullopt;
+  ASSIGN_OR_RETURN(TfConfig tf, ParseTfConfig(it->second));
+  if (tf.task_type != "ps") {
+    return Bad("TF_CONFIG task.type",
+               absl::StrCat("ps for `pstrain ps`, got ", tf.task_type, " (index ", tf.task_index,
+                            "): run `pstrain worker` in chief and worker tasks (`pstrain host` "
+                            "where each host runs one ps and one worker task)"));
+  }
+  PsTask task;
+  task.shard = tf.task_index;
+  task.num_shards = static_cast<int>(tf.ps.size());
+  const std::string& me = tf.ps[tf.task_index];
+  absl::SimpleAtoi(me.substr(me.rfind(':') + 1), &task.port);  // HostPort checked it
+  task.num_workers = static_cast<int>(tf.workers.size());
+  return task;
+}
+
+absl::StatusOr<std::optional<WorkerTask>> WorkerTaskFromEnvironment(
+    const std::map<std::string, std::string>& env) {
+  auto it = env.find("TF_CONFIG");
+  if (it == env.end()) return std::nullopt;
+  ASSIGN_OR_RETURN(TfConfig tf, ParseTfConfig(it->second));
+  WorkerTask task;
+  if (tf.task_type == "evaluator") {
+    task.evaluator = true;
+    return task;
+  }
+  if (tf.task_type == "ps") {
+    return Bad("TF_CONFIG task.type",
+               absl::StrCat("chief, master or worker for `pstrain worker`, got ps (index ",
+                            tf.task_index, "): run `pstrain ps` in ps tasks"));
+  }
+  if (tf.ps.empty()) return Bad("TF_CONFIG", "a \"cluster\".\"ps\" list (the PS shards)");
+  task.ps = tf.ps;
+  task.index = tf.WorkerIndex();
+  task.num_workers = static_cast<int>(tf.workers.size());
+  return task;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadClusterEnvironment(
+    const std::string& resource_config) {
+  std::map<std::string, std::string> env;
+  for (const std::string& name : ClusterEnvVariables()) {
+    if (const char* v = std::getenv(name.c_str())) env[name] = v;
+  }
+  if (!resource_config.empty()) {
+    absl::StatusOr<std::string> rc = ReadFileToString(resource_config);
+    if (rc.ok()) {
+      env[kSageMakerResourceConfig] = *rc;
+    } else if (!absl::IsNotFound(rc.status())) {
+      return rc.status();
+    }
+  }
+  return env;
+}
 
 const std::vector<std::string>& ClusterEnvVariables() {
   static const auto* names = new std::vector<std::string>{
@@ -181,7 +311,8 @@ const std::vector<std::string>& ClusterEnvVariables() {
 }
 
 absl::StatusOr<ClusterSpec> ResolveClusterSpec(absl::string_view cluster, int index,
-                                               const std::map<std::string, std::string>& env) {
+                                               const std::map<std::string, std::string>& env,
+                                               int default_port) {
   auto get = [&env](const char* name) -> const std::string* {
     auto it = env.find(name);
     return it == env.end() ? nullptr : &it->second;
@@ -189,7 +320,7 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(absl::string_view cluster, int in
   if (!cluster.empty() && index >= 0) {
     ClusterSpec spec;
     spec.source = "flags";
-    ASSIGN_OR_RETURN(spec.hosts, HostList(cluster, "--cluster"));
+    ASSIGN_OR_RETURN(spec.hosts, HostList(cluster, "--cluster", default_port));
     if (index >= static_cast<int>(spec.hosts.size())) {
       return Bad("--index", absl::StrCat("an index below the ", spec.hosts.size(),
                                          " hosts of --cluster, got ", index));
@@ -197,16 +328,20 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(absl::string_view cluster, int in
     spec.index = index;
     return spec;
   }
-  if (const std::string* tf = get("TF_CONFIG")) return FromTfConfig(*tf);
-  if (const std::string* sm = get("SM_HOSTS")) return FromSageMaker(*sm, get("SM_CURRENT_HOST"));
-  if (const std::string* rc = get(kSageMakerResourceConfig)) return FromResourceConfig(*rc);
+  if (const std::string* sm = get("SM_HOSTS")) {
+    return FromSageMaker(*sm, get("SM_CURRENT_HOST"), default_port);
+  }
+  if (const std::string* rc = get(kSageMakerResourceConfig)) {
+    return FromResourceConfig(*rc, default_port);
+  }
+  if (const std::string* tf = get("TF_CONFIG")) return HostFromTfConfig(*tf);
   if (const std::string* rank = get("OMPI_COMM_WORLD_RANK")) {
     if (cluster.empty()) {
       return Bad("OMPI_COMM_WORLD_RANK is set", "--cluster to list the hosts (rank i = host i)");
     }
     ClusterSpec spec;
     spec.source = "OMPI_COMM_WORLD_RANK";
-    ASSIGN_OR_RETURN(spec.hosts, HostList(cluster, "--cluster"));
+    ASSIGN_OR_RETURN(spec.hosts, HostList(cluster, "--cluster", default_port));
     const std::string* size = get("OMPI_COMM_WORLD_SIZE");
     int r = -1, n = -1;
     if (!absl::SimpleAtoi(*rank, &r) || r < 0) {
@@ -222,11 +357,11 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(absl::string_view cluster, int in
     spec.index = r;
     return spec;
   }
-  if (!cluster.empty()) return Bad("--cluster", "--index too (or TF_CONFIG / SM_HOSTS / mpirun)");
+  if (!cluster.empty()) return Bad("--cluster", "--index too (or SM_HOSTS / TF_CONFIG / mpirun)");
   return absl::InvalidArgumentError(
-      "no cluster spec: pass --cluster=h1:port,h2:port --index=i, or set TF_CONFIG, or "
-      "SM_HOSTS and SM_CURRENT_HOST (or provide /opt/ml/input/config/resourceconfig.json), or run "
-      "under mpirun with --cluster");
+      "no cluster spec: pass --cluster=h1:port,h2:port --index=i, or set SM_HOSTS and "
+      "SM_CURRENT_HOST (or provide /opt/ml/input/config/resourceconfig.json), or TF_CONFIG, or "
+      "run under mpirun with --cluster");
 }
 
 }  // namespace pstrain

@@ -13,5 +13,6 @@ int RunWorker(int argc, char** argv);
 int RunLocal(int argc, char** argv);
 int RunAllreduce(int argc, char** argv);
 int RunTune(int argc, char** argv);
+int RunConfig(int argc, char** argv);
 
 }  // namespace pstrain

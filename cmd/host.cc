@@ -24,6 +24,7 @@
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "cmd/ps_setup.h"
+#include "cmd/sagemaker.h"
 #include "cmd/served_shard.h"
 #include "cmd/stop_signal.h"
 #include "common/file.h"
@@ -49,20 +50,25 @@ int RunHost(int argc, char** argv) {
       "host",
       "Runs PS shard i and worker i of an N-host asynchronous PS job (worker 0 is the chief: it "
       "evaluates and writes <model_dir>/summary.json; host i > 0 logs to <model_dir>/host-<i>/).\n"
-      "Cluster: --cluster=h1:port,...,hN:port --index=i, else TF_CONFIG, else SM_HOSTS / "
-      "SM_CURRENT_HOST or --resource_config (port 2223), else OMPI_COMM_WORLD_RANK/_SIZE with --cluster.\nCheckpoints: "
+      "Cluster: --cluster=h1:port,...,hN:port --index=i, else SM_HOSTS / SM_CURRENT_HOST or "
+      "--resource_config (port --default_port), else TF_CONFIG (ps task i on the host of worker "
+      "i, the chief first; separate PS and worker pods run `pstrain ps` and `pstrain worker`), "
+      "else OMPI_COMM_WORLD_RANK/_SIZE with --cluster (docs/PS.md).\nCheckpoints: "
       "ckpt-<step>/shard-<i>-of-<N> in checkpoint.dir (default: the chief's model_dir, which must "
       "be shared by the hosts); a job resumes from LATEST. SIGTERM or Ctrl-C during training "
       "writes a checkpoint of the whole job and exits 0.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  std::string cluster, bind = "127.0.0.1", resource_config = kSageMakerResourceConfig;
+  std::string cluster, bind = "127.0.0.1", resource_config = SageMakerPath(kSageMakerResourceConfig);
+  int default_port = kDefaultPsPort;
   int index = -1, ps_threads = 1, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
   int stop_grace_s = 300;
   flags.String("cluster", &cluster, "PS shard addresses host:port of hosts 0..N-1, comma-separated");
   flags.Int("index", &index, "this host's index in --cluster (-1 = from the environment)");
   flags.String("resource_config", &resource_config,
                "SageMaker's resource config, read when present (after SM_HOSTS in the order)");
+  flags.Int("default_port", &default_port,
+            "PS port of hosts named without one (SageMaker's host names, bare --cluster names)");
   flags.String("bind", &bind,
                "address the shard listens on (its port is from the cluster spec); default "
                "loopback only. Another address (e.g. 0.0.0.0 for a multi-host job) needs the "
@@ -87,17 +93,15 @@ int RunHost(int argc, char** argv) {
   if (config.data().train_size() == 0) {
     return fail("no training data: pass --train PATH or set data.train", 2);
   }
-  std::map<std::string, std::string> env;
-  for (const std::string& name : ClusterEnvVariables()) {
-    if (const char* v = std::getenv(name.c_str())) env[name] = v;
-  }
-  if (auto rc = ReadFileToString(resource_config); rc.ok()) {
-    env[kSageMakerResourceConfig] = *rc;
-  } else if (!absl::IsNotFound(rc.status())) {
-    return fail(rc.status().ToString(), 2);
-  }
-  auto spec = ResolveClusterSpec(cluster, index, env);
+  auto env = ReadClusterEnvironment(resource_config);
+  if (!env.ok()) return fail(env.status().ToString(), 2);
+  auto spec = ResolveClusterSpec(cluster, index, *env, default_port);
   if (!spec.ok()) return fail(std::string(spec.status().message()), 2);
+  if (spec->evaluator) {
+    std::printf("pstrain host: TF_CONFIG task is an evaluator: the chief evaluates in pstrain, "
+                "nothing to do here\n");
+    return 0;
+  }
   const int N = static_cast<int>(spec->hosts.size());
   const int me = spec->index;
   const bool chief = me == 0;
@@ -107,8 +111,8 @@ int RunHost(int argc, char** argv) {
   // The shard.
   auto shard_options = ShardOptionsForJob(config, me, N);
   if (!shard_options.ok()) return fail(std::string(shard_options.status().message()), 2);
-  shard_options->threads = ps_threads;
-  shard_options->checkpoint_dir = JobCheckpointDir(config);
+  shard_options->data.threads = ps_threads;
+  shard_options->data.checkpoint_dir = JobCheckpointDir(config);
   auto security = ClusterSecurity(config, SecretEnvironment(), bind,
                                   shard_options->security.max_message_bytes);
   if (!security.ok()) return fail(security.status().ToString(), 2);
@@ -118,9 +122,9 @@ int RunHost(int argc, char** argv) {
                          << "spec names it " << my_address << ": the other hosts cannot reach "
                          << "its shard; pass --bind 0.0.0.0 (or its address) and a cluster secret";
   }
-  const int64_t rows = shard_options->rows;
-  const int row_dim = shard_options->row_dim;
-  const int64_t dense_size = shard_options->dense_size;
+  const int64_t rows = shard_options->data.rows;
+  const int row_dim = shard_options->data.row_dim;
+  const int64_t dense_size = shard_options->data.dense_size;
   auto server = ShardServer::Create(*std::move(shard_options));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
   // Resume: every host picks the same checkpoint (the same verification of the same files).

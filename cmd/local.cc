@@ -102,7 +102,7 @@ struct Outcome {
 
 // Runs one cluster attempt; returns the launcher's exit code.
 int RunCluster(const std::vector<std::string>& base_args, int n, const std::string& model_dir,
-               int kill_timeout_s, const sigset_t& signals, Outcome* outcome) {
+               int kill_timeout_s, int metrics_port, const sigset_t& signals, Outcome* outcome) {
   *outcome = Outcome();
   bool* retry = &outcome->retry;
   std::vector<int> ports;
@@ -132,6 +132,7 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
     args.insert(args.end(), base_args.begin(), base_args.end());
     args.push_back("--cluster=" + cluster);
     args.push_back(absl::StrCat("--index=", i));
+    if (metrics_port > 0) args.push_back(absl::StrCat("--metrics_port=", metrics_port + i));
     args.push_back("--bind=127.0.0.1");
     // The hosts share this machine: each one's automatic thread settings (threads.* = 0) divide
     // its share of the cores, not all of them.
@@ -319,7 +320,7 @@ int RunLocal(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     bool own = false;
-    for (const char* name : {"--hosts", "--kill_timeout_s", "--max_restarts"}) {
+    for (const char* name : {"--hosts", "--kill_timeout_s", "--max_restarts", "--metrics_port"}) {
       if (a == name) {
         own = true;
         ++i;  // its value
@@ -328,6 +329,21 @@ int RunLocal(int argc, char** argv) {
       }
     }
     if (!own) base_args.push_back(a);
+  }
+  // Fewer train files than hosts (Kaggle's train.txt is one file): record sharding.
+  {
+    Config sharded = config;
+    auto notes = ShardByRecordWhenTooFewFiles(&sharded, hosts);
+    if (!notes.ok()) {
+      std::fprintf(stderr, "pstrain local: %s\n", std::string(notes.status().message()).c_str());
+      return 2;
+    }
+    for (const std::string& n : *notes) std::fprintf(stderr, "pstrain local: %s\n", n.c_str());
+    for (int i = 0; i < sharded.data().train_size(); ++i) {
+      if (sharded.data().train(i).shard_policy() != config.data().train(i).shard_policy()) {
+        base_args.push_back(absl::StrCat("--set=data.train[", i, "].shard_policy=SHARD_BY_RECORD"));
+      }
+    }
   }
   const std::string model_dir = config.train().model_dir();
   if (absl::Status s = MakeDirs(model_dir); !s.ok()) {
@@ -361,7 +377,8 @@ int RunLocal(int argc, char** argv) {
   std::vector<std::string> restart_log;
   while (true) {
     Outcome outcome;
-    code = RunCluster(base_args, hosts, model_dir, kill_timeout_s, signals, &outcome);
+    code = RunCluster(base_args, hosts, model_dir, kill_timeout_s, tf.metrics_port, signals,
+                      &outcome);
     if (outcome.retry && ++port_attempts < kAttempts) {
       std::fprintf(stderr, "pstrain local: a host could not listen on its port; retrying on "
                    "fresh ports (attempt %d of %d)\n", port_attempts + 1, kAttempts);

@@ -12,6 +12,7 @@
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/cluster_security.h"
+#include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/ps_setup.h"
 #include "common/flags.h"
@@ -28,7 +29,7 @@ int RunPs(int argc, char** argv) {
                 "== shard and the shard's slice of the dense vector.\nPrints 'pstrain ps: shard "
                 "i/S listening on HOST:PORT' once ready; SIGTERM or Ctrl-C stops it (exit 0), like a TF "
                 "ps task it serves until stopped. With --model_dir (or checkpoint.dir) it resumes "
-                "from the job's latest checkpoint.");
+                "from the job's latest checkpoint. Without --shard/--num_shards, TF_CONFIG's ps task gives them (a Kubeflow PS pod).");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
   int port = 0, shard = 0, num_shards = 1, row_dim = 0, partitions = 0, threads = 1;
@@ -62,10 +63,26 @@ int RunPs(int argc, char** argv) {
   };
   Config config;
   if (auto code = ParseTrainingCommand("ps", argc, argv, &flags, tf, &config)) return *code;
+  // A Kubeflow PS pod: TF_CONFIG gives the shard, the shard count, the port and the workers when
+  // the flags do not (cmd/cluster_spec.h).
+  if (!flags.WasSet("shard") && !flags.WasSet("num_shards")) {
+    auto env = ReadClusterEnvironment("");
+    auto task = env.ok() ? PsTaskFromEnvironment(*env)
+                         : absl::StatusOr<std::optional<PsTask>>(env.status());
+    if (!task.ok()) return fail(std::string(task.status().message()), 2);
+    if (*task) {
+      shard = (*task)->shard;
+      num_shards = (*task)->num_shards;
+      if (!flags.WasSet("port")) port = (*task)->port;
+      if (!flags.WasSet("num_workers")) num_workers = (*task)->num_workers;
+      PSTRAIN_LOG(INFO) << "TF_CONFIG: ps task " << shard << " of " << num_shards << ", port "
+                        << port << ", " << num_workers << " workers";
+    }
+  }
   if (port < 0 || port > 65535) return fail(absl::StrCat("--port must be in [0, 65535]"), 2);
   auto o = ShardOptionsForJob(config, shard, num_shards, {rows, row_dim, dense_size});
   if (!o.ok()) return fail(std::string(o.status().message()), 2);
-  if (partitions > 0) o->partitions = partitions;
+  if (partitions > 0) o->data.partitions = partitions;
   auto security = ClusterSecurity(config, SecretEnvironment(), bind,
                                   o->security.max_message_bytes);
   if (!security.ok()) return fail(security.status().ToString(), 2);
@@ -74,15 +91,15 @@ int RunPs(int argc, char** argv) {
     PSTRAIN_LOG(WARNING) << "shard " << shard << ": no cluster secret: every process of this "
                          << "machine that reaches " << bind << " may call the shard";
   }
-  o->threads = threads;
+  o->data.threads = threads;
   if (num_workers > 0) o->num_workers = num_workers;
-  rows = o->rows;
-  dense_size = o->dense_size;
+  rows = o->data.rows;
+  dense_size = o->data.dense_size;
   // A shard of a job with a model dir (or checkpoint.dir) resumes from the job's checkpoint,
   // picked the way every other process of the job picks it.
   const bool has_job_dir =
       !tf.model_dir.empty() || config.train().has_model_dir() || config.checkpoint().has_dir();
-  if (has_job_dir) o->checkpoint_dir = JobCheckpointDir(config);
+  if (has_job_dir) o->data.checkpoint_dir = JobCheckpointDir(config);
   auto server = ShardServer::Create(*std::move(o));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
   if (has_job_dir) {

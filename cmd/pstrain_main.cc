@@ -6,7 +6,9 @@
 #include "absl/synchronization/mutex.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "cmd/sagemaker.h"
 #include "common/malloc_tuning.h"
+#include "pstrain_version.h"  // generated: cmake/version.cmake
 
 namespace {
 
@@ -26,10 +28,17 @@ const Command kCommands[] = {
     {"local", pstrain::RunLocal, "async PS training on N local hosts (runs N `pstrain host`)"},
     {"allreduce", pstrain::RunAllreduce, "synchronous MPI data-parallel training (mpirun -np N)"},
     {"tune", pstrain::RunTune, "time towers x intra_op x inter_op (x batch) settings, write the best"},
+    {"config", pstrain::RunConfig, "print the effective config of the training flags given"},
 };
 
+void PrintVersion() {
+  std::printf("pstrain %s (%s build for %s; runs on %s)\n", PSTRAIN_VERSION, PSTRAIN_BUILD_TYPE,
+              PSTRAIN_BUILD_ISA, pstrain::Launch().Describe().c_str());
+}
+
 void PrintUsage() {
-  std::printf("usage: pstrain <command> [flags]   (pstrain <command> --help for its flags)\n\ncommands:\n");
+  std::printf("usage: pstrain <command> [flags]   (pstrain <command> --help for its flags; "
+              "pstrain --version)\n\ncommands:\n");
   for (const auto& c : kCommands) std::printf("  %-10s %s\n", c.name, c.summary);
 }
 
@@ -48,13 +57,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pstrain: %s\n", std::string(env.status().message()).c_str());
     return 2;
   }
+  if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version"))) {
+    PrintVersion();
+    return 0;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     PrintUsage();
     return argc < 2 ? 2 : 0;
   }
   for (const auto& c : kCommands) {
-    if (!std::strcmp(argv[1], c.name)) return c.run(argc, argv);
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    // In a SageMaker container a failure's reason goes to /opt/ml/output/failure.
+    auto failure = pstrain::FailureCapture::Start(pstrain::SageMakerFailureFile());
+    const int code = c.run(argc, argv);
+    if (failure) failure->Finish(code);
+    return code;
   }
   std::fprintf(stderr, "pstrain: unknown command '%s'\n\n", argv[1]);
   PrintUsage();

@@ -9,6 +9,12 @@
 // data, batches come from datagen and are held in memory; inter_op_threads is then not
 // exercised and stays at its default.
 //
+// The global batch (towers x batch_size: what one step, and so one update, trains on) is kept
+// fixed: a candidate with T towers runs batch_size = global / T per tower, so the towers change
+// how fast the model trains but not what it learns. --batch_sizes measures other per-tower sizes
+// at the best threads; a different global batch is written to the fragment only with
+// --allow_batch_change, and its known AUC cost is printed either way.
+//
 // Search: compute threads (towers x intra_op) must fit the cores (OpenMP teams spin, so
 // oversubscribing them only loses); parser threads block when the prefetch queue is full, so
 // they may overlap the compute threads by a quarter of the cores (at least one). First every
@@ -19,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -147,6 +154,40 @@ std::string EnvValue(const char* name) {
   return v == nullptr ? "unset" : absl::StrCat("'", v, "'");
 }
 
+// The test-AUC cost of a larger global batch, measured with configs/deepfm_criteo.textproto on
+// datagen data (2M rows, Bayes AUC 0.803; docs/PERFORMANCE.md "What the tuning found"), relative
+// to global batch 512.
+struct BatchCost {
+  int global_batch;
+  double auc_delta;
+};
+constexpr BatchCost kMeasuredBatchCost[] = {{512, 0.0}, {1024, -0.003}, {2048, -0.004},
+                                            {8192, -0.013}};
+
+// What the measurements say about training with global batch `to` instead of `from`.
+std::string BatchCostNote(int from, int to) {
+  auto nearest = [](int g) {
+    const BatchCost* best = &kMeasuredBatchCost[0];
+    for (const BatchCost& c : kMeasuredBatchCost) {
+      if (std::abs(std::log2(static_cast<double>(c.global_batch) / g)) <
+          std::abs(std::log2(static_cast<double>(best->global_batch) / g))) {
+        best = &c;
+      }
+    }
+    return *best;
+  };
+  const BatchCost a = nearest(from), b = nearest(to);
+  std::string note = absl::StrFormat(
+      "global batch %d instead of %d changes what the model learns, not only its speed", to, from);
+  if (a.global_batch != b.global_batch) {
+    absl::StrAppendFormat(&note,
+                          "; measured with configs/deepfm_criteo.textproto on datagen data: "
+                          "global batch %d had %+.3f test AUC against %d (docs/PERFORMANCE.md)",
+                          b.global_batch, b.auc_delta - a.auc_delta, a.global_batch);
+  }
+  return note + "; check the AUC on your data before using it";
+}
+
 }  // namespace
 
 int RunTune(int argc, char** argv) {
@@ -155,14 +196,19 @@ int RunTune(int argc, char** argv) {
                 "--batch_sizes) within --budget_s, prints a table and writes the best setting as a "
                 "config fragment: pstrain train --config base.textproto --config tuned.textproto");
   TrainingFlags tf;
+  tf.train_only = true;  // tune never evaluates: a config's eval channel needs no path here
   AddTrainingFlags(&flags, &tf);
+  bool allow_batch_change = false;
   double budget_s = 60, window_s = 1.0;
   int windows = 3, warmup_steps = 3, cores = 0;
   std::string batch_sizes_flag, out;
   flags.Double("budget_s", &budget_s, "stop trying candidates when this many seconds are spent");
   flags.String("batch_sizes", &batch_sizes_flag,
-               "also search these per-tower batch sizes (e.g. 256,1024) at the best threads; "
-               "larger batches are faster but train differently: list only ones you would use");
+               "also measure these per-tower batch sizes (e.g. 256,1024) at the best threads; "
+               "a size that changes the global batch is written only with --allow_batch_change");
+  flags.Bool("allow_batch_change", &allow_batch_change,
+             "let the fragment change the global batch (towers x batch_size), which changes what "
+             "the model learns; by default the towers change and the global batch stays");
   flags.Int("windows", &windows, "timed windows per candidate (the median is reported)");
   flags.Double("window_s", &window_s, "seconds per timed window (at least one step)");
   flags.Int("warmup_steps", &warmup_steps, "untimed steps per candidate before the windows");
@@ -220,7 +266,17 @@ int RunTune(int argc, char** argv) {
                 space.default_inter);
   }
 
-  const int base_batch = config.train().batch_size();
+  // The global batch of the config as given (its towers resolved for these cores) stays fixed.
+  ThreadConfig base_threads = config.threads();
+  ResolveThreadDefaults(cores, &base_threads, Launch().omp_num_threads);
+  const int base_towers = base_threads.towers();
+  const int global_batch = base_towers * config.train().batch_size();
+  auto per_tower = [global_batch](int towers) {
+    return towers < 1 ? 1 : std::max(1, (global_batch + towers / 2) / towers);
+  };
+  std::printf("global batch %d (threads.towers %d x train.batch_size %d) is kept: a candidate with "
+              "T towers runs batch_size %d / T\n",
+              global_batch, base_towers, config.train().batch_size(), global_batch);
   std::vector<Candidate> coarse;
   int skipped = 0;
   const std::vector<int> inter_values =
@@ -228,7 +284,7 @@ int RunTune(int argc, char** argv) {
   for (int t : PowersOfTwo(cores)) {
     for (int i : PowersOfTwo(cores)) {
       for (int j : inter_values) {
-        Candidate c{t, i, j, base_batch};
+        Candidate c{t, i, j, per_tower(t)};
         if (space.Allowed(c)) {
           coarse.push_back(c);
         } else {
@@ -293,47 +349,77 @@ int RunTune(int argc, char** argv) {
     for (int dt : {-1, 0, 1}) {
       for (int di : {-1, 0, 1}) {
         for (int dj : {-1, 0, 1}) {
-          Candidate c{b.towers + dt, b.intra + di, b.inter + dj, b.batch};
+          Candidate c{b.towers + dt, b.intra + di, b.inter + dj, per_tower(b.towers + dt)};
           if (space.Allowed(c)) fine.push_back(c);
         }
       }
     }
     if (!run(fine)) return 1;
   }
+  // The best setting at the fixed global batch, before any --batch_sizes candidate.
+  const Measured best_fixed = best();
   if (!batch_sizes->empty()) {
-    const Candidate b = best().c;
+    const Candidate b = best_fixed.c;
     std::vector<Candidate> by_batch;
     for (int size : *batch_sizes) by_batch.push_back({b.towers, b.intra, b.inter, size});
     if (!run(by_batch)) return 1;
   }
 
   // The table, ratios within this run.
-  const Measured top = best();
+  const Measured fastest = best();
+  const bool batch_changes = fastest.c.towers * fastest.c.batch != global_batch;
+  const Measured top = batch_changes && !allow_batch_change ? best_fixed : fastest;
   std::sort(results.begin(), results.end(), [](const Measured& a, const Measured& b) {
     return a.examples_per_sec > b.examples_per_sec;
   });
-  std::printf("\n| towers | intra_op | inter_op | batch/tower | ex/s | ex/s per core | vs best |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf("\n| towers | intra_op | inter_op | batch/tower | global batch | ex/s | ex/s per core "
+              "| vs best |\n|---|---|---|---|---|---|---|---|\n");
   for (const Measured& m : results) {
     const int used = std::min(cores, m.c.towers * m.c.intra);
-    std::printf("| %d | %d | %d | %d | %.0f | %.0f | %.2f |\n", m.c.towers, m.c.intra, m.c.inter,
-                m.c.batch, m.examples_per_sec, m.examples_per_sec / used,
-                m.examples_per_sec / top.examples_per_sec);
+    std::printf("| %d | %d | %d | %d | %d%s | %.0f | %.0f | %.2f |\n", m.c.towers, m.c.intra,
+                m.c.inter, m.c.batch, m.c.towers * m.c.batch,
+                m.c.towers * m.c.batch != global_batch ? " (changed)" : "", m.examples_per_sec,
+                m.examples_per_sec / used, m.examples_per_sec / fastest.examples_per_sec);
   }
-  std::printf("\nbest: towers=%d intra_op_threads=%d inter_op_threads=%d batch_size=%d: %.0f ex/s "
-              "(%zu settings measured in %.0f s; %d oversubscribing combinations skipped)\n",
-              top.c.towers, top.c.intra, top.c.inter, top.c.batch, top.examples_per_sec,
-              results.size(), Now() - start, skipped);
-  if (!not_tried.empty()) {
-    std::printf("not tried (budget of %.0f s spent): %s (towers x intra x inter @ batch)\n",
-                budget_s, absl::StrJoin(not_tried, " ").c_str());
+  std::printf("\nbest: towers=%d intra_op_threads=%d inter_op_threads=%d batch_size=%d (global "
+              "%d): %.0f ex/s\n",
+              top.c.towers, top.c.intra, top.c.inter, top.c.batch, top.c.towers * top.c.batch,
+              top.examples_per_sec);
+  // Why the search ended where it did, and what it did not run.
+  if (not_tried.empty()) {
+    std::printf("search complete: every allowed setting was measured (%zu in %.0f s of the %.0f s "
+                "budget)\n",
+                results.size(), Now() - start, budget_s);
+  } else {
+    std::printf("budget spent: %zu settings measured in %.0f s; not tried: %s (towers x intra x "
+                "inter @ batch/tower)\n",
+                results.size(), Now() - start, absl::StrJoin(not_tried, " ").c_str());
+  }
+  if (skipped > 0) {
+    std::printf("%d combinations of the powers-of-two grid were not allowed: towers x intra_op "
+                "above the %d cores (OpenMP teams would oversubscribe them)%s%s\n",
+                skipped, cores,
+                space.search_inter ? ", or parser threads beyond the cores the compute leaves "
+                                     "plus a quarter of the cores"
+                                   : "",
+                space.intra_cap < cores ? ", or intra_op above OMP_NUM_THREADS" : "");
+  }
+  if (batch_changes) {
+    const int g = fastest.c.towers * fastest.c.batch;
+    std::printf("%s: batch_size=%d (global %d) at %.0f ex/s, %.2fx the best at global %d. %s.\n",
+                allow_batch_change ? "chosen (--allow_batch_change)" : "not chosen",
+                fastest.c.batch, g, fastest.examples_per_sec,
+                fastest.examples_per_sec / best_fixed.examples_per_sec, global_batch,
+                BatchCostNote(global_batch, g).c_str());
   }
 
   Config fragment;
   fragment.mutable_threads()->set_towers(top.c.towers);
   fragment.mutable_threads()->set_intra_op_threads(top.c.intra);
   fragment.mutable_threads()->set_inter_op_threads(top.c.inter);
-  if (!batch_sizes->empty()) fragment.mutable_train()->set_batch_size(top.c.batch);
+  // The towers changed the per-tower batch that keeps the global batch (or --allow_batch_change
+  // chose another one): write it whenever it differs from the config's.
+  if (top.c.batch != config.train().batch_size()) fragment.mutable_train()->set_batch_size(top.c.batch);
   if (out.empty()) {
     std::string dir = config.train().has_model_dir() ? config.train().model_dir() : "";
     if (dir.empty()) {

@@ -6,11 +6,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/cluster_security.h"
+#include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "cmd/stop_signal.h"
@@ -27,7 +29,9 @@ int RunWorker(int argc, char** argv) {
       "evaluates and writes <model_dir>/summary.json; worker j > 0 logs to "
       "<model_dir>/worker-<j>/. The shards must hold the same model (start `pstrain ps` with the "
       "same config and --model_dir, so that they resume from the same checkpoint).\nSIGTERM or "
-      "Ctrl-C during training writes a checkpoint of the whole job and exits 0.");
+      "Ctrl-C during training writes a checkpoint of the whole job and exits 0.\nWithout --ps and "
+      "--index, TF_CONFIG's chief/master/worker task gives them (a Kubeflow worker pod; the "
+      "chief is worker 0).");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
   std::string ps;
@@ -54,7 +58,27 @@ int RunWorker(int argc, char** argv) {
   if (config.data().train_size() == 0) {
     return fail("no training data: pass --train PATH or set data.train", 2);
   }
-  if (ps.empty()) return fail("--ps: expected the shard addresses host:port,...", 2);
+  // A Kubeflow chief or worker pod: TF_CONFIG gives the shards, the index and the worker count
+  // when the flags do not (cmd/cluster_spec.h).
+  if (ps.empty() && index < 0) {
+    auto env = ReadClusterEnvironment("");
+    auto task = env.ok() ? WorkerTaskFromEnvironment(*env)
+                         : absl::StatusOr<std::optional<WorkerTask>>(env.status());
+    if (!task.ok()) return fail(std::string(task.status().message()), 2);
+    if (*task && (*task)->evaluator) {
+      std::printf("pstrain worker: TF_CONFIG task is an evaluator: the chief evaluates in "
+                  "pstrain, nothing to do here\n");
+      return 0;
+    }
+    if (*task) {
+      ps = absl::StrJoin((*task)->ps, ",");
+      index = (*task)->index;
+      if (num_workers == 0) num_workers = (*task)->num_workers;
+    }
+  }
+  if (ps.empty()) {
+    return fail("--ps: expected the shard addresses host:port,... (or TF_CONFIG)", 2);
+  }
   if (num_workers < 1 || index < 0 || index >= num_workers) {
     return fail(absl::StrCat("--index and --num_workers: expected 0 <= index < num_workers, got ",
                              index, " and ", num_workers),

@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace pstrain {
 
@@ -57,8 +58,8 @@ absl::Status FlagSet::Assign(Flag* f, const std::string& v) {
     case Kind::kList: static_cast<std::vector<std::string>*>(f->target)->push_back(v); break;
   }
   if (!ok) {
-    static const char* kTypes[] = {"string", "integer", "integer", "unsigned integer", "number", "true/false", "string"};
-    return absl::InvalidArgumentError(absl::StrCat("--", f->name, "=", v, ": expected a ",
+    static const char* kTypes[] = {"a string", "an integer", "an integer", "an unsigned integer", "a number", "true or false", "a string"};
+    return absl::InvalidArgumentError(absl::StrCat("--", f->name, "=", v, ": expected ",
                                                    kTypes[static_cast<int>(f->kind)]));
   }
   f->set = true;
@@ -73,11 +74,22 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
       continue;
     }
     if (arg == "--") {
-      for (++i; i < argc; ++i) positional_.push_back(argv[i]);
+      for (++i; i < argc; ++i) RETURN_IF_ERROR(AddPositional(argv[i], argc, argv, first));
       break;
     }
+    if (arg.size() > 1 && arg[0] == '-' && arg[1] != '-' && !IsNumber(arg)) {
+      // `-epochs 3`: Go's and gflags' single dash. Refused rather than taken as a positional.
+      std::string name = arg.substr(1);
+      if (const size_t eq = name.find('='); eq != std::string::npos) name.resize(eq);
+      const bool known = Find(name) != nullptr ||
+                         (absl::StartsWith(name, "no") && Find(name.substr(2)) != nullptr);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", arg, "': flags take two dashes",
+          known ? absl::StrCat(": did you mean --", arg.substr(1), "?")
+                : absl::StrCat(" (and '", command_, "' has no flag --", name, "; see --help)")));
+    }
     if (!absl::StartsWith(arg, "--")) {
-      positional_.push_back(arg);
+      RETURN_IF_ERROR(AddPositional(arg, argc, argv, first));
       continue;
     }
     std::string name = arg.substr(2), value;
@@ -105,6 +117,15 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
       if (f->kind == Kind::kBool) {
         value = "true";
       } else if (i + 1 < argc) {
+        const std::string next = argv[i + 1];
+        if (absl::StartsWith(next, "--") && next.size() > 2) {
+          std::string next_name = next.substr(2);
+          if (const size_t e = next_name.find('='); e != std::string::npos) next_name.resize(e);
+          if (Find(next_name) != nullptr || next == "--help") {
+            return absl::InvalidArgumentError(
+                absl::StrCat("--", name, " needs a value, got the flag ", next));
+          }
+        }
         value = argv[++i];
       } else {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
@@ -115,8 +136,47 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
   return absl::OkStatus();
 }
 
+bool FlagSet::IsNumber(const std::string& arg) {
+  double d;
+  return absl::SimpleAtod(arg, &d);
+}
+
+void FlagSet::AllowPositional(int max, const std::string& what) {
+  max_positional_ = max;
+  positional_what_ = what;
+}
+
+absl::Status FlagSet::AddPositional(const std::string& arg, int argc, char** argv, int first) {
+  if (static_cast<int>(positional_.size()) < max_positional_) {
+    positional_.push_back(arg);
+    return absl::OkStatus();
+  }
+  // The usual cause: an unquoted glob that the shell expanded, so `--train day*.tsv` became
+  // `--train day1.tsv day2.tsv`. Name the flag the stray word follows.
+  std::string after;
+  for (int i = first; i < argc; ++i) {
+    if (arg == argv[i]) break;
+    if (absl::StartsWith(argv[i], "--")) after = argv[i];
+  }
+  std::string msg = absl::StrCat("unexpected argument '", arg, "'");
+  if (max_positional_ > 0) {
+    absl::StrAppend(&msg, " (", command_, " takes at most ", max_positional_, " ",
+                    positional_what_, ")");
+  } else {
+    absl::StrAppend(&msg, ": '", command_, "' takes no positional arguments");
+  }
+  if (!after.empty()) {
+    absl::StrAppend(&msg, "; it follows ", after,
+                    ": if the shell expanded a glob there, quote it (--train \"day*.tsv\") or "
+                    "repeat the flag for each path");
+  }
+  return absl::InvalidArgumentError(msg);
+}
+
 std::string FlagSet::Usage() const {
-  std::string out = absl::StrCat("usage: pstrain ", command_, " [flags]\n\n", summary_, "\n\nflags:\n");
+  std::string out = absl::StrCat("usage: pstrain ", command_, " [flags]",
+                                 max_positional_ > 0 ? absl::StrCat(" [", positional_what_, "]") : "",
+                                 "\n\n", summary_, "\n\nflags:\n");
   for (const auto& f : flags_) {
     std::string lhs = absl::StrCat("  --", f.name);
     if (f.kind != Kind::kBool) absl::StrAppend(&lhs, f.kind == Kind::kList ? "=V (repeatable)" : "=V");

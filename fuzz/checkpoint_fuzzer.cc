@@ -44,14 +44,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // As a shard file of a 1-shard checkpoint.
   if (!WriteFileAtomic(Dir() + "/shard-0-of-1", bytes).ok()) return 0;
   ShardServer::Options o;
-  o.rows = 64;
-  o.partitions = 2;
-  o.row_dim = 3;
-  o.dense_size = 5;
+  o.data.rows = 64;
+  o.data.partitions = 2;
+  o.data.row_dim = 3;
+  o.data.dense_size = 5;
   o.consistency = SYNC;
   o.num_workers = 2;
-  o.sparse_optimizer.set_type(ADAM);
-  o.dense_optimizer.set_type(ADAGRAD);
+  o.data.sparse_optimizer.set_type(ADAM);
+  o.data.dense_optimizer.set_type(ADAGRAD);
   auto server = ShardServer::Create(o);
   if (!server.ok()) return 0;
   CheckpointManifest manifest;

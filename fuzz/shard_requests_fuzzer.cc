@@ -34,15 +34,15 @@ std::string Dir() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pstrain;
   ShardServer::Options o;
-  o.rows = 64;
-  o.partitions = 2;
-  o.row_dim = 3;
-  o.dense_size = 5;
+  o.data.rows = 64;
+  o.data.partitions = 2;
+  o.data.row_dim = 3;
+  o.data.dense_size = 5;
   o.consistency = SYNC;
   o.num_workers = 2;
-  o.sparse_optimizer.set_type(SGD);
-  o.dense_optimizer.set_type(ADAM);
-  o.checkpoint_dir = Dir();
+  o.data.sparse_optimizer.set_type(SGD);
+  o.data.dense_optimizer.set_type(ADAM);
+  o.data.checkpoint_dir = Dir();
   o.security.max_message_bytes = 1 << 16;
   o.lease = absl::Seconds(30);
   auto created = ShardServer::Create(o);

@@ -12,6 +12,8 @@ PACKAGES=(
   ocl-icd-opencl-dev opencl-headers
   libopenmpi-dev openmpi-bin
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # gzip input (worker/data/formats/buffered_io.cc); the Prometheus endpoint (common/metrics/).
+  zlib1g-dev prometheus-cpp-dev
   python3
   # Tests: QEMU's user-mode emulator runs the default build on CPU models this machine is not
   # (an AVX2-only AMD Zen 3, a pre-AVX2 Intel); tests/common/emulated_cpu_test.cc.

@@ -1,5 +1,7 @@
 #include "ps/server/shard_server.h"
 
+#include <grpcpp/health_check_service_interface.h>
+
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -77,7 +79,9 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
     if (absl::Status s = server_->CheckPull(*request); !s.ok()) return Done(ctx, s);
     if (server_->opt_.consistency == ASYNC || request->step() <= 0) {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      const absl::Time start = absl::Now();
       reactor->Finish(ToGrpcStatus(server_->Pull(*request, response)));
+      server_->metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start));
       return reactor;
     }
     auto* pull = new PullReactor(server_, request, response);
@@ -88,7 +92,10 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
                                  PushResponse* response) override {
     if (auto* refused = Refused(ctx)) return refused;
     server_->Heard(request->worker_id());
-    return Done(ctx, server_->Push(*request, response));
+    const absl::Time start = absl::Now();
+    const absl::Status s = server_->Push(*request, response);
+    server_->metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start));
+    return Done(ctx, s);
   }
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const InfoRequest* request,
                                  InfoResponse* response) override {
@@ -132,7 +139,7 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
         request->kind() == CoordinateRequest::ARRIVE) {
       server_->Heard(request->worker_id());
     }
-    const bool watch = request->watch_timeout_ms() > 0 && server_->opt_.shard == 0 &&
+    const bool watch = request->watch_timeout_ms() > 0 && server_->opt_.data.shard == 0 &&
                        (request->kind() == CoordinateRequest::COLLECT ||
                         request->kind() == CoordinateRequest::REPORTS);
     if (!watch) {
@@ -165,11 +172,11 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
       // One WRITE thread at a time, and only for the round whose copy is held.
       if (!server_->data_->HoldsCopy(request->round())) {
         reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-            "shard ", server_->opt_.shard, ": WRITE of checkpoint round ", request->round(),
+            "shard ", server_->opt_.data.shard, ": WRITE of checkpoint round ", request->round(),
             " without its COPY"))));
       } else if (server_->writing_.exchange(true)) {
         reactor->Finish(ToGrpcStatus(absl::AbortedError(
-            absl::StrCat("shard ", server_->opt_.shard, ": a WRITE is in progress"))));
+            absl::StrCat("shard ", server_->opt_.data.shard, ": a WRITE is in progress"))));
       } else {
         std::thread([server = server_, request, response, reactor] {
           auto r = server->WriteCheckpoint(request->round(), request->name());
@@ -210,14 +217,14 @@ ShardServer::ShardServer(Options options)
 ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int shard, int num_shards,
                                                     int64_t rows, int row_dim, int64_t dense_size) {
   Options o;
-  o.shard = shard;
-  o.num_shards = num_shards;
-  o.rows = rows;
-  o.partitions = NumPartitions(config.cluster(), num_shards);
-  o.row_dim = row_dim;
-  o.dense_size = dense_size;
-  o.sparse_optimizer = config.sparse_optimizer();
-  o.dense_optimizer = config.dense_optimizer();
+  o.data.shard = shard;
+  o.data.num_shards = num_shards;
+  o.data.rows = rows;
+  o.data.partitions = NumPartitions(config.cluster(), num_shards);
+  o.data.row_dim = row_dim;
+  o.data.dense_size = dense_size;
+  o.data.sparse_optimizer = config.sparse_optimizer();
+  o.data.dense_optimizer = config.dense_optimizer();
   o.consistency = config.cluster().consistency();
   o.num_workers = num_shards;
   o.staleness = config.cluster().staleness();
@@ -239,33 +246,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
     return absl::InvalidArgumentError(
         absl::StrCat("BOUNDED consistency needs staleness >= 0, got ", options.staleness));
   }
-  Shard::Options so;
-  so.shard = options.shard;
-  so.num_shards = options.num_shards;
-  so.rows = options.rows;
-  so.partitions = options.partitions;
-  so.row_dim = options.row_dim;
-  so.dense_size = options.dense_size;
-  so.sparse_optimizer = options.sparse_optimizer;
-  so.dense_optimizer = options.dense_optimizer;
-  so.row_init = options.row_init;
-  so.dense_init = options.dense_init;
-  so.threads = options.threads;
-  so.checkpoint_dir = options.checkpoint_dir;
-  ASSIGN_OR_RETURN(std::unique_ptr<Shard> data, Shard::Create(std::move(so)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Shard> data, Shard::Create(options.data));
 
   std::unique_ptr<ShardServer> s(new ShardServer(std::move(options)));
   const Options& o = s->opt_;
   s->data_ = std::move(data);
   s->timer_ = std::make_unique<Timer>();
   ConsistencyTracker::Options co;
-  co.shard = o.shard;
+  co.shard = o.data.shard;
   co.consistency = o.consistency;
   co.num_workers = o.num_workers;
   co.staleness = o.staleness;
   s->tracker_ = std::make_unique<ConsistencyTracker>(co, s->data_.get(), s->timer_.get());
   s->coordinator_ =
-      std::make_unique<JobCoordinator>(o.shard, o.num_workers, o.lease, s->timer_.get());
+      std::make_unique<JobCoordinator>(o.data.shard, o.num_workers, o.lease, s->timer_.get());
   // A lost worker in BOUNDED / SYNC: the pulls that wait for it fail at once, naming it, instead
   // of at their deadline (shard 0 only: it keeps the leases).
   ConsistencyTracker* tracker = s->tracker_.get();
@@ -273,10 +267,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
     tracker->SetLost(detail);
   });
   s->service_ = std::make_unique<Service>(s.get());
+  s->metrics_ = std::make_unique<ShardMetrics>(s->opt_.data.shard, [p = s.get()] { return p->Stats(); });
   return s;
 }
 
 ShardServer::~ShardServer() {
+  metrics_.reset();  // no scrape reads Stats() from here on
   Shutdown(absl::ZeroDuration());
   timer_.reset();  // runs the pending expiries now; they find nothing held
   absl::MutexLock lock(&server_mu_);
@@ -288,6 +284,9 @@ absl::Status ShardServer::Start(const std::string& address) {
   if (server_ != nullptr || shut_down_) {
     return absl::FailedPreconditionError("ShardServer::Start called twice");
   }
+  // The standard gRPC health service (grpc.health.v1.Health): SERVING while the shard serves,
+  // for Kubernetes' gRPC probes and load balancers.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, MakeServerCredentials(opt_.security), &port);
@@ -301,7 +300,7 @@ absl::Status ShardServer::Start(const std::string& address) {
   if (server_ == nullptr || port == 0) {
     server_.reset();
     return absl::UnavailableError(
-        absl::StrCat("shard ", opt_.shard, ": cannot listen on ", address,
+        absl::StrCat("shard ", opt_.data.shard, ": cannot listen on ", address,
                      " (address in use, or not an address of this host)"));
   }
   port_ = port;
@@ -339,7 +338,7 @@ absl::Time ShardServer::WatchUntil(absl::Time deadline, int64_t watch_ms) {
 absl::Status ShardServer::Gather(const PullRequest& request, PullResponse* response) {
   // The job state as of this answer: it comes after the pushes the pull waited for, so after any
   // checkpoint request made before them (docs/CHECKPOINT.md "PS mode").
-  if (opt_.shard == 0 && opt_.consistency != ASYNC && request.step() > 0) {
+  if (opt_.data.shard == 0 && opt_.consistency != ASYNC && request.step() > 0) {
     *response->mutable_job() = coordinator_->State();
   }
   return data_->Gather(request, response);
@@ -374,24 +373,24 @@ absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
 }
 
 void ShardServer::Heard(int32_t worker_id) {
-  if (opt_.shard == 0) coordinator_->Heard(worker_id);
+  if (opt_.data.shard == 0) coordinator_->Heard(worker_id);
 }
 
 absl::Status ShardServer::CheckPull(const PullRequest& request) const {
   // The answer's size is chosen by the caller (ids may repeat): refuse one above the message cap
   // before gathering anything.
   const int64_t n = static_cast<int64_t>(request.ids().size() / sizeof(int64_t));
-  const int64_t answer = n * opt_.row_dim * static_cast<int64_t>(sizeof(float)) +
+  const int64_t answer = n * opt_.data.row_dim * static_cast<int64_t>(sizeof(float)) +
                          (request.want_dense() ? data_->dense_slice_size() * 4 : 0) + 1024;
   if (answer > opt_.security.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "shard ", opt_.shard, ": a pull of ", n, " rows", request.want_dense() ? " and the dense slice" : "",
+        "shard ", opt_.data.shard, ": a pull of ", n, " rows", request.want_dense() ? " and the dense slice" : "",
         " would answer ", answer, " bytes, above the largest message (", opt_.security.max_message_bytes,
         " bytes, cluster.max_message_mb)"));
   }
   if (request.step() < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shard ", opt_.shard, ": pull of step ", request.step(), " < 0"));
+        absl::StrCat("shard ", opt_.data.shard, ": pull of step ", request.step(), " < 0"));
   }
   return tracker_->CheckPullStep(request.worker_id(), request.step());
 }
@@ -408,7 +407,7 @@ absl::Status ShardServer::Push(const PushRequest& request, PushResponse* respons
   };
   if (request.worker_done()) {
     if (!request.ids().empty() || !request.row_grads().empty() || !request.dense_grad().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.shard, ": worker ",
+      return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.data.shard, ": worker ",
                                                      request.worker_id(),
                                                      "'s worker_done push carries gradients"));
     }
@@ -462,9 +461,9 @@ ShardStats ShardServer::Stats() const { return data_->Stats(); }
 
 absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
                                      CoordinateResponse* response) {
-  if (opt_.shard != 0) {
+  if (opt_.data.shard != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shard ", opt_.shard, ": the job is coordinated by shard 0"));
+        absl::StrCat("shard ", opt_.data.shard, ": the job is coordinated by shard 0"));
   }
   // A round's target must be reachable: at most kMaxStepsAhead past the steps this shard saw.
   if (request.kind() == CoordinateRequest::REQUEST &&

@@ -50,6 +50,7 @@
 #include "ps/server/job_coordinator.h"
 #include "ps/server/shard.h"
 #include "pstrain/config.pb.h"
+#include "ps/server/shard_metrics.h"
 #include "pstrain/ps_service.pb.h"
 #include "pstrain/state.pb.h"
 
@@ -58,19 +59,11 @@ namespace pstrain {
 class ShardServer {
  public:
   struct Options {
-    int shard = 0;           // s in [0, num_shards)
-    int num_shards = 1;      // S
-    int64_t rows = 0;        // V, the table's rows, > 0
-    int partitions = 1;      // P >= 1 (P < S leaves some shards without rows)
-    int row_dim = 0;         // floats per row, > 0
-    int64_t dense_size = 0;  // floats of the whole dense vector, >= 0
-    OptimizerConfig sparse_optimizer;
-    OptimizerConfig dense_optimizer;
-    RowInit row_init;  // null = zeros; must be a pure function of the row id (see EmbeddingStore)
-    DenseInit dense_init;  // null = zeros
-    // OpenMP threads one request's gather/update is split over. gRPC already runs requests on
-    // several threads, so 1 (the default) avoids oversubscribing cores.
-    int threads = 1;
+    // The table, its optimizers and checkpoint directory: the Shard's own options (shard,
+    // num_shards, rows, partitions, row_dim, dense_size, the optimizers, row_init / dense_init,
+    // threads, checkpoint_dir; ps/server/shard.h). SaveShard WRITE writes only under
+    // data.checkpoint_dir (empty: this shard writes no checkpoint, FAILED_PRECONDITION).
+    Shard::Options data;
     // Consistency mode (ConsistencyTracker) and the workers it waits for: worker ids
     // [0, num_workers). ASYNC accepts any worker id (ids outside the range are not tracked).
     Consistency consistency = ASYNC;
@@ -78,9 +71,6 @@ class ShardServer {
     int staleness = 0;    // BOUNDED: s >= 0
     // The cluster secret (empty: calls are not authenticated), TLS, and the message cap.
     RpcSecurity security;
-    // The job's checkpoint directory: SaveShard WRITE writes <checkpoint_dir>/ckpt-<step>/ only.
-    // Empty: this shard writes no checkpoint (FAILED_PRECONDITION).
-    std::string checkpoint_dir;
     // Shard 0: a worker not heard of for this long is lost (JobCoordinator).
     absl::Duration lease = absl::Seconds(30);
   };
@@ -93,8 +83,8 @@ class ShardServer {
   // Options of shard `shard` of `num_shards` from a job config: the partitions
   // (NumPartitions(config.cluster(), num_shards)), the sparse and dense optimizers, and
   // cluster.consistency / staleness with num_workers = num_shards (a PS job runs one worker and
-  // one shard per host). The caller sets row_init and dense_init (Model::InitRow / InitDense with
-  // the job's seed).
+  // one shard per host). The caller sets data.row_init and data.dense_init (Model::InitRow /
+  // InitDense with the job's seed).
   static Options OptionsFromConfig(const Config& config, int shard, int num_shards, int64_t rows,
                                    int row_dim, int64_t dense_size);
 
@@ -178,7 +168,7 @@ class ShardServer {
 
   // Shorthands of data()'s, for the commands' logs.
   const PartitionMap& map() const { return data_->map(); }
-  int shard() const { return opt_.shard; }
+  int shard() const { return opt_.data.shard; }
   int64_t dense_begin() const { return data_->dense_begin(); }
   int64_t dense_slice_size() const { return data_->dense_slice_size(); }
 
@@ -203,6 +193,7 @@ class ShardServer {
 
   absl::Mutex server_mu_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<ShardMetrics> metrics_;  // Prometheus (ps/server/shard_metrics.h)
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
   bool shut_down_ ABSL_GUARDED_BY(server_mu_) = false;
   std::atomic<bool> writing_{false};  // a SaveShard WRITE thread runs

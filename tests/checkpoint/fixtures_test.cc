@@ -393,19 +393,19 @@ float PsDenseInit(int64_t i) { return 0.5f * static_cast<float>(i) - 1.0f; }
 
 ShardServer::Options PsShardOptions(int shard, int shards) {
   ShardServer::Options o;
-  o.shard = shard;
-  o.num_shards = shards;
-  o.rows = kPsRows;
-  o.partitions = kPsPartitions;
-  o.row_dim = kPsRowDim;
-  o.dense_size = kPsDenseSize;
-  o.sparse_optimizer = ParseText<OptimizerConfig>(
+  o.data.shard = shard;
+  o.data.num_shards = shards;
+  o.data.rows = kPsRows;
+  o.data.partitions = kPsPartitions;
+  o.data.row_dim = kPsRowDim;
+  o.data.dense_size = kPsDenseSize;
+  o.data.sparse_optimizer = ParseText<OptimizerConfig>(
       "type: ADAGRAD learning_rate: 0.25 initial_accumulator: 0.75");
-  o.dense_optimizer = ParseText<OptimizerConfig>("type: SGD learning_rate: 0.5");
-  o.row_init = [](int64_t row, float* out) {
+  o.data.dense_optimizer = ParseText<OptimizerConfig>("type: SGD learning_rate: 0.5");
+  o.data.row_init = [](int64_t row, float* out) {
     for (int j = 0; j < kPsRowDim; ++j) out[j] = PsRowInit(row, j);
   };
-  o.dense_init = [](float* out) {
+  o.data.dense_init = [](float* out) {
     for (int64_t i = 0; i < kPsDenseSize; ++i) out[i] = PsDenseInit(i);
   };
   o.consistency = SYNC;
@@ -418,7 +418,7 @@ std::vector<std::unique_ptr<ShardServer>> PsShards(int shards,
   std::vector<std::unique_ptr<ShardServer>> out;
   for (int s = 0; s < shards; ++s) {
     ShardServer::Options o = PsShardOptions(s, shards);
-    o.checkpoint_dir = checkpoint_dir;
+    o.data.checkpoint_dir = checkpoint_dir;
     auto server = ShardServer::Create(std::move(o));
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) out.push_back(std::move(server).value());

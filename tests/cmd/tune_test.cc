@@ -13,6 +13,8 @@
 #include "common/config.h"
 #include "common/file.h"
 #include "gtest/gtest.h"
+#include "gmock/gmock.h"
+#include "tests/shell.h"
 #include "tests/subprocess.h"
 
 namespace pstrain {
@@ -64,12 +66,15 @@ TEST_F(TuneTest, FragmentIsWithinTheSpaceAndTrainAcceptsIt) {
   EXPECT_LE(t.towers() * t.intra_op_threads(), cores);
   EXPECT_GE(t.inter_op_threads(), 1);
   EXPECT_LE(t.inter_op_threads(), cores);
-  EXPECT_TRUE(fragment->train().batch_size() == 32 || fragment->train().batch_size() == 64)
-      << fragment->train().batch_size();
+  // The global batch of the base config (64 per tower x `cores` automatic towers) is kept: the
+  // fragment writes the per-tower size that keeps it when its towers differ, and never one of
+  // --batch_sizes that would change it (no --allow_batch_change).
+  const int batch = fragment->train().has_batch_size() ? fragment->train().batch_size() : 64;
+  EXPECT_EQ(t.towers() * batch, static_cast<int>(cores) * 64) << ConfigToText(*fragment);
   // Nothing but the tuned fields: the fragment must not override the base config.
   Config expected;
   *expected.mutable_threads() = t;
-  expected.mutable_train()->set_batch_size(fragment->train().batch_size());
+  if (batch != 64) expected.mutable_train()->set_batch_size(batch);
   EXPECT_EQ(ConfigToText(*fragment), ConfigToText(expected));
 
   const std::string model_dir = Dir() + "/model";
@@ -103,7 +108,37 @@ TEST_F(TuneTest, WithoutDataUsesDatagenAndCapsIntraOpAtOmpNumThreads) {
   ThreadConfig defaults;
   ResolveThreadDefaults(std::max(1u, std::thread::hardware_concurrency()), &defaults);
   EXPECT_EQ(fragment->threads().inter_op_threads(), defaults.inter_op_threads());
-  EXPECT_FALSE(fragment->train().has_batch_size());  // not searched, not written
+  // Not searched: the per-tower size is written only to keep the global batch (64 x the
+  // automatic towers) when the towers changed.
+  const int batch = fragment->train().has_batch_size() ? fragment->train().batch_size() : 64;
+  EXPECT_EQ(fragment->threads().towers() * batch,
+            static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) * 64);
+}
+
+// The README's command as written: the shipped config has an eval channel without a path, which
+// tune never uses; it must not be required. The output says why the search ended and keeps the
+// global batch.
+TEST_F(TuneTest, ReadmeCommandWorksWithoutEvalAndSaysWhyTheSearchEnded) {
+  const std::string out = Dir() + "/readme/tuned.textproto";
+  std::string output;
+  const std::string cmd = absl::StrCat(
+      PSTRAIN_BINARY, " tune --config ", PSTRAIN_SOURCE_DIR, "/configs/deepfm_criteo.textproto",
+      " --train '", Dir(), "/train/part-*' --budget_s 8 --out ", out,
+      " --set features.categorical_vocab_size=5000 --set model.hidden=[16]",
+      " --window_s 0.05 --windows 2 --warmup_steps 1 --batch_sizes 512");
+  ASSERT_EQ(testing::RunShell(cmd, 120, &output), 0) << output;
+  EXPECT_THAT(output, ::testing::ContainsRegex("global batch [0-9]+ \\(threads.towers [0-9]+ x "
+                                               "train.batch_size 256\\) is kept"));
+  EXPECT_THAT(output, ::testing::ContainsRegex("search complete|budget spent"));
+  auto fragment = LoadConfigFile(out);
+  ASSERT_TRUE(fragment.ok()) << fragment.status() << output;
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const int batch = fragment->train().has_batch_size() ? fragment->train().batch_size() : 256;
+  EXPECT_EQ(fragment->threads().towers() * batch, cores * 256) << output;
+  if (output.find("not chosen") != std::string::npos) {
+    // The larger batch was faster: its AUC cost is reported, not silently taken.
+    EXPECT_THAT(output, ::testing::HasSubstr("changes what the model learns"));
+  }
 }
 
 TEST_F(TuneTest, BadFlagsAreRejected) {

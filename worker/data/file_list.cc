@@ -15,6 +15,13 @@
 #include "common/status.h"
 
 namespace pstrain {
+
+bool IsDataFileName(absl::string_view name) {
+  // Hadoop's hidden-file rule (Spark's _SUCCESS, .crc files, editors' dot files), and JSON
+  // sidecars: no format pstrain reads is JSON, and datagen's teacher.json sits beside its parts.
+  return !name.empty() && name[0] != '.' && name[0] != '_' && !absl::EndsWith(name, ".json");
+}
+
 namespace {
 
 // A strict parser for exactly the manifest's shape: an array whose elements are strings or
@@ -245,7 +252,7 @@ absl::Status ExpandDirectory(const std::string& path, std::vector<std::string>* 
   }
   std::vector<std::string> files;
   while (const dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] == '.') continue;
+    if (!IsDataFileName(e->d_name)) continue;
     std::string file = JoinPath(path, e->d_name);
     struct stat st;
     if (::stat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode)) files.push_back(std::move(file));

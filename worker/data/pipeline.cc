@@ -335,7 +335,7 @@ absl::Status Pipeline::OpenCurrentFile(int c) {
   // state is consistent here (the forming group and the drawn channel are part of it), and only
   // this thread changes it.
   state_mu_.Unlock();
-  auto src = options_.formats.open_source(cfg.format(), path);
+  auto src = options_.formats.open_source(cfg.format(), path, cfg.compression());
   state_mu_.Lock();
   {
     absl::MutexLock l(&mu_);

@@ -103,7 +103,8 @@ namespace pstrain {
 // uses RegisteredFormats() (record_io.h's OpenRecordSource / CreateRecordParser); tests inject
 // fakes. Both functions are called from the pipeline's threads and must be thread-safe.
 struct RecordFormats {
-  std::function<absl::StatusOr<std::unique_ptr<RecordSource>>(DataFormat, const std::string&)>
+  std::function<absl::StatusOr<std::unique_ptr<RecordSource>>(DataFormat, const std::string&,
+                                                              Channel::Compression)>
       open_source;
   std::function<absl::StatusOr<std::unique_ptr<RecordParser>>(DataFormat, const FeatureSpec&,
                                                               absl::string_view csv_header)>

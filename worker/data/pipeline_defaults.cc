@@ -10,8 +10,10 @@ namespace pstrain {
 
 RecordFormats RegisteredFormats(size_t max_record_bytes) {
   RecordFormats f;
-  f.open_source = [max_record_bytes](DataFormat format, const std::string& path) {
+  f.open_source = [max_record_bytes](DataFormat format, const std::string& path,
+                                     Channel::Compression c) {
     RecordSourceOptions o;
+    o.compression = c;
     o.max_record_bytes = max_record_bytes;
     return OpenRecordSource(format, path, o);
   };

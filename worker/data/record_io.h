@@ -65,9 +65,11 @@ class RecordSource {
   virtual const std::string& path() const = 0;
 };
 
-// Opens `path` (a regular file or a FIFO) for `format`.
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format,
-                                                               const std::string& path);
+// Opens `path` (a regular file or a FIFO) for `format`. `compression`: Channel.compression (AUTO:
+// gzip for names ending in ".gz" and streams starting with the gzip magic bytes). Offsets and
+// positions of a gzip source are in the decompressed stream (formats/buffered_io.h).
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(
+    DataFormat format, const std::string& path, Channel::Compression compression = Channel::AUTO);
 
 // Turns raw records into RawRows. Create one per thread; Parse is not thread-safe.
 class RecordParser {

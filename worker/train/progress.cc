@@ -2,11 +2,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file.h"
 #include "common/json_writer.h"
+#include "common/metrics/metrics.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -26,11 +29,48 @@ std::string Duration(double s) {
 
 }  // namespace
 
+struct ProgressReporter::Gauges {
+  explicit Gauges(int worker) {
+    const std::map<std::string, std::string> label{{"worker", absl::StrCat(worker)}};
+    auto gauge = [&label](const char* name, const char* help) {
+      return &prometheus::BuildGauge().Name(name).Help(help).Register(Metrics()).Add(label);
+    };
+    examples = &prometheus::BuildCounter()
+                    .Name("pstrain_worker_examples_total")
+                    .Help("Examples trained by this worker in this run, as of its last logged step")
+                    .Register(Metrics())
+                    .Add(label);
+    examples_per_sec = gauge("pstrain_worker_examples_per_second",
+                             "Examples per second over the last logged interval");
+    loss = gauge("pstrain_worker_loss", "Mean training loss over the last logged interval");
+    step = gauge("pstrain_worker_step", "Training step");
+    eval_auc = gauge("pstrain_worker_eval_auc", "AUC of the last evaluation (chief)");
+    eval_logloss = gauge("pstrain_worker_eval_logloss", "Logloss of the last evaluation (chief)");
+    auto& phases = prometheus::BuildCounter()
+                       .Name("pstrain_worker_step_phase_seconds_total")
+                       .Help("Trainer time per step phase: dedup, pull (waiting for it), compute "
+                             "(the towers), reduce, push (waiting for it)")
+                       .Register(Metrics());
+    for (const char* p : {"dedup", "pull", "compute", "reduce", "push"}) {
+      auto l = label;
+      l["phase"] = p;
+      phase.push_back(&phases.Add(l));
+    }
+  }
+  prometheus::Counter* examples;
+  prometheus::Gauge *examples_per_sec, *loss, *step, *eval_auc, *eval_logloss;
+  std::vector<prometheus::Counter*> phase;
+  double last_phase[5] = {0, 0, 0, 0, 0};
+};
+
 absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
-    const std::string& model_dir, bool tty) {
+    const std::string& model_dir, bool tty, double flush_seconds, int worker) {
   RETURN_IF_ERROR(MakeDirs(model_dir));
   std::unique_ptr<ProgressReporter> p(new ProgressReporter());
   p->tty_ = tty;
+  p->flush_seconds_ = flush_seconds;
+  p->last_flush_ = WallTime();
+  p->gauges_ = std::make_unique<Gauges>(worker);
   const std::string path = model_dir + "/metrics.jsonl";
   p->jsonl_ = std::fopen(path.c_str(), "a");
   if (p->jsonl_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
@@ -70,6 +110,23 @@ void ProgressReporter::Train(int64_t step, int64_t epoch, double loss, double ep
                    .Add("loss", loss).Add("examples_per_sec", eps).str().c_str());
   Record(events_->AddScalar("train/loss", step, loss));
   Record(events_->AddScalar("train/examples_per_sec", step, eps));
+  gauges_->examples_per_sec->Set(eps);
+  gauges_->loss->Set(loss);
+  gauges_->step->Set(static_cast<double>(step));
+  // Without periodic evaluation the points would otherwise wait in the buffers until the end.
+  const double now = WallTime();
+  if (now - last_flush_ >= flush_seconds_) Flush();
+}
+
+void ProgressReporter::Examples(int64_t n) { gauges_->examples->Increment(static_cast<double>(n)); }
+
+void ProgressReporter::StepPhases(double dedup, double pull, double compute, double reduce,
+                                  double push) {
+  const double v[5] = {dedup, pull, compute, reduce, push};
+  for (int i = 0; i < 5; ++i) {
+    if (v[i] > gauges_->last_phase[i]) gauges_->phase[i]->Increment(v[i] - gauges_->last_phase[i]);
+    gauges_->last_phase[i] = v[i];
+  }
 }
 
 void ProgressReporter::Eval(int64_t step, double auc, double logloss, int64_t examples,
@@ -81,6 +138,8 @@ void ProgressReporter::Eval(int64_t step, double auc, double logloss, int64_t ex
   std::fprintf(jsonl_, "%s\n",
                JsonObject().Add("wall_time", WallTime()).Add("step", step).Add("eval_auc", auc)
                    .Add("eval_logloss", logloss).Add("eval_examples", examples).str().c_str());
+  gauges_->eval_auc->Set(auc);
+  gauges_->eval_logloss->Set(logloss);
   Record(events_->AddScalar("eval/auc", step, auc));
   Record(events_->AddScalar("eval/logloss", step, logloss));
   Flush();
@@ -99,6 +158,7 @@ void ProgressReporter::Record(const absl::Status& s) {
 void ProgressReporter::Message(const std::string& text) { Line(text, /*transient=*/false); }
 
 void ProgressReporter::Flush() {
+  last_flush_ = WallTime();
   std::fflush(jsonl_);
   Record(events_->Flush());
 }

@@ -1,5 +1,8 @@
 // The trainer's human-facing output: a progress line rewritten in place on a TTY, plain log lines
-// otherwise (CI logs, files), plus the machine-readable metrics.jsonl and TensorBoard events.
+// otherwise (CI logs, files), plus the machine-readable metrics.jsonl and TensorBoard events,
+// flushed every `flush_seconds` (and at every evaluation), and the worker's Prometheus metrics
+// (common/metrics/metrics.h, labelled worker="i"): examples, examples/s, loss, step, the step's
+// phase times and the last evaluation.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/train/event_writer.h"
 
 namespace pstrain {
@@ -17,13 +21,20 @@ class ProgressReporter {
  public:
   // Metrics go to <model_dir>/metrics.jsonl and TensorBoard events to <model_dir>/.
   static absl::StatusOr<std::unique_ptr<ProgressReporter>> Create(const std::string& model_dir,
-                                                                  bool tty);
+                                                                  bool tty,
+                                                                  double flush_seconds = 10,
+                                                                  int worker = 0);
   ~ProgressReporter();
 
   // A training progress point: prints (TTY: every call; otherwise the caller decides how often)
   // and records train/loss and train/examples_per_sec.
   void Train(int64_t step, int64_t epoch, double loss, double examples_per_sec,
              int64_t total_steps_estimate, double elapsed_seconds);
+  // Examples trained since the last call (the examples counter of the metrics).
+  void Examples(int64_t n);
+  // The step's phase times accumulated so far (worker/train/train_step.h StepProfile), for the
+  // metrics.
+  void StepPhases(double dedup, double pull, double compute, double reduce, double push);
   // An evaluation result.
   void Eval(int64_t step, double auc, double logloss, int64_t examples, bool final_eval);
   // A plain message that must not be overwritten by the progress line.
@@ -36,7 +47,11 @@ class ProgressReporter {
   // Warns once when writing events fails; training goes on.
   void Record(const absl::Status& s);
 
+  struct Gauges;
   bool tty_ = false;
+  double flush_seconds_ = 10;
+  double last_flush_ = 0;
+  std::unique_ptr<Gauges> gauges_;
   bool line_open_ = false;
   bool events_failed_ = false;
   double last_auc_ = -1;

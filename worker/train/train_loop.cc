@@ -162,6 +162,9 @@ absl::Status TrainLoop::RunStep() {
     progress_->Train(step_, epoch_, loss_since_log_ / std::max<int64_t>(1, ex_since_log_),
                      ex_since_log_ / std::max(1e-9, now - t_last_log_), total_steps_estimate_,
                      now - t_start_);
+    const StepProfile& prof = step_runner_->profile();
+    progress_->StepPhases(prof.dedup, prof.pull, prof.compute, prof.reduce, prof.push);
+    progress_->Examples(ex_since_log_);
     t_last_log_ = now;
     ex_since_log_ = 0;
     loss_since_log_ = 0;

@@ -71,6 +71,14 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   const std::string ckpt_dir = JobCheckpointDir(config);
   RETURN_IF_ERROR(MakeDirs(model_dir));
 
+  if (opts.chief) {
+    // The config this job runs with (thread settings resolved), for `--config` to reproduce it.
+    RETURN_IF_ERROR(WriteFileAtomic(
+        model_dir + "/config.textproto",
+        absl::StrCat("# The effective config of this run (", opts.mode, ", ", cores,
+                     " cores; threads resolved). Reproduce: pstrain train --config <this file>\n",
+                     ConfigToText(config))));
+  }
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
   // Local parameters (with checkpoints) unless the caller brings its own.
@@ -91,7 +99,10 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                                                              config.checkpoint().keep());
     checkpointer = local_checkpointer.get();
   }
-  ASSIGN_OR_RETURN(auto progress, ProgressReporter::Create(model_dir, opts.tty));
+  ASSIGN_OR_RETURN(auto progress,
+                   ProgressReporter::Create(model_dir, opts.tty,
+                                            config.train().metrics_flush_seconds(),
+                                            opts.worker_index));
   progress->Message(absl::StrFormat(
       "pstrain %s: %s %s k=%d, %d fields (%d rows), towers=%d intra_op=%d inter_op=%d, batch %d x "
       "%d%s; isa %s (oneDNN %s), %d cores",

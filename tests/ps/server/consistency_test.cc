@@ -38,14 +38,14 @@ struct Job {
     sgd.set_learning_rate(1.0f);
     for (int s = 0; s < kShards; ++s) {
       ShardServer::Options o;
-      o.shard = s;
-      o.num_shards = kShards;
-      o.rows = kRows;
-      o.partitions = kShards;
-      o.row_dim = kDim;
-      o.dense_size = kDense;
-      o.sparse_optimizer = sgd;
-      o.dense_optimizer = sgd;
+      o.data.shard = s;
+      o.data.num_shards = kShards;
+      o.data.rows = kRows;
+      o.data.partitions = kShards;
+      o.data.row_dim = kDim;
+      o.data.dense_size = kDense;
+      o.data.sparse_optimizer = sgd;
+      o.data.dense_optimizer = sgd;
       o.consistency = mode;
       o.staleness = staleness;
       o.num_workers = workers;
@@ -323,8 +323,8 @@ TEST(ConsistencyTest, ACancelledHeldPullIsDroppedOnce) {
 
 TEST(ConsistencyTest, OptionsAreChecked) {
   ShardServer::Options o;
-  o.rows = 10;
-  o.row_dim = 1;
+  o.data.rows = 10;
+  o.data.row_dim = 1;
   o.consistency = BOUNDED;
   o.staleness = -1;
   auto s = ShardServer::Create(o);

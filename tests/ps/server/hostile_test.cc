@@ -59,19 +59,19 @@ struct Options {
 struct OneShard {
   explicit OneShard(const Options& opt = Options()) {
     ShardServer::Options o;
-    o.rows = kRows;
-    o.partitions = 1;
-    o.row_dim = kDim;
-    o.dense_size = kDense;
-    o.sparse_optimizer.set_type(SGD);
-    o.sparse_optimizer.set_learning_rate(1.0f);
-    o.dense_optimizer.set_type(SGD);
-    o.dense_optimizer.set_learning_rate(1.0f);
+    o.data.rows = kRows;
+    o.data.partitions = 1;
+    o.data.row_dim = kDim;
+    o.data.dense_size = kDense;
+    o.data.sparse_optimizer.set_type(SGD);
+    o.data.sparse_optimizer.set_learning_rate(1.0f);
+    o.data.dense_optimizer.set_type(SGD);
+    o.data.dense_optimizer.set_learning_rate(1.0f);
     o.consistency = opt.mode;
     o.num_workers = opt.num_workers;
     o.security.secret = opt.secret;
     o.security.max_message_bytes = opt.max_message_bytes;
-    o.checkpoint_dir = opt.checkpoint_dir;
+    o.data.checkpoint_dir = opt.checkpoint_dir;
     o.lease = opt.lease;
     security = o.security;
     auto s = ShardServer::Create(std::move(o));

@@ -162,12 +162,12 @@ struct Shard0 {
   explicit Shard0(Consistency mode = ASYNC, int num_shards = 1, int num_workers = 1) {
     for (int s = 0; s < num_shards; ++s) {
       ShardServer::Options o;
-      o.shard = s;
-      o.num_shards = num_shards;
-      o.rows = 100;
-      o.partitions = num_shards;
-      o.row_dim = 2;
-      o.dense_size = 4;
+      o.data.shard = s;
+      o.data.num_shards = num_shards;
+      o.data.rows = 100;
+      o.data.partitions = num_shards;
+      o.data.row_dim = 2;
+      o.data.dense_size = 4;
       o.consistency = mode;
       o.num_workers = num_workers;
       auto server = ShardServer::Create(std::move(o));

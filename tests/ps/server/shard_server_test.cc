@@ -61,20 +61,20 @@ struct Cluster {
       : table(t) {
     for (int s = 0; s < shards; ++s) {
       ShardServer::Options o;
-      o.checkpoint_dir = checkpoint_dir;
+      o.data.checkpoint_dir = checkpoint_dir;
       o.num_workers = num_workers;
-      o.shard = s;
-      o.num_shards = shards;
-      o.rows = t.rows;
-      o.partitions = t.partitions;
-      o.row_dim = t.row_dim;
-      o.dense_size = t.dense_size;
-      o.sparse_optimizer = MakeOptimizerConfig(type);
-      o.dense_optimizer = MakeOptimizerConfig(type);
+      o.data.shard = s;
+      o.data.num_shards = shards;
+      o.data.rows = t.rows;
+      o.data.partitions = t.partitions;
+      o.data.row_dim = t.row_dim;
+      o.data.dense_size = t.dense_size;
+      o.data.sparse_optimizer = MakeOptimizerConfig(type);
+      o.data.dense_optimizer = MakeOptimizerConfig(type);
       const int dim = t.row_dim;
       const int64_t dense_size = t.dense_size;
-      o.row_init = [dim](int64_t row, float* out) { RowInit(row, out, dim); };
-      o.dense_init = [dense_size](float* out) { DenseInit(out, dense_size); };
+      o.data.row_init = [dim](int64_t row, float* out) { RowInit(row, out, dim); };
+      o.data.dense_init = [dense_size](float* out) { DenseInit(out, dense_size); };
       auto server = ShardServer::Create(std::move(o));
       EXPECT_TRUE(server.ok()) << server.status();
       EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
@@ -395,20 +395,20 @@ TEST(ShardServer, DuplicatedPushIdIsAppliedOnce) {
 
 TEST(ShardServer, CreateAndStartRejectBadInput) {
   ShardServer::Options o;
-  o.rows = 100;
-  o.partitions = 4;
-  o.row_dim = 4;
-  o.num_shards = 2;
-  o.shard = 2;
+  o.data.rows = 100;
+  o.data.partitions = 4;
+  o.data.row_dim = 4;
+  o.data.num_shards = 2;
+  o.data.shard = 2;
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.shard = 1;
-  o.row_dim = 0;
+  o.data.shard = 1;
+  o.data.row_dim = 0;
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.row_dim = 4;
-  o.sparse_optimizer.set_type(ADAM);
-  o.sparse_optimizer.set_epsilon(0);
+  o.data.row_dim = 4;
+  o.data.sparse_optimizer.set_type(ADAM);
+  o.data.sparse_optimizer.set_epsilon(0);
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.sparse_optimizer.set_epsilon(1e-8f);
+  o.data.sparse_optimizer.set_epsilon(1e-8f);
   auto a = ShardServer::Create(o);
   auto b = ShardServer::Create(o);
   ASSERT_TRUE(a.ok() && b.ok());

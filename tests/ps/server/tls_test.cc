@@ -70,12 +70,12 @@ PsClient::Options ClientOptions(const std::string& address, const RpcSecurity& s
 TEST_F(TlsTest, MutualTlsTrainsAndRefusesStrangers) {
   if (!skip_.empty()) GTEST_SKIP() << skip_;
   ShardServer::Options o;
-  o.rows = 100;
-  o.row_dim = 2;
-  o.dense_size = 4;
-  o.sparse_optimizer.set_type(SGD);
-  o.sparse_optimizer.set_learning_rate(1.0f);
-  o.dense_optimizer = o.sparse_optimizer;
+  o.data.rows = 100;
+  o.data.row_dim = 2;
+  o.data.dense_size = 4;
+  o.data.sparse_optimizer.set_type(SGD);
+  o.data.sparse_optimizer.set_learning_rate(1.0f);
+  o.data.dense_optimizer = o.data.sparse_optimizer;
   o.security = Security("a");
   auto server = ShardServer::Create(o);
   ASSERT_TRUE(server.ok()) << server.status();

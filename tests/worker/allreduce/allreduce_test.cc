@@ -328,17 +328,34 @@ TEST_F(AllreduceTest, AKilledRankEndsTheJobWithAClearError) {
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
-TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
-  // One train file cannot be sharded by file over 2 ranks: the ranks fail, say why, and
-  // MPI_Abort ends the job.
-  const std::string model_dir = Dir() + "/error";
+// Horovod users expect one file to just work: SHARD_BY_FILE over fewer files than ranks falls
+// back to record sharding with a one-line notice, and trains every record once.
+TEST_F(AllreduceTest, OneFileForTwoRanksFallsBackToRecordShardingWithANotice) {
+  const std::string model_dir = Dir() + "/one_file";
   std::vector<std::string> args = JobArgs(model_dir, 1, 1);
   args.insert(args.end(), {"--set", "data.train[0].shard_policy=SHARD_BY_FILE"});
   Subprocess p;
   std::string error;
   ASSERT_TRUE(p.Start(Mpirun(2, args), &error)) << error;
-  EXPECT_THAT(p.ReadLineContaining("cannot be sharded by file", 60000),
-              ::testing::ContainsRegex("pstrain allreduce: rank [01] of 2: FAILED_PRECONDITION"));
+  EXPECT_THAT(p.ReadLineContaining("sharding it by record", 60000),
+              HasSubstr("train channel 'train' has 1 file for 2 readers"));
+  const int status = p.WaitExit(240000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(SummaryField(model_dir, "examples"), absl::StrCat(kTrainRows));
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
+  // TSV files read as TFRecord: the ranks fail, say why, and MPI_Abort ends the job.
+  const std::string model_dir = Dir() + "/error";
+  std::vector<std::string> args = JobArgs(model_dir, 1, 1);
+  args.insert(args.end(), {"--set", "data.train[0].format=TFRECORD"});
+  Subprocess p;
+  std::string error;
+  ASSERT_TRUE(p.Start(Mpirun(2, args), &error)) << error;
+  EXPECT_THAT(p.ReadLineContaining("TFRecord", 60000),
+              ::testing::ContainsRegex("pstrain allreduce: rank [01] of 2: "));
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);

@@ -166,7 +166,9 @@ class LineParser : public RecordParser {
 
 inline RecordFormats Formats() {
   RecordFormats f;
-  f.open_source = &LineSource::Open;
+  f.open_source = [](DataFormat format, const std::string& path, Channel::Compression) {
+    return LineSource::Open(format, path);
+  };
   f.make_parser = [](DataFormat format, const FeatureSpec&,
                      absl::string_view header) -> absl::StatusOr<std::unique_ptr<RecordParser>> {
     if (format == CSV && header != "label,value") {

@@ -563,10 +563,10 @@ TEST_F(PipelineTest, PositionTakenWhileWaitingForAFifoIsExact) {
     FifoWriter wm(fm, sm, 1);
     PipelineOptions a = o;
     absl::Notification aux_opening;
-    a.formats.open_source = [&, open = o.formats.open_source](DataFormat f,
-                                                              const std::string& path) {
+    a.formats.open_source = [&, open = o.formats.open_source](
+                                DataFormat f, const std::string& path, Channel::Compression c) {
       if (path == fa) aux_opening.Notify();
-      return open(f, path);
+      return open(f, path, c);
     };
     auto p = MustCreate(a);
     ASSERT_NE(p, nullptr);
@@ -614,9 +614,10 @@ TEST_F(PipelineTest, DestroyingWhileWaitingForAFifoWriterDoesNotHang) {
   PipelineOptions o = Options({ch});
   absl::Notification opening;
   const auto open = o.formats.open_source;
-  o.formats.open_source = [&](DataFormat format, const std::string& path) {
+  o.formats.open_source = [&](DataFormat format, const std::string& path,
+                              Channel::Compression c) {
     opening.Notify();
-    return open(format, path);
+    return open(format, path, c);
   };
   auto p = MustCreate(o);
   ASSERT_NE(p, nullptr);

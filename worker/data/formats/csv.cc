@@ -20,6 +20,65 @@ inline const char* FindComma(const char* p, const char* end) {
   return c ? static_cast<const char*>(c) : end;
 }
 
+}  // namespace
+
+absl::Status SplitCsvLine(absl::string_view line, std::vector<absl::string_view>* fields,
+                          std::string* storage) {
+  fields->clear();
+  storage->clear();
+  storage->reserve(line.size());  // views into it stay valid: it never grows past this
+  size_t i = 0;
+  while (true) {
+    if (i < line.size() && line[i] == '"') {
+      // A quoted field: up to the closing quote; "" is one quote.
+      const size_t start = storage->size();
+      ++i;
+      bool closed = false;
+      while (i < line.size()) {
+        if (line[i] == '"') {
+          if (i + 1 < line.size() && line[i + 1] == '"') {
+            storage->push_back('"');
+            i += 2;
+            continue;
+          }
+          closed = true;
+          ++i;
+          break;
+        }
+        storage->push_back(line[i++]);
+      }
+      if (!closed) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "column ", fields->size() + 1, ": a quoted field is not closed on this line: "
+            "expected a closing '\"' (newlines inside quoted fields are not supported: CSV is "
+            "read by line, so that records can be sharded and resumed by byte offset)"));
+      }
+      fields->emplace_back(storage->data() + start, storage->size() - start);
+      if (i == line.size()) return absl::OkStatus();
+      if (line[i] != ',') {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "column ", fields->size(), ": expected ',' or the end of the line after a quoted "
+            "field, got '", std::string(1, line[i]), "'"));
+      }
+      ++i;
+      continue;
+    }
+    const size_t comma = line.find(',', i);
+    const absl::string_view text =
+        line.substr(i, comma == absl::string_view::npos ? absl::string_view::npos : comma - i);
+    if (text.find('"') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "column ", fields->size() + 1, ": a '\"' inside an unquoted field: expected the whole "
+          "field in quotes with the quote doubled (RFC 4180)"));
+    }
+    fields->push_back(text);
+    if (comma == absl::string_view::npos) return absl::OkStatus();
+    i = comma + 1;
+  }
+}
+
+namespace {
+
 class CsvParser : public RowParser {
  public:
   CsvParser(const FeatureSpec& spec, std::vector<int> column_target,
@@ -31,8 +90,17 @@ class CsvParser : public RowParser {
     const char* const begin = rec.data.data();
     const char* const end = begin + rec.data.size();
     const int columns = static_cast<int>(target_.size());
+    // Quoted fields (RFC 4180) take the slow path; plain lines are split in place.
+    const bool quoted = std::memchr(begin, '"', rec.data.size()) != nullptr;
     int found = 1;
-    for (const char* q = begin; q < end; ++q) found += *q == ',';
+    if (quoted) {
+      if (absl::Status s = SplitCsvLine(rec.data, &fields_, &unquoted_); !s.ok()) {
+        return BadRecord(rec, CSV, std::string(s.message()));
+      }
+      found = static_cast<int>(fields_.size());
+    } else {
+      for (const char* q = begin; q < end; ++q) found += *q == ',';
+    }
     if (found != columns) {
       return BadRecord(rec, CSV, absl::StrCat("found ", found, " columns, expected ", columns,
                                               " as in the header"));
@@ -41,10 +109,16 @@ class CsvParser : public RowParser {
     const size_t base = static_cast<size_t>(row) * spec_.num_fields();
     const char* p = begin;
     for (int c = 0; c < columns; ++c, ++p) {
-      const char* comma = FindComma(p, end);
-      const absl::string_view text(p, static_cast<size_t>(comma - p));
+      absl::string_view text;
+      if (quoted) {
+        text = fields_[c];
+      } else {
+        const char* comma_in_line = FindComma(p, end);
+        text = absl::string_view(p, static_cast<size_t>(comma_in_line - p));
+        p = comma_in_line;
+      }
+      const char* comma = text.data() + text.size();
       const int t = target_[c];
-      p = comma;
       if (t == kIgnored) continue;
       if (t == kLabel) {
         if (!ParseLabel(text.data(), comma, &rows->labels[row])) {
@@ -73,16 +147,21 @@ class CsvParser : public RowParser {
 
   const std::vector<int> target_;  // per column: field index, kLabel or kIgnored
   const std::vector<std::string> name_;
+  std::vector<absl::string_view> fields_;  // a quoted line's fields (views into unquoted_)
+  std::string unquoted_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordParser>> NewCsvParser(const FeatureSpec& spec,
                                                            absl::string_view header) {
-  std::vector<std::string> names;
-  for (absl::string_view n : absl::StrSplit(header, ',')) {
-    names.emplace_back(absl::StripAsciiWhitespace(n));
+  std::vector<absl::string_view> split;
+  std::string storage;
+  if (absl::Status s = SplitCsvLine(header, &split, &storage); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("CSV header ", Quote(header), ": ", s.message()));
   }
+  std::vector<std::string> names;
+  for (absl::string_view n : split) names.emplace_back(absl::StripAsciiWhitespace(n));
   std::vector<int> target(names.size(), kIgnored);
   std::vector<int> column_of_field(spec.num_fields(), -1);
   int label_column = -1;

@@ -12,8 +12,9 @@ namespace pstrain {
 absl::StatusOr<std::unique_ptr<RecordSource>> LineSource::Open(DataFormat format,
                                                                const std::string& path,
                                                                size_t chunk_size,
+                                                               Channel::Compression compression,
                                                                size_t max_line_bytes) {
-  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size));
+  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
   std::unique_ptr<LineSource> src(
       new LineSource(std::move(reader), format == CSV, std::max<size_t>(1, max_line_bytes)));
   if (src->header_lines_ > 0) {

@@ -20,10 +20,12 @@ namespace pstrain {
 
 class LineSource : public RecordSource {
  public:
-  // A line longer than max_line_bytes is INVALID_ARGUMENT naming the file, the line and its
-  // offset; the source then reads no further (at most max_line_bytes + chunk_size buffered).
+  // `compression`: buffered_io.h. A line longer than max_line_bytes (decompressed bytes for gzip
+  // input) is INVALID_ARGUMENT naming the file, the line and its offset; the source then reads no
+  // further (at most max_line_bytes + chunk_size buffered).
   static absl::StatusOr<std::unique_ptr<RecordSource>> Open(
       DataFormat format, const std::string& path, size_t chunk_size,
+      Channel::Compression compression = Channel::AUTO,
       size_t max_line_bytes = kDefaultMaxRecordBytes);
 
   absl::Status Next(RecordRef* rec, bool* eof) override;

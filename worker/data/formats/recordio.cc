@@ -78,7 +78,7 @@ class RecordIOSource : public RecordSource {
                                          " (offset ", at, ", ", len, " bytes)"));
       }
       const uint64_t frame = kPartHeader + Padded(len);
-      if (!reader_->is_fifo() && reader_->file_size() - at < frame) {
+      if (reader_->size_known() && reader_->file_size() - at < frame) {
         return Truncated(start, at, len, reader_->file_size() - at - kPartHeader);
       }
       RETURN_IF_ERROR(reader_->Ensure(frame, &complete));
@@ -391,10 +391,10 @@ void AppendRecordIOFrame(absl::string_view payload, std::string* out) {
   out->append(Padded(static_cast<uint32_t>(payload.size())) - payload.size(), '\0');
 }
 
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(const std::string& path,
-                                                                 size_t chunk_size,
-                                                                 size_t max_record_bytes) {
-  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size));
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(
+    const std::string& path, size_t chunk_size, Channel::Compression compression,
+    size_t max_record_bytes) {
+  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
   return std::unique_ptr<RecordSource>(new RecordIOSource(std::move(reader), max_record_bytes));
 }
 

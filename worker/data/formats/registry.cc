@@ -26,16 +26,25 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
   switch (format) {
     case CRITEO_TSV:
     case CSV:
-    case LIBSVM: return LineSource::Open(format, path, options.read_chunk, options.max_record_bytes);
-    case TFRECORD: return OpenTFRecordSource(path, options.read_chunk, options.max_record_bytes);
-    case RECORDIO: return OpenRecordIOSource(path, options.read_chunk, options.max_record_bytes);
+    case LIBSVM:
+      return LineSource::Open(format, path, options.read_chunk, options.compression,
+                              options.max_record_bytes);
+    case TFRECORD:
+      return OpenTFRecordSource(path, options.read_chunk, options.compression,
+                                options.max_record_bytes);
+    case RECORDIO:
+      return OpenRecordIOSource(path, options.read_chunk, options.compression,
+                                options.max_record_bytes);
     default: return UnknownFormat(format);
   }
 }
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format,
-                                                               const std::string& path) {
-  return OpenRecordSource(format, path, RecordSourceOptions{});
+                                                               const std::string& path,
+                                                               Channel::Compression compression) {
+  RecordSourceOptions options;
+  options.compression = compression;
+  return OpenRecordSource(format, path, options);
 }
 
 absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,

@@ -50,7 +50,7 @@ class TFRecordSource : public RecordSource {
     }
     const uint64_t frame = kTFRecordHeaderSize + length + kTFRecordFooterSize;
     // For files, check the size first so a truncated huge record is not buffered in vain.
-    if (!reader_->is_fifo() && reader_->file_size() - start < frame) {
+    if (reader_->size_known() && reader_->file_size() - start < frame) {
       return Truncated(start, length, reader_->file_size() - start - kTFRecordHeaderSize);
     }
     RETURN_IF_ERROR(reader_->Ensure(frame, &complete));
@@ -359,10 +359,10 @@ class TFRecordWriter : public BufferedRecordWriter {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(const std::string& path,
-                                                                 size_t chunk_size,
-                                                                 size_t max_record_bytes) {
-  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size));
+absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
+    const std::string& path, size_t chunk_size, Channel::Compression compression,
+    size_t max_record_bytes) {
+  ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
   return std::unique_ptr<RecordSource>(new TFRecordSource(std::move(reader), max_record_bytes));
 }
 

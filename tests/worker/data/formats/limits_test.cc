@@ -1,7 +1,10 @@
 // Readers have memory limits (data.max_record_bytes): a line, a TFRecord record or a reassembled
 // RecordIO record beyond the limit is an error naming the file, the record and its offset, found
 // without buffering the record (a 32 MB line without a newline does not take 32 MB); records
-// within the limit still read; the limit reaches the readers from the config.
+// within the limit still read; gzip input is limited by its decompressed bytes; the limit
+// reaches the readers from the config.
+#include <zlib.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -72,6 +75,39 @@ TEST(ReaderLimits, ALongLineWithoutNewlineIsRefusedWithoutBufferingIt) {
   EXPECT_EQ((*src)->Next(&rec, &eof).message(), s.message());
   const int64_t grown = PeakRss() - before;
   EXPECT_LT(grown, 8 << 20) << "the reader buffered the line";
+}
+
+// Second, while the peak memory is still near the start. gzip input: the limit counts
+// decompressed bytes, so a small file that inflates to a 64 MB line without a newline (a
+// "gzip bomb") is refused the same way, without buffering what it inflates to.
+TEST(ReaderLimits, AGzipBombLineIsRefusedWithoutInflatingItIntoMemory) {
+  TempDir dir;
+  const std::string path = dir.File("bomb.tsv.gz");
+  {
+    gzFile gz = gzopen(path.c_str(), "wb9");
+    ASSERT_NE(gz, nullptr);
+    const std::string block(1 << 20, 'x');
+    for (int i = 0; i < 64; ++i) {
+      ASSERT_EQ(gzwrite(gz, block.data(), static_cast<unsigned>(block.size())),
+                static_cast<int>(block.size()));
+    }
+    ASSERT_EQ(gzclose(gz), Z_OK);
+  }
+  std::ifstream compressed(path, std::ios::binary | std::ios::ate);
+  ASSERT_LT(static_cast<int64_t>(compressed.tellg()), 1 << 20);  // small on disk
+  const int64_t before = PeakRss();
+  RecordSourceOptions o;
+  o.read_chunk = 64 << 10;
+  o.max_record_bytes = 1 << 20;
+  auto src = OpenRecordSource(CRITEO_TSV, path, o);
+  ASSERT_TRUE(src.ok()) << src.status();
+  int records = 0;
+  const absl::Status s = ReadAllRecords(src->get(), &records);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr(path + ": line 1 at offset 0 is longer than 1048576 bytes"));
+  EXPECT_EQ(records, 0);
+  const int64_t grown = PeakRss() - before;
+  EXPECT_LT(grown, 8 << 20) << "the reader inflated the line into memory";
 }
 
 TEST(ReaderLimits, LinesWithinTheLimitReadAndALongOneStopsTheFile) {

@@ -1,0 +1,49 @@
+#include "ps/server/shard_metrics.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+ShardMetrics::ShardMetrics(int shard, std::function<ShardStats()> stats) {
+  const std::string id = absl::StrCat(shard);
+  auto& latency = prometheus::BuildHistogram()
+                      .Name("pstrain_ps_request_seconds")
+                      .Help("Handling time of a shard's Pull and Push requests")
+                      .Register(Metrics());
+  pull_ = &latency.Add({{"shard", id}, {"rpc", "pull"}}, LatencyBuckets());
+  push_ = &latency.Add({{"shard", id}, {"rpc", "push"}}, LatencyBuckets());
+  callback_ = AddScrapeCallback([id, stats = std::move(stats)] {
+    const ShardStats s = stats();
+    const prometheus::ClientMetric::Label label{"shard", id};
+    std::vector<prometheus::MetricFamily> out;
+    auto add = [&](const char* name, const char* help, prometheus::MetricType type, double v) {
+      out.push_back({name, help, type,
+                     {type == prometheus::MetricType::Counter ? CounterSample(v, label)
+                                                              : GaugeSample(v, label)}});
+    };
+    using T = prometheus::MetricType;
+    add("pstrain_ps_pull_requests_total", "Pull requests served", T::Counter, s.pull_requests());
+    add("pstrain_ps_push_requests_total", "Push requests applied", T::Counter, s.push_requests());
+    add("pstrain_ps_duplicate_pushes_total", "Pushes recognized as retries and not applied again",
+        T::Counter, s.duplicate_pushes());
+    add("pstrain_ps_pull_rows_total", "Rows returned by pulls", T::Counter, s.pull_rows());
+    add("pstrain_ps_push_rows_total", "Rows updated by pushes", T::Counter, s.push_rows());
+    add("pstrain_ps_received_bytes_total", "Request payload bytes", T::Counter, s.bytes_in());
+    add("pstrain_ps_sent_bytes_total", "Response payload bytes", T::Counter, s.bytes_out());
+    add("pstrain_ps_pull_qps", "Pulls per second since the shard started", T::Gauge, s.pull_qps());
+    add("pstrain_ps_push_qps", "Pushes per second since the shard started", T::Gauge, s.push_qps());
+    add("pstrain_ps_rows_owned", "Rows of the table this shard holds", T::Gauge, s.rows_owned());
+    add("pstrain_ps_rows_initialized", "Rows trained so far (stored); load balance is their "
+        "spread over the shards", T::Gauge, s.rows_initialized());
+    add("pstrain_ps_memory_bytes", "Memory of the shard's embedding stores and dense slice",
+        T::Gauge, s.bytes());
+    add("pstrain_ps_last_step", "Highest training step seen in a request", T::Gauge, s.last_step());
+    return out;
+  });
+}
+
+}  // namespace pstrain
