@@ -47,7 +47,10 @@ void PsCheckpointer::NoteJobHealth(const InfoResponse& info) {
       why = absl::StrCat(who, " lost (", info.lost_detail(), ")");
     }
   }
-  if (why.empty()) return;
+  if (!why.empty()) Fail(why);
+}
+
+void PsCheckpointer::Fail(const std::string& why) {
   {
     absl::MutexLock lock(&failure_mu_);
     if (!failure_.empty()) return;
@@ -75,18 +78,24 @@ PsCheckpointer::~PsCheckpointer() {
   }
 }
 
-// Shard 0 answers each call when its job state changes (or after 10 s without a change). A
-// failed call only delays this worker's joining a round (the chief waits for it), so errors are
-// not fatal here; the calls' retry policy paces the attempts to an unreachable shard 0.
+// Shard 0 answers each call when its job state changes (or after the hold without a change). A
+// failed call only delays this worker's joining a round (the chief waits for it), so one error is
+// not fatal; the calls' retry policy paces the attempts to an unreachable shard 0. But the lease
+// is symmetric: when shard 0 has not answered for longer than the lease (this worker is cut off,
+// or shard 0 is down), shard 0 counts this worker as lost, so the worker stops too, naming shard
+// 0, instead of training on or waiting for a job that has gone on without it.
 void PsCheckpointer::Watch() {
   int64_t version = 0;  // the first call is answered at once
   // A third of the lease: a renewal is never further apart than that plus a round trip.
   const absl::Duration hold = std::min(absl::Seconds(10), opt_.lease / 3);
+  absl::Time heard = absl::Now();
+  bool job_finished = false;  // shard 0 said so: its going away is the end of the job
   while (true) {
-    absl::StatusOr<InfoResponse> info =
-        watch_rpc_->WatchInfo(version, hold, std::max(absl::Seconds(30), 3 * hold));
+    absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, opt_.lease);
     if (info.ok()) {
+      heard = absl::Now();
       version = info->job_version();
+      job_finished = info->job_finished();
       NoteJobHealth(*info);
       open_round_ = info->checkpoint_round() > info->checkpoint_released_round()
                         ? info->checkpoint_round()
@@ -94,6 +103,15 @@ void PsCheckpointer::Watch() {
       continue;
     }
     if (info.status().code() == absl::StatusCode::kCancelled) return;
+    const absl::Duration silent = absl::Now() - heard;
+    if (!job_finished && silent > opt_.lease) {
+      Fail(absl::StrCat("shard 0 (", opt_.shards[0], ") not reached for ",
+                        absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
+                        ", longer than the lease (", absl::FormatDuration(opt_.lease),
+                        "): this worker counts as lost (cut off, or shard 0 is down): ",
+                        info.status().message()));
+      return;
+    }
     PSTRAIN_LOG(WARNING) << "watching shard 0 for checkpoint rounds: " << info.status();
     // An error that came back at once (not a retried one) must not make this loop spin.
     if (!watch_rpc_->Pause(absl::Seconds(1))) return;

@@ -9,7 +9,8 @@
 //      without a shard (`pstrain worker`) works the same;
 //   Every worker keeps a long-poll open on shard 0 (its lease, JobCoordinator); the chief stops
 //   the job when a worker is lost (aborting an open round: its waits end at once), and the
-//   workers stop when the job failed or the chief was lost (failure()).
+//   workers stop when the job failed, the chief was lost, or shard 0 has not answered them for
+//   longer than the lease (they were counted lost: cut off, or shard 0 is down) (failure()).
 //   2. each worker flushes its pushes, arrives with its WorkerState and pauses;
 //   3. the chief waits for every worker (a worker that finished training stands in with its
 //      final state), asks every shard to COPY its state into memory (all writers are paused, so
@@ -70,7 +71,8 @@ class PsCheckpointer final : public Checkpointer {
     // The cluster secret, TLS and message cap of every call (common/rpc/security.h).
     RpcSecurity security;
     // The lease shard 0 keeps for each worker (cluster.lease_ms): the watcher's long-poll, held
-    // at most a third of it, renews this worker's.
+    // at most a third of it, renews this worker's. Shard 0 not answering for longer than the
+    // lease fails this worker (failure()): it has been counted lost.
     absl::Duration lease = absl::Seconds(30);
     // Worker i's host, for messages (`pstrain host`: the cluster spec); empty = unknown.
     std::vector<std::string> worker_hosts;
@@ -121,6 +123,9 @@ class PsCheckpointer final : public Checkpointer {
   void Watch();
   // Notes what shard 0's job state says of lost workers and the job's failure.
   void NoteJobHealth(const InfoResponse& info);
+  // The first failure sticks: failure() becomes `why`, and the PS client's calls in flight end
+  // with FailureStatus() (a trainer blocked in a pull or push returns at once).
+  void Fail(const std::string& why);
   // "worker 2 (host h2:2223)".
   std::string DescribeWorker(int worker) const;
 
