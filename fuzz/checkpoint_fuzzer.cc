@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
 #include "common/file.h"
+#include "fuzz/small_shard.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/state.pb.h"
 
@@ -43,15 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // As a shard file of a 1-shard checkpoint.
   if (!WriteFileAtomic(Dir() + "/shard-0-of-1", bytes).ok()) return 0;
-  ShardServer::Options o;
-  o.data.rows = 64;
-  o.data.partitions = 2;
-  o.data.row_dim = 3;
-  o.data.dense_size = 5;
-  o.consistency = SYNC;
-  o.num_workers = 2;
-  o.data.sparse_optimizer.set_type(ADAM);
-  o.data.dense_optimizer.set_type(ADAGRAD);
+  ShardServer::Options o = fuzz::SmallSyncShard(ADAM, ADAGRAD);
   auto server = ShardServer::Create(o);
   if (!server.ok()) return 0;
   CheckpointManifest manifest;

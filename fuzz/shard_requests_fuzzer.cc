@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "fuzz/small_shard.h"
 #include "ps/server/shard_server.h"
 
 namespace {
@@ -33,15 +34,7 @@ std::string Dir() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pstrain;
-  ShardServer::Options o;
-  o.data.rows = 64;
-  o.data.partitions = 2;
-  o.data.row_dim = 3;
-  o.data.dense_size = 5;
-  o.consistency = SYNC;
-  o.num_workers = 2;
-  o.data.sparse_optimizer.set_type(SGD);
-  o.data.dense_optimizer.set_type(ADAM);
+  ShardServer::Options o = fuzz::SmallSyncShard(SGD, ADAM);
   o.data.checkpoint_dir = Dir();
   o.security.max_message_bytes = 1 << 16;
   o.lease = absl::Seconds(30);

@@ -384,8 +384,9 @@ absl::Status ShardServer::CheckPull(const PullRequest& request) const {
                          (request.want_dense() ? data_->dense_slice_size() * 4 : 0) + 1024;
   if (answer > opt_.security.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "shard ", opt_.data.shard, ": a pull of ", n, " rows", request.want_dense() ? " and the dense slice" : "",
-        " would answer ", answer, " bytes, above the largest message (", opt_.security.max_message_bytes,
+        "shard ", opt_.data.shard, ": a pull of ", n, " rows",
+        request.want_dense() ? " and the dense slice" : "", " would answer ", answer,
+        " bytes, above the largest message (", opt_.security.max_message_bytes,
         " bytes, cluster.max_message_mb)"));
   }
   if (request.step() < 0) {

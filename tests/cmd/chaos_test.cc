@@ -24,6 +24,7 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cmd/job_files.h"
 #include "tests/subprocess.h"
 
 namespace pstrain {
@@ -33,6 +34,7 @@ using ::testing::HasSubstr;
 using testing::PidsMentioning;
 using testing::ProcessesMentioning;
 using testing::RunToExit;
+using testing::ReadSummary;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -67,28 +69,12 @@ std::string Latest(const std::string& dir) {
   return text.ok() ? std::string(absl::StripAsciiWhitespace(*text)) : "";
 }
 
-google::protobuf::Struct ReadSummary(const std::string& model_dir) {
-  google::protobuf::Struct summary;
-  auto text = ReadFileToString(model_dir + "/summary.json");
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (text.ok()) {
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
-  }
-  return summary;
-}
-
 class ChaosTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     ASSERT_EQ(std::system(("rm -rf " + Dir()).c_str()), 0);
-    ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", absl::StrCat(kTrainRows),
-                         "--files", "3", "--seed", "1", "--out", Dir() + "/train"},
-                        120000),
-              0);
-    ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "2000", "--seed", "2", "--out",
-                         Dir() + "/test"},
-                        120000),
-              0);
+    ASSERT_EQ(testing::Datagen(kTrainRows, 3, 1, Dir() + "/train"), 0);
+    ASSERT_EQ(testing::Datagen(2000, 0, 2, Dir() + "/test"), 0);
   }
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
 

@@ -31,10 +31,7 @@ namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
-using testing::ProcessesMentioning;
 using testing::RunShell;
-using testing::RunToExit;
-using testing::Subprocess;
 
 constexpr int kLeaseMs = 3000;
 // Detection within the lease plus this: the lease check, a held call's end, the chief's reaction.
@@ -64,15 +61,15 @@ class Network {
       return "cannot create a network namespace here (needs root / CAP_SYS_ADMIN): " + out;
     }
     created_ = true;
-    std::string script = absl::StrCat(
-        "set -e; B=", bridge_ns(), "; ip -n $B link add br0 type bridge; ip -n $B link set br0 up; ",
-        "ip -n $B link set lo up; ");
+    std::string script = absl::StrCat("set -e; B=", bridge_ns(),
+                                      "; ip -n $B link add br0 type bridge; ",
+                                      "ip -n $B link set br0 up; ip -n $B link set lo up");
     for (int h = 0; h < 2; ++h) {
-      absl::StrAppend(&script, "ip netns add ", ns(h), "; ip -n ", ns(h), " link set lo up; ",
-                      "ip -n ", ns(h), " link add eth0 type veth peer name ", peer(h), " netns $B; ",
-                      "ip -n ", ns(h), " addr add ", address(h), "/24 dev eth0; ", "ip -n ", ns(h),
-                      " link set eth0 up; ip -n $B link set ", peer(h), " master br0; ",
-                      "ip -n $B link set ", peer(h), " up", h == 0 ? "; " : "");
+      const std::string n = ns(h), v = peer(h);
+      absl::StrAppend(&script, "; ip netns add ", n, "; ip -n ", n, " link set lo up; ip -n ", n,
+                      " link add eth0 type veth peer name ", v, " netns $B; ip -n ", n,
+                      " addr add ", address(h), "/24 dev eth0; ip -n ", n, " link set eth0 up; ",
+                      "ip -n $B link set ", v, " master br0; ip -n $B link set ", v, " up");
     }
     if (RunShell(script, 60, &out) != 0) return "cannot build the veth / bridge network: " + out;
     return "";
@@ -82,8 +79,9 @@ class Network {
   // without a reset; both ends' processes keep running.
   bool SetLink(int h, bool up) {
     std::string out;
-    return RunShell(absl::StrCat("ip -n ", bridge_ns(), " link set ", peer(h), up ? " up" : " down"),
-                    20, &out) == 0;
+    const std::string state = up ? " up" : " down";
+    return RunShell(absl::StrCat("ip -n ", bridge_ns(), " link set ", peer(h), state), 20, &out) ==
+           0;
   }
 
   void Remove() {
@@ -117,14 +115,14 @@ TEST(PartitionTest, AHostCutOffLongerThanTheLeaseIsFoundAndNamedAndNothingHangs)
   if (!why.empty()) GTEST_SKIP() << why;
   std::string out;
   RunShell("rm -rf " + Dir() + " && mkdir -p " + Dir(), 30, &out);
-  ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "20000", "--files", "2", "--out",
-                       Dir() + "/data"},
-                      120000),
+  ASSERT_EQ(testing::RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "20000", "--files", "2",
+                                "--out", Dir() + "/data"},
+                               120000),
             0);
   const std::string model = Dir() + "/model";
   const std::string cluster =
       absl::StrCat(network->address(0), ":2223,", network->address(1), ":2223");
-  std::vector<std::unique_ptr<Subprocess>> hosts;
+  std::vector<std::unique_ptr<testing::Subprocess>> hosts;
   for (int h = 0; h < 2; ++h) {
     // ip netns exec runs the host in its namespace; the secret comes from the environment.
     const std::string command = absl::StrCat(
@@ -135,7 +133,7 @@ TEST(PartitionTest, AHostCutOffLongerThanTheLeaseIsFoundAndNamedAndNothingHangs)
         " --set cluster.lease_ms=", kLeaseMs, " --set checkpoint.every_steps=20",
         " --set threads.towers=1 --connect_timeout_s 60 --barrier_timeout_s 3600",
         " --stop_grace_s 60 > ", Dir(), "/host", h, ".log 2>&1");
-    hosts.push_back(std::make_unique<Subprocess>());
+    hosts.push_back(std::make_unique<testing::Subprocess>());
     std::string error;
     ASSERT_TRUE(hosts.back()->Start({"/bin/sh", "-c", command}, &error)) << error;
   }
@@ -194,7 +192,7 @@ TEST(PartitionTest, AHostCutOffLongerThanTheLeaseIsFoundAndNamedAndNothingHangs)
   EXPECT_TRUE(PathExists(CheckpointPath(model, *latest) + "/MANIFEST")) << *latest;
 
   hosts.clear();
-  EXPECT_EQ(ProcessesMentioning(model), 0);
+  EXPECT_EQ(testing::ProcessesMentioning(model), 0);
   network.reset();
   EXPECT_FALSE(Network().Exists());
   RunShell("rm -rf " + Dir(), 30, &out);

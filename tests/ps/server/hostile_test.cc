@@ -93,6 +93,18 @@ struct OneShard {
   std::string address;
 };
 
+// A PS client of `shard`'s table that carries the cluster secret.
+PsClient::Options ClientOf(const OneShard& shard) {
+  PsClient::Options o;
+  o.shards = {shard.address};
+  o.rows = kRows;
+  o.partitions = 1;
+  o.row_dim = kDim;
+  o.dense_size = kDense;
+  o.security.secret = kSecret;
+  return o;
+}
+
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration d = absl::Seconds(10)) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
@@ -179,13 +191,7 @@ TEST(Hostile, EveryMethodRefusesCallsWithoutTheSecret) {
 
 TEST(Hostile, ClientsCarryTheSecretAndWrongOnesFailAtOnce) {
   OneShard shard;
-  PsClient::Options o;
-  o.shards = {shard.address};
-  o.rows = kRows;
-  o.partitions = 1;
-  o.row_dim = kDim;
-  o.dense_size = kDense;
-  o.security.secret = kSecret;
+  PsClient::Options o = ClientOf(shard);
   auto good = PsClient::Create(o);
   ASSERT_TRUE(good.ok());
   ASSERT_TRUE((*good)->WaitForShards(absl::Seconds(10)).ok());
@@ -381,13 +387,7 @@ TEST(Hostile, NonFiniteGradientsAreRefused) {
   EXPECT_EQ(PullRow(shard.server.get(), 5), row_before);
   EXPECT_EQ(shard.server->Stats().nonfinite_pushes(), 3);
   // Through the client, as a diverging worker would push.
-  PsClient::Options o;
-  o.shards = {shard.address};
-  o.rows = kRows;
-  o.partitions = 1;
-  o.row_dim = kDim;
-  o.dense_size = kDense;
-  o.security.secret = kSecret;
+  PsClient::Options o = ClientOf(shard);
   auto client = PsClient::Create(o);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());

@@ -49,6 +49,16 @@ absl::Status ReadAllRecords(RecordSource* src, int* records) {
   }
 }
 
+// Opens `path` as `format` with the record limit `max_record_bytes` and reads every record.
+absl::Status ReadWithLimit(DataFormat format, const std::string& path, size_t max_record_bytes,
+                           int* records) {
+  RecordSourceOptions o;
+  o.max_record_bytes = max_record_bytes;
+  auto src = OpenRecordSource(format, path, o);
+  if (!src.ok()) return src.status();
+  return ReadAllRecords(src->get(), records);
+}
+
 // First in this binary, so that the peak memory before it is the test's start.
 TEST(ReaderLimits, ALongLineWithoutNewlineIsRefusedWithoutBufferingIt) {
   TempDir dir;
@@ -141,12 +151,8 @@ TEST(ReaderLimits, ATFRecordLongerThanTheLimitIsRefusedByItsHeader) {
   AppendTFRecordFrame(std::string(100, 'a'), &file);
   AppendTFRecordFrame(std::string(5000, 'b'), &file);
   const std::string path = dir.Write("big.tfrecord", file);
-  RecordSourceOptions o;
-  o.max_record_bytes = 1024;
-  auto src = OpenRecordSource(TFRECORD, path, o);
-  ASSERT_TRUE(src.ok());
   int records = 0;
-  const absl::Status s = ReadAllRecords(src->get(), &records);
+  const absl::Status s = ReadWithLimit(TFRECORD, path, 1024, &records);
   EXPECT_EQ(records, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(path + ": record 2 at offset 116"));
@@ -168,21 +174,14 @@ TEST(ReaderLimits, RecordIOReassemblyIsBounded) {
   AppendRecordIOFrame("small", &file);
   AppendRecordIOFrame(payload, &file);  // ~4 kB in 11 parts
   const std::string path = dir.Write("split.rec", file);
-  RecordSourceOptions o;
-  o.max_record_bytes = 2000;
-  auto src = OpenRecordSource(RECORDIO, path, o);
-  ASSERT_TRUE(src.ok());
   int records = 0;
-  const absl::Status s = ReadAllRecords(src->get(), &records);
+  const absl::Status s = ReadWithLimit(RECORDIO, path, 2000, &records);
   EXPECT_EQ(records, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(path + ": record 2"));
   EXPECT_THAT(s.message(), HasSubstr("reassembled from its parts exceeds the limit of 2000"));
   // With room for it, the same record reads whole.
-  o.max_record_bytes = 1 << 20;
-  auto whole = OpenRecordSource(RECORDIO, path, o);
-  ASSERT_TRUE(whole.ok());
-  EXPECT_TRUE(ReadAllRecords(whole->get(), &records).ok());
+  EXPECT_TRUE(ReadWithLimit(RECORDIO, path, 1 << 20, &records).ok());
   EXPECT_EQ(records, 2);
 }
 
