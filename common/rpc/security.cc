@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/file.h"
 
 namespace pstrain {
@@ -128,8 +129,9 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   }
   if ((st.st_mode & 077) != 0) {
     return absl::PermissionDeniedError(
-        absl::StrCat("the cluster secret file ", path, " may be read by other users (mode ",
-                     absl::StrCat(absl::Hex(st.st_mode & 0777)), " in hex); chmod 600 it"));
+        absl::StrFormat("the cluster secret file %s may be read by other users (mode %03o); "
+                        "chmod 600 it",
+                        path, st.st_mode & 0777));
   }
   if (st.st_size > 4096) {
     return absl::InvalidArgumentError(absl::StrCat("the cluster secret file ", path, " has ",

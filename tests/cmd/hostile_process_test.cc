@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "tests/shell.h"
 #include "tests/subprocess.h"
 
 namespace pstrain {
@@ -126,9 +127,14 @@ TEST_F(HostileProcessTest, BeyondLoopbackNeedsTheSecretAndRefusesCallsWithoutIt)
   const std::string file = Dir() + "/secret";
   ASSERT_TRUE(WriteFileAtomic(file, std::string(kSecret) + "\n").ok());
   ASSERT_EQ(chmod(file.c_str(), 0644), 0);
-  EXPECT_EQ(RunToExit(PsArgs({"--bind", "0.0.0.0", "--set", "cluster.secret_file=" + file}),
-                      60000),
-            2);
+  std::string mode_error;
+  std::string command;
+  for (const std::string& a :
+       PsArgs({"--bind", "0.0.0.0", "--set", "cluster.secret_file=" + file})) {
+    command += a + " ";
+  }
+  EXPECT_EQ(testing::RunShell(command, 60, &mode_error), 2) << mode_error;
+  EXPECT_THAT(mode_error, HasSubstr(file + " may be read by other users (mode 644); chmod 600 it"));
   ASSERT_EQ(chmod(file.c_str(), 0600), 0);
   Subprocess from_file;
   ASSERT_TRUE(
