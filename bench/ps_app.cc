@@ -25,7 +25,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cmd/launcher.h"
+#include "common/file.h"
 #include "common/flags.h"
+#include "common/rpc/security.h"
 #include "common/hash.h"
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
@@ -53,6 +55,10 @@ struct Flags {
   int windows = 5;
   bool peer = true;
   std::string out;
+  // none | secret (every call carries the cluster secret) | tls (mutual TLS and the secret;
+  // certificates for 127.0.0.1 in tls_dir, made by scripts/make_cluster_certs.sh).
+  std::string security = "none";
+  std::string tls_dir;
 };
 
 struct Batch {
@@ -148,6 +154,10 @@ int Main(int argc, char** argv) {
   flags.Int("windows", &f.windows, "timed windows; the median is reported");
   flags.Bool("peer", &f.peer, "also measure the in-process peer");
   flags.String("out", &f.out, "append one JSON line with the results to this file");
+  flags.String("security", &f.security, "none | secret | tls (docs/PS.md \"Operations and security\")");
+  flags.String("tls_dir", &f.tls_dir,
+               "with --security=tls: ca.pem, 127.0.0.1.pem and 127.0.0.1.key "
+               "(scripts/make_cluster_certs.sh DIR 127.0.0.1:1)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
     return s.ok() ? 0 : 2;
@@ -169,19 +179,40 @@ int Main(int argc, char** argv) {
   auto row_init = [dim](int64_t row, float* out) {
     for (int j = 0; j < dim; ++j) out[j] = 0.001f * static_cast<float>((row + j) % 97);
   };
+  RpcSecurity security;
+  if (f.security == "secret" || f.security == "tls") security.secret = std::string(32, 'k');
+  if (f.security == "tls") {
+    auto ca = ReadFileToString(f.tls_dir + "/ca.pem");
+    auto cert = ReadFileToString(f.tls_dir + "/127.0.0.1.pem");
+    auto key = ReadFileToString(f.tls_dir + "/127.0.0.1.key");
+    if (!ca.ok() || !cert.ok() || !key.ok()) {
+      std::fprintf(stderr, "--security=tls: cannot read the PEM files in --tls_dir '%s'\n",
+                   f.tls_dir.c_str());
+      return 2;
+    }
+    security.ca_pem = *ca;
+    security.cert_pem = *cert;
+    security.key_pem = *key;
+  } else if (f.security != "none" && f.security != "secret") {
+    std::fprintf(stderr, "--security: expected none, secret or tls, got '%s'\n",
+                 f.security.c_str());
+    return 2;
+  }
   std::vector<std::unique_ptr<ShardServer>> servers;
   std::vector<std::string> addresses;
   for (int s = 0; s < f.shards; ++s) {
     ShardServer::Options o;
-    o.shard = s;
-    o.num_shards = f.shards;
-    o.rows = rows;
-    o.partitions = partitions;
-    o.row_dim = f.row_dim;
-    o.dense_size = f.dense_size;
-    o.sparse_optimizer = adagrad;
-    o.dense_optimizer = adagrad;
-    o.row_init = row_init;
+    o.data.shard = s;
+    o.data.num_shards = f.shards;
+    o.data.rows = rows;
+    o.data.partitions = partitions;
+    o.data.row_dim = f.row_dim;
+    o.data.dense_size = f.dense_size;
+    o.data.sparse_optimizer = adagrad;
+    o.data.dense_optimizer = adagrad;
+    o.data.row_init = row_init;
+    o.security = security;
+    o.num_workers = f.clients;
     auto server = ShardServer::Create(std::move(o));
     if (!server.ok() || !(*server)->Start("127.0.0.1:0").ok()) {
       std::fprintf(stderr, "cannot start shard %d\n", s);
@@ -199,6 +230,7 @@ int Main(int argc, char** argv) {
     o.row_dim = f.row_dim;
     o.dense_size = f.dense_size;
     o.worker_id = c;
+    o.security = security;
     auto client = PsClient::Create(o);
     if (!client.ok() || !(*client)->WaitForShards(absl::Seconds(30)).ok()) {
       std::fprintf(stderr, "cannot reach the shards\n");
@@ -276,6 +308,7 @@ int Main(int argc, char** argv) {
   }
   if (failed) return 1;
 
+  std::printf("security %s\n", f.security.c_str());
   std::printf("gRPC PS:    %8.1f steps/s  %10.0f rows/s  %6.2f MB on the wire per step\n",
               ps.steps_per_s, ps.rows_per_s, ps.bytes_per_step / 1e6);
   if (f.peer) {
@@ -298,6 +331,7 @@ int Main(int argc, char** argv) {
         .Add("wire_bytes_per_step", ps.bytes_per_step)
         .Add("in_process_rows_per_s", in_process.rows_per_s)
         .Add("ratio_to_in_process", ps.rows_per_s / in_process.rows_per_s)
+        .Add("security", f.security)
         .Add("windows", f.windows)
         .Add("steps_per_window", f.steps);
     std::string line = j.str() + "\n";

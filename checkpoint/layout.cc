@@ -221,17 +221,24 @@ bool IsCommittedCheckpoint(const std::string& dir, int64_t step) {
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep) {
   const std::string ckpt = CheckpointPath(dir, manifest.step());
+  // Until the MANIFEST is written the directory is incomplete: a failure removes it, so that no
+  // half-written directory is left (it would never be chosen, but it takes disk).
+  auto remove_on_error = [&ckpt](absl::Status s) {
+    if (!s.ok()) RemoveTree(ckpt);
+    return s;
+  };
   for (const auto& [j, state] : workers) {
-    ASSIGN_OR_RETURN(const uint64_t bytes, WriteWorkerState(ckpt, j, state));
+    absl::StatusOr<uint64_t> bytes = WriteWorkerState(ckpt, j, state);
+    RETURN_IF_ERROR(remove_on_error(bytes.status()));
     auto* f = manifest.add_file();
     f->set_name(WorkerStateFileName(j));
-    f->set_bytes(bytes);
+    f->set_bytes(*bytes);
   }
   manifest.set_num_workers(static_cast<int>(workers.size()));
   if (manifest.has_model()) manifest.set_version(kManifestVersion);
   manifest.set_wall_time(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-  RETURN_IF_ERROR(WriteManifest(ckpt, manifest));
+  RETURN_IF_ERROR(remove_on_error(WriteManifest(ckpt, manifest)));
   RETURN_IF_ERROR(WriteLatest(dir, manifest.step()));
   RemoveOldCheckpoints(dir, manifest.step(), keep);
   return ckpt;
@@ -325,6 +332,17 @@ absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManif
       ckpt, " was trained for another model: ", s.message(),
       ". Use the checkpoint's config (pstrain predict and export need none), or a new "
       "--model_dir to start over."));
+}
+
+int RemoveIncompleteCheckpoints(const std::string& dir) {
+  int removed = 0;
+  for (const CheckpointEntry& e : ListCheckpoints(dir)) {
+    if (e.complete) continue;
+    PSTRAIN_LOG(INFO) << "removing the incomplete checkpoint directory " << e.path;
+    RemoveTree(e.path);
+    ++removed;
+  }
+  return removed;
 }
 
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir) {

@@ -151,6 +151,12 @@ absl::Status CompareModelDescriptions(const ModelDescription& saved, const Model
 absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManifest& manifest,
                                   const ModelDescription& wanted);
 
+// Removes every ckpt-<step> directory under `dir` that is incomplete (no MANIFEST), newer or
+// older than LATEST: what an interrupted or failed write left. Call only where no checkpoint of
+// the job is being written: at the start of the process that commits the job's checkpoints
+// (before it writes any), and after one of its writes failed. Returns how many it removed.
+int RemoveIncompleteCheckpoints(const std::string& dir);
+
 // ---- Choosing the checkpoint to resume from ----
 
 struct CheckpointChoice {

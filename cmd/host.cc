@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_security.h"
 #include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
@@ -58,16 +59,23 @@ int RunHost(int argc, char** argv) {
       "writes a checkpoint of the whole job and exits 0.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  std::string cluster, bind = "0.0.0.0", resource_config = SageMakerPath(kSageMakerResourceConfig);
+  std::string cluster, bind = "127.0.0.1", resource_config = SageMakerPath(kSageMakerResourceConfig);
   int default_port = kDefaultPsPort;
   int index = -1, ps_threads = 1, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
+  int stop_grace_s = 300;
   flags.String("cluster", &cluster, "PS shard addresses host:port of hosts 0..N-1, comma-separated");
   flags.Int("index", &index, "this host's index in --cluster (-1 = from the environment)");
   flags.String("resource_config", &resource_config,
                "SageMaker's resource config, read when present (after SM_HOSTS in the order)");
   flags.Int("default_port", &default_port,
             "PS port of hosts named without one (SageMaker's host names, bare --cluster names)");
-  flags.String("bind", &bind, "address the shard listens on (its port is from the cluster spec)");
+  flags.String("bind", &bind,
+               "address the shard listens on (its port is from the cluster spec); default "
+               "loopback only. Another address (e.g. 0.0.0.0 for a multi-host job) needs the "
+               "cluster secret in cluster.secret_file or PSTRAIN_CLUSTER_SECRET");
+  flags.Int("stop_grace_s", &stop_grace_s,
+            "after SIGTERM / SIGINT, seconds the host may take to checkpoint and stop before it "
+            "exits anyway (code 124)");
   flags.Int("ps_threads", &ps_threads, "OpenMP threads per PS request");
   flags.Int("cores", &cores,
             "cores this host's automatic thread settings divide (0 = the CPUs this process may "
@@ -103,10 +111,20 @@ int RunHost(int argc, char** argv) {
   // The shard.
   auto shard_options = ShardOptionsForJob(config, me, N);
   if (!shard_options.ok()) return fail(std::string(shard_options.status().message()), 2);
-  shard_options->threads = ps_threads;
-  const int64_t rows = shard_options->rows;
-  const int row_dim = shard_options->row_dim;
-  const int64_t dense_size = shard_options->dense_size;
+  shard_options->data.threads = ps_threads;
+  shard_options->data.checkpoint_dir = JobCheckpointDir(config);
+  auto security = ClusterSecurity(config, SecretEnvironment(), bind,
+                                  shard_options->security.max_message_bytes);
+  if (!security.ok()) return fail(security.status().ToString(), 2);
+  shard_options->security = *security;
+  if (IsLoopbackAddress(bind) && !IsLoopbackAddress(my_address)) {
+    PSTRAIN_LOG(WARNING) << "host " << me << " listens on " << bind << " only, but the cluster "
+                         << "spec names it " << my_address << ": the other hosts cannot reach "
+                         << "its shard; pass --bind 0.0.0.0 (or its address) and a cluster secret";
+  }
+  const int64_t rows = shard_options->data.rows;
+  const int row_dim = shard_options->data.row_dim;
+  const int64_t dense_size = shard_options->data.dense_size;
   auto server = ShardServer::Create(*std::move(shard_options));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
   // Resume: every host picks the same checkpoint (the same verification of the same files).
@@ -122,13 +140,15 @@ int RunHost(int argc, char** argv) {
   }
   // From here on a stop signal is a preemption: the job checkpoints (the other hosts need this
   // shard for it), also if it comes while this host still connects to the others.
+  SetStopGrace(stop_grace_s);
   StopSignals& signals = InstallStopSignals();
   signals.served = true;
   if (absl::Status s = (*server)->Start(absl::StrCat(bind, ":", port)); !s.ok()) {
     return fail(std::string(s.message()), kExitCannotListen);
   }
   PSTRAIN_LOG(INFO) << "host " << me << "/" << N << " (cluster from " << spec->source
-                    << "): shard listening on " << bind << ":" << port << ", " << rows
+                    << "): shard listening on " << bind << ":" << (*server)->port()
+                    << (security->secret.empty() ? " (no cluster secret)" : "") << ", " << rows
                     << " rows, row_dim " << row_dim << ", dense " << dense_size;
 
   // The worker.
@@ -147,6 +167,8 @@ int RunHost(int argc, char** argv) {
   wo.local_shard = me;
   ServedShard served(server->get());
   wo.local_server = &served;
+  wo.security = *security;
+  wo.worker_hosts = spec->hosts;
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) {
     (*server)->Shutdown(absl::Seconds(1));
@@ -162,7 +184,7 @@ int RunHost(int argc, char** argv) {
   }
 
   // Keep every shard up until no worker needs it: the chief's evaluation reads them all.
-  ShardRpc shard_zero(spec->hosts[0]);
+  ShardRpc shard_zero(spec->hosts[0], *security);
   ReportRequest seen;
   seen.set_worker_id(me);
   seen.set_phase(FINISH_SEEN);
@@ -184,6 +206,10 @@ int RunHost(int argc, char** argv) {
     if (!finished.ok()) {
       (*server)->Shutdown(absl::Seconds(1));
       return fail(finished.status().ToString(), 1);
+    }
+    if (!finished->job_error().empty()) {
+      (*server)->Shutdown(absl::Seconds(1));
+      return fail(absl::StrCat("the job failed: ", finished->job_error()), 1);
     }
     if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
       PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;

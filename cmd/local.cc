@@ -30,6 +30,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -38,7 +39,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/layout.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_security.h"
+#include "common/rpc/security.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "common/file.h"
@@ -88,11 +92,19 @@ std::string Describe(int status) {
                            : absl::StrCat("signal ", WTERMSIG(status));
 }
 
-// Runs one cluster attempt; returns the launcher's exit code. *retry is set when a host could
-// not listen on its port (and nothing else went wrong first).
+// How one cluster attempt ended, besides the launcher's exit code.
+struct Outcome {
+  bool retry = false;       // a host could not listen on its port (and nothing else went wrong)
+  bool signalled = false;   // the user stopped the job (SIGINT / SIGTERM)
+  bool usage_error = false;  // a host exited 2: a bad flag or config, a restart would not help
+  std::string failure;      // "host 1 failed (signal 9)": the first host that failed
+};
+
+// Runs one cluster attempt; returns the launcher's exit code.
 int RunCluster(const std::vector<std::string>& base_args, int n, const std::string& model_dir,
-               int kill_timeout_s, int metrics_port, const sigset_t& signals, bool* retry) {
-  *retry = false;
+               int kill_timeout_s, int metrics_port, const sigset_t& signals, Outcome* outcome) {
+  *outcome = Outcome();
+  bool* retry = &outcome->retry;
   std::vector<int> ports;
   std::string error;
   if (!PickPorts(n, &ports, &error)) {
@@ -179,6 +191,8 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
                      Describe(status).c_str(),
                      c.log.empty() ? "" : (" - see " + c.log).c_str());
         *retry = ExitCode(status) == kExitCannotListen;
+        outcome->usage_error = ExitCode(status) == 2;
+        outcome->failure = absl::StrCat("host ", i, " failed (", Describe(status), ")");
         code = 1;
         stopping = true;
         kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
@@ -208,6 +222,7 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
                    "(run the same command to resume)\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
       signalled = true;
+      outcome->signalled = true;
       stopping = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
       stop_all(SIGTERM);
@@ -216,6 +231,31 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
   if (code != 0) return code;
   *retry = false;
   return 0;
+}
+
+// summary.json gets "restarts" (how many times the job was restarted) and "restart_log" (why,
+// and from which checkpoint).
+void AddRestartsToSummary(const std::string& model_dir, int restarts,
+                          const std::vector<std::string>& log) {
+  const std::string path = model_dir + "/summary.json";
+  auto text = ReadFileToString(path);
+  google::protobuf::Struct summary;
+  if (!text.ok() || !google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) {
+    std::fprintf(stderr, "pstrain local: could not read %s to count the restarts\n",
+                 path.c_str());
+    return;
+  }
+  (*summary.mutable_fields())["restarts"].set_number_value(restarts);
+  auto* list = (*summary.mutable_fields())["restart_log"].mutable_list_value();
+  for (const std::string& line : log) list->add_values()->set_string_value(line);
+  std::string json;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(summary, &json, o).ok() ||
+      !WriteFileAtomic(path, json).ok()) {
+    std::fprintf(stderr, "pstrain local: could not write %s\n", path.c_str());
+  }
 }
 
 void PrintSummary(const std::string& model_dir) {
@@ -256,8 +296,12 @@ int RunLocal(int argc, char** argv) {
                 "same command resumes it.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  int hosts = 2, kill_timeout_s = 120;
+  int hosts = 2, kill_timeout_s = 120, max_restarts = 0;
   flags.Int("hosts", &hosts, "number of hosts N (each one PS shard + one worker)");
+  flags.Int("max_restarts", &max_restarts,
+            "restarts of the whole job after a host failed (died, was killed, lost its peers), "
+            "as torchrun's --max_restarts: every host is stopped and the job starts again from "
+            "its last checkpoint; each restart is logged and counted in summary.json");
   flags.Int("kill_timeout_s", &kill_timeout_s,
             "seconds between SIGTERM and SIGKILL when stopping the hosts (time to write a "
             "checkpoint)");
@@ -276,7 +320,7 @@ int RunLocal(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     bool own = false;
-    for (const char* name : {"--hosts", "--kill_timeout_s", "--metrics_port"}) {
+    for (const char* name : {"--hosts", "--kill_timeout_s", "--max_restarts", "--metrics_port"}) {
       if (a == name) {
         own = true;
         ++i;  // its value
@@ -306,6 +350,17 @@ int RunLocal(int argc, char** argv) {
     std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  // The job's calls carry a secret (docs/PS.md "Operations and security"): the user's
+  // (cluster.secret_file or PSTRAIN_CLUSTER_SECRET, which the hosts read themselves), else a
+  // random one for this job, handed to the hosts in their environment, never on a command line.
+  if (config.cluster().secret_file().empty() && std::getenv(kSecretEnvVariable) == nullptr) {
+    auto secret = RandomSecret();
+    if (!secret.ok()) {
+      std::fprintf(stderr, "pstrain local: %s\n", secret.status().ToString().c_str());
+      return 1;
+    }
+    setenv(kSecretEnvVariable, secret->c_str(), 1);
+  }
   // Signals are taken synchronously by sigtimedwait in RunCluster; children unblock them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -313,16 +368,41 @@ int RunLocal(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGCHLD);
   sigprocmask(SIG_BLOCK, &signals, nullptr);
-  int code = 1;
-  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    bool retry = false;
-    code = RunCluster(base_args, hosts, model_dir, kill_timeout_s, tf.metrics_port, signals,
-                      &retry);
-    if (!retry) break;
-    std::fprintf(stderr, "pstrain local: a host could not listen on its port; retrying on fresh "
-                 "ports (attempt %d of %d)\n", attempt + 1, kAttempts);
+  if (max_restarts < 0) {
+    std::fprintf(stderr, "pstrain local: --max_restarts must be >= 0, got %d\n", max_restarts);
+    return 2;
   }
-  if (code == 0) PrintSummary(model_dir);
+  int code = 1;
+  int port_attempts = 0, restarts = 0;
+  std::vector<std::string> restart_log;
+  while (true) {
+    Outcome outcome;
+    code = RunCluster(base_args, hosts, model_dir, kill_timeout_s, tf.metrics_port, signals,
+                      &outcome);
+    if (outcome.retry && ++port_attempts < kAttempts) {
+      std::fprintf(stderr, "pstrain local: a host could not listen on its port; retrying on "
+                   "fresh ports (attempt %d of %d)\n", port_attempts + 1, kAttempts);
+      continue;
+    }
+    if (code == 0 || outcome.signalled || outcome.usage_error || restarts >= max_restarts) {
+      if (code != 0 && !outcome.signalled && max_restarts > 0 && restarts >= max_restarts) {
+        std::fprintf(stderr, "pstrain local: %s; no restart left (--max_restarts %d)\n",
+                     outcome.failure.c_str(), max_restarts);
+      }
+      break;
+    }
+    ++restarts;
+    auto latest = ReadLatest(JobCheckpointDir(config));
+    const std::string from =
+        latest.ok() ? CheckpointPath(JobCheckpointDir(config), *latest) : "the beginning";
+    restart_log.push_back(absl::StrCat(outcome.failure, "; restarted from ", from));
+    std::fprintf(stderr, "pstrain local: %s; restart %d of %d: the job resumes from %s\n",
+                 outcome.failure.c_str(), restarts, max_restarts, from.c_str());
+  }
+  if (code == 0) {
+    if (max_restarts > 0) AddRestartsToSummary(model_dir, restarts, restart_log);
+    PrintSummary(model_dir);
+  }
   return code;
 }
 

@@ -2,12 +2,16 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_security.h"
 #include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/ps_setup.h"
@@ -31,9 +35,15 @@ int RunPs(int argc, char** argv) {
   int port = 0, shard = 0, num_shards = 1, row_dim = 0, partitions = 0, threads = 1;
   int num_workers = 0;
   int64_t rows = 0, dense_size = -1;
-  std::string bind = "0.0.0.0";
+  std::string bind = "127.0.0.1";
+  int stop_grace_s = 30;
   flags.Int("port", &port, "port to listen on (0 = pick a free one and print it)");
-  flags.String("bind", &bind, "address to listen on");
+  flags.String("bind", &bind,
+               "address to listen on (default loopback only; another address needs the cluster "
+               "secret: cluster.secret_file or PSTRAIN_CLUSTER_SECRET)");
+  flags.Int("stop_grace_s", &stop_grace_s,
+            "after SIGTERM, seconds to finish the calls in progress before the process exits "
+            "anyway");
   flags.Int("shard", &shard, "this shard's index i in [0, num_shards)");
   flags.Int("num_shards", &num_shards, "number of PS shards S");
   flags.Int64("rows", &rows, "rows of the embedding table V (0 = the FeatureSpec's total rows)");
@@ -42,7 +52,8 @@ int RunPs(int argc, char** argv) {
   flags.Int("partitions", &partitions,
             "table partitions P (0 = cluster.num_partitions, or 4 x num_shards if that is 0)");
   flags.Int("num_workers", &num_workers,
-            "workers of the job, ids [0, N), that BOUNDED / SYNC wait for (0 = num_shards)");
+            "workers of the job, ids [0, N) (0 = num_shards): the only worker ids the shard "
+            "accepts, and those BOUNDED / SYNC wait for");
   flags.Int("threads", &threads,
             "OpenMP threads per request (gRPC already runs requests in "
             "parallel)");
@@ -74,16 +85,27 @@ int RunPs(int argc, char** argv) {
   const bool own_shape = rows == 0 && row_dim == 0 && dense_size < 0;
   auto o = ShardOptionsForJob(config, shard, num_shards, {rows, row_dim, dense_size});
   if (!o.ok()) return fail(std::string(o.status().message()), 2);
-  if (partitions > 0) o->partitions = partitions;
-  o->threads = threads;
+  if (partitions > 0) o->data.partitions = partitions;
+  auto security = ClusterSecurity(config, SecretEnvironment(), bind,
+                                  o->security.max_message_bytes);
+  if (!security.ok()) return fail(security.status().ToString(), 2);
+  o->security = *security;
+  if (security->secret.empty()) {
+    PSTRAIN_LOG(WARNING) << "shard " << shard << ": no cluster secret: every process of this "
+                         << "machine that reaches " << bind << " may call the shard";
+  }
+  o->data.threads = threads;
   if (num_workers > 0) o->num_workers = num_workers;
-  rows = o->rows;
-  dense_size = o->dense_size;
-  auto server = ShardServer::Create(*std::move(o));
-  if (!server.ok()) return fail(std::string(server.status().message()), 2);
+  rows = o->data.rows;
+  dense_size = o->data.dense_size;
   // A shard of a job with a model dir (or checkpoint.dir) resumes from the job's checkpoint,
   // picked the way every other process of the job picks it.
-  if (!tf.model_dir.empty() || config.train().has_model_dir() || config.checkpoint().has_dir()) {
+  const bool has_job_dir =
+      !tf.model_dir.empty() || config.train().has_model_dir() || config.checkpoint().has_dir();
+  if (has_job_dir) o->data.checkpoint_dir = JobCheckpointDir(config);
+  auto server = ShardServer::Create(*std::move(o));
+  if (!server.ok()) return fail(std::string(server.status().message()), 2);
+  if (has_job_dir) {
     auto choice =
         own_shape ? ChooseJobCheckpoint(config) : ChooseCheckpoint(JobCheckpointDir(config));
     if (!choice.ok()) return fail(choice.status().ToString(), 1);
@@ -107,9 +129,10 @@ int RunPs(int argc, char** argv) {
 
   const std::string address = absl::StrCat(bind, ":", port);
   if (absl::Status s = (*server)->Start(address); !s.ok()) return fail(std::string(s.message()), 1);
-  const std::string shown_host = bind == "0.0.0.0" || bind == "[::]" ? "127.0.0.1" : bind;
-  std::printf("pstrain ps: shard %d/%d listening on %s:%d\n", shard, num_shards, shown_host.c_str(),
-              (*server)->port());
+  // The address it really listens on (0.0.0.0 / [::]: every interface).
+  std::printf("pstrain ps: shard %d/%d listening on %s:%d%s\n", shard, num_shards, bind.c_str(),
+              (*server)->port(),
+              security->secret.empty() ? "" : " (calls need the cluster secret)");
   std::fflush(stdout);
   PSTRAIN_LOG(INFO) << "shard " << shard << "/" << num_shards << ": " << rows << " rows in "
                     << (*server)->map().partitions() << " partitions ("
@@ -122,6 +145,13 @@ int RunPs(int argc, char** argv) {
   sigwait(&stop, &sig);
   PSTRAIN_LOG(INFO) << "shard " << shard << ": " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
                     << ", shutting down";
+  // Whatever a handler might be stuck in, the process ends: SIGALRM's default action.
+  sigset_t alarm_set;
+  sigemptyset(&alarm_set);
+  sigaddset(&alarm_set, SIGALRM);
+  pthread_sigmask(SIG_UNBLOCK, &alarm_set, nullptr);
+  signal(SIGALRM, SIG_DFL);
+  alarm(static_cast<unsigned>(std::max(1, stop_grace_s)));
   (*server)->Shutdown(absl::Seconds(2));
   PSTRAIN_LOG(INFO) << "shard " << shard << " stats:\n" << FormatShardBalance({(*server)->Stats()});
   return 0;

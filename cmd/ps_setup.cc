@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/rpc/security.h"
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
@@ -22,18 +23,20 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
   const int64_t dense_size = shape.dense_size >= 0 ? shape.dense_size : model->dense_size();
   ShardServer::Options o =
       ShardServer::OptionsFromConfig(config, shard, num_shards, rows, row_dim, dense_size);
+  o.security.max_message_bytes =
+      MaxMessageBytes(config, spec.num_fields(), row_dim, dense_size);
   const uint64_t seed = config.train().seed();
   if (row_dim == model->row_dim()) {
-    o.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
+    o.data.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
   } else {
-    o.row_init = [model, seed, row_dim](int64_t row, float* out) {
+    o.data.row_init = [model, seed, row_dim](int64_t row, float* out) {
       std::vector<float> full(model->row_dim());
       model->InitRow(row, seed, full.data());
       std::fill(out, out + row_dim, 0.f);
       std::memcpy(out, full.data(), sizeof(float) * std::min(row_dim, model->row_dim()));
     };
   }
-  o.dense_init = [model, seed, dense_size](float* out) {
+  o.data.dense_init = [model, seed, dense_size](float* out) {
     std::vector<float> full(model->dense_size());
     model->InitDense(seed, full.data());
     std::fill(out, out + dense_size, 0.f);

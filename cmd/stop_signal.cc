@@ -1,23 +1,39 @@
 #include "cmd/stop_signal.h"
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
 
 namespace pstrain {
 namespace {
 
 StopSignals g_signals;
+std::atomic<int> g_grace_seconds{300};
+
+void OnGraceExpired(int) {
+  static const char kMessage[] =
+      "pstrain: still running after the stop signal's grace period (a wait that needs a dead "
+      "peer?); exiting\n";
+  ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+  (void)ignored;
+  _exit(kExitStopGraceExpired);
+}
 
 void OnStopSignal(int sig) {
   if (!g_signals.served.load() || g_signals.stop.exchange(true)) {
     signal(sig, SIG_DFL);
     raise(sig);
+    return;
   }
+  alarm(static_cast<unsigned>(g_grace_seconds.load()));
 }
 
 }  // namespace
 
 StopSignals& InstallStopSignals() {
   static const bool installed = [] {
+    signal(SIGALRM, OnGraceExpired);
     signal(SIGTERM, OnStopSignal);
     signal(SIGINT, OnStopSignal);
     return true;
@@ -25,5 +41,7 @@ StopSignals& InstallStopSignals() {
   (void)installed;
   return g_signals;
 }
+
+void SetStopGrace(int seconds) { g_grace_seconds = seconds < 1 ? 1 : seconds; }
 
 }  // namespace pstrain

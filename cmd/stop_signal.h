@@ -2,6 +2,11 @@
 // (the process's shard serves, or its worker trains), the first signal raises `stop`: the trainer
 // then writes a checkpoint of the job and stops, and the process exits 0. Otherwise, and on a
 // second signal, the process ends at once with the signal's default action.
+//
+// A stop signal always ends the process, whatever it is waiting for: the first one also arms a
+// grace timer (SetStopGrace, default 300 s), and a process still running when it fires (blocked
+// in a wait that needs a dead peer, a checkpoint round that cannot complete) says so on stderr
+// and exits with code 124.
 #pragma once
 
 #include <atomic>
@@ -15,5 +20,11 @@ struct StopSignals {
 
 // The process's flags, with the handlers installed on first use.
 StopSignals& InstallStopSignals();
+
+// The seconds between the first stop signal and the forced exit (>= 1).
+void SetStopGrace(int seconds);
+
+// Exit code of a process that a stop signal's grace timer ended.
+inline constexpr int kExitStopGraceExpired = 124;
 
 }  // namespace pstrain

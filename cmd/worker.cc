@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
+#include "cmd/cluster_security.h"
 #include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
 #include "cmd/ps_setup.h"
@@ -36,6 +37,10 @@ int RunWorker(int argc, char** argv) {
   AddTrainingFlags(&flags, &tf);
   std::string ps;
   int index = -1, num_workers = 0, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
+  int stop_grace_s = 300;
+  flags.Int("stop_grace_s", &stop_grace_s,
+            "after SIGTERM / SIGINT, seconds the worker may take to checkpoint and stop before it "
+            "exits anyway (code 124)");
   flags.String("ps", &ps, "PS shard addresses host:port, comma-separated, shard 0 first");
   flags.Int("index", &index, "this worker's index j in [0, num_workers)");
   flags.Int("num_workers", &num_workers, "workers of the job");
@@ -82,6 +87,9 @@ int RunWorker(int argc, char** argv) {
   }
   auto choice = ChooseJobCheckpoint(config);
   if (!choice.ok()) return fail(choice.status().ToString(), 1);
+  // max_message_bytes 0: RunPsWorker computes it from the config.
+  auto security = ClusterSecurity(config, SecretEnvironment(), "", 0);
+  if (!security.ok()) return fail(security.status().ToString(), 2);
 
   PsWorkerOptions wo;
   wo.index = index;
@@ -92,7 +100,9 @@ int RunWorker(int argc, char** argv) {
   wo.omp_num_threads = Launch().omp_num_threads;
   wo.connect_timeout = absl::Seconds(connect_timeout_s);
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
+  wo.security = *security;
   if (*choice) wo.restored = **choice;
+  SetStopGrace(stop_grace_s);
   StopSignals& signals = InstallStopSignals();
   signals.served = true;  // a stop while connecting is served at the first step boundary
   wo.stop = &signals.stop;

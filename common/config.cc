@@ -249,6 +249,23 @@ absl::Status ValidateConfig(const Config& c) {
   if (cl.rpc_call_deadline_ms() < 0) return bad("cluster.rpc_call_deadline_ms", "must be >= 0");
   if (cl.max_pushes_in_flight() < 1) return bad("cluster.max_pushes_in_flight", "must be >= 1");
   if (cl.dense_sync_steps() < 1) return bad("cluster.dense_sync_steps", "must be >= 1");
+  if (cl.lease_ms() < 3000) {
+    return bad("cluster.lease_ms",
+               absl::StrCat("must be >= 3000 (workers renew their lease at least every third of "
+                            "it), got ", cl.lease_ms()));
+  }
+  if (cl.max_message_mb() < 0 || cl.max_message_mb() > 2047) {
+    return bad("cluster.max_message_mb", absl::StrCat("must be in [0, 2047], got ",
+                                                      cl.max_message_mb()));
+  }
+  if (cl.has_tls() && (cl.tls().ca().empty() || cl.tls().cert().empty() ||
+                       cl.tls().key().empty())) {
+    return bad("cluster.tls", "needs all of ca, cert and key (PEM file paths)");
+  }
+  if (c.data().max_record_bytes() < 1024) {
+    return bad("data.max_record_bytes",
+               absl::StrCat("must be >= 1024, got ", c.data().max_record_bytes()));
+  }
 
   const CheckpointConfig& ck = c.checkpoint();
   if (ck.every_steps() < 0) return bad("checkpoint.every_steps", "must be >= 0");

@@ -7,7 +7,7 @@ Each folder is one layer (and one CMake library); a file may include headers of 
 and of the layers below it, never above. The link step already refuses calls upward between
 libraries; this check also catches an upward #include of a header-only piece, and says which
 rule a file broke. Libraries' headers (absl, gRPC, oneDNN, the generated protobuf code) are below
-everything. tests/, bench/ and cmd/ may include anything.
+everything. tests/, bench/, fuzz/ and cmd/ may include anything.
 """
 import os
 import re
@@ -32,10 +32,10 @@ BELOW = {
     "serving": ["worker/eval", "checkpoint"],
     "serving/server": ["serving", "common/rpc", "common/metrics"],
 }
-UNRESTRICTED = ("cmd", "tests", "bench")
+UNRESTRICTED = ("cmd", "tests", "bench", "fuzz")
 # Our top folders; includes of anything else (absl/, grpcpp/, oneapi/, the generated protobuf
 # headers pstrain/, tensorflow/, ...) are libraries below every layer.
-OURS = {"common", "checkpoint", "ps", "worker", "serving", "cmd", "tests", "bench"}
+OURS = {"common", "checkpoint", "ps", "worker", "serving", "cmd", "tests", "bench", "fuzz"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

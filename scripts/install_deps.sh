@@ -22,6 +22,12 @@ PACKAGES=(
   # Tests: QEMU's user-mode emulator runs the default build on CPU models this machine is not
   # (an AVX2-only AMD Zen 3, a pre-AVX2 Intel); tests/common/emulated_cpu_test.cc.
   qemu-user
+  # Fuzzing (fuzz/, scripts/fuzz.sh): clang with libFuzzer and its sanitizers' runtimes; the
+  # project's CMake configure with clang needs LLVM's OpenMP.
+  clang libclang-rt-14-dev libomp-dev
+  # The PS security helper (scripts/make_cluster_certs.sh) and TLS tests; the partition test's
+  # network namespaces (ip netns).
+  openssl iproute2
 )
 
 missing=()

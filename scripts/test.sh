@@ -6,5 +6,11 @@ cd "$(dirname "$0")/.."
 preset="${1:-release}"
 shift || true
 bash scripts/build.sh "$preset"
+# A bounded fuzz run of every target first (fuzz/, docs/FUZZING.md): PSTRAIN_FUZZ_SECONDS per
+# target (default 10; 0 skips it). CTest's summary stays the last thing printed.
+fuzz_seconds="${PSTRAIN_FUZZ_SECONDS:-10}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  bash scripts/fuzz.sh "$fuzz_seconds"
+fi
 cd "build/$preset"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"

@@ -26,6 +26,68 @@ absl::Status ConsistencyTracker::CheckWorker(int32_t worker_id) const {
       Consistency_Name(opt_.consistency), " job has workers [0, ", opt_.num_workers, ")"));
 }
 
+absl::Status ConsistencyTracker::CheckPullStep(int32_t w, int64_t step) const {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", opt_.shard, ": pull of step ", step, " < 0"));
+  }
+  if (opt_.consistency == ASYNC || step == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckWorker(w));
+  absl::MutexLock lock(&mu_);
+  // The pull of step t follows the push of step t - 1 (or comes with it, pipelined).
+  if (step > pushed_[w] + kMaxStepsAhead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", opt_.shard, ": worker ", w, "'s pull of step ", step, " is more than ",
+        kMaxStepsAhead, " steps past its last push here (step ", pushed_[w], ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConsistencyTracker::CheckPushStep(int32_t w, int64_t step) const {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", opt_.shard, ": push of step ", step, " < 0"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (opt_.consistency == ASYNC) {
+    int64_t largest = 0;
+    for (int64_t p : pushed_) largest = std::max(largest, p);
+    if (step > largest + kMaxAsyncStepsAhead) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", opt_.shard, ": push of step ", step, ", more than ", kMaxAsyncStepsAhead,
+          " steps past the largest step pushed here (", largest, ")"));
+    }
+    return absl::OkStatus();
+  }
+  if (!Tracked(w)) return absl::OkStatus();  // CheckWorker refuses it
+  if (step > pushed_[w] + kMaxStepsAhead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", opt_.shard, ": worker ", w, " pushed step ", step, ", more than ",
+        kMaxStepsAhead, " steps past its last push here (step ", pushed_[w],
+        "); a shard restarted without its checkpoint?"));
+  }
+  return absl::OkStatus();
+}
+
+void ConsistencyTracker::SetLost(const std::string& detail) {
+  std::vector<HeldPull*> fail;
+  {
+    absl::MutexLock lock(&mu_);
+    lost_ = detail;
+    if (lost_.empty()) return;
+    for (auto it = held_.begin(); it != held_.end();) {
+      it->second->hold_id_ = 0;
+      fail.push_back(it->second);
+      it = held_.erase(it);
+    }
+  }
+  for (HeldPull* pull : fail) {
+    pull->Fail(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", opt_.shard, ": worker ", pull->worker_id(), "'s pull of step ", pull->step(),
+        " cannot be answered: ", detail)));
+  }
+}
+
 int64_t ConsistencyTracker::Staleness(int64_t step) const {
   absl::MutexLock lock(&mu_);
   return StalenessLocked(step);
@@ -88,12 +150,21 @@ void ConsistencyTracker::AdvanceSync() {
       // One thread applies at a time, in step order; it loops and sees the others' pushes.
       if (applying_) return;
       t = applied_ + 1;
-      if (sync_steps_.empty() || MinActivePushedLocked() < t) break;
-      auto it = sync_steps_.find(t);
-      if (it != sync_steps_.end()) {
-        pushes = std::move(it->second);
+      const int64_t slowest = MinActivePushedLocked();
+      if (sync_steps_.empty() || slowest < t) break;
+      auto it = sync_steps_.begin();  // the oldest step with kept pushes
+      if (it->first < t) {  // cannot happen (KeepSyncPush refuses applied steps); never loop on it
         sync_steps_.erase(it);
+        continue;
       }
+      if (it->first > t) {
+        // No push kept for steps t .. it->first - 1: there is nothing to apply, so jump over
+        // them at once, never one step per turn (a step far ahead must not make this spin).
+        applied_ = std::min(slowest, it->first - 1);
+        continue;
+      }
+      pushes = std::move(it->second);
+      sync_steps_.erase(it);
       applying_ = true;
     }
     if (!pushes.empty()) ApplyMean(t, pushes);
@@ -258,12 +329,22 @@ void ConsistencyTracker::HoldOrAnswer(HeldPull* pull, absl::Time deadline) {
   int64_t staleness = 0;
   uint64_t id = 0;
   bool refuse = false;
+  absl::Status refusal;
   {
     absl::MutexLock lock(&mu_);
     if (PullReadyLocked(step)) {
       staleness = StalenessLocked(step);
-    } else if (holding_stopped_) {
+    } else if (holding_stopped_ || static_cast<int>(held_.size()) >= kMaxHeld) {
       refuse = true;
+      refusal = absl::UnavailableError(
+          holding_stopped_ ? absl::StrCat("shard ", opt_.shard, " is shutting down")
+                           : absl::StrCat("shard ", opt_.shard, " holds ", kMaxHeld,
+                                          " pulls already; retry later"));
+    } else if (!lost_.empty()) {
+      refuse = true;
+      refusal = absl::FailedPreconditionError(
+          absl::StrCat("shard ", opt_.shard, ": worker ", pull->worker_id(), "'s pull of step ",
+                       step, " cannot be answered: ", lost_));
     } else {
       id = pull->hold_id_ = ++next_hold_id_;
       pull->since_ = absl::Now();
@@ -271,18 +352,15 @@ void ConsistencyTracker::HoldOrAnswer(HeldPull* pull, absl::Time deadline) {
     }
   }
   // Pulls are finished outside mu_: a reactor's OnCancel takes it.
-  if (refuse) {
-    return pull->Fail(
-        absl::UnavailableError(absl::StrCat("shard ", opt_.shard, " is shutting down")));
-  }
+  if (refuse) return pull->Fail(std::move(refusal));
   if (id == 0) return pull->Answer(staleness);
-  // Answer a little before the client's deadline, so that its error says what was missing.
-  const absl::Duration left = deadline - absl::Now();
-  if (left < absl::Hours(24)) {
-    timer_->At(deadline - std::min(left / 10, absl::Milliseconds(500)), [this, id] {
-      DropHeld(id, absl::DeadlineExceededError(""), true);
-    });
-  }
+  // Answer a little before the client's deadline, so that its error says what was missing; a
+  // call without a deadline (or a far one) is held kMaxHold at most.
+  const absl::Time now = absl::Now();
+  const absl::Duration left = std::min(deadline - now, kMaxHold);
+  timer_->At(now + left - std::min(left / 10, absl::Milliseconds(500)), [this, id] {
+    DropHeld(id, absl::DeadlineExceededError(""), true);
+  });
 }
 
 void ConsistencyTracker::Cancel(HeldPull* pull) {

@@ -20,7 +20,8 @@
 // order (PsClient does), to every shard in BOUNDED and SYNC modes.
 //
 // Memory: two small vectors of num_workers; with SYNC, the kept pushes of the steps not applied
-// yet (at most a step or two of every worker's gradients for this shard); the held pulls' list.
+// yet (at most a step or two of every worker's gradients for this shard: a push more than
+// kMaxStepsAhead steps ahead is refused); the held pulls' list (at most kMaxHeld).
 //
 // Thread-safety: every method may be called concurrently; one lock (mu_) guards the bookkeeping
 // and the list. HeldPull callbacks and the Shard's optimizer work run outside it; a SYNC step's
@@ -84,6 +85,20 @@ class ConsistencyTracker {
   absl::Status CheckWorker(int32_t worker_id) const;
   // How many steps a pull of `step` is ahead of the slowest active worker (PullResponse.staleness).
   int64_t Staleness(int64_t step) const;
+  // The steps a worker's request may name, so that no request can make the shard wait for, or
+  // count up to, a step no worker will reach. BOUNDED / SYNC: a training pull or a push of a
+  // tracked worker at most kMaxStepsAhead past that worker's last push here (its pushes come in
+  // step order); ASYNC: a push at most kMaxAsyncStepsAhead past the largest step pushed (a shard
+  // that restarted fresh still accepts the job's steps). INVALID_ARGUMENT naming both steps, or a
+  // negative step.
+  static constexpr int64_t kMaxStepsAhead = 1000;
+  static constexpr int64_t kMaxAsyncStepsAhead = int64_t{1} << 32;
+  absl::Status CheckPullStep(int32_t worker_id, int64_t step) const;
+  absl::Status CheckPushStep(int32_t worker_id, int64_t step) const;
+  // Shard 0: workers are lost (their lease expired; `detail` names them) or none any more ("").
+  // While some are lost, a BOUNDED / SYNC pull that cannot be answered fails FAILED_PRECONDITION
+  // with `detail` (held ones at once) instead of waiting for its deadline.
+  void SetLost(const std::string& detail);
 
   // ---- Pushes ----
   // An ASYNC / BOUNDED push of `step` was applied: notes the worker's step and (BOUNDED) answers
@@ -101,8 +116,13 @@ class ConsistencyTracker {
   void MarkDone(int32_t worker_id);
 
   // ---- Held pulls (BOUNDED / SYNC training pulls over gRPC) ----
+  // The most pulls held at once (more are refused UNAVAILABLE), and the longest one is held
+  // whatever the client's deadline.
+  static constexpr int kMaxHeld = 4096;
+  static constexpr absl::Duration kMaxHold = absl::Seconds(60);
   // Answers `pull` now if it may be, else holds it and arms its expiry shortly before `deadline`
-  // (1/10 of the time left, at most 500 ms, earlier). Fails it UNAVAILABLE after StopHolding.
+  // (1/10 of the time left, at most 500 ms, earlier), at most kMaxHold from now. Fails it
+  // UNAVAILABLE after StopHolding or beyond kMaxHeld.
   void HoldOrAnswer(HeldPull* pull, absl::Time deadline);
   // The pull's call was cancelled: if it is still held, takes it off the list and fails it.
   void Cancel(HeldPull* pull);
@@ -156,6 +176,7 @@ class ConsistencyTracker {
   std::map<uint64_t, HeldPull*> held_ ABSL_GUARDED_BY(mu_);  // by hold id
   uint64_t next_hold_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool holding_stopped_ ABSL_GUARDED_BY(mu_) = false;  // StopHolding: hold nothing more
+  std::string lost_ ABSL_GUARDED_BY(mu_);  // SetLost's detail; "" = no worker lost
 };
 
 }  // namespace pstrain

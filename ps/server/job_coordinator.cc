@@ -4,10 +4,153 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status.h"
 
 namespace pstrain {
 
-JobCoordinator::JobCoordinator(int shard, Timer* timer) : shard_(shard), timer_(timer) {}
+JobCoordinator::JobCoordinator(int shard, int num_workers, absl::Duration lease, Timer* timer)
+    : shard_(shard),
+      num_workers_(std::max(1, num_workers)),
+      lease_(lease),
+      timer_(timer),
+      heard_ns_(new std::atomic<int64_t>[num_workers_]),
+      armed_(new std::atomic<bool>[num_workers_]),
+      lost_flag_(new std::atomic<bool>[num_workers_]) {
+  for (int w = 0; w < num_workers_; ++w) {
+    heard_ns_[w] = 0;
+    armed_[w] = false;
+    lost_flag_[w] = false;
+  }
+}
+
+absl::Status JobCoordinator::CheckWorker(int worker, const char* what) const {
+  if (worker >= 0 && worker < num_workers_) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("shard ", shard_, ": ", what, " names worker ", worker, ", but this job has ",
+                   "workers [0, ", num_workers_, ") (`pstrain ps --num_workers`)"));
+}
+
+// ---- Leases ----
+
+void JobCoordinator::Heard(int worker) {
+  if (worker < 0 || worker >= num_workers_) return;
+  heard_ns_[worker].store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+  if (lost_flag_[worker].load(std::memory_order_relaxed)) {
+    std::vector<Watch*> wake;
+    std::string detail;
+    bool changed = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (lost_.erase(worker) > 0) {
+        lost_flag_[worker] = false;
+        PSTRAIN_LOG(WARNING) << "shard " << shard_ << ": worker " << worker
+                             << " is back after its lease expired";
+        detail = LostDetailLocked();
+        ChangedLocked(&wake);
+        changed = true;
+      }
+    }
+    WakeAll(wake);
+    if (changed) NotifyLost(detail);
+  }
+  if (!armed_[worker].exchange(true)) {
+    timer_->At(absl::Now() + lease_, [this, worker] { CheckLease(worker); });
+  }
+  // The job has started: a worker that has not called kConnectGrace + lease from now (it could
+  // not start, or was refused) is lost too.
+  if (!started_.exchange(true)) {
+    started_at_ = absl::Now();
+    timer_->At(started_at_ + kConnectGrace + lease_, [this] { CheckNeverCalled(); });
+  }
+}
+
+void JobCoordinator::CheckNeverCalled() {
+  std::vector<Watch*> wake;
+  std::string detail;
+  {
+    absl::MutexLock lock(&mu_);
+    if (holding_stopped_ || job_finished_) return;
+    const auto done_it = reports_.find(TRAINING_DONE);
+    for (int w = 0; w < num_workers_; ++w) {
+      if (heard_ns_[w].load() != 0 || lost_.count(w) > 0) continue;
+      if (done_it != reports_.end() && done_it->second.count(w) > 0) continue;
+      lost_[w] = started_at_;
+      lost_flag_[w] = true;
+    }
+    detail = LostDetailLocked();
+    if (detail.empty()) return;
+    PSTRAIN_LOG(WARNING) << "shard " << shard_ << ": " << detail;
+    ChangedLocked(&wake);
+  }
+  WakeAll(wake);
+  NotifyLost(detail);
+}
+
+void JobCoordinator::CheckLease(int worker) {
+  std::vector<Watch*> wake;
+  std::string detail;
+  absl::Time rearm = absl::InfinitePast();
+  {
+    absl::MutexLock lock(&mu_);
+    if (holding_stopped_) {  // shutting down: the timer runs what is pending at once
+      armed_[worker] = false;
+      return;
+    }
+    const absl::Time heard = absl::FromUnixNanos(heard_ns_[worker].load());
+    const auto done_it = reports_.find(TRAINING_DONE);
+    const bool finished = job_finished_ || (done_it != reports_.end() &&
+                                            done_it->second.count(worker) > 0);
+    if (finished) {
+      armed_[worker] = false;  // a finished worker holds no lease
+    } else if (absl::Now() - heard >= lease_) {
+      armed_[worker] = false;  // Heard re-arms it
+      lost_[worker] = heard;
+      lost_flag_[worker] = true;
+      detail = LostDetailLocked();
+      PSTRAIN_LOG(WARNING) << "shard " << shard_ << ": " << detail;
+      ChangedLocked(&wake);
+    } else {
+      rearm = heard + lease_;
+    }
+  }
+  if (rearm != absl::InfinitePast()) {
+    timer_->At(rearm, [this, worker] { CheckLease(worker); });
+    return;
+  }
+  WakeAll(wake);
+  if (!detail.empty()) NotifyLost(detail);
+}
+
+std::string JobCoordinator::LostDetailLocked() const {
+  if (lost_.empty()) return "";
+  std::string out;
+  const absl::Time now = absl::Now();
+  for (const auto& [w, heard] : lost_) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "worker ", w,
+                    absl::StrFormat(" lost: no call for %.1f s (lease %.1f s)",
+                                    absl::ToDoubleSeconds(now - heard),
+                                    absl::ToDoubleSeconds(lease_)));
+  }
+  return out;
+}
+
+void JobCoordinator::NotifyLost(const std::string& detail) {
+  if (on_lost_) on_lost_(detail);
+}
+
+std::vector<int> JobCoordinator::lost_workers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> out;
+  for (const auto& [w, heard] : lost_) out.push_back(w);
+  return out;
+}
+
+void JobCoordinator::FillLostLocked(CoordinateResponse* out) const {
+  for (const auto& [w, heard] : lost_) out->add_lost(w);
+  out->set_lost_detail(LostDetailLocked());
+}
 
 void JobCoordinator::ChangedLocked(std::vector<Watch*>* wake) {
   ++version_;
@@ -47,6 +190,7 @@ int64_t JobCoordinator::RequestCheckpoint(bool stop, int64_t target_step) {
 }
 
 absl::Status JobCoordinator::ArriveCheckpoint(int64_t round, int worker, std::string state) {
+  RETURN_IF_ERROR(CheckWorker(worker, "ARRIVE"));
   std::vector<Watch*> wake;
   {
     absl::MutexLock lock(&mu_);
@@ -63,6 +207,10 @@ absl::Status JobCoordinator::ArriveCheckpoint(int64_t round, int worker, std::st
 }
 
 absl::Status JobCoordinator::CollectArrivals(int64_t round, int n, CoordinateResponse* out) const {
+  if (n < 1 || n > num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", shard_, ": COLLECT of ", n,
+                                                   " workers, but this job has ", num_workers_));
+  }
   absl::MutexLock lock(&mu_);
   if (round != round_ || round <= released_) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint round ", round,
@@ -85,26 +233,39 @@ absl::Status JobCoordinator::CollectArrivals(int64_t round, int n, CoordinateRes
     }
     out->add_missing(w);
   }
+  FillLostLocked(out);
   out->set_job_version(version_);
   return absl::OkStatus();
 }
 
-void JobCoordinator::ReleaseCheckpoint(int64_t round) {
+absl::Status JobCoordinator::ReleaseCheckpoint(int64_t round) {
   std::vector<Watch*> wake;
   {
     absl::MutexLock lock(&mu_);
-    if (round <= released_) return;
+    if (round <= released_) return absl::OkStatus();  // a retry
+    if (round != round_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard_, ": RELEASE of checkpoint round ", round, ", but the open round is ",
+          round_));
+    }
     released_ = round;
     ChangedLocked(&wake);
   }
   WakeAll(wake);
+  return absl::OkStatus();
 }
 
-void JobCoordinator::CompleteCheckpoint(int64_t round, const std::string& dir,
-                                        const std::string& error) {
+absl::Status JobCoordinator::CompleteCheckpoint(int64_t round, const std::string& dir,
+                                                const std::string& error) {
   std::vector<Watch*> wake;
   {
     absl::MutexLock lock(&mu_);
+    if (round < 1 || round > round_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", shard_, ": COMPLETE of checkpoint round ", round,
+                       ", but the rounds opened so far are 1..", round_));
+    }
+    if (round <= done_) return absl::OkStatus();  // a retry, or a round completed already
     released_ = std::max(released_, round);
     done_ = std::max(done_, round);
     done_dir_ = error.empty() ? dir : "";
@@ -112,11 +273,18 @@ void JobCoordinator::CompleteCheckpoint(int64_t round, const std::string& dir,
     ChangedLocked(&wake);
   }
   WakeAll(wake);
+  return absl::OkStatus();
 }
 
 // ---- Reports and the end of the job ----
 
-void JobCoordinator::Report(const ReportRequest& report) {
+absl::Status JobCoordinator::Report(const ReportRequest& report) {
+  RETURN_IF_ERROR(CheckWorker(report.worker_id(), "Report"));
+  if (report.phase() != TRAINING_DONE && report.phase() != FINISH_SEEN) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", shard_, ": Report of phase ",
+                                                   static_cast<int>(report.phase()),
+                                                   "; expected TRAINING_DONE or FINISH_SEEN"));
+  }
   std::vector<Watch*> wake;
   {
     absl::MutexLock lock(&mu_);
@@ -124,6 +292,7 @@ void JobCoordinator::Report(const ReportRequest& report) {
     ChangedLocked(&wake);
   }
   WakeAll(wake);
+  return absl::OkStatus();
 }
 
 std::vector<ReportRequest> JobCoordinator::Reports(JobPhase phase) const {
@@ -135,12 +304,13 @@ std::vector<ReportRequest> JobCoordinator::Reports(JobPhase phase) const {
   return out;
 }
 
-void JobCoordinator::FinishJob() {
+void JobCoordinator::FinishJob(const std::string& error) {
   std::vector<Watch*> wake;
   {
     absl::MutexLock lock(&mu_);
     if (job_finished_) return;
     job_finished_ = true;
+    job_error_ = error;
     ChangedLocked(&wake);
   }
   WakeAll(wake);
@@ -159,6 +329,13 @@ void JobCoordinator::SetRestoredFrom(const std::string& dir) {
 absl::Status JobCoordinator::Coordinate(const CoordinateRequest& request,
                                         CoordinateResponse* response) {
   absl::Status status;
+  if (request.kind() != CoordinateRequest::COLLECT && request.kind() != CoordinateRequest::REPORTS) {
+    RETURN_IF_ERROR(CheckWorker(request.worker_id(), "Coordinate"));
+  }
+  if (request.target_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard_, ": target_step ", request.target_step(), " < 0"));
+  }
   switch (request.kind()) {
     case CoordinateRequest::REQUEST:
       response->set_round(RequestCheckpoint(request.stop(), request.target_step()));
@@ -169,21 +346,27 @@ absl::Status JobCoordinator::Coordinate(const CoordinateRequest& request,
     case CoordinateRequest::COLLECT:  // sets the version of what it read
       return CollectArrivals(request.round(), request.num_workers(), response);
     case CoordinateRequest::RELEASE:
-      ReleaseCheckpoint(request.round());
+      status = ReleaseCheckpoint(request.round());
       break;
     case CoordinateRequest::COMPLETE:
-      CompleteCheckpoint(request.round(), request.dir(), request.error());
+      status = CompleteCheckpoint(request.round(), request.dir(), request.error());
       break;
     case CoordinateRequest::REPORTS: {
       absl::MutexLock lock(&mu_);  // the reports and the version of one instant
       if (auto it = reports_.find(request.phase()); it != reports_.end()) {
         for (const auto& [w, r] : it->second) *response->add_reports() = r;
       }
+      FillLostLocked(response);
       response->set_job_version(version_);
       return absl::OkStatus();
     }
     case CoordinateRequest::FINISH_JOB:
-      FinishJob();
+      if (request.worker_id() != 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "shard ", shard_, ": FINISH_JOB from worker ", request.worker_id(),
+            "; only the chief (worker 0) ends the job"));
+      }
+      FinishJob(request.error());
       break;
     default:
       return absl::InvalidArgumentError(
@@ -207,6 +390,9 @@ JobState JobCoordinator::State() const {
   s.set_checkpoint_done_round(done_);
   s.set_checkpoint_done_dir(done_dir_);
   s.set_checkpoint_error(error_);
+  for (const auto& [w, heard] : lost_) s.add_lost_workers(w);
+  s.set_lost_detail(LostDetailLocked());
+  s.set_job_error(job_error_);
   return s;
 }
 
@@ -227,6 +413,9 @@ void JobCoordinator::FillInfo(InfoResponse* info) const {
   info->set_checkpoint_error(error_);
   info->set_restored_from(restored_from_);
   info->set_job_version(version_);
+  for (const auto& [w, heard] : lost_) info->add_lost_workers(w);
+  info->set_lost_detail(LostDetailLocked());
+  info->set_job_error(job_error_);
 }
 
 // ---- Long-polls ----

@@ -8,21 +8,35 @@
 //     reported TRAINING_DONE stands in with its final state), releases the workers after every
 //     shard's COPY, and completes the round with its directory or error.
 //   - restored_from: the checkpoint this shard restored.
+//   - Leases (liveness): every call that names a worker renews that worker's lease (Heard); a
+//     worker not heard of for `lease` that has not reported TRAINING_DONE is lost
+//     (JobState.lost_workers), which wakes every long-poll, so the chief learns of it at once: it
+//     aborts an open round and ends the job naming the worker (or the launcher restarts it). A
+//     lost worker that calls again is no longer lost. Only workers that called once hold a lease
+//     (one timer entry per worker at a time).
+// Every request is checked against this state before anything changes: worker ids in
+// [0, num_workers), rounds that are open (ARRIVE, COLLECT, RELEASE) or were opened (COMPLETE),
+// known phases; a bad one is INVALID_ARGUMENT or FAILED_PRECONDITION naming the value.
 // All of it is the job state (JobState in proto/pstrain/ps_service.proto), whose `version` grows
 // by one with every change. Waiting on it is a long-poll: Hold keeps a Watch (the gRPC layer's
 // reactor of a held Info or Coordinate call) until the version differs from the one the caller
 // saw or its time is up, then wakes it; the caller then answers with the state as it is. No
 // thread waits.
 //
-// Memory: the reports (one per worker and phase), the open round's arrived worker states (each
-// holds the worker's pipeline position: up to megabytes), the held watches (at most kMaxHeld).
+// Memory: the reports (one per worker and phase: bounded by num_workers x 2), the open round's
+// arrived worker states (one per worker, each the worker's pipeline position: up to megabytes,
+// each capped by the server's message size), the held watches (at most kMaxHeld), a lease per
+// worker.
 //
 // Thread-safety: every method may be called concurrently; one lock (mu_) guards all of it. Watch
 // callbacks run outside the lock.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,22 +66,38 @@ class JobCoordinator {
   };
   // The most calls held at once; more are refused UNAVAILABLE (the client retries later).
   static constexpr int kMaxHeld = 1024;
+  // Once any worker has called, a worker that has not called within this (plus the lease) is
+  // lost too: it could not start, or was refused.
+  static constexpr absl::Duration kConnectGrace = absl::Seconds(120);
 
-  // `shard` names this shard in messages. `timer` runs the expiries of held watches; it must
+  // `shard` names this shard in messages; workers have ids [0, num_workers); a worker not heard
+  // of for `lease` is lost. `timer` runs the expiries of held watches and leases; it must
   // outlive the coordinator and run or drop its pending functions before it is destroyed.
-  JobCoordinator(int shard, Timer* timer);
+  JobCoordinator(int shard, int num_workers, absl::Duration lease, Timer* timer);
   JobCoordinator(const JobCoordinator&) = delete;
   JobCoordinator& operator=(const JobCoordinator&) = delete;
 
   // The Coordinate RPC: dispatches on request.kind to the methods below (INVALID_ARGUMENT for an
-  // unknown kind) and sets response->job_version.
+  // unknown kind or a worker id outside [0, num_workers)) and sets response->job_version.
   absl::Status Coordinate(const CoordinateRequest& request, CoordinateResponse* response);
 
   // Report records a worker's phase (a repeated report replaces the earlier one); Reports returns
-  // those of `phase`, by worker.
-  void Report(const ReportRequest& report);
+  // those of `phase`, by worker. INVALID_ARGUMENT for a worker id or phase out of range.
+  absl::Status Report(const ReportRequest& report);
   std::vector<ReportRequest> Reports(JobPhase phase) const;
-  void FinishJob();
+  // The job is over (job_finished), with `error` if it failed (JobState.job_error).
+  void FinishJob(const std::string& error = "");
+
+  // ---- Leases ----
+  // Worker `worker` made a call: renews its lease (ids outside [0, num_workers) are ignored).
+  // Cheap when the worker is not lost: one atomic store.
+  void Heard(int worker);
+  // Called (outside the lock) with the lost workers' description whenever the set of lost
+  // workers changes ("" = none lost any more). Set before serving.
+  void SetLostCallback(std::function<void(const std::string&)> on_lost) {
+    on_lost_ = std::move(on_lost);
+  }
+  std::vector<int> lost_workers() const;
 
   // RequestCheckpoint opens a round unless one is open for arrivals and returns the open round;
   // `stop` marks it as the job's last; a new round takes `target_step` (0: none).
@@ -76,12 +106,15 @@ class JobCoordinator {
   // with in `round` (a worker that reported TRAINING_DONE stands in with its final state) and
   // out->missing with the others; FAILED_PRECONDITION if `round` is not the open round.
   // ReleaseCheckpoint lets the arrived workers go on (after every shard's COPY);
-  // CompleteCheckpoint publishes the result.
+  // CompleteCheckpoint publishes the result. RELEASE must name the open round and COMPLETE a
+  // round that was opened and not completed yet (FAILED_PRECONDITION otherwise); n of COLLECT
+  // must be in [1, num_workers].
   int64_t RequestCheckpoint(bool stop, int64_t target_step = 0);
   absl::Status ArriveCheckpoint(int64_t round, int worker, std::string state);
   absl::Status CollectArrivals(int64_t round, int n, CoordinateResponse* out) const;
-  void ReleaseCheckpoint(int64_t round);
-  void CompleteCheckpoint(int64_t round, const std::string& dir, const std::string& error);
+  absl::Status ReleaseCheckpoint(int64_t round);
+  absl::Status CompleteCheckpoint(int64_t round, const std::string& dir,
+                                  const std::string& error);
   void SetRestoredFrom(const std::string& dir);
 
   // The job state now (PullResponse.job), and its version.
@@ -110,9 +143,28 @@ class JobCoordinator {
   static void WakeAll(const std::vector<Watch*>& wake);
   // Takes held watch `id` off the list (if still there) and wakes it with `status`.
   void Drop(uint64_t id, absl::Status status);
+  absl::Status CheckWorker(int worker, const char* what) const;
+  // The lease timer of `worker` fired: marks it lost if its lease expired, else re-arms.
+  void CheckLease(int worker);
+  // kConnectGrace + lease after the first call: the workers that never called are lost.
+  void CheckNeverCalled();
+  std::string LostDetailLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Fills reports' lost workers into a COLLECT / REPORTS answer.
+  void FillLostLocked(CoordinateResponse* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void NotifyLost(const std::string& detail);
 
   const int shard_;
+  const int num_workers_;
+  const absl::Duration lease_;
   Timer* const timer_;
+  std::function<void(const std::string&)> on_lost_;
+
+  // Per worker: when it was last heard of (unix ns), and whether its lease timer is armed.
+  std::unique_ptr<std::atomic<int64_t>[]> heard_ns_;
+  std::unique_ptr<std::atomic<bool>[]> armed_;
+  std::unique_ptr<std::atomic<bool>[]> lost_flag_;  // mirrors lost_, read without the lock
+  std::atomic<bool> started_{false};                // some worker has called
+  absl::Time started_at_;                           // when (written once, before the timer)
 
   mutable absl::Mutex mu_;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
@@ -129,6 +181,8 @@ class JobCoordinator {
   std::string done_dir_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
+  std::string job_error_ ABSL_GUARDED_BY(mu_);
+  std::map<int, absl::Time> lost_ ABSL_GUARDED_BY(mu_);  // lost worker -> last heard of
   // Held watches, by hold id.
   std::map<uint64_t, Watch*> held_ ABSL_GUARDED_BY(mu_);
   uint64_t next_hold_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -156,7 +156,25 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
   return absl::OkStatus();
 }
 
-absl::Status Shard::Unpack(const PushRequest& request, Update* u) const {
+absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float* dense_grad) {
+  // One pass with no branch per value: x - x is 0 for finite x and NaN for NaN or +-Inf.
+  auto all_finite = [](const float* p, size_t n) {
+    float acc = 0.f;
+    for (size_t i = 0; i < n; ++i) acc += p[i] - p[i];
+    return acc == 0.f;
+  };
+  const size_t n = rows * static_cast<size_t>(opt_.row_dim);
+  const bool rows_ok = n == 0 || all_finite(row_grads, n);
+  const bool dense_ok = dense_grad == nullptr || dense_ == nullptr ||
+                        all_finite(dense_grad, static_cast<size_t>(dense_slice_size_));
+  if (rows_ok && dense_ok) return absl::OkStatus();
+  nonfinite_pushes_.fetch_add(1, std::memory_order_relaxed);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard ", opt_.shard, ": push with a NaN or infinite ", rows_ok ? "dense" : "row",
+      " gradient refused (nothing applied; the worker's training diverged?)"));
+}
+
+absl::Status Shard::Unpack(const PushRequest& request, Update* u) {
   RETURN_IF_ERROR(UnpackArray(request.ids(), "PushRequest.ids", &u->id_scratch, &u->ids));
   RETURN_IF_ERROR(
       UnpackArray(request.row_grads(), "PushRequest.row_grads", &u->grad_scratch, &u->grads));
@@ -173,6 +191,8 @@ absl::Status Shard::Unpack(const PushRequest& request, Update* u) const {
         absl::StrCat("shard ", opt_.shard, ": dense gradient of ", u->dense_grad.size(),
                      " floats, but this shard's dense slice has ", dense_slice_size_));
   }
+  RETURN_IF_ERROR(CheckFinite(u->ids.size(), u->grads.data(),
+                              u->dense_grad.empty() ? nullptr : u->dense_grad.data()));
   return Route(u->ids, &u->runs);
 }
 
@@ -201,14 +221,37 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
   return absl::OkStatus();
 }
 
-Shard::PushGuard Shard::BeginPush(int32_t worker_id, uint64_t incarnation, uint64_t sequence) {
+absl::StatusOr<Shard::PushGuard> Shard::BeginPush(int32_t worker_id, uint64_t incarnation,
+                                                  uint64_t sequence) {
   PushGuard g;
   if (sequence == 0) return g;
   {
     absl::MutexLock lock(&push_mu_);
-    std::unique_ptr<PushGuard::State>& s = push_states_[{worker_id, incarnation}];
-    if (s == nullptr) s = std::make_unique<PushGuard::State>();
-    g.state_ = s.get();  // never freed while the shard lives
+    if (!push_states_.contains(worker_id) &&
+        static_cast<int>(push_states_.size()) >= kMaxPushWorkers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shard ", opt_.shard, ": pushes of ", kMaxPushWorkers, " worker ids already; worker ",
+          worker_id, " refused"));
+    }
+    auto& by_incarnation = push_states_[worker_id];
+    std::shared_ptr<PushGuard::State>& s = by_incarnation[incarnation];
+    if (s == nullptr) {
+      s = std::make_shared<PushGuard::State>();
+      if (static_cast<int>(by_incarnation.size()) > kIncarnationsPerWorker) {
+        // Forget the incarnation pushed to longest ago (a dead process's).
+        auto oldest = by_incarnation.end();
+        for (auto it = by_incarnation.begin(); it != by_incarnation.end(); ++it) {
+          if (it->first == incarnation) continue;
+          if (oldest == by_incarnation.end() || it->second->last_use < oldest->second->last_use) {
+            oldest = it;
+          }
+        }
+        by_incarnation.erase(oldest);
+      }
+    }
+    std::shared_ptr<PushGuard::State>& state = by_incarnation[incarnation];
+    state->last_use = ++push_clock_;
+    g.state_ = state;  // shared: an eviction while the push runs does not free it
   }
   g.sequence_ = sequence;
   g.lock_ = std::unique_lock<std::mutex>(g.state_->mu);
@@ -230,6 +273,8 @@ void Shard::CountPushRequest(int64_t bytes_in) {
 }
 
 void Shard::CountDuplicatePush() { duplicate_pushes_.fetch_add(1, std::memory_order_relaxed); }
+
+void Shard::CountUnauthenticated() { unauthenticated_.fetch_add(1, std::memory_order_relaxed); }
 
 void Shard::CountBytesOut(int64_t bytes) {
   bytes_out_.fetch_add(bytes, std::memory_order_relaxed);
@@ -288,6 +333,8 @@ ShardStats Shard::Stats() const {
   s.set_pull_qps(s.pull_requests() / uptime);
   s.set_push_qps(s.push_requests() / uptime);
   s.set_last_step(LastStep());
+  s.set_nonfinite_pushes(nonfinite_pushes_.load(std::memory_order_relaxed));
+  s.set_unauthenticated_calls(unauthenticated_.load(std::memory_order_relaxed));
   return s;
 }
 

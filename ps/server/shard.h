@@ -17,8 +17,9 @@
 // composes those).
 //
 // Memory: the stores (rows take memory once trained), the dense slice and its optimizer state,
-// one small PushState per (worker, incarnation) that pushed with a sequence, and between COPY
-// and WRITE a full copy of the stores and the dense slice.
+// one small PushState per (worker, incarnation) that pushed with a sequence (at most
+// kIncarnationsPerWorker per worker and kMaxPushWorkers workers), and between COPY and WRITE a
+// full copy of the stores and the dense slice.
 //
 // Thread-safety: every method may be called concurrently. The stores lock their rows; the dense
 // store locks itself; push_mu_ guards the map of push states and each PushState's own mutex
@@ -69,7 +70,14 @@ class Shard {
     RowInit row_init;      // null = zeros; a pure function of the row id (see EmbeddingStore)
     DenseInit dense_init;  // null = zeros
     int threads = 1;       // OpenMP threads one request's gather / update is split over
+    // The job's checkpoint directory; WriteCheckpoint writes only under it. Empty: no writes.
+    std::string checkpoint_dir;
   };
+  // Push states kept per worker id: the newest incarnations' (a restarted worker process is a
+  // new incarnation). Older ones are forgotten: only a dead process's retries could need them.
+  static constexpr int kIncarnationsPerWorker = 4;
+  // Worker ids with push states at most; pushes of further ids are refused RESOURCE_EXHAUSTED.
+  static constexpr int kMaxPushWorkers = 4096;
 
   // Creates the stores. INVALID_ARGUMENT for bad options (naming the field) or a bad optimizer
   // config.
@@ -104,9 +112,13 @@ class Shard {
     std::vector<int64_t> id_scratch;
     std::vector<float> grad_scratch, dense_scratch;
   };
-  // INVALID_ARGUMENT for sizes that do not fit (gradient floats per row, the dense slice) or a
-  // foreign id; nothing is applied then.
-  absl::Status Unpack(const PushRequest& request, Update* update) const;
+  // INVALID_ARGUMENT for sizes that do not fit (gradient floats per row, the dense slice), a
+  // foreign id, or a NaN / infinite gradient (counted in nonfinite_pushes); nothing is applied
+  // then.
+  absl::Status Unpack(const PushRequest& request, Update* update);
+  // INVALID_ARGUMENT (counted) when a gradient of rows x row_dim floats, or of the dense slice
+  // when dense_grad is not null, is NaN or infinite.
+  absl::Status CheckFinite(size_t rows, const float* row_grads, const float* dense_grad);
   // Applies an unpacked update with the optimizers' step `step`; counts its rows.
   absl::Status Apply(const Update& update, int64_t step);
   // Routes and applies row_grads[ids.size() x row_dim] and, if not null, dense_grad[the slice
@@ -133,17 +145,20 @@ class Shard {
     struct State {  // the last push applied for one (worker_id, incarnation)
       std::mutex mu;  // held while that worker's push is applied (serializes a retry with it)
       uint64_t last_sequence = 0;
+      uint64_t last_use = 0;  // Shard's push counter at its last push (eviction order)
     };
-    State* state_ = nullptr;
+    std::shared_ptr<State> state_;  // kept alive by the guard if evicted meanwhile
     uint64_t sequence_ = 0;
     bool duplicate_ = false;
     std::unique_lock<std::mutex> lock_;
   };
-  PushGuard BeginPush(int32_t worker_id, uint64_t incarnation, uint64_t sequence);
+  // RESOURCE_EXHAUSTED when kMaxPushWorkers worker ids have push states already.
+  absl::StatusOr<PushGuard> BeginPush(int32_t worker_id, uint64_t incarnation, uint64_t sequence);
 
   // ---- Counters ----
   void CountPushRequest(int64_t bytes_in);
   void CountDuplicatePush();
+  void CountUnauthenticated();
   void CountBytesOut(int64_t bytes);
   ShardStats Stats() const;
   // The largest step any store or the dense slice applied.
@@ -161,7 +176,12 @@ class Shard {
   // it; returns the file name and size. FAILED_PRECONDITION when no copy of `round` is held.
   absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round, std::string header,
                                             std::string consistency);
-  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& dir);
+  // `name` must be a checkpoint directory name (ckpt-<step>, checkpoint/layout.h) of a directory
+  // that exists under options.checkpoint_dir and is not committed (no MANIFEST, LATEST does not
+  // name it): INVALID_ARGUMENT / FAILED_PRECONDITION naming the path otherwise.
+  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& name);
+  // Whether a copy of `round` (> 0) is held for a WRITE.
+  bool HoldsCopy(int64_t round);
   // What a restore found besides the parameters.
   struct Restored {
     int64_t step = 0;  // the largest SHRD step of the files
@@ -202,11 +222,14 @@ class Shard {
   const absl::Time start_time_;
 
   absl::Mutex push_mu_;
-  absl::flat_hash_map<std::pair<int32_t, uint64_t>, std::unique_ptr<PushGuard::State>> push_states_
-      ABSL_GUARDED_BY(push_mu_);
+  // worker id -> incarnation -> its push state (at most kIncarnationsPerWorker per worker).
+  absl::flat_hash_map<int32_t, absl::flat_hash_map<uint64_t, std::shared_ptr<PushGuard::State>>>
+      push_states_ ABSL_GUARDED_BY(push_mu_);
+  uint64_t push_clock_ ABSL_GUARDED_BY(push_mu_) = 0;
 
   std::atomic<int64_t> pull_requests_{0}, push_requests_{0}, duplicate_pushes_{0};
   std::atomic<int64_t> pull_rows_{0}, push_rows_{0}, bytes_in_{0}, bytes_out_{0};
+  std::atomic<int64_t> nonfinite_pushes_{0}, unauthenticated_{0};
 
   // The copy between COPY and WRITE.
   absl::Mutex snap_mu_;

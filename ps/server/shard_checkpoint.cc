@@ -5,7 +5,9 @@
 
 #include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "checkpoint/layout.h"
 #include "common/status.h"
 #include "ps/server/shard.h"
@@ -35,7 +37,51 @@ absl::StatusOr<int64_t> Shard::CopyForCheckpoint(int64_t round, std::string head
   return rows;
 }
 
-absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const std::string& dir) {
+namespace {
+
+// The directory a WRITE of `name` may write into: <checkpoint_dir>/<name>, where name is a
+// checkpoint name (no '/', no '..', not absolute), the directory exists (the chief made it), is a
+// directory and no symbolic link, and is not committed (no MANIFEST in it, LATEST does not name
+// it): a committed checkpoint is never rewritten.
+absl::StatusOr<std::string> CheckpointWriteDir(int shard, const std::string& checkpoint_dir,
+                                               const std::string& name) {
+  if (checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard, " has no checkpoint directory (start it with the job's --model_dir or "
+        "checkpoint.dir): it writes no checkpoint"));
+  }
+  const std::optional<int64_t> step = ParseCheckpointName(name);
+  if (!step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard, ": SaveShard WRITE of '", absl::CEscape(name.substr(0, 200)),
+                     "': expected a checkpoint name ckpt-<step> under the shard's own checkpoint "
+                     "directory"));
+  }
+  const std::string dir = checkpoint_dir + "/" + name;
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, ": ", dir, " is not a directory (the chief creates it)"));
+  }
+  if (PathExists(dir + "/" + kManifestFileName)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard, ": ", dir, " is a complete checkpoint; it is never rewritten"));
+  }
+  if (absl::StatusOr<int64_t> latest = ReadLatest(checkpoint_dir); latest.ok() && *latest == *step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard, ": ", dir, " is the committed checkpoint; it is never rewritten"));
+  }
+  return dir;
+}
+
+}  // namespace
+
+bool Shard::HoldsCopy(int64_t round) {
+  absl::MutexLock lock(&snap_mu_);
+  return round > 0 && snap_round_ == round;
+}
+
+absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const std::string& name) {
   absl::MutexLock lock(&snap_mu_);
   if (snap_round_ != round) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -51,6 +97,7 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
       s->snap_dense_.reset();
     }
   } release{this};
+  ASSIGN_OR_RETURN(const std::string dir, CheckpointWriteDir(opt_.shard, opt_.checkpoint_dir, name));
   SaveShardResponse response;
   response.set_file(pstrain::ShardFileName(opt_.shard, opt_.num_shards));
   const std::string path = dir + "/" + response.file();

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/security.h"
 #include "common/status.h"
 #include "pstrain/ps_service.grpc.pb.h"
 
@@ -65,13 +66,17 @@ class ShardServer::WatchReactor final : public grpc::ServerUnaryReactor,
 };
 
 // Each handler but a held call's finishes its reactor before returning: the work is CPU-bound
-// and short.
+// and short. Every handler first checks the cluster secret (Refused): a call without it is
+// answered UNAUTHENTICATED before anything reads or changes the shard's state.
 class ShardServer::Service final : public ParameterServer::CallbackService {
  public:
   explicit Service(ShardServer* server) : server_(server) {}
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const PullRequest* request,
                                  PullResponse* response) override {
+    if (auto* refused = Refused(ctx)) return refused;
+    server_->Heard(request->worker_id());
+    if (absl::Status s = server_->CheckPull(*request); !s.ok()) return Done(ctx, s);
     if (server_->opt_.consistency == ASYNC || request->step() <= 0) {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
       const absl::Time start = absl::Now();
@@ -85,14 +90,17 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   }
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* request,
                                  PushResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (auto* refused = Refused(ctx)) return refused;
+    server_->Heard(request->worker_id());
     const absl::Time start = absl::Now();
-    reactor->Finish(ToGrpcStatus(server_->Push(*request, response)));
+    const absl::Status s = server_->Push(*request, response);
     server_->metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start));
-    return reactor;
+    return Done(ctx, s);
   }
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const InfoRequest* request,
                                  InfoResponse* response) override {
+    if (auto* refused = Refused(ctx)) return refused;
+    if (request->has_worker_id()) server_->Heard(request->worker_id());
     if (request->watch_timeout_ms() <= 0) {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
       *response = server_->Info();
@@ -111,6 +119,7 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest*,
                                   ShardStats* response) override {
+    if (auto* refused = Refused(ctx)) return refused;
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     *response = server_->Stats();
     reactor->Finish(grpc::Status::OK);
@@ -118,15 +127,19 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   }
   grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* ctx, const ReportRequest* request,
                                    ReportResponse*) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    server_->Report(*request);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    if (auto* refused = Refused(ctx)) return refused;
+    server_->Heard(request->worker_id());
+    return Done(ctx, server_->Report(*request));
   }
   grpc::ServerUnaryReactor* Coordinate(grpc::CallbackServerContext* ctx,
                                        const CoordinateRequest* request,
                                        CoordinateResponse* response) override {
-    const bool watch = request->watch_timeout_ms() > 0 && server_->opt_.shard == 0 &&
+    if (auto* refused = Refused(ctx)) return refused;
+    if (request->kind() == CoordinateRequest::REQUEST ||
+        request->kind() == CoordinateRequest::ARRIVE) {
+      server_->Heard(request->worker_id());
+    }
+    const bool watch = request->watch_timeout_ms() > 0 && server_->opt_.data.shard == 0 &&
                        (request->kind() == CoordinateRequest::COLLECT ||
                         request->kind() == CoordinateRequest::REPORTS);
     if (!watch) {
@@ -149,17 +162,29 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* SaveShard(grpc::CallbackServerContext* ctx,
                                       const SaveShardRequest* request,
                                       SaveShardResponse* response) override {
+    if (auto* refused = Refused(ctx)) return refused;
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (request->phase() == SaveShardRequest::COPY) {
       auto rows = server_->CopyForCheckpoint(request->round());
       if (rows.ok()) response->set_rows(*rows);
       reactor->Finish(ToGrpcStatus(rows.status()));
     } else if (request->phase() == SaveShardRequest::WRITE) {
-      std::thread([server = server_, request, response, reactor] {
-        auto r = server->WriteCheckpoint(request->round(), request->dir());
-        if (r.ok()) *response = *r;
-        reactor->Finish(ToGrpcStatus(r.status()));
-      }).detach();
+      // One WRITE thread at a time, and only for the round whose copy is held.
+      if (!server_->data_->HoldsCopy(request->round())) {
+        reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+            "shard ", server_->opt_.data.shard, ": WRITE of checkpoint round ", request->round(),
+            " without its COPY"))));
+      } else if (server_->writing_.exchange(true)) {
+        reactor->Finish(ToGrpcStatus(absl::AbortedError(
+            absl::StrCat("shard ", server_->opt_.data.shard, ": a WRITE is in progress"))));
+      } else {
+        std::thread([server = server_, request, response, reactor] {
+          auto r = server->WriteCheckpoint(request->round(), request->name());
+          if (r.ok()) *response = *r;
+          server->writing_ = false;
+          reactor->Finish(ToGrpcStatus(r.status()));
+        }).detach();
+      }
     } else {
       reactor->Finish(ToGrpcStatus(
           absl::InvalidArgumentError("SaveShard: phase must be COPY or WRITE")));
@@ -168,25 +193,42 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   }
 
  private:
+  // A finished reactor answering `status`.
+  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
+                                        const absl::Status& status) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  // A finished UNAUTHENTICATED reactor when the call lacks the cluster secret, else null.
+  grpc::ServerUnaryReactor* Refused(grpc::CallbackServerContext* ctx) {
+    absl::Status s = server_->secret_.Check(*ctx);
+    if (s.ok()) return nullptr;
+    server_->data_->CountUnauthenticated();
+    return Done(ctx, s);
+  }
+
   ShardServer* const server_;
 };
 
-ShardServer::ShardServer(Options options) : opt_(std::move(options)) {}
+ShardServer::ShardServer(Options options)
+    : opt_(std::move(options)), secret_(opt_.security.secret) {}
 
 ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int shard, int num_shards,
                                                     int64_t rows, int row_dim, int64_t dense_size) {
   Options o;
-  o.shard = shard;
-  o.num_shards = num_shards;
-  o.rows = rows;
-  o.partitions = NumPartitions(config.cluster(), num_shards);
-  o.row_dim = row_dim;
-  o.dense_size = dense_size;
-  o.sparse_optimizer = config.sparse_optimizer();
-  o.dense_optimizer = config.dense_optimizer();
+  o.data.shard = shard;
+  o.data.num_shards = num_shards;
+  o.data.rows = rows;
+  o.data.partitions = NumPartitions(config.cluster(), num_shards);
+  o.data.row_dim = row_dim;
+  o.data.dense_size = dense_size;
+  o.data.sparse_optimizer = config.sparse_optimizer();
+  o.data.dense_optimizer = config.dense_optimizer();
   o.consistency = config.cluster().consistency();
   o.num_workers = num_shards;
   o.staleness = config.cluster().staleness();
+  o.lease = absl::Milliseconds(config.cluster().lease_ms());
   return o;
 }
 
@@ -195,37 +237,37 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
     return absl::InvalidArgumentError(
         absl::StrCat("num_workers must be > 0, got ", options.num_workers));
   }
+  if (absl::Status s = ValidateRpcSecurity(options.security); !s.ok()) return s;
+  if (options.lease < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the lease must be >= 1 s, got ", absl::FormatDuration(options.lease)));
+  }
   if (options.consistency == BOUNDED && options.staleness < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("BOUNDED consistency needs staleness >= 0, got ", options.staleness));
   }
-  Shard::Options so;
-  so.shard = options.shard;
-  so.num_shards = options.num_shards;
-  so.rows = options.rows;
-  so.partitions = options.partitions;
-  so.row_dim = options.row_dim;
-  so.dense_size = options.dense_size;
-  so.sparse_optimizer = options.sparse_optimizer;
-  so.dense_optimizer = options.dense_optimizer;
-  so.row_init = options.row_init;
-  so.dense_init = options.dense_init;
-  so.threads = options.threads;
-  ASSIGN_OR_RETURN(std::unique_ptr<Shard> data, Shard::Create(std::move(so)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Shard> data, Shard::Create(options.data));
 
   std::unique_ptr<ShardServer> s(new ShardServer(std::move(options)));
   const Options& o = s->opt_;
   s->data_ = std::move(data);
   s->timer_ = std::make_unique<Timer>();
   ConsistencyTracker::Options co;
-  co.shard = o.shard;
+  co.shard = o.data.shard;
   co.consistency = o.consistency;
   co.num_workers = o.num_workers;
   co.staleness = o.staleness;
   s->tracker_ = std::make_unique<ConsistencyTracker>(co, s->data_.get(), s->timer_.get());
-  s->coordinator_ = std::make_unique<JobCoordinator>(o.shard, s->timer_.get());
+  s->coordinator_ =
+      std::make_unique<JobCoordinator>(o.data.shard, o.num_workers, o.lease, s->timer_.get());
+  // A lost worker in BOUNDED / SYNC: the pulls that wait for it fail at once, naming it, instead
+  // of at their deadline (shard 0 only: it keeps the leases).
+  ConsistencyTracker* tracker = s->tracker_.get();
+  s->coordinator_->SetLostCallback([tracker](const std::string& detail) {
+    tracker->SetLost(detail);
+  });
   s->service_ = std::make_unique<Service>(s.get());
-  s->metrics_ = std::make_unique<ShardMetrics>(s->opt_.shard, [p = s.get()] { return p->Stats(); });
+  s->metrics_ = std::make_unique<ShardMetrics>(s->opt_.data.shard, [p = s.get()] { return p->Stats(); });
   return s;
 }
 
@@ -247,16 +289,18 @@ absl::Status ShardServer::Start(const std::string& address) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, MakeServerCredentials(opt_.security), &port);
   builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(-1);  // a pull of 100k rows is several MB
-  builder.SetMaxSendMessageSize(-1);
+  // Every message is capped: a peer cannot make this shard allocate more than that per call
+  // (CheckPull caps the answers the same way).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(opt_.security.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(opt_.security.max_message_bytes));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
     return absl::UnavailableError(
-        absl::StrCat("shard ", opt_.shard, ": cannot listen on ", address,
+        absl::StrCat("shard ", opt_.data.shard, ": cannot listen on ", address,
                      " (address in use, or not an address of this host)"));
   }
   port_ = port;
@@ -266,10 +310,8 @@ absl::Status ShardServer::Start(const std::string& address) {
 std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
   absl::MutexLock lock(&server_mu_);
   if (server_ == nullptr) return nullptr;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  return server_->InProcessChannel(args);
+  return server_->experimental().InProcessChannelWithInterceptors(
+      MakeChannelArguments(opt_.security), SecretInterceptors(opt_.security.secret));
 }
 
 void ShardServer::Shutdown(absl::Duration grace) {
@@ -296,7 +338,7 @@ absl::Time ShardServer::WatchUntil(absl::Time deadline, int64_t watch_ms) {
 absl::Status ShardServer::Gather(const PullRequest& request, PullResponse* response) {
   // The job state as of this answer: it comes after the pushes the pull waited for, so after any
   // checkpoint request made before them (docs/CHECKPOINT.md "PS mode").
-  if (opt_.shard == 0 && opt_.consistency != ASYNC && request.step() > 0) {
+  if (opt_.data.shard == 0 && opt_.consistency != ASYNC && request.step() > 0) {
     *response->mutable_job() = coordinator_->State();
   }
   return data_->Gather(request, response);
@@ -323,21 +365,50 @@ absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
     return absl::FailedPreconditionError("PushDirect: only for ASYNC shards");
   }
   data_->CountPushRequest(0);
+  RETURN_IF_ERROR(tracker_->CheckPushStep(worker_id, step));
+  RETURN_IF_ERROR(data_->CheckFinite(ids.size(), row_grads, dense_grad));
   RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step));
   tracker_->NoteApplied(worker_id, step);
   return absl::OkStatus();
 }
 
+void ShardServer::Heard(int32_t worker_id) {
+  if (opt_.data.shard == 0) coordinator_->Heard(worker_id);
+}
+
+absl::Status ShardServer::CheckPull(const PullRequest& request) const {
+  // The answer's size is chosen by the caller (ids may repeat): refuse one above the message cap
+  // before gathering anything.
+  const int64_t n = static_cast<int64_t>(request.ids().size() / sizeof(int64_t));
+  const int64_t answer = n * opt_.data.row_dim * static_cast<int64_t>(sizeof(float)) +
+                         (request.want_dense() ? data_->dense_slice_size() * 4 : 0) + 1024;
+  if (answer > opt_.security.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shard ", opt_.data.shard, ": a pull of ", n, " rows",
+        request.want_dense() ? " and the dense slice" : "", " would answer ", answer,
+        " bytes, above the largest message (", opt_.security.max_message_bytes,
+        " bytes, cluster.max_message_mb)"));
+  }
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", opt_.data.shard, ": pull of step ", request.step(), " < 0"));
+  }
+  return tracker_->CheckPullStep(request.worker_id(), request.step());
+}
+
 absl::Status ShardServer::Push(const PushRequest& request, PushResponse* response) {
   data_->CountPushRequest(request.ByteSizeLong());
   RETURN_IF_ERROR(tracker_->CheckWorker(request.worker_id()));
+  if (!request.worker_done()) {
+    RETURN_IF_ERROR(tracker_->CheckPushStep(request.worker_id(), request.step()));
+  }
   auto answer = [&] {
     response->set_last_step(data_->LastStep());
     response->set_incarnation(data_->incarnation());
   };
   if (request.worker_done()) {
     if (!request.ids().empty() || !request.row_grads().empty() || !request.dense_grad().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.shard, ": worker ",
+      return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.data.shard, ": worker ",
                                                      request.worker_id(),
                                                      "'s worker_done push carries gradients"));
     }
@@ -347,8 +418,9 @@ absl::Status ShardServer::Push(const PushRequest& request, PushResponse* respons
   }
   Shard::Update update;
   RETURN_IF_ERROR(data_->Unpack(request, &update));
-  Shard::PushGuard guard =
-      data_->BeginPush(request.worker_id(), request.incarnation(), request.sequence());
+  ASSIGN_OR_RETURN(Shard::PushGuard guard, data_->BeginPush(request.worker_id(),
+                                                           request.incarnation(),
+                                                           request.sequence()));
   if (guard.duplicate()) {
     data_->CountDuplicatePush();
     response->set_duplicate(true);
@@ -382,6 +454,7 @@ InfoResponse ShardServer::Info() const {
   data_->FillInfo(&info);
   coordinator_->FillInfo(&info);
   info.set_step(tracker_->step());
+  info.set_num_workers(opt_.num_workers);
   return info;
 }
 
@@ -389,14 +462,23 @@ ShardStats ShardServer::Stats() const { return data_->Stats(); }
 
 absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
                                      CoordinateResponse* response) {
-  if (opt_.shard != 0) {
+  if (opt_.data.shard != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shard ", opt_.shard, ": the job is coordinated by shard 0"));
+        absl::StrCat("shard ", opt_.data.shard, ": the job is coordinated by shard 0"));
+  }
+  // A round's target must be reachable: at most kMaxStepsAhead past the steps this shard saw.
+  if (request.kind() == CoordinateRequest::REQUEST &&
+      request.target_step() > tracker_->step() + kMaxStepsAhead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard 0: a checkpoint round at step ", request.target_step(), ", but the job is at step ",
+        tracker_->step(), " (at most ", kMaxStepsAhead, " steps ahead)"));
   }
   return coordinator_->Coordinate(request, response);
 }
 
-void ShardServer::Report(const ReportRequest& report) { coordinator_->Report(report); }
+absl::Status ShardServer::Report(const ReportRequest& report) {
+  return coordinator_->Report(report);
+}
 
 absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
   // The shard file's SHRD header: this shard's Info at the copy, without the coordinator's
@@ -404,13 +486,14 @@ absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
   // out keeps the header's bytes those of format version 1, tests/checkpoint/fixtures_test.cc).
   InfoResponse header = Info();
   header.clear_job_version();
+  header.clear_num_workers();  // as job_version: not part of the format's header
   return data_->CopyForCheckpoint(round, header.SerializeAsString(),
                                   tracker_->Save().SerializeAsString());
 }
 
 absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
-                                                               const std::string& dir) {
-  return data_->WriteCheckpoint(round, dir);
+                                                               const std::string& name) {
+  return data_->WriteCheckpoint(round, name);
 }
 
 absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,

@@ -18,11 +18,22 @@
 // In BOUNDED / SYNC, shard 0's answer to a training pull carries its job state (PullResponse.job),
 // so that the workers learn of checkpoint rounds from the traffic of their steps (docs/PS.md).
 //
+// Every request is hostile (docs/PS.md "Operations and security"): each handler first checks the
+// cluster secret (UNAUTHENTICATED, nothing read or changed); messages are capped at
+// security.max_message_bytes both ways (a pull whose answer would exceed it is refused before it
+// is gathered); steps must lie within kMaxStepsAhead of what the shard saw of the worker; worker
+// ids within [0, num_workers) (BOUNDED / SYNC pushes, and every coordination call); non-finite
+// gradients are refused (INVALID_ARGUMENT, counted in Stats().nonfinite_pushes) before anything
+// is applied; checkpoint files are written only under options.checkpoint_dir, in a directory
+// named ckpt-<step> that is not committed. Held calls never outlive kMaxHold. Shard 0 keeps the
+// workers' leases (JobCoordinator): calls naming a worker renew its lease.
+//
 // Thread-safety: all public methods may be called concurrently.
 #pragma once
 
 #include <grpcpp/server.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/rpc/security.h"
 #include "common/rpc/timer.h"
 #include "ps/server/consistency_tracker.h"
 #include "ps/server/job_coordinator.h"
@@ -47,33 +59,32 @@ namespace pstrain {
 class ShardServer {
  public:
   struct Options {
-    int shard = 0;           // s in [0, num_shards)
-    int num_shards = 1;      // S
-    int64_t rows = 0;        // V, the table's rows, > 0
-    int partitions = 1;      // P >= 1 (P < S leaves some shards without rows)
-    int row_dim = 0;         // floats per row, > 0
-    int64_t dense_size = 0;  // floats of the whole dense vector, >= 0
-    OptimizerConfig sparse_optimizer;
-    OptimizerConfig dense_optimizer;
-    RowInit row_init;  // null = zeros; must be a pure function of the row id (see EmbeddingStore)
-    DenseInit dense_init;  // null = zeros
-    // OpenMP threads one request's gather/update is split over. gRPC already runs requests on
-    // several threads, so 1 (the default) avoids oversubscribing cores.
-    int threads = 1;
+    // The table, its optimizers and checkpoint directory: the Shard's own options (shard,
+    // num_shards, rows, partitions, row_dim, dense_size, the optimizers, row_init / dense_init,
+    // threads, checkpoint_dir; ps/server/shard.h). SaveShard WRITE writes only under
+    // data.checkpoint_dir (empty: this shard writes no checkpoint, FAILED_PRECONDITION).
+    Shard::Options data;
     // Consistency mode (ConsistencyTracker) and the workers it waits for: worker ids
     // [0, num_workers). ASYNC accepts any worker id (ids outside the range are not tracked).
     Consistency consistency = ASYNC;
     int num_workers = 1;  // N >= 1
     int staleness = 0;    // BOUNDED: s >= 0
+    // The cluster secret (empty: calls are not authenticated), TLS, and the message cap.
+    RpcSecurity security;
+    // Shard 0: a worker not heard of for this long is lost (JobCoordinator).
+    absl::Duration lease = absl::Seconds(30);
   };
   // The longest a watched Info / Coordinate call is held.
   static constexpr absl::Duration kMaxWatch = absl::Seconds(10);
+  // How far a request's step may lie beyond the steps this shard has seen of the worker (its
+  // pushes' in BOUNDED / SYNC; the largest step pushed for a checkpoint round's target).
+  static constexpr int64_t kMaxStepsAhead = 1000;
 
   // Options of shard `shard` of `num_shards` from a job config: the partitions
   // (NumPartitions(config.cluster(), num_shards)), the sparse and dense optimizers, and
   // cluster.consistency / staleness with num_workers = num_shards (a PS job runs one worker and
-  // one shard per host). The caller sets row_init and dense_init (Model::InitRow / InitDense with
-  // the job's seed).
+  // one shard per host). The caller sets data.row_init and data.dense_init (Model::InitRow /
+  // InitDense with the job's seed).
   static Options OptionsFromConfig(const Config& config, int shard, int num_shards, int64_t rows,
                                    int row_dim, int64_t dense_size);
 
@@ -125,16 +136,23 @@ class ShardServer {
   // step (SYNC's applied step, else the largest step pushed).
   InfoResponse Info() const;
   ShardStats Stats() const;
-  // The Coordinate RPC (JobCoordinator::Coordinate); FAILED_PRECONDITION on a shard other than 0.
+  // The Coordinate RPC (JobCoordinator::Coordinate); FAILED_PRECONDITION on a shard other than 0;
+  // INVALID_ARGUMENT for a round's target step more than kMaxStepsAhead past step().
   absl::Status Coordinate(const CoordinateRequest& request, CoordinateResponse* response);
   // The Report RPC (JobCoordinator::Report).
-  void Report(const ReportRequest& report);
+  absl::Status Report(const ReportRequest& report);
+  // What the gRPC handler checks of a pull before it is held or answered: the answer's size
+  // against the message cap (RESOURCE_EXHAUSTED), the step (ConsistencyTracker::CheckPullStep).
+  absl::Status CheckPull(const PullRequest& request) const;
+  // Shard 0: a call of worker `worker_id` renews its lease.
+  void Heard(int32_t worker_id);
 
   // ---- Checkpoints (docs/CHECKPOINT.md "PS mode") ----
   // COPY: the Shard's in-memory copy, with this instant's Info as the file's header and the
-  // tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE: Shard::WriteCheckpoint.
+  // tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE: Shard::WriteCheckpoint into
+  // <options.checkpoint_dir>/<name>.
   absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round);
-  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& dir);
+  absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& name);
   // Shard::RestoreCheckpoint, then the tracker's bookkeeping: exactly as saved when the
   // checkpoint has this shard's layout and workers, else every worker as having pushed the
   // checkpoint's step; records restored_from. Call before Start.
@@ -150,7 +168,7 @@ class ShardServer {
 
   // Shorthands of data()'s, for the commands' logs.
   const PartitionMap& map() const { return data_->map(); }
-  int shard() const { return opt_.shard; }
+  int shard() const { return opt_.data.shard; }
   int64_t dense_begin() const { return data_->dense_begin(); }
   int64_t dense_slice_size() const { return data_->dense_slice_size(); }
 
@@ -167,6 +185,7 @@ class ShardServer {
   static absl::Time WatchUntil(absl::Time deadline, int64_t watch_ms);
 
   const Options opt_;
+  const SecretChecker secret_;
   std::unique_ptr<Shard> data_;
   std::unique_ptr<Timer> timer_;  // expiries of held pulls and watches
   std::unique_ptr<ConsistencyTracker> tracker_;
@@ -177,6 +196,7 @@ class ShardServer {
   std::unique_ptr<ShardMetrics> metrics_;  // Prometheus (ps/server/shard_metrics.h)
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
   bool shut_down_ ABSL_GUARDED_BY(server_mu_) = false;
+  std::atomic<bool> writing_{false};  // a SaveShard WRITE thread runs
   int port_ = 0;
 };
 

@@ -489,19 +489,19 @@ float PsDenseInit(int64_t i) { return 0.5f * static_cast<float>(i) - 1.0f; }
 
 ShardServer::Options PsShardOptions(int shard, int shards) {
   ShardServer::Options o;
-  o.shard = shard;
-  o.num_shards = shards;
-  o.rows = kPsRows;
-  o.partitions = kPsPartitions;
-  o.row_dim = kPsRowDim;
-  o.dense_size = kPsDenseSize;
-  o.sparse_optimizer = ParseText<OptimizerConfig>(
+  o.data.shard = shard;
+  o.data.num_shards = shards;
+  o.data.rows = kPsRows;
+  o.data.partitions = kPsPartitions;
+  o.data.row_dim = kPsRowDim;
+  o.data.dense_size = kPsDenseSize;
+  o.data.sparse_optimizer = ParseText<OptimizerConfig>(
       "type: ADAGRAD learning_rate: 0.25 initial_accumulator: 0.75");
-  o.dense_optimizer = ParseText<OptimizerConfig>("type: SGD learning_rate: 0.5");
-  o.row_init = [](int64_t row, float* out) {
+  o.data.dense_optimizer = ParseText<OptimizerConfig>("type: SGD learning_rate: 0.5");
+  o.data.row_init = [](int64_t row, float* out) {
     for (int j = 0; j < kPsRowDim; ++j) out[j] = PsRowInit(row, j);
   };
-  o.dense_init = [](float* out) {
+  o.data.dense_init = [](float* out) {
     for (int64_t i = 0; i < kPsDenseSize; ++i) out[i] = PsDenseInit(i);
   };
   o.consistency = SYNC;
@@ -509,10 +509,13 @@ ShardServer::Options PsShardOptions(int shard, int shards) {
   return o;
 }
 
-std::vector<std::unique_ptr<ShardServer>> PsShards(int shards) {
+std::vector<std::unique_ptr<ShardServer>> PsShards(int shards,
+                                                   const std::string& checkpoint_dir = "") {
   std::vector<std::unique_ptr<ShardServer>> out;
   for (int s = 0; s < shards; ++s) {
-    auto server = ShardServer::Create(PsShardOptions(s, shards));
+    ShardServer::Options o = PsShardOptions(s, shards);
+    o.data.checkpoint_dir = checkpoint_dir;
+    auto server = ShardServer::Create(std::move(o));
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) out.push_back(std::move(server).value());
   }
@@ -556,7 +559,7 @@ std::map<int, WorkerState> PsWorkerStates() {
 // Writes the ps_v1 contents under `dir` as the chief's round does: COPY and WRITE on every
 // shard, then the worker states, the MANIFEST and LATEST.
 void WritePsCheckpoint(const std::string& dir) {
-  auto shards = PsShards(kPsShards);
+  auto shards = PsShards(kPsShards, dir);
   ASSERT_EQ(shards.size(), 2u);
   PsTrain(shards);
   auto ckpt = PrepareCheckpointDir(dir, 3);
@@ -571,7 +574,7 @@ void WritePsCheckpoint(const std::string& dir) {
   manifest.set_created_by("pstrain PS job (2 shards, 2 workers, round 1)");
   for (auto& s : shards) ASSERT_TRUE(s->CopyForCheckpoint(1).ok());
   for (auto& s : shards) {
-    auto written = s->WriteCheckpoint(1, *ckpt);
+    auto written = s->WriteCheckpoint(1, CheckpointName(3));
     ASSERT_TRUE(written.ok()) << written.status();
     auto* f = manifest.add_file();
     f->set_name(written->file());

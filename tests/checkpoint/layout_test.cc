@@ -299,6 +299,50 @@ TEST(CheckpointLayout, RetentionCountsOnlyCompleteCheckpoints) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// What an interrupted or failed write leaves (directories without a MANIFEST, older or newer
+// than LATEST) is removed; the committed checkpoints and LATEST are kept, and the job resumes
+// from LATEST.
+TEST(CheckpointLayout, IncompleteDirectoriesAreRemovedAndTheCommittedOnesKept) {
+  const std::string dir = FreshDir("stale_incomplete");
+  Save(dir, 10, 3);
+  Save(dir, 20, 3);
+  for (const char* stale : {"/ckpt-15", "/ckpt-25", "/ckpt-40"}) {
+    ASSERT_TRUE(MakeDirs(dir + stale).ok());
+    ASSERT_TRUE(WriteFileAtomic(dir + stale + "/shard-0-of-1", "partial").ok());
+  }
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{40, 25, 20, 15, 10}));
+  EXPECT_EQ(RemoveIncompleteCheckpoints(dir), 3);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{20, 10}));
+  auto latest = ReadLatest(dir);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, 20);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  EXPECT_EQ((*choice)->dir, CheckpointPath(dir, 20));
+  EXPECT_EQ(RemoveIncompleteCheckpoints(dir), 0);
+  // Retention then keeps the committed ones only.
+  Save(dir, 30, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{30, 20}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// A commit whose MANIFEST cannot be written leaves no directory behind.
+TEST(CheckpointLayout, AFailedCommitRemovesItsDirectory) {
+  const std::string dir = FreshDir("failed_commit");
+  Save(dir, 10, 3);
+  auto ckpt = PrepareCheckpointDir(dir, 20);
+  ASSERT_TRUE(ckpt.ok());
+  // A directory where the MANIFEST should go makes its write fail.
+  ASSERT_TRUE(MakeDirs(*ckpt + "/MANIFEST").ok());
+  CheckpointManifest m;
+  m.set_step(20);
+  EXPECT_FALSE(CommitCheckpoint(dir, m, {{0, WorkerState()}}, 3).ok());
+  EXPECT_FALSE(PathExists(*ckpt));
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{10}));
+  EXPECT_EQ(*ReadLatest(dir), 10);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace
 }  // namespace pstrain
 

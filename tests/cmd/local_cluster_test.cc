@@ -20,6 +20,7 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cmd/job_files.h"
 #include "tests/subprocess.h"
 
 namespace pstrain {
@@ -28,6 +29,7 @@ namespace {
 using testing::ProcessesMentioning;
 using testing::RunToExit;
 using ::testing::HasSubstr;
+using testing::ReadSummary;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -40,14 +42,8 @@ class LocalClusterTest : public ::testing::TestWithParam<int> {
   static void SetUpTestSuite() {
     ASSERT_EQ(std::system(("rm -rf " + Dir()).c_str()), 0);
     // 4 train files: by-file sharding gives each of 2 or 3 hosts at least one.
-    ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", absl::StrCat(kTrainRows), "--files", "4",
-                   "--seed", "1", "--out", Dir() + "/train"},
-                  120000),
-              0);
-    ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "2000", "--seed", "2", "--out",
-                   Dir() + "/test"},
-                  120000),
-              0);
+    ASSERT_EQ(testing::Datagen(kTrainRows, 4, 1, Dir() + "/train"), 0);
+    ASSERT_EQ(testing::Datagen(2000, 0, 2, Dir() + "/test"), 0);
   }
 
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
@@ -95,16 +91,6 @@ TEST_P(LocalClusterTest, TrainsEveryRecordOnceAndLearns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Hosts, LocalClusterTest, ::testing::Values(2, 3));
-
-google::protobuf::Struct ReadSummary(const std::string& model_dir) {
-  google::protobuf::Struct summary;
-  auto text = ReadFileToString(model_dir + "/summary.json");
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (text.ok()) {
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
-  }
-  return summary;
-}
 
 std::string Latest(const std::string& dir) {
   auto text = ReadFileToString(dir + "/LATEST");
@@ -212,7 +198,8 @@ TEST_F(LocalClusterTest, SeparatePsAndWorkerProcesses) {
     for (int s = 0; s < 2; ++s) {
       std::vector<std::string> argv = job;
       argv.insert(argv.begin() + 1, {"ps", "--shard", absl::StrCat(s), "--num_shards", "2",
-                                     "--port", "0", "--bind", "127.0.0.1"});
+                                     "--num_workers", "3", "--port", "0", "--bind",
+                                     "127.0.0.1"});
       shards.push_back(std::make_unique<Subprocess>());
       std::string error;
       EXPECT_TRUE(shards.back()->Start(argv, &error)) << error;

@@ -1,7 +1,8 @@
 // The metrics of running processes, scraped over HTTP: `pstrain ps --metrics_port` serves its
 // shard's families (valid exposition, the pulls it served counted), and its gRPC health service
-// answers SERVING. The worker's families and the periodic flush of metrics.jsonl are checked in
-// process (tests/worker/train/progress_test.cc).
+// answers SERVING, also to a caller without the cluster secret (nothing else does). The worker's
+// families and the periodic flush of metrics.jsonl are checked in process
+// (tests/worker/train/progress_test.cc).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -86,6 +87,35 @@ TEST(MetricsEndpoint, PsShardServesMetricsAndHealth) {
                                  "rpc=\"pull\",shard=\"0\""),
             2)
       << body;
+  EXPECT_TRUE(ps.Signal(SIGTERM));
+  EXPECT_EQ(ps.WaitExit(60000), 0);
+}
+
+// The health service is exempt from the cluster secret (Kubernetes' gRPC probes carry none;
+// docs/PS.md "Operations and security"): a shard that requires the secret answers Health/Check
+// without it, SERVING, while the same caller's Pull is refused UNAUTHENTICATED.
+TEST(MetricsEndpoint, HealthAnswersWithoutTheSecretAndNothingElseDoes) {
+  setenv("PSTRAIN_CLUSTER_SECRET", "0123456789abcdef0123456789abcdef", 1);
+  testing::Subprocess ps;
+  std::string error;
+  const bool started = ps.Start({PSTRAIN_BINARY, "ps", "--port", "0", "--bind", "127.0.0.1",
+                                 "--rows", "100", "--row_dim", "4", "--dense_size", "8"},
+                                &error);
+  unsetenv("PSTRAIN_CLUSTER_SECRET");
+  ASSERT_TRUE(started) << error;
+  const std::string line = ps.ReadLineContaining("listening on", 60000);
+  ASSERT_THAT(line, HasSubstr("(calls need the cluster secret)"));
+  const std::string address = line.substr(line.find("127.0.0.1:"), line.find(" (") -
+                                                                      line.find("127.0.0.1:"));
+  EXPECT_EQ(HealthCheck(address), 1);  // SERVING, no secret sent
+  auto stub =
+      ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  PullRequest req;
+  req.set_want_dense(true);
+  PullResponse resp;
+  EXPECT_EQ(stub->Pull(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(ps.Signal(SIGTERM));
   EXPECT_EQ(ps.WaitExit(60000), 0);
 }

@@ -21,29 +21,29 @@ TEST(PsSetup, ShapeAndInitialValuesAreTheModels) {
   ASSERT_TRUE(model.ok()) << model.status();
   auto o = ShardOptionsForJob(config, 1, 3);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->shard, 1);
-  EXPECT_EQ(o->num_shards, 3);
-  EXPECT_EQ(o->rows, static_cast<int64_t>(spec->total_rows()));
-  EXPECT_EQ(o->row_dim, (*model)->row_dim());
-  EXPECT_EQ(o->dense_size, (*model)->dense_size());
-  const int d = o->row_dim;
+  EXPECT_EQ(o->data.shard, 1);
+  EXPECT_EQ(o->data.num_shards, 3);
+  EXPECT_EQ(o->data.rows, static_cast<int64_t>(spec->total_rows()));
+  EXPECT_EQ(o->data.row_dim, (*model)->row_dim());
+  EXPECT_EQ(o->data.dense_size, (*model)->dense_size());
+  const int d = o->data.row_dim;
   for (int64_t row : {int64_t{0}, int64_t{17}, static_cast<int64_t>(spec->total_rows()) - 1}) {
     std::vector<float> want(d), got(d);
     (*model)->InitRow(row, 42, want.data());
-    o->row_init(row, got.data());
+    o->data.row_init(row, got.data());
     EXPECT_EQ(want, got) << "row " << row;
   }
-  std::vector<float> want(o->dense_size), got(o->dense_size);
+  std::vector<float> want(o->data.dense_size), got(o->data.dense_size);
   (*model)->InitDense(42, want.data());
-  o->dense_init(got.data());
+  o->data.dense_init(got.data());
   EXPECT_EQ(want, got);
 
   // A wider row than the model's: the model's values, then zeros.
   auto wide = ShardOptionsForJob(config, 0, 1, {10, d + 2, 5});
   ASSERT_TRUE(wide.ok()) << wide.status();
-  EXPECT_EQ(wide->rows, 10);
+  EXPECT_EQ(wide->data.rows, 10);
   std::vector<float> row(d + 2, -1.f), model_row(d);
-  wide->row_init(3, row.data());
+  wide->data.row_init(3, row.data());
   (*model)->InitRow(3, 42, model_row.data());
   EXPECT_EQ(std::vector<float>(row.begin(), row.begin() + d), model_row);
   EXPECT_EQ(row[d], 0.f);

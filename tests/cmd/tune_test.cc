@@ -91,7 +91,7 @@ TEST_F(TuneTest, FragmentIsWithinTheSpaceAndTrainAcceptsIt) {
   EXPECT_EQ(f.at("towers").number_value(), t.towers());
   EXPECT_EQ(f.at("intra_op_threads").number_value(), t.intra_op_threads());
   EXPECT_EQ(f.at("inter_op_threads").number_value(), t.inter_op_threads());
-  EXPECT_EQ(f.at("batch_size_per_tower").number_value(), fragment->train().batch_size());
+  EXPECT_EQ(f.at("batch_size_per_tower").number_value(), batch);  // the fragment's, else 64
   EXPECT_EQ(f.at("examples").number_value(), 3000);  // the base config's one epoch
 }
 

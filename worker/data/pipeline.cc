@@ -137,7 +137,9 @@ PipelineOptions OptionsFromConfig(const DataConfig& data, bool train, int batch_
   o.shuffle_buffer = train ? data.shuffle_buffer() : 0;
   o.prefetch_batches = data.prefetch_batches();
   o.max_bad_record_fraction = data.max_bad_record_fraction();
-  o.formats = std::move(formats);
+  // Unless the caller injects its own formats: the registry's, with the config's record limit.
+  o.formats = formats.open_source ? std::move(formats)
+                                  : RegisteredFormats(static_cast<size_t>(data.max_record_bytes()));
   return o;
 }
 

@@ -114,7 +114,8 @@ struct RecordFormats {
 // OpenRecordSource and CreateRecordParser. Defined in pipeline_defaults.cc, apart from the
 // pipeline, so that code which injects its own formats (the pipeline's tests and bench) does not
 // link the format registry.
-RecordFormats RegisteredFormats();
+// `max_record_bytes`: RecordSourceOptions' (data.max_record_bytes).
+RecordFormats RegisteredFormats(size_t max_record_bytes = size_t{16} << 20);
 
 struct PipelineOptions {
   // Channels to read, interleaved by Channel.weight. Channel names must be distinct.
@@ -150,7 +151,7 @@ struct PipelineOptions {
 // A caller that omits `formats` gets the format registry (and links it).
 PipelineOptions OptionsFromConfig(const DataConfig& data, bool train, int batch_size,
                                   int shard_index, int num_shards, int64_t epochs,
-                                  RecordFormats formats = RegisteredFormats());
+                                  RecordFormats formats = RecordFormats());
 
 struct ChannelStats {
   std::string name;

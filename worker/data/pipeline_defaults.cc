@@ -4,12 +4,18 @@
 // their own.
 #include "worker/data/pipeline.h"
 
+#include "worker/data/formats/registry.h"
+
 namespace pstrain {
 
-RecordFormats RegisteredFormats() {
+RecordFormats RegisteredFormats(size_t max_record_bytes) {
   RecordFormats f;
-  f.open_source = [](DataFormat format, const std::string& path, Channel::Compression c) {
-    return OpenRecordSource(format, path, c);
+  f.open_source = [max_record_bytes](DataFormat format, const std::string& path,
+                                     Channel::Compression c) {
+    RecordSourceOptions o;
+    o.compression = c;
+    o.max_record_bytes = max_record_bytes;
+    return OpenRecordSource(format, path, o);
   };
   f.make_parser = [](DataFormat format, const FeatureSpec& spec, absl::string_view header) {
     return CreateRecordParser(format, spec, header);

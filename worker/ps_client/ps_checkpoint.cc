@@ -10,12 +10,65 @@
 namespace pstrain {
 
 PsCheckpointer::PsCheckpointer(Options options) : opt_(std::move(options)) {
-  for (const std::string& a : opt_.shards) shards_.push_back(std::make_unique<ShardRpc>(a));
-  // BOUNDED / SYNC read the job state from their training pulls' answers instead (Requested).
-  if (!lockstep()) {
-    watch_rpc_ = std::make_unique<ShardRpc>(opt_.shards[0]);
-    watcher_ = std::thread([this] { Watch(); });
+  for (const std::string& a : opt_.shards) {
+    shards_.push_back(std::make_unique<ShardRpc>(a, opt_.security, opt_.worker));
   }
+  // Every mode: the watcher's long-poll renews this worker's lease and tells of lost workers.
+  // (BOUNDED / SYNC read the job's rounds from their training pulls' answers: Requested.)
+  watch_rpc_ = std::make_unique<ShardRpc>(opt_.shards[0], opt_.security, opt_.worker);
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+std::string PsCheckpointer::DescribeWorker(int worker) const {
+  if (worker >= 0 && worker < static_cast<int>(opt_.worker_hosts.size())) {
+    return absl::StrCat("worker ", worker, " (host ", opt_.worker_hosts[worker], ")");
+  }
+  return absl::StrCat("worker ", worker);
+}
+
+std::string PsCheckpointer::failure() const {
+  absl::MutexLock lock(&failure_mu_);
+  return failure_;
+}
+
+void PsCheckpointer::NoteJobHealth(const InfoResponse& info) {
+  std::string why;
+  if (!info.job_error().empty()) {
+    why = absl::StrCat("the job failed: ", info.job_error());
+  } else if (info.lost_workers_size() > 0) {
+    bool chief_lost = false;
+    std::string who;
+    for (int w : info.lost_workers()) {
+      chief_lost = chief_lost || w == 0;
+      absl::StrAppend(&who, who.empty() ? "" : ", ", DescribeWorker(w));
+    }
+    // The chief stops the job; the others go on unless the chief itself is lost.
+    if (chief() || chief_lost) {
+      why = absl::StrCat(who, " lost (", info.lost_detail(), ")");
+    }
+  }
+  if (!why.empty()) Fail(why);
+}
+
+void PsCheckpointer::Fail(const std::string& why) {
+  {
+    absl::MutexLock lock(&failure_mu_);
+    if (!failure_.empty()) return;
+    failure_ = why;
+  }
+  failed_ = true;
+  const absl::Status status = FailureStatus();
+  PSTRAIN_LOG(ERROR) << status.message();
+  // A trainer blocked in a pull or push (e.g. on the lost worker's shard) returns now.
+  if (opt_.client != nullptr) opt_.client->Abort(status);
+}
+
+absl::Status PsCheckpointer::FailureStatus() const {
+  absl::StatusOr<int64_t> latest = ReadLatest(opt_.dir);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", opt_.worker, " stops: ", failure(), "; last good checkpoint: ",
+      latest.ok() ? CheckpointPath(opt_.dir, *latest) : std::string("none"),
+      " (run the same command to resume from it, or use --max_restarts)"));
 }
 
 PsCheckpointer::~PsCheckpointer() {
@@ -25,22 +78,40 @@ PsCheckpointer::~PsCheckpointer() {
   }
 }
 
-// Shard 0 answers each call when its job state changes (or after 10 s without a change). A
-// failed call only delays this worker's joining a round (the chief waits for it), so errors are
-// not fatal here; the calls' retry policy paces the attempts to an unreachable shard 0.
+// Shard 0 answers each call when its job state changes (or after the hold without a change). A
+// failed call only delays this worker's joining a round (the chief waits for it), so one error is
+// not fatal; the calls' retry policy paces the attempts to an unreachable shard 0. But the lease
+// is symmetric: when shard 0 has not answered for longer than the lease (this worker is cut off,
+// or shard 0 is down), shard 0 counts this worker as lost, so the worker stops too, naming shard
+// 0, instead of training on or waiting for a job that has gone on without it.
 void PsCheckpointer::Watch() {
   int64_t version = 0;  // the first call is answered at once
+  // A third of the lease: a renewal is never further apart than that plus a round trip.
+  const absl::Duration hold = std::min(absl::Seconds(10), opt_.lease / 3);
+  absl::Time heard = absl::Now();
+  bool job_finished = false;  // shard 0 said so: its going away is the end of the job
   while (true) {
-    absl::StatusOr<InfoResponse> info =
-        watch_rpc_->WatchInfo(version, absl::Seconds(10), absl::Seconds(30));
+    absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, opt_.lease);
     if (info.ok()) {
+      heard = absl::Now();
       version = info->job_version();
+      job_finished = info->job_finished();
+      NoteJobHealth(*info);
       open_round_ = info->checkpoint_round() > info->checkpoint_released_round()
                         ? info->checkpoint_round()
                         : 0;
       continue;
     }
     if (info.status().code() == absl::StatusCode::kCancelled) return;
+    const absl::Duration silent = absl::Now() - heard;
+    if (!job_finished && silent > opt_.lease) {
+      Fail(absl::StrCat("shard 0 (", opt_.shards[0], ") not reached for ",
+                        absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
+                        ", longer than the lease (", absl::FormatDuration(opt_.lease),
+                        "): this worker counts as lost (cut off, or shard 0 is down): ",
+                        info.status().message()));
+      return;
+    }
     PSTRAIN_LOG(WARNING) << "watching shard 0 for checkpoint rounds: " << info.status();
     // An error that came back at once (not a retried one) must not make this loop spin.
     if (!watch_rpc_->Pause(absl::Seconds(1))) return;
@@ -101,6 +172,7 @@ absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target) {
 }
 
 bool PsCheckpointer::Requested(int64_t step) {
+  if (failed_.load()) return true;  // Save says why
   if (!lockstep()) return open_round_.load() > handled_round_;
   // Checked every step, without an RPC: a worker that learnt of the round late could run past
   // the common step and wait forever on the paused ones. Shard 0's answer to the pull of the
@@ -131,6 +203,7 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
   }
   // The trainer saves again when it stops after a round that asked it to stop: nothing changed.
   if (stopped_) return last_saved_dir_;
+  if (failed_.load()) return FailureStatus();
   const bool stop = opt_.stop != nullptr && opt_.stop->load();
   if (lockstep()) {
     // Arrive only at the round's common step; the schedule's call asks for a round at a later
@@ -193,6 +266,8 @@ absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
 
 absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {
   absl::StatusOr<std::string> dir = RunRoundSteps(round);
+  // A failed round leaves no half-written directory behind (the chief is the only writer).
+  if (!dir.ok()) RemoveIncompleteCheckpoints(opt_.dir);
   // Whatever happened, the paused workers must learn it (they wait with a deadline).
   CoordinateRequest req;
   req.set_kind(CoordinateRequest::COMPLETE);
@@ -249,7 +324,7 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
       SaveShardRequest req;
       req.set_phase(SaveShardRequest::WRITE);
       req.set_round(round);
-      req.set_dir(ckpt);
+      req.set_name(CheckpointName(step));  // the shard writes under its own job directory
       written[s] = shards_[s]->SaveShard(req, opt_.timeout);
     });
   }

@@ -7,6 +7,10 @@
 //      and join it at their next step boundary;
 //      every call goes to shard 0 by RPC, also from the host that runs shard 0, so a worker
 //      without a shard (`pstrain worker`) works the same;
+//   Every worker keeps a long-poll open on shard 0 (its lease, JobCoordinator); the chief stops
+//   the job when a worker is lost (aborting an open round: its waits end at once), and the
+//   workers stop when the job failed, the chief was lost, or shard 0 has not answered them for
+//   longer than the lease (they were counted lost: cut off, or shard 0 is down) (failure()).
 //   2. each worker flushes its pushes, arrives with its WorkerState and pauses;
 //   3. the chief waits for every worker (a worker that finished training stands in with its
 //      final state), asks every shard to COPY its state into memory (all writers are paused, so
@@ -38,7 +42,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_rpc.h"
@@ -64,6 +70,14 @@ class PsCheckpointer final : public Checkpointer {
     std::optional<CheckpointChoice> restored;
     // What the MANIFEST records about the model (worker/train/checkpoint.h DescribeModel).
     ModelDescription model;
+    // The cluster secret, TLS and message cap of every call (common/rpc/security.h).
+    RpcSecurity security;
+    // The lease shard 0 keeps for each worker (cluster.lease_ms): the watcher's long-poll, held
+    // at most a third of it, renews this worker's. Shard 0 not answering for longer than the
+    // lease fails this worker (failure()): it has been counted lost.
+    absl::Duration lease = absl::Seconds(30);
+    // Worker i's host, for messages (`pstrain host`: the cluster spec); empty = unknown.
+    std::vector<std::string> worker_hosts;
   };
 
   explicit PsCheckpointer(Options options);
@@ -81,6 +95,13 @@ class PsCheckpointer final : public Checkpointer {
 
   // The state Save(final = true) recorded, serialized, for the TRAINING_DONE report.
   const std::string& final_state() const { return final_state_; }
+  // Why this worker must stop, if it must ("" otherwise): the chief learnt that workers were
+  // lost, or a worker learnt that the job failed (shard 0's job_error) or that the chief was
+  // lost. Then Requested() is true and Save() returns FAILED_PRECONDITION with this message and
+  // the last good checkpoint.
+  std::string failure() const;
+  // failure() as the error Save returns, naming the last good checkpoint.
+  absl::Status FailureStatus() const;
   // Chief, after every worker reported TRAINING_DONE: a round made of their final states.
   absl::StatusOr<std::string> SaveFinal();
 
@@ -99,8 +120,16 @@ class PsCheckpointer final : public Checkpointer {
   // Chief: steps 3 of the protocol for `round`; returns the checkpoint directory.
   absl::StatusOr<std::string> RunRound(int64_t round);
   absl::StatusOr<std::string> RunRoundSteps(int64_t round);
-  // ASYNC: long-polls shard 0's Info on watch_rpc_ until the destructor cancels it.
+  // Long-polls shard 0's Info on watch_rpc_ until the destructor cancels it (every mode: it
+  // renews this worker's lease; ASYNC: it tells of rounds; every worker: of lost workers).
   void Watch();
+  // Notes what shard 0's job state says of lost workers and the job's failure.
+  void NoteJobHealth(const InfoResponse& info);
+  // The first failure sticks: failure() becomes `why`, and the PS client's calls in flight end
+  // with FailureStatus() (a trainer blocked in a pull or push returns at once).
+  void Fail(const std::string& why);
+  // "worker 2 (host h2:2223)".
+  std::string DescribeWorker(int worker) const;
 
   const Options opt_;
   std::vector<std::unique_ptr<ShardRpc>> shards_;
@@ -115,6 +144,9 @@ class PsCheckpointer final : public Checkpointer {
   std::atomic<int64_t> open_round_{0};
   std::unique_ptr<ShardRpc> watch_rpc_;
   std::thread watcher_;
+  std::atomic<bool> failed_{false};
+  mutable absl::Mutex failure_mu_;
+  std::string failure_ ABSL_GUARDED_BY(failure_mu_);
 };
 
 }  // namespace pstrain

@@ -19,6 +19,7 @@
 #include "common/random.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/retry.h"
+#include "common/rpc/security.h"
 #include "common/rpc/timer.h"
 #include "common/rpc/wire.h"
 #include "common/status.h"
@@ -94,7 +95,7 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
     {
       // Under mu_, so that Cancel() either sees this context or prevents it.
       absl::MutexLock lock(&mu_);
-      if (!cancelled_ && !client_->shutting_down_.load()) {
+      if (!cancelled_ && !client_->shutting_down_.load() && !client_->aborting_.load()) {
         ctx_ = std::make_unique<grpc::ClientContext>();
         ctx_->set_deadline(absl::ToChronoTime(schedule_.BeginAttempt(absl::Now())));
         ctx_->set_wait_for_ready(wait_for_ready_);
@@ -102,6 +103,10 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
       }
     }
     if (ctx == nullptr) {
+      if (absl::Status aborted = client_->aborted(); !aborted.ok()) {
+        return Finish(absl::Status(aborted.code(), absl::StrCat(Where(), ": ", method_, ": ",
+                                                                aborted.message())));
+      }
       return Finish(absl::CancelledError(
           absl::StrCat(Where(), ": ", method_, " cancelled: the PS client is shutting down")));
     }
@@ -113,6 +118,10 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
 
   void OnResult(const grpc::Status& s) {
     if (s.ok()) return Finish(absl::OkStatus());
+    if (absl::Status aborted = client_->aborted(); !aborted.ok()) {
+      return Finish(absl::Status(aborted.code(), absl::StrCat(Where(), ": ", method_, ": ",
+                                                              aborted.message())));
+    }
     const absl::Time now = absl::Now();
     const absl::Status st = FromGrpcStatus(s);
     // While the client shuts down the retry still goes through the timer, which then runs it at
@@ -287,13 +296,12 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
     return bad(absl::StrCat("local_shard ", o.local_shard, " needs a local_server and must name ",
                             "one of the ", o.shards.size(), " shards"));
   }
+  if (absl::Status s = ValidateRpcSecurity(o.security); !s.ok()) return s;
   if (o.max_pushes_in_flight < 1) {
     return bad(absl::StrCat("max_pushes_in_flight must be >= 1, got ", o.max_pushes_in_flight));
   }
   std::unique_ptr<PsClient> c(new PsClient(std::move(o)));
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);  // a pull answer is several MB
-  args.SetMaxSendMessageSize(-1);
   // A restarted shard should be reached again within our retry schedule, not gRPC's default
   // reconnect backoff (1 s growing to 120 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, c->opt_.initial_backoff_ms);
@@ -306,8 +314,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
     shard->address = address;
     shard->channel = static_cast<int>(c->shards_.size()) == c->opt_.local_shard
                          ? c->opt_.local_server->InProcessChannel()
-                         : grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                                     args);
+                         : MakeChannel(address, c->opt_.security, args);
     if (shard->channel == nullptr) return bad("local_server is not started");
     shard->stub = ParameterServer::NewStub(shard->channel);
     c->shards_.push_back(std::move(shard));
@@ -411,10 +418,29 @@ absl::Status PsClient::CallAllShards(const char* method, const Req& request, boo
   return status;
 }
 
+void PsClient::Abort(absl::Status reason) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (!abort_.ok()) return;
+    abort_ = std::move(reason);
+  }
+  aborting_ = true;
+  absl::MutexLock lock(&mu_);
+  for (Call* call : calls_) call->Cancel();
+}
+
+absl::Status PsClient::aborted() const {
+  if (!aborting_.load()) return absl::OkStatus();
+  absl::MutexLock lock(&abort_mu_);
+  return abort_;
+}
+
 absl::Status PsClient::WaitForShards(absl::Duration timeout) {
   std::vector<InfoResponse> infos;
+  InfoRequest request;
+  request.set_worker_id(opt_.worker_id);
   RETURN_IF_ERROR((CallAllShards<InfoRequest, InfoResponse>(
-      "Info", InfoRequest(), /*wait_for_ready=*/true, timeout,
+      "Info", request, /*wait_for_ready=*/true, timeout,
       [](ParameterServer::Stub* stub, grpc::ClientContext* ctx, const InfoRequest* req,
          InfoResponse* resp, std::function<void(grpc::Status)> cb) {
         stub->async()->Info(ctx, req, resp, std::move(cb));
@@ -433,6 +459,12 @@ absl::Status PsClient::WaitForShards(absl::Duration timeout) {
           shards_[s]->address, info.shard(), m.shards(), m.rows(), m.partitions(), m.row_dim(),
           m.dense_size(), s, num_shards(), map_.rows(), map_.partitions(), opt_.row_dim,
           opt_.dense_size));
+    }
+    if (info.num_workers() > 0 && opt_.worker_id >= info.num_workers()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          shards_[s]->address, " serves a job of ", info.num_workers(),
+          " workers, but this is worker ", opt_.worker_id,
+          ": start every `pstrain ps` with --num_workers set to the job's workers"));
     }
     if (!info.ready()) {
       return absl::UnavailableError(

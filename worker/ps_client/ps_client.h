@@ -68,6 +68,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/rpc/retry.h"
+#include "common/rpc/security.h"
 #include "ps/store/partition.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
@@ -123,6 +124,8 @@ class PsClient final : public ParameterAccess {
     // deadlines and retries, without TCP). -1 = every shard over its address.
     int local_shard = -1;
     LocalShard* local_server = nullptr;
+    // The cluster secret every call carries, TLS, and the message cap (common/rpc/security.h).
+    RpcSecurity security;
   };
 
   // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
@@ -135,6 +138,13 @@ class PsClient final : public ParameterAccess {
   ~PsClient() override;
   PsClient(const PsClient&) = delete;
   PsClient& operator=(const PsClient&) = delete;
+
+  // Ends every call in progress and every later one with `reason` (not OK), e.g. when the job
+  // failed or a peer was lost: a trainer blocked in a pull or push returns at once with the
+  // reason instead of waiting for its deadline. Idempotent (the first reason stays).
+  void Abort(absl::Status reason);
+  // Abort's reason, or OK.
+  absl::Status aborted() const;
 
   // Asks every shard for its Info, waiting up to `timeout` for shards that are not up yet, and
   // checks that shard i is shard i of S with the same V, P, row_dim and dense_size as this
@@ -231,6 +241,9 @@ class PsClient final : public ParameterAccess {
   struct PushPart;
 
   explicit PsClient(Options options);
+  std::atomic<bool> aborting_{false};
+  mutable absl::Mutex abort_mu_;
+  absl::Status abort_ ABSL_GUARDED_BY(abort_mu_);
   // The retry policy of a call with this budget (the options' deadline, retries and backoff).
   RetryPolicy Policy(absl::Duration budget) const;
   void NoteJobState(uint64_t incarnation, const JobState& job);

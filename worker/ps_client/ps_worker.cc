@@ -40,15 +40,22 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     config.mutable_train()->set_model_dir(
         absl::StrCat(config.train().model_dir(), "/", o.log_dir_prefix, "-", me));
   }
+  RpcSecurity security = o.security;
+  if (security.max_message_bytes <= 0) {
+    security.max_message_bytes = MaxMessageBytes(config, spec.num_fields(), row_dim, dense_size);
+  }
   PsClient::Options client_options = PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size);
   client_options.local_shard = o.local_shard;
   client_options.local_server = o.local_server;
+  client_options.security = security;
   ASSIGN_OR_RETURN(auto client, PsClient::Create(std::move(client_options)));
   RETURN_IF_ERROR(Annotate(client->WaitForShards(o.connect_timeout), "waiting for the shards"));
   std::printf("pstrain %s: %s %d/%d ready, training\n", o.log_dir_prefix.c_str(),
               o.log_dir_prefix.c_str(), me, N);
   std::fflush(stdout);
-  ShardRpc shard_zero(o.shards[0]);
+  ShardRpc shard_zero(o.shards[0], security, me);
+  // The chief commits the job's checkpoints: what an interrupted write left goes first.
+  if (chief) RemoveIncompleteCheckpoints(ckpt_dir);
 
   PsCheckpointer::Options co;
   co.dir = ckpt_dir;
@@ -63,6 +70,9 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   co.staleness = config.cluster().staleness();
   co.restored = o.restored;
   ASSIGN_OR_RETURN(co.model, DescribeModel(config));
+  co.security = security;
+  co.lease = absl::Milliseconds(cc->lease_ms());
+  co.worker_hosts = o.worker_hosts;
   PsCheckpointer checkpointer(std::move(co));
   const absl::Time t_start = absl::Now();
 
@@ -143,6 +153,16 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   if (o.training != nullptr) *o.training = true;
   absl::StatusOr<TrainSummary> summary = RunTraining(config, opts);
   if (o.training != nullptr) *o.training = false;
+  if (!summary.ok() && chief) {
+    // The other workers learn at once that the job failed (their long-polls answer), instead of
+    // waiting for shard 0's calls to time out. Best effort: shard 0 may be what failed.
+    CoordinateRequest failed;
+    failed.set_kind(CoordinateRequest::FINISH_JOB);
+    failed.set_error(std::string(summary.status().message()).substr(0, 4000));
+    if (absl::Status s = shard_zero.Coordinate(failed, absl::Seconds(5)).status(); !s.ok()) {
+      PSTRAIN_LOG(WARNING) << "telling the workers that the job failed: " << s;
+    }
+  }
   if (!summary.ok() || !chief) return summary;
   if (!summary->preempted) {
     if (auto stats = client->GetStats(); stats.ok()) {

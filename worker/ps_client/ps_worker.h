@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/security.h"
 #include "pstrain/config.pb.h"
 #include "worker/ps_client/local_shard.h"
 #include "worker/train/checkpoint.h"
@@ -42,6 +43,12 @@ struct PsWorkerOptions {
   // The shard this process serves, if any (`pstrain host`): PsClient::Options::local_server.
   int local_shard = -1;
   LocalShard* local_server = nullptr;
+  // The cluster secret, TLS and message cap of every call (cmd/ reads them: a file, the
+  // environment, `pstrain local`'s per-job secret). max_message_bytes 0 = MaxMessageBytes of the
+  // config.
+  RpcSecurity security;
+  // Worker i's host for messages (`pstrain host`: host i of the cluster spec), or empty.
+  std::vector<std::string> worker_hosts;
 };
 
 // Runs the worker role. `config` is validated, with the job's model dir (this function derives

@@ -25,12 +25,11 @@ constexpr absl::Duration kHoldSlack = absl::Seconds(5);
 // The deadline of one attempt of a call that is not held.
 constexpr absl::Duration kAttempt = absl::Seconds(10);
 
-std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  // Worker states carry the data pipeline's held records (a window shuffle buffer): megabytes.
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address,
+                                              const RpcSecurity& security) {
+  // Worker states carry the data pipeline's held records (a window shuffle buffer): megabytes,
+  // within the security's message cap.
+  return MakeChannel(address, security, grpc::ChannelArguments());
 }
 
 uint64_t CallSeed() {
@@ -49,9 +48,11 @@ absl::Duration HoldFor(absl::Duration left, bool* last) {
 
 }  // namespace
 
-ShardRpc::ShardRpc(const std::string& address, absl::Duration rpc_budget)
-    : stub_(ParameterServer::NewStub(ControlChannel(address))),
+ShardRpc::ShardRpc(const std::string& address, RpcSecurity security, int worker,
+                   absl::Duration rpc_budget)
+    : stub_(ParameterServer::NewStub(ControlChannel(address, security))),
       address_(address),
+      worker_(worker),
       rpc_budget_(rpc_budget) {}
 
 RetryPolicy ShardRpc::Policy(absl::Duration timeout, absl::Duration attempt) const {
@@ -94,8 +95,10 @@ void ShardRpc::Cancel() {
 
 absl::StatusOr<InfoResponse> ShardRpc::Info(absl::Duration timeout) {
   InfoResponse info;
+  InfoRequest request;
+  if (worker_ >= 0) request.set_worker_id(worker_);
   RETURN_IF_ERROR(Call(Policy(timeout, kAttempt), [&](grpc::ClientContext* ctx) {
-    return stub_->Info(ctx, InfoRequest(), &info);
+    return stub_->Info(ctx, request, &info);
   }));
   return info;
 }
@@ -103,6 +106,7 @@ absl::StatusOr<InfoResponse> ShardRpc::Info(absl::Duration timeout) {
 absl::StatusOr<InfoResponse> ShardRpc::WatchInfo(int64_t version, absl::Duration hold,
                                                  absl::Duration timeout) {
   InfoRequest request;
+  if (worker_ >= 0) request.set_worker_id(worker_);
   request.set_watch_version(version);
   request.set_watch_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(hold)));
   InfoResponse info;
@@ -173,6 +177,10 @@ absl::StatusOr<InfoResponse> ShardRpc::WaitForInfo(
       return info.status();
     }
     if (done(*info)) return info;
+    if (!info->job_error().empty()) {
+      return absl::AbortedError(absl::StrCat("waiting for ", what, ": the job failed: ",
+                                             info->job_error()));
+    }
     const bool unchanged = info->job_version() == version;
     version = info->job_version();
     if (unchanged && last) break;
@@ -201,6 +209,13 @@ absl::StatusOr<CoordinateResponse> ShardRpc::WaitForCoordinate(
     }
     still = missing(*got);
     if (still.empty()) return got;
+    // A missing worker whose lease expired will not come: say so now, not at the timeout.
+    for (int w : got->lost()) {
+      if (std::find(still.begin(), still.end(), w) != still.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, " aborted: ", got->lost_detail()));
+      }
+    }
     const bool unchanged = got->job_version() == version;
     version = got->job_version();
     if (unchanged && last) break;

@@ -12,8 +12,8 @@
 // Waiting on shard 0's job state is a long-poll, never a poll (proto/pstrain/ps_service.proto):
 // WaitForInfo, WaitForArrivals and WaitForReports loop on calls that the shard holds until its
 // job version changes (or at most 10 s), with no sleep between them, for their whole timeout.
-// Messages have no size limit (worker states hold the pipeline's buffered records). Errors name
-// the shard's address.
+// Messages are capped by security.max_message_bytes (worker states hold the pipeline's buffered
+// records: cluster.max_message_mb raises it). Errors name the shard's address.
 //
 // Thread-safety: every method may be called concurrently. Cancel() ends the calls in progress
 // (their held calls too) with CANCELLED, and every later call at once.
@@ -32,13 +32,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/rpc/retry.h"
+#include "common/rpc/security.h"
 #include "pstrain/ps_service.grpc.pb.h"
 
 namespace pstrain {
 
 class ShardRpc {
  public:
-  explicit ShardRpc(const std::string& address, absl::Duration rpc_budget = absl::Seconds(30));
+  // `security`: the cluster secret every call carries, TLS, the message cap. `worker`: the
+  // calling worker (>= 0), named in Info calls so that shard 0 renews its lease; -1 = none.
+  explicit ShardRpc(const std::string& address, RpcSecurity security = RpcSecurity(),
+                    int worker = -1, absl::Duration rpc_budget = absl::Seconds(30));
 
   absl::StatusOr<InfoResponse> Info(absl::Duration timeout);
   absl::Status Report(const ReportRequest& request, absl::Duration timeout);
@@ -89,6 +93,7 @@ class ShardRpc {
 
   std::unique_ptr<ParameterServer::Stub> stub_;
   const std::string address_;
+  const int worker_;
   const absl::Duration rpc_budget_;
   CancellableClock clock_;  // the backoff waits, interrupted by Cancel()
   absl::Mutex mu_;

@@ -38,14 +38,14 @@ struct Job {
     sgd.set_learning_rate(1.0f);
     for (int s = 0; s < kShards; ++s) {
       ShardServer::Options o;
-      o.shard = s;
-      o.num_shards = kShards;
-      o.rows = kRows;
-      o.partitions = kShards;
-      o.row_dim = kDim;
-      o.dense_size = kDense;
-      o.sparse_optimizer = sgd;
-      o.dense_optimizer = sgd;
+      o.data.shard = s;
+      o.data.num_shards = kShards;
+      o.data.rows = kRows;
+      o.data.partitions = kShards;
+      o.data.row_dim = kDim;
+      o.data.dense_size = kDense;
+      o.data.sparse_optimizer = sgd;
+      o.data.dense_optimizer = sgd;
       o.consistency = mode;
       o.staleness = staleness;
       o.num_workers = workers;
@@ -323,8 +323,8 @@ TEST(ConsistencyTest, ACancelledHeldPullIsDroppedOnce) {
 
 TEST(ConsistencyTest, OptionsAreChecked) {
   ShardServer::Options o;
-  o.rows = 10;
-  o.row_dim = 1;
+  o.data.rows = 10;
+  o.data.row_dim = 1;
   o.consistency = BOUNDED;
   o.staleness = -1;
   auto s = ShardServer::Create(o);
@@ -333,10 +333,27 @@ TEST(ConsistencyTest, OptionsAreChecked) {
   o.staleness = 0;
   o.num_workers = 0;
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  // A worker id outside [0, N) is refused in SYNC.
+  // A worker id outside [0, N) is refused in SYNC: by the client when it connects (the shards
+  // say how many workers they serve), and by the shard if a push comes all the same.
   Job job(SYNC, 0);
-  auto stranger = job.Client(2);
-  absl::Status st = PushConstant(stranger.get(), 1, 1.0f);
+  PsClient::Options co;
+  co.shards = job.addresses;
+  co.rows = kRows;
+  co.partitions = kShards;
+  co.row_dim = kDim;
+  co.dense_size = kDense;
+  co.worker_id = 2;
+  co.consistency = SYNC;
+  auto stranger = PsClient::Create(std::move(co));
+  ASSERT_TRUE(stranger.ok());
+  const absl::Status connect = (*stranger)->WaitForShards(absl::Seconds(10));
+  EXPECT_EQ(connect.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(connect.message(), HasSubstr("--num_workers"));
+  PushRequest req;
+  req.set_worker_id(2);
+  req.set_step(1);
+  PushResponse resp;
+  absl::Status st = job.servers[0]->Push(req, &resp);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("has workers [0, 2)"));
 }

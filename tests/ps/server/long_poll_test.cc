@@ -52,7 +52,7 @@ struct FakeWatch : JobCoordinator::Watch {
 
 TEST(JobCoordinator, AHeldWatchWakesOnTheNextChangeOnly) {
   Timer timer;
-  JobCoordinator c(0, &timer);
+  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
   const int64_t v = c.version();
   FakeWatch w;
   c.Hold(&w, v, absl::Now() + absl::Seconds(30));
@@ -75,7 +75,7 @@ TEST(JobCoordinator, AHeldWatchWakesOnTheNextChangeOnly) {
 
 TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
   Timer timer;
-  JobCoordinator c(0, &timer);
+  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
   int64_t v = c.version();
   auto changed = [&] {
     const int64_t now = c.version();
@@ -86,7 +86,7 @@ TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
   ReportRequest r;
   r.set_worker_id(1);
   r.set_phase(TRAINING_DONE);
-  c.Report(r);
+  ASSERT_TRUE(c.Report(r).ok());
   EXPECT_TRUE(changed());
   EXPECT_EQ(c.RequestCheckpoint(false), 1);
   EXPECT_TRUE(changed());
@@ -96,11 +96,11 @@ TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
   EXPECT_TRUE(changed());
   ASSERT_TRUE(c.ArriveCheckpoint(1, 0, "s").ok());
   EXPECT_TRUE(changed());
-  c.ReleaseCheckpoint(1);
+  ASSERT_TRUE(c.ReleaseCheckpoint(1).ok());
   EXPECT_TRUE(changed());
-  c.ReleaseCheckpoint(1);
+  ASSERT_TRUE(c.ReleaseCheckpoint(1).ok());
   EXPECT_FALSE(changed());
-  c.CompleteCheckpoint(1, "/d", "");
+  ASSERT_TRUE(c.CompleteCheckpoint(1, "/d", "").ok());
   EXPECT_TRUE(changed());
   c.FinishJob();
   EXPECT_TRUE(changed());
@@ -110,7 +110,7 @@ TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
 
 TEST(JobCoordinator, AHeldWatchIsAnsweredAtItsTimeUnchanged) {
   Timer timer;
-  JobCoordinator c(0, &timer);
+  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
   FakeWatch w;
   const absl::Time start = absl::Now();
   c.Hold(&w, c.version(), start + absl::Milliseconds(200));
@@ -122,7 +122,7 @@ TEST(JobCoordinator, AHeldWatchIsAnsweredAtItsTimeUnchanged) {
 
 TEST(JobCoordinator, CancelAndStopHoldingEndEveryHeldWatchOnce) {
   Timer timer;
-  JobCoordinator c(0, &timer);
+  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
   FakeWatch a, b;
   c.Hold(&a, c.version(), absl::Now() + absl::Seconds(30));
   c.Hold(&b, c.version(), absl::Now() + absl::Seconds(30));
@@ -143,7 +143,7 @@ TEST(JobCoordinator, CancelAndStopHoldingEndEveryHeldWatchOnce) {
 
 TEST(JobCoordinator, HoldsAtMostkMaxHeldCalls) {
   Timer timer;
-  JobCoordinator c(0, &timer);
+  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
   std::vector<std::unique_ptr<FakeWatch>> held;
   for (int i = 0; i < JobCoordinator::kMaxHeld; ++i) {
     held.push_back(std::make_unique<FakeWatch>());
@@ -159,17 +159,17 @@ TEST(JobCoordinator, HoldsAtMostkMaxHeldCalls) {
 // ---- Over gRPC ----
 
 struct Shard0 {
-  explicit Shard0(Consistency mode = ASYNC, int num_shards = 1) {
+  explicit Shard0(Consistency mode = ASYNC, int num_shards = 1, int num_workers = 1) {
     for (int s = 0; s < num_shards; ++s) {
       ShardServer::Options o;
-      o.shard = s;
-      o.num_shards = num_shards;
-      o.rows = 100;
-      o.partitions = num_shards;
-      o.row_dim = 2;
-      o.dense_size = 4;
+      o.data.shard = s;
+      o.data.num_shards = num_shards;
+      o.data.rows = 100;
+      o.data.partitions = num_shards;
+      o.data.row_dim = 2;
+      o.data.dense_size = 4;
       o.consistency = mode;
-      o.num_workers = 1;
+      o.num_workers = num_workers;
       auto server = ShardServer::Create(std::move(o));
       EXPECT_TRUE(server.ok()) << server.status();
       EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
@@ -293,10 +293,10 @@ TEST(LongPoll, AHeldCoordinateReportsIsAnsweredByTheNextReport) {
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(kHeld));
   EXPECT_EQ(job.s0().coordinator().held_watches(), 1);
   ReportRequest report;
-  report.set_worker_id(1);
+  report.set_worker_id(0);
   report.set_phase(TRAINING_DONE);
   report.set_examples(5);
-  job.s0().Report(report);
+  ASSERT_TRUE(job.s0().Report(report).ok());
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_EQ(held.reports_size(), 1);
@@ -356,7 +356,7 @@ TEST(LongPoll, Shard0PutsItsJobStateInBoundedAndSyncTrainingPulls) {
 }
 
 TEST(LongPoll, ShardRpcWaitsReturnWhenTheStateChanges) {
-  Shard0 job;
+  Shard0 job(ASYNC, 1, /*num_workers=*/2);
   ShardRpc rpc(job.addresses[0]);
   ShardServer& s0 = job.s0();
   // The chief's wait for arrivals: answered by the last arrival, not by a poll.
@@ -386,7 +386,7 @@ TEST(LongPoll, ShardRpcWaitsReturnWhenTheStateChanges) {
   // A non-chief's wait for the release of its round.
   std::thread chief([&] {
     absl::SleepFor(kHeld);
-    s0.coordinator().ReleaseCheckpoint(round);
+    EXPECT_TRUE(s0.coordinator().ReleaseCheckpoint(round).ok());
   });
   auto info = rpc.WaitForInfo(
       [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
@@ -474,7 +474,7 @@ TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
   ASSERT_TRUE(job.s0().Pull(eval, &direct).ok());
   EXPECT_FALSE(direct.has_job());
   // Once released, the round is no longer open.
-  job.s0().coordinator().ReleaseCheckpoint(1);
+  ASSERT_TRUE(job.s0().coordinator().ReleaseCheckpoint(1).ok());
   ASSERT_TRUE(c.PushAsync({row}, grads.data(), nullptr, 2)->Wait().ok());
   ASSERT_TRUE(pull(3).ok());
   EXPECT_FALSE(checkpointer.Requested(4));

@@ -56,21 +56,25 @@ void DenseInit(float* out, int64_t n) {
 
 // S shard servers on 127.0.0.1:<free port>.
 struct Cluster {
-  Cluster(int shards, const Table& t, OptimizerType type) : table(t) {
+  Cluster(int shards, const Table& t, OptimizerType type, const std::string& checkpoint_dir = "",
+          int num_workers = 1)
+      : table(t) {
     for (int s = 0; s < shards; ++s) {
       ShardServer::Options o;
-      o.shard = s;
-      o.num_shards = shards;
-      o.rows = t.rows;
-      o.partitions = t.partitions;
-      o.row_dim = t.row_dim;
-      o.dense_size = t.dense_size;
-      o.sparse_optimizer = MakeOptimizerConfig(type);
-      o.dense_optimizer = MakeOptimizerConfig(type);
+      o.data.checkpoint_dir = checkpoint_dir;
+      o.num_workers = num_workers;
+      o.data.shard = s;
+      o.data.num_shards = shards;
+      o.data.rows = t.rows;
+      o.data.partitions = t.partitions;
+      o.data.row_dim = t.row_dim;
+      o.data.dense_size = t.dense_size;
+      o.data.sparse_optimizer = MakeOptimizerConfig(type);
+      o.data.dense_optimizer = MakeOptimizerConfig(type);
       const int dim = t.row_dim;
       const int64_t dense_size = t.dense_size;
-      o.row_init = [dim](int64_t row, float* out) { RowInit(row, out, dim); };
-      o.dense_init = [dense_size](float* out) { DenseInit(out, dense_size); };
+      o.data.row_init = [dim](int64_t row, float* out) { RowInit(row, out, dim); };
+      o.data.dense_init = [dense_size](float* out) { DenseInit(out, dense_size); };
       auto server = ShardServer::Create(std::move(o));
       EXPECT_TRUE(server.ok()) << server.status();
       EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
@@ -391,20 +395,20 @@ TEST(ShardServer, DuplicatedPushIdIsAppliedOnce) {
 
 TEST(ShardServer, CreateAndStartRejectBadInput) {
   ShardServer::Options o;
-  o.rows = 100;
-  o.partitions = 4;
-  o.row_dim = 4;
-  o.num_shards = 2;
-  o.shard = 2;
+  o.data.rows = 100;
+  o.data.partitions = 4;
+  o.data.row_dim = 4;
+  o.data.num_shards = 2;
+  o.data.shard = 2;
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.shard = 1;
-  o.row_dim = 0;
+  o.data.shard = 1;
+  o.data.row_dim = 0;
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.row_dim = 4;
-  o.sparse_optimizer.set_type(ADAM);
-  o.sparse_optimizer.set_epsilon(0);
+  o.data.row_dim = 4;
+  o.data.sparse_optimizer.set_type(ADAM);
+  o.data.sparse_optimizer.set_epsilon(0);
   EXPECT_EQ(ShardServer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.sparse_optimizer.set_epsilon(1e-8f);
+  o.data.sparse_optimizer.set_epsilon(1e-8f);
   auto a = ShardServer::Create(o);
   auto b = ShardServer::Create(o);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -518,7 +522,7 @@ namespace {
 // REPORTS), job_finished in Info after Coordinate FINISH_JOB.
 TEST(ShardServer, ReportsWaitAndJobFinished) {
   const Table t;
-  Cluster cluster(1, t, ADAGRAD);
+  Cluster cluster(1, t, ADAGRAD, "", /*num_workers=*/2);
   ShardServer& shard = *cluster.servers[0];
   auto stub = RawStub(cluster.addresses[0]);
   ShardRpc rpc(cluster.addresses[0]);
@@ -578,7 +582,7 @@ void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t
     ASSERT_TRUE(server->CopyForCheckpoint(round).ok());
   }
   for (auto& server : cluster->servers) {
-    auto written = server->WriteCheckpoint(round, *ckpt);
+    auto written = server->WriteCheckpoint(round, CheckpointName(step));
     ASSERT_TRUE(written.ok()) << written.status();
     auto* f = manifest.add_file();
     f->set_name(written->file());
@@ -594,7 +598,7 @@ void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t
 // do the updates after the restore.
 TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
   const Table t;
-  Cluster three(3, t, ADAM);
+  Cluster three(3, t, ADAM, TestDir("repartition"));
   Reference ref(t, ADAM);
   auto client = three.Client();
   Rng rng(99);
@@ -643,7 +647,7 @@ TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
 
 TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
   const Table t;
-  Cluster two(2, t, ADAGRAD);
+  Cluster two(2, t, ADAGRAD, TestDir("shape"));
   const std::string dir = TestDir("shape");
   SaveCluster(&two, dir, 1, 1);
   auto choice = ChooseCheckpoint(dir);
@@ -659,8 +663,8 @@ TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
 
 TEST(ShardCheckpoint, WriteNeedsTheRoundsCopy) {
   const Table t;
-  Cluster one(1, t, SGD);
-  auto w = one.servers[0]->WriteCheckpoint(5, TestDir("nocopy"));
+  Cluster one(1, t, SGD, TestDir("nocopy"));
+  auto w = one.servers[0]->WriteCheckpoint(5, "ckpt-5");
   EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(w.status().message()), HasSubstr("without its COPY"));
 }
@@ -669,7 +673,7 @@ TEST(ShardCheckpoint, WriteNeedsTheRoundsCopy) {
 // in with its final state; the wait names the missing workers.
 TEST(ShardCheckpoint, CoordinatorRounds) {
   const Table t;
-  Cluster one(1, t, SGD);
+  Cluster one(1, t, SGD, "", /*num_workers=*/3);
   ShardServer& s0 = *one.servers[0];
   EXPECT_EQ(s0.coordinator().RequestCheckpoint(false), 1);
   EXPECT_EQ(s0.coordinator().RequestCheckpoint(true), 1);  // joins the open round and marks it stopping
@@ -679,15 +683,15 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   done.set_worker_id(1);
   done.set_phase(TRAINING_DONE);
   done.set_worker_state("final-1");
-  s0.Report(done);
+  ASSERT_TRUE(s0.Report(done).ok());
   CoordinateResponse got;
   ASSERT_TRUE(s0.coordinator().CollectArrivals(1, 2, &got).ok());
   EXPECT_EQ(got.missing_size(), 0);
   EXPECT_EQ(got.worker_states().at(0), "state-0");
   EXPECT_EQ(got.worker_states().at(1), "final-1");
-  s0.coordinator().ReleaseCheckpoint(1);
+  ASSERT_TRUE(s0.coordinator().ReleaseCheckpoint(1).ok());
   EXPECT_EQ(s0.coordinator().ArriveCheckpoint(1, 0, "late").code(), absl::StatusCode::kFailedPrecondition);
-  s0.coordinator().CompleteCheckpoint(1, "/ckpt/dir", "");
+  ASSERT_TRUE(s0.coordinator().CompleteCheckpoint(1, "/ckpt/dir", "").ok());
   InfoResponse info = s0.Info();
   EXPECT_EQ(info.checkpoint_done_round(), 1);
   EXPECT_EQ(info.checkpoint_done_dir(), "/ckpt/dir");
@@ -714,7 +718,7 @@ TEST(ShardCheckpoint, CoordinatorRounds) {
   auto states = rpc.WaitForArrivals(2, 1, absl::Seconds(10));
   ASSERT_TRUE(states.ok()) << states.status();
   EXPECT_EQ(states->at(0).size(), big.size());
-  s0.coordinator().CompleteCheckpoint(2, "", "disk full");
+  ASSERT_TRUE(s0.coordinator().CompleteCheckpoint(2, "", "disk full").ok());
   EXPECT_EQ(s0.Info().checkpoint_error(), "disk full");
 }
 

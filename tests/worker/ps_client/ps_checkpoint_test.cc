@@ -33,12 +33,14 @@ std::string Slurp(const std::string& path) {
 // workers and returns the committed checkpoint untouched.
 TEST(PsCheckpointer, ARoundAtTheCommittedStepLeavesItAsItIs) {
   ShardServer::Options so;
-  so.rows = 100;
-  so.partitions = 2;
-  so.row_dim = 3;
-  so.dense_size = 4;
-  so.sparse_optimizer.set_type(SGD);
-  so.dense_optimizer.set_type(SGD);
+  so.data.rows = 100;
+  so.data.partitions = 2;
+  so.data.row_dim = 3;
+  so.data.dense_size = 4;
+  so.data.sparse_optimizer.set_type(SGD);
+  so.data.dense_optimizer.set_type(SGD);
+  const std::string dir = FreshDir("ps_same_step");
+  so.data.checkpoint_dir = dir;  // the shard writes only under its job's checkpoint dir
   auto shard = ShardServer::Create(so);
   ASSERT_TRUE(shard.ok()) << shard.status();
   ASSERT_TRUE((*shard)->Start("127.0.0.1:0").ok());
@@ -46,15 +48,14 @@ TEST(PsCheckpointer, ARoundAtTheCommittedStepLeavesItAsItIs) {
 
   PsClient::Options co;
   co.shards = {address};
-  co.rows = so.rows;
-  co.partitions = so.partitions;
-  co.row_dim = so.row_dim;
-  co.dense_size = so.dense_size;
+  co.rows = so.data.rows;
+  co.partitions = so.data.partitions;
+  co.row_dim = so.data.row_dim;
+  co.dense_size = so.data.dense_size;
   auto client = PsClient::Create(co);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
 
-  const std::string dir = FreshDir("ps_same_step");
   PsCheckpointer::Options po;
   po.dir = dir;
   po.keep = 1;

@@ -28,6 +28,9 @@ namespace pstrain {
 
 // Default read size of a source: large reads, few syscalls.
 constexpr size_t kDefaultReadChunk = size_t{2} << 20;
+// Default longest record a source accepts (DataConfig.max_record_bytes): a line, a TFRecord
+// record, a reassembled RecordIO record. A source buffers at most this plus one read chunk.
+constexpr size_t kDefaultMaxRecordBytes = size_t{16} << 20;
 
 // Sequential reader over a file or FIFO. Not thread-safe.
 //

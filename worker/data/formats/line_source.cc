@@ -1,5 +1,6 @@
 #include "worker/data/formats/line_source.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -11,9 +12,11 @@ namespace pstrain {
 absl::StatusOr<std::unique_ptr<RecordSource>> LineSource::Open(DataFormat format,
                                                                const std::string& path,
                                                                size_t chunk_size,
-                                                               Channel::Compression compression) {
+                                                               Channel::Compression compression,
+                                                               size_t max_line_bytes) {
   ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
-  std::unique_ptr<LineSource> src(new LineSource(std::move(reader), format == CSV));
+  std::unique_ptr<LineSource> src(
+      new LineSource(std::move(reader), format == CSV, std::max<size_t>(1, max_line_bytes)));
   if (src->header_lines_ > 0) {
     absl::string_view line;
     bool eof = false;
@@ -28,6 +31,7 @@ absl::StatusOr<std::unique_ptr<RecordSource>> LineSource::Open(DataFormat format
 
 absl::Status LineSource::NextLine(absl::string_view* line, bool* eof) {
   *eof = false;
+  if (!fatal_.ok()) return fatal_;
   size_t scanned = 0;  // bytes after the cursor already known to hold no newline
   while (true) {
     const char* d = reader_->data();
@@ -39,6 +43,16 @@ absl::Status LineSource::NextLine(absl::string_view* line, bool* eof) {
       reader_->Consume(len + 1);
     } else {
       scanned = avail;
+      // Stop buffering at the limit: a file with no newline (or a binary file read as text)
+      // must not take memory without bound.
+      if (avail > max_line_bytes_) {
+        fatal_ = absl::InvalidArgumentError(absl::StrCat(
+            reader_->path(), ": line ", lines_ + header_lines_ + 1, " at offset ",
+            reader_->offset(), " is longer than ", max_line_bytes_,
+            " bytes (data.max_record_bytes) without a newline: not a text file of records, "
+            "or raise the limit"));
+        return fatal_;
+      }
       bool more = false;
       RETURN_IF_ERROR(reader_->ReadMore(&more));
       if (more) continue;
@@ -49,6 +63,13 @@ absl::Status LineSource::NextLine(absl::string_view* line, bool* eof) {
       }
       d = reader_->data();
       reader_->Consume(len);
+    }
+    if (len > max_line_bytes_) {  // the newline came within the last read
+      fatal_ = absl::InvalidArgumentError(absl::StrCat(
+          reader_->path(), ": line ", lines_ + header_lines_ + 1, " ending at offset ",
+          reader_->offset(), " has ", len, " bytes, more than ", max_line_bytes_,
+          " (data.max_record_bytes)"));
+      return fatal_;
     }
     if (len > 0 && d[len - 1] == '\r') --len;
     *line = absl::string_view(d, len);
@@ -77,6 +98,7 @@ absl::Status LineSource::Seek(uint64_t offset, uint64_t records) {
   }
   RETURN_IF_ERROR(reader_->Seek(offset));
   lines_ = records;
+  fatal_ = absl::OkStatus();
   return absl::OkStatus();
 }
 

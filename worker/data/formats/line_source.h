@@ -20,9 +20,13 @@ namespace pstrain {
 
 class LineSource : public RecordSource {
  public:
+  // `compression`: buffered_io.h. A line longer than max_line_bytes (decompressed bytes for gzip
+  // input) is INVALID_ARGUMENT naming the file, the line and its offset; the source then reads no
+  // further (at most max_line_bytes + chunk_size buffered).
   static absl::StatusOr<std::unique_ptr<RecordSource>> Open(
       DataFormat format, const std::string& path, size_t chunk_size,
-      Channel::Compression compression = Channel::AUTO);
+      Channel::Compression compression = Channel::AUTO,
+      size_t max_line_bytes = kDefaultMaxRecordBytes);
 
   absl::Status Next(RecordRef* rec, bool* eof) override;
   uint64_t offset() const override { return reader_->offset(); }
@@ -32,13 +36,17 @@ class LineSource : public RecordSource {
   const std::string& path() const override { return reader_->path(); }
 
  private:
-  LineSource(std::unique_ptr<BufferedReader> reader, bool has_header)
-      : reader_(std::move(reader)), header_lines_(has_header ? 1 : 0) {}
+  LineSource(std::unique_ptr<BufferedReader> reader, bool has_header, size_t max_line_bytes)
+      : reader_(std::move(reader)),
+        header_lines_(has_header ? 1 : 0),
+        max_line_bytes_(max_line_bytes) {}
   // The next line, whatever it holds; *eof at the end of input.
   absl::Status NextLine(absl::string_view* line, bool* eof);
 
   std::unique_ptr<BufferedReader> reader_;
   const uint64_t header_lines_;
+  const size_t max_line_bytes_;
+  absl::Status fatal_;  // a line too long: every later call returns it
   uint64_t header_end_ = 0;  // byte offset just past the header line
   uint64_t lines_ = 0;
   std::string header_;

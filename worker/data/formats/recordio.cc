@@ -31,7 +31,8 @@ void AppendPart(uint32_t cflag, absl::string_view data, std::string* out) {
 
 class RecordIOSource : public RecordSource {
  public:
-  explicit RecordIOSource(std::unique_ptr<BufferedReader> reader) : reader_(std::move(reader)) {}
+  RecordIOSource(std::unique_ptr<BufferedReader> reader, uint64_t max_record_bytes)
+      : reader_(std::move(reader)), max_record_bytes_(max_record_bytes) {}
 
   absl::Status Next(RecordRef* rec, bool* eof) override {
     *eof = false;
@@ -67,6 +68,14 @@ class RecordIOSource : public RecordSource {
                                          " has continuation flag ", cflag, ", expected ",
                                          part == 0 ? "0 (whole) or 1 (start)"
                                                    : "2 (middle) or 3 (end)"));
+      }
+      // Reassembly is bounded: the parts so far plus this one (plus the magic put back between
+      // parts) must fit the limit, checked before the part is read.
+      if (joined_.size() + len + (part > 0 ? 4 : 0) > max_record_bytes_) {
+        return Fatal(start, absl::StrCat("the record", part > 0 ? " reassembled from its parts" : "",
+                                         " exceeds the limit of ", max_record_bytes_,
+                                         " bytes (data.max_record_bytes) at part ", part + 1,
+                                         " (offset ", at, ", ", len, " bytes)"));
       }
       const uint64_t frame = kPartHeader + Padded(len);
       if (reader_->size_known() && reader_->file_size() - at < frame) {
@@ -122,8 +131,9 @@ class RecordIOSource : public RecordSource {
   }
 
   std::unique_ptr<BufferedReader> reader_;
+  const uint64_t max_record_bytes_;
   uint64_t records_ = 0;
-  std::string joined_;  // a split record, reassembled
+  std::string joined_;  // a split record, reassembled (at most max_record_bytes_)
   absl::Status fatal_;
 };
 
@@ -181,7 +191,10 @@ class RecordIOParser : public RowParser {
       return Visit(rec, "features[\"values\"]", values_it->second,
                    [&](const auto& t) { return FillRow(rec, t, base, rows); });
     }
-    for (const auto& [name, value] : features) {
+    for (const auto& entry : features) {
+      // Not a structured binding: C++17 lambdas cannot capture one (clang refuses it).
+      const std::string& name = entry.first;
+      const auto& value = entry.second;
       const auto it = index_.find(name);
       if (it == index_.end()) continue;
       const int f = it->second;
@@ -379,9 +392,10 @@ void AppendRecordIOFrame(absl::string_view payload, std::string* out) {
 }
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(
-    const std::string& path, size_t chunk_size, Channel::Compression compression) {
+    const std::string& path, size_t chunk_size, Channel::Compression compression,
+    size_t max_record_bytes) {
   ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
-  return std::unique_ptr<RecordSource>(new RecordIOSource(std::move(reader)));
+  return std::unique_ptr<RecordSource>(new RecordIOSource(std::move(reader), max_record_bytes));
 }
 
 std::unique_ptr<RecordParser> NewRecordIOParser(const FeatureSpec& spec) {

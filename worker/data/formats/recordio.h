@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "worker/data/feature_spec.h"
+#include "worker/data/formats/buffered_io.h"
 #include "worker/data/record_io.h"
 
 namespace pstrain {
@@ -36,8 +37,12 @@ constexpr uint32_t kRecordIOMaxPart = (1u << 29) - 1;
 // every 4-aligned occurrence of the magic. The payload must be shorter than 2^29 bytes.
 void AppendRecordIOFrame(absl::string_view payload, std::string* out);
 
+// A record longer than max_record_bytes (a part, or the parts of a split record reassembled so
+// far; decompressed bytes for gzip input) is INVALID_ARGUMENT naming the file, the record and its
+// offset; the source then reads no further.
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordIOSource(
-    const std::string& path, size_t chunk_size, Channel::Compression compression = Channel::AUTO);
+    const std::string& path, size_t chunk_size, Channel::Compression compression = Channel::AUTO,
+    size_t max_record_bytes = kDefaultMaxRecordBytes);
 
 std::unique_ptr<RecordParser> NewRecordIOParser(const FeatureSpec& spec);
 

@@ -26,9 +26,15 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
   switch (format) {
     case CRITEO_TSV:
     case CSV:
-    case LIBSVM: return LineSource::Open(format, path, options.read_chunk, options.compression);
-    case TFRECORD: return OpenTFRecordSource(path, options.read_chunk, options.compression);
-    case RECORDIO: return OpenRecordIOSource(path, options.read_chunk, options.compression);
+    case LIBSVM:
+      return LineSource::Open(format, path, options.read_chunk, options.compression,
+                              options.max_record_bytes);
+    case TFRECORD:
+      return OpenTFRecordSource(path, options.read_chunk, options.compression,
+                                options.max_record_bytes);
+    case RECORDIO:
+      return OpenRecordIOSource(path, options.read_chunk, options.compression,
+                                options.max_record_bytes);
     default: return UnknownFormat(format);
   }
 }

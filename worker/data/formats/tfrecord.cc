@@ -18,12 +18,11 @@
 namespace pstrain {
 namespace {
 
-// A length beyond this is treated as corruption rather than allocated.
-constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 30;
-
 class TFRecordSource : public RecordSource {
  public:
-  explicit TFRecordSource(std::unique_ptr<BufferedReader> reader) : reader_(std::move(reader)) {}
+  // A length beyond max_record_bytes is refused rather than allocated.
+  TFRecordSource(std::unique_ptr<BufferedReader> reader, uint64_t max_record_bytes)
+      : reader_(std::move(reader)), max_record_bytes_(max_record_bytes) {}
 
   absl::Status Next(RecordRef* rec, bool* eof) override {
     *eof = false;
@@ -45,9 +44,9 @@ class TFRecordSource : public RecordSource {
       return Fatal(start, "corrupt record header: the CRC of the length field does not match "
                           "(not a TFRecord file, or damaged)");
     }
-    if (length > kMaxRecordBytes) {
+    if (length > max_record_bytes_) {
       return Fatal(start, absl::StrCat("record length ", length, " exceeds the limit of ",
-                                       kMaxRecordBytes, " bytes"));
+                                       max_record_bytes_, " bytes (data.max_record_bytes)"));
     }
     const uint64_t frame = kTFRecordHeaderSize + length + kTFRecordFooterSize;
     // For files, check the size first so a truncated huge record is not buffered in vain.
@@ -97,6 +96,7 @@ class TFRecordSource : public RecordSource {
   }
 
   std::unique_ptr<BufferedReader> reader_;
+  const uint64_t max_record_bytes_;
   uint64_t records_ = 0;
   absl::Status fatal_;
 };
@@ -360,9 +360,10 @@ class TFRecordWriter : public BufferedRecordWriter {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
-    const std::string& path, size_t chunk_size, Channel::Compression compression) {
+    const std::string& path, size_t chunk_size, Channel::Compression compression,
+    size_t max_record_bytes) {
   ASSIGN_OR_RETURN(auto reader, BufferedReader::Open(path, chunk_size, compression));
-  return std::unique_ptr<RecordSource>(new TFRecordSource(std::move(reader)));
+  return std::unique_ptr<RecordSource>(new TFRecordSource(std::move(reader), max_record_bytes));
 }
 
 std::unique_ptr<RecordParser> NewTFRecordParser(const FeatureSpec& spec) {

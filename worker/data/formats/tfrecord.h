@@ -16,12 +16,17 @@
 
 #include "absl/status/statusor.h"
 #include "worker/data/feature_spec.h"
+#include "worker/data/formats/buffered_io.h"
 #include "worker/data/record_io.h"
 
 namespace pstrain {
 
+// A record longer than max_record_bytes (decompressed bytes for gzip input) is INVALID_ARGUMENT
+// naming the file, the record and its offset, before any of it is buffered; the source then reads
+// no further.
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
-    const std::string& path, size_t chunk_size, Channel::Compression compression = Channel::AUTO);
+    const std::string& path, size_t chunk_size, Channel::Compression compression = Channel::AUTO,
+    size_t max_record_bytes = kDefaultMaxRecordBytes);
 
 std::unique_ptr<RecordParser> NewTFRecordParser(const FeatureSpec& spec);
 

@@ -1,0 +1,210 @@
+#include "common/rpc/security.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/client_interceptor.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file.h"
+
+namespace pstrain {
+namespace {
+
+class SecretInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit SecretInterceptor(const std::string* secret) : secret_(secret) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kSecretMetadataKey, *secret_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const secret_;  // the factory's, which the channel keeps alive
+};
+
+class SecretInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit SecretInterceptorFactory(std::string secret) : secret_(std::move(secret)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new SecretInterceptor(&secret_);
+  }
+
+ private:
+  const std::string secret_;
+};
+
+// Compares in time that depends on the lengths only.
+bool ConstantTimeEquals(const char* a, size_t na, const std::string& b) {
+  unsigned char diff = na == b.size() ? 0 : 1;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff |= static_cast<unsigned char>(i < na ? a[i] : 0) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+int64_t MaxMessageBytes(const Config& config, int num_fields, int row_dim, int64_t dense_size) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (config.cluster().max_message_mb() > 0) {
+    return std::min(kMax, int64_t{config.cluster().max_message_mb()} << 20);
+  }
+  const int64_t towers = std::max<int64_t>(64, config.threads().towers());
+  const int64_t examples = std::max<int64_t>(config.train().batch_size() * towers,
+                                             config.train().eval_batch_size());
+  const int64_t rows = examples * std::max(1, num_fields);
+  const int64_t largest = rows * (8 + 4 * int64_t{std::max(1, row_dim)}) + 4 * dense_size;
+  return std::min(kMax, std::max(kDefaultMaxMessageBytes, 2 * largest + (int64_t{1} << 20)));
+}
+
+absl::Status ValidateRpcSecurity(const RpcSecurity& s) {
+  if (!s.secret.empty()) {
+    if (s.secret.size() < kMinSecretBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("the cluster secret has ", s.secret.size(),
+                                                     " bytes; expected at least ",
+                                                     kMinSecretBytes));
+    }
+    for (char c : s.secret) {
+      if (c <= ' ' || c > '~') {
+        return absl::InvalidArgumentError(
+            "the cluster secret must be printable ASCII without spaces (e.g. `openssl rand -hex "
+            "32`)");
+      }
+    }
+  }
+  const int tls_parts = !s.ca_pem.empty() + !s.cert_pem.empty() + !s.key_pem.empty();
+  if (tls_parts != 0 && tls_parts != 3) {
+    return absl::InvalidArgumentError(
+        "cluster.tls: expected all of ca, cert and key (or none of them)");
+  }
+  if (s.max_message_bytes <= 0 || s.max_message_bytes > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the largest message must be in [1, 2^31 - 1] bytes, got ", s.max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RandomSecret() {
+  unsigned char bytes[32];
+  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("opening", "/dev/urandom");
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = read(fd, bytes + got, sizeof(bytes) - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      return ErrnoError("reading", "/dev/urandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoError("the cluster secret file", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cluster secret file ", path, " is not a regular file"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("the cluster secret file %s may be read by other users (mode %03o); "
+                        "chmod 600 it",
+                        path, st.st_mode & 0777));
+  }
+  if (st.st_size > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("the cluster secret file ", path, " has ",
+                                                   st.st_size, " bytes; expected at most 4096"));
+  }
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  std::string secret(absl::StripAsciiWhitespace(*text));
+  RpcSecurity check;
+  check.secret = secret;
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the cluster secret file ", path, " is empty"));
+  }
+  if (absl::Status s = ValidateRpcSecurity(check); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return secret;
+}
+
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const RpcSecurity& s) {
+  if (!s.tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = s.ca_pem;
+  o.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
+  return grpc::SslServerCredentials(o);
+}
+
+grpc::ChannelArguments MakeChannelArguments(const RpcSecurity& s) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(s.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(s.max_message_bytes));
+  return args;
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+SecretInterceptors(const std::string& secret) {
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> out;
+  if (!secret.empty()) out.push_back(std::make_unique<SecretInterceptorFactory>(secret));
+  return out;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const RpcSecurity& s,
+                                           grpc::ChannelArguments args) {
+  args.SetMaxReceiveMessageSize(static_cast<int>(s.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(s.max_message_bytes));
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (s.tls()) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = s.ca_pem;
+    o.pem_private_key = s.key_pem;
+    o.pem_cert_chain = s.cert_pem;
+    creds = grpc::SslCredentials(o);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args,
+                                                                 SecretInterceptors(s.secret));
+}
+
+absl::Status SecretChecker::Check(const grpc::ServerContextBase& ctx) const {
+  if (secret_.empty()) return absl::OkStatus();
+  const auto& md = ctx.client_metadata();
+  const auto it = md.find(kSecretMetadataKey);
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        "this PS shard requires the cluster secret (see docs/PS.md \"Operations and security\"); "
+        "the call carried none");
+  }
+  if (!ConstantTimeEquals(it->second.data(), it->second.size(), secret_)) {
+    return absl::UnauthenticatedError("the call carried a wrong cluster secret");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,7 @@
+// libFuzzer target: CRITEO_TSV files through their record source and parser
+// (worker/data/formats/). Seed corpus: fuzz/corpus/criteo_tsv/.
+#include "fuzz/record_reader_fuzzer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return pstrain::fuzz::ReadAndParse(pstrain::CRITEO_TSV, data, size);
+}

@@ -1,0 +1,44 @@
+// Test helpers for the files of a job run by the real binary: its data, made by `pstrain
+// datagen`, and its <model_dir>/summary.json.
+#pragma once
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <string>
+#include <vector>
+
+#include "common/file.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+
+namespace pstrain {
+namespace testing {
+
+// `pstrain datagen` of `rows` rows in `files` files (0: its default) with `seed` into `out`;
+// returns its exit code (-1 if it could not run or took over 120 s).
+inline int Datagen(int rows, int files, int seed, const std::string& out) {
+  std::vector<std::string> argv = {PSTRAIN_BINARY, "datagen", "--rows", absl::StrCat(rows),
+                                   "--seed", absl::StrCat(seed), "--out", out};
+  if (files > 0) {
+    argv.push_back("--files");
+    argv.push_back(absl::StrCat(files));
+  }
+  return RunToExit(argv, 120000);
+}
+
+// summary.json as a protobuf Struct (fields() by name). A missing or malformed file is a test
+// failure (EXPECT), and the result is then empty.
+inline google::protobuf::Struct ReadSummary(const std::string& model_dir) {
+  google::protobuf::Struct summary;
+  auto text = ReadFileToString(model_dir + "/summary.json");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (text.ok()) {
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
+  }
+  return summary;
+}
+
+}  // namespace testing
+}  // namespace pstrain
