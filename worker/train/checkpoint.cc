@@ -15,7 +15,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
                                            absl::string_view created_by) {
-  if (IsCommittedCheckpoint(dir, step)) return CheckpointPath(dir, step);
+  if (IsCommittedCheckpoint(dir, step)) {
+    RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
+    return CheckpointPath(dir, step);
+  }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, step));
   CheckpointManifest manifest;
   {
@@ -35,7 +38,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
   manifest.set_created_by(std::string(created_by));
-  return CommitCheckpoint(dir, std::move(manifest), workers, keep);
+  ASSIGN_OR_RETURN(std::string committed, CommitCheckpoint(dir, std::move(manifest), workers, keep));
+  RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
+  return committed;
 }
 
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
