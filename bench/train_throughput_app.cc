@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/app_util.h"
 #include "bench/gemm_peak.h"
 #include "cmd/launcher.h"
 #include "common/config.h"
@@ -67,10 +68,7 @@ int Main(int argc, char** argv) {
   flags.Int("params_threads", &params_threads,
             "threads of the in-process stores' pull/push (0 = towers x intra, 1 with --mode stale)");
   flags.String("mode", &mode, "sync, pipelined or stale (see the top of the source)");
-  if (auto s = flags.Parse(argc, argv, 1); !s.ok() || flags.help_requested()) {
-    std::fprintf(stderr, "%s%s\n", flags.Usage().c_str(), s.ok() ? "" : std::string(s.message()).c_str());
-    return s.ok() ? 0 : 2;
-  }
+  if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   if (mode != "sync" && mode != "pipelined" && mode != "stale") {
     std::fprintf(stderr, "--mode must be sync, pipelined or stale, got '%s'\n", mode.c_str());
     return 2;
@@ -206,10 +204,7 @@ int Main(int argc, char** argv) {
                                 .Add("gemm_peak_f32_1thread", peak_f32_1).Add("gemm_peak_bf16_1thread", peak_bf16_1)
                                 .Add("gemm_peak_f32_all", peak_f32_all).Add("gemm_peak_bf16_all", peak_bf16_all)
                                 .AddRaw("results", json).str();
-    if (auto s = WriteFileAtomic(out, doc + "\n"); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (int code = WriteJsonResults(out, doc)) return code;
   }
   return 0;
 }
@@ -217,8 +212,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace pstrain
 
-int main(int argc, char** argv) {
-  // As pstrain's own main does, so that the step measured here is the one pstrain runs.
-  pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
-  return pstrain::Main(argc, argv);
-}
+PSTRAIN_APP_MAIN()

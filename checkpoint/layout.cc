@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/block_file.h"
 #include "common/file.h"
@@ -229,6 +230,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointM
     f->set_bytes(bytes);
   }
   manifest.set_num_workers(static_cast<int>(workers.size()));
+  if (manifest.has_model()) manifest.set_version(kManifestVersion);
   manifest.set_wall_time(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   RETURN_IF_ERROR(WriteManifest(ckpt, manifest));
@@ -284,6 +286,84 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
     }
     RemoveTree(e.path);
   }
+}
+
+namespace {
+
+std::string FormatWidths(const google::protobuf::RepeatedField<int32_t>& widths) {
+  return absl::StrCat("[", absl::StrJoin(widths, ", "), "]");
+}
+
+}  // namespace
+
+absl::Status CompareModelDescriptions(const ModelDescription& saved, const ModelDescription& wanted,
+                                      absl::string_view saved_name, absl::string_view wanted_name) {
+  auto differ = [&](absl::string_view field, const auto& a, const auto& b) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": ", a, " in ", saved_name, ", ", b, " in ", wanted_name));
+  };
+  const FeatureConfig& fa = saved.features();
+  const FeatureConfig& fb = wanted.features();
+  if (fa.hash_seed() != fb.hash_seed()) {
+    return differ("features.hash_seed", fa.hash_seed(), fb.hash_seed());
+  }
+  const int n = std::min(fa.field_size(), fb.field_size());
+  for (int i = 0; i < n; ++i) {
+    const FieldSpec& a = fa.field(i);
+    const FieldSpec& b = fb.field(i);
+    const std::string where = absl::StrCat("features.field[", i, "] '", a.name(), "'");
+    if (a.name() != b.name()) {
+      return differ(absl::StrCat("features.field[", i, "].name"), absl::StrCat("'", a.name(), "'"),
+                    absl::StrCat("'", b.name(), "'"));
+    }
+    if (a.kind() != b.kind()) {
+      return differ(where + ".kind", FieldKind_Name(a.kind()), FieldKind_Name(b.kind()));
+    }
+    if (a.kind() == NUMERIC && a.numeric_mode() != b.numeric_mode()) {
+      return differ(where + ".numeric_mode", NumericMode_Name(a.numeric_mode()),
+                    NumericMode_Name(b.numeric_mode()));
+    }
+    if (a.kind() == NUMERIC && a.numeric_mode() == DENSE &&
+        a.numeric_transform() != b.numeric_transform()) {
+      return differ(where + ".numeric_transform", NumericTransform_Name(a.numeric_transform()),
+                    NumericTransform_Name(b.numeric_transform()));
+    }
+    if (a.vocab_size() != b.vocab_size()) {
+      return differ(where + ".vocab_size", a.vocab_size(), b.vocab_size());
+    }
+  }
+  if (fa.field_size() != fb.field_size()) {
+    const bool more = fa.field_size() > fb.field_size();
+    const FieldSpec& extra = more ? fa.field(n) : fb.field(n);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "features: ", fa.field_size(), " fields in ", saved_name, ", ", fb.field_size(), " in ",
+        wanted_name, " (field[", n, "] '", extra.name(), "' is only in ",
+        more ? saved_name : wanted_name, ")"));
+  }
+  const ModelConfig& ma = saved.model();
+  const ModelConfig& mb = wanted.model();
+  if (ma.type() != mb.type()) {
+    return differ("model.type", ModelType_Name(ma.type()), ModelType_Name(mb.type()));
+  }
+  if (ma.embedding_dim() != mb.embedding_dim()) {
+    return differ("model.embedding_dim", ma.embedding_dim(), mb.embedding_dim());
+  }
+  if (!std::equal(ma.hidden().begin(), ma.hidden().end(), mb.hidden().begin(),
+                  mb.hidden().end())) {
+    return differ("model.hidden", FormatWidths(ma.hidden()), FormatWidths(mb.hidden()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManifest& manifest,
+                                  const ModelDescription& wanted) {
+  if (!manifest.has_model()) return absl::OkStatus();
+  absl::Status s = CompareModelDescriptions(manifest.model(), wanted);
+  if (s.ok()) return s;
+  return absl::FailedPreconditionError(absl::StrCat(
+      ckpt, " was trained for another model: ", s.message(),
+      ". Use the checkpoint's config (pstrain predict and export need none), or a new "
+      "--model_dir to start over."));
 }
 
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir) {

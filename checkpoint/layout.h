@@ -115,8 +115,9 @@ absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t
 // happens when a scheduled checkpoint falls on the last step, or a finished job is resumed.)
 bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
 // Completes ckpt-<manifest.step()> under `dir`, whose data files are written and listed in
-// `manifest`: writes worker-<j>.state for each of `workers` (and lists them), sets num_workers
-// and wall_time (now), writes the MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the
+// `manifest` (with the model description the caller sets: every mode does): writes
+// worker-<j>.state for each of `workers` (and lists them), sets num_workers, wall_time (now) and,
+// when the manifest has a model description, version (kManifestVersion); writes the MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the
 // checkpoint directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep);
@@ -143,6 +144,32 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
 // (a crash while writing, or a job that resumed from an older checkpoint), they are never chosen,
 // and they are deleted once the job commits a newer step. keep < 1 counts as 1.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
+
+// ---- What the parameters belong to (the MANIFEST's model description) ----
+
+// The MANIFEST version CommitCheckpoint writes when the manifest carries a model description (2);
+// a MANIFEST without `version` is version 1, written before descriptions existed.
+constexpr int kManifestVersion = 2;
+
+// The one comparison of two model descriptions: OK when parameters saved for `saved` mean the same
+// to a model built from `wanted`, else FAILED_PRECONDITION naming the first field that differs
+// and both values, e.g. "features.hash_seed: 24301 in the checkpoint, 7 in the config" or
+// "features.field[13] 'C1'.vocab_size: 1000000 in the checkpoint, 250000 in the config".
+// Compared: the feature layout (hash_seed; the fields' count, names, kinds, numeric modes and
+// transforms, vocabulary sizes) and the model's shape (type, embedding_dim, hidden). Not compared,
+// as they change no saved value's meaning: label_name, precision, embedding_l2, the initializer
+// (init_seed, embedding_init_stddev: rows never trained come from the checkpoint's own rule) and
+// the optimizers. `saved_name` / `wanted_name` name the two sides in the message ("the
+// checkpoint", "the config").
+absl::Status CompareModelDescriptions(const ModelDescription& saved, const ModelDescription& wanted,
+                                      absl::string_view saved_name = "the checkpoint",
+                                      absl::string_view wanted_name = "the config");
+
+// For a restore or a reader given a config: CompareModelDescriptions of the MANIFEST's description
+// with `wanted`, the message prefixed with the checkpoint's directory and followed by what to do.
+// A MANIFEST without a description (version 1) is accepted: nothing to compare it with.
+absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManifest& manifest,
+                                  const ModelDescription& wanted);
 
 // ---- Choosing the checkpoint to resume from ----
 

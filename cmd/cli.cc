@@ -172,23 +172,21 @@ absl::Status ApplyPlatformContract(const char* command, const FlagSet* flags,
   return absl::OkStatus();
 }
 
-// The process's metrics endpoint (common/metrics/metrics.h), up until the process exits.
-absl::Status StartMetrics(const TrainingFlags& tf) {
+}  // namespace
+
+absl::Status StartMetricsEndpoint(const std::string& bind, int port) {
   static MetricsEndpoint* endpoint = nullptr;
-  if (endpoint != nullptr) return absl::OkStatus();
-  if (tf.metrics_port < 0 || tf.metrics_port > 65535) {
+  if (endpoint != nullptr || port == 0) return absl::OkStatus();
+  if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_port: expected a port in [1, 65535] (0 = off), got ", tf.metrics_port));
+        absl::StrCat("--metrics_port: expected a port in [1, 65535] (0 = off), got ", port));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<MetricsEndpoint> e,
-                   MetricsEndpoint::Start(absl::StrCat(tf.metrics_bind, ":", tf.metrics_port)));
+                   MetricsEndpoint::Start(absl::StrCat(bind, ":", port)));
   endpoint = e.release();
-  PSTRAIN_LOG(INFO) << "metrics on http://" << tf.metrics_bind << ":" << endpoint->port()
-                    << "/metrics";
+  PSTRAIN_LOG(INFO) << "metrics on http://" << bind << ":" << endpoint->port() << "/metrics";
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config,
                                                                        int readers) {
@@ -227,7 +225,7 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
     if (c.ok()) s = CheckPrecisionSupported(c->model().precision(), Launch().isa);
     // `local` hands each of its hosts a port of its own instead.
     if (c.ok() && s.ok() && training.metrics_port != 0 && std::string(command) != "local") {
-      s = StartMetrics(training);
+      s = StartMetricsEndpoint(training.metrics_bind, training.metrics_port);
     }
     if (c.ok() && s.ok()) {
       *config = *std::move(c);

@@ -77,4 +77,9 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
 // hosts x workers).
 absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* config, int readers);
 
+// Starts the process's Prometheus endpoint (common/metrics/metrics.h) on bind:port, up until the
+// process exits; port 0 = off, and a second call does nothing. INVALID_ARGUMENT for a port
+// outside [0, 65535], UNAVAILABLE when it cannot listen.
+absl::Status StartMetricsEndpoint(const std::string& bind, int port);
+
 }  // namespace pstrain

@@ -14,5 +14,8 @@ int RunLocal(int argc, char** argv);
 int RunAllreduce(int argc, char** argv);
 int RunTune(int argc, char** argv);
 int RunConfig(int argc, char** argv);
+int RunPredict(int argc, char** argv);
+int RunExport(int argc, char** argv);
+int RunServe(int argc, char** argv);
 
 }  // namespace pstrain

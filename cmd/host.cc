@@ -110,7 +110,7 @@ int RunHost(int argc, char** argv) {
   auto server = ShardServer::Create(*std::move(shard_options));
   if (!server.ok()) return fail(std::string(server.status().message()), 2);
   // Resume: every host picks the same checkpoint (the same verification of the same files).
-  auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+  auto choice = ChooseJobCheckpoint(config);
   if (!choice.ok()) return fail(choice.status().ToString(), 1);
   if (*choice) {
     if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);

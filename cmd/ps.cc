@@ -69,6 +69,9 @@ int RunPs(int argc, char** argv) {
     }
   }
   if (port < 0 || port > 65535) return fail(absl::StrCat("--port must be in [0, 65535]"), 2);
+  // A shape given by flags (tests and benchmarks of the PS alone) is not the config's model, so
+  // only a shard of the config's own shape compares the checkpoint's model description with it.
+  const bool own_shape = rows == 0 && row_dim == 0 && dense_size < 0;
   auto o = ShardOptionsForJob(config, shard, num_shards, {rows, row_dim, dense_size});
   if (!o.ok()) return fail(std::string(o.status().message()), 2);
   if (partitions > 0) o->partitions = partitions;
@@ -81,7 +84,8 @@ int RunPs(int argc, char** argv) {
   // A shard of a job with a model dir (or checkpoint.dir) resumes from the job's checkpoint,
   // picked the way every other process of the job picks it.
   if (!tf.model_dir.empty() || config.train().has_model_dir() || config.checkpoint().has_dir()) {
-    auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+    auto choice =
+        own_shape ? ChooseJobCheckpoint(config) : ChooseCheckpoint(JobCheckpointDir(config));
     if (!choice.ok()) return fail(choice.status().ToString(), 1);
     if (*choice) {
       if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);

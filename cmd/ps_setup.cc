@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
+#include "worker/train/checkpoint.h"
 
 namespace pstrain {
 
@@ -39,6 +40,16 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
     std::memcpy(out, full.data(), sizeof(float) * std::min<int64_t>(dense_size, full.size()));
   };
   return o;
+}
+
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseJobCheckpoint(const Config& config) {
+  ASSIGN_OR_RETURN(std::optional<CheckpointChoice> choice,
+                   ChooseCheckpoint(JobCheckpointDir(config)));
+  if (choice) {
+    ASSIGN_OR_RETURN(const ModelDescription wanted, DescribeModel(config));
+    RETURN_IF_ERROR(CheckCheckpointModel(choice->dir, choice->manifest, wanted));
+  }
+  return choice;
 }
 
 }  // namespace pstrain

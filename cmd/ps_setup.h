@@ -6,7 +6,10 @@
 
 #include <cstdint>
 
+#include <optional>
+
 #include "absl/status/statusor.h"
+#include "checkpoint/layout.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/config.pb.h"
 
@@ -25,5 +28,11 @@ struct ShardShape {
 // initializers (which keep the model alive). INVALID_ARGUMENT for a bad features/model config.
 absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
                                                         int num_shards, ShardShape shape = {});
+
+// The checkpoint a PS job resumes from: ChooseCheckpoint of JobCheckpointDir(config), refused
+// (FAILED_PRECONDITION naming the field) when its MANIFEST describes another model than `config`
+// (checkpoint/layout.h CheckCheckpointModel). Every process of the job (shards and workers)
+// chooses with it, so they all pick, or all refuse, the same checkpoint.
+absl::StatusOr<std::optional<CheckpointChoice>> ChooseJobCheckpoint(const Config& config);
 
 }  // namespace pstrain

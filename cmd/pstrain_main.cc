@@ -29,6 +29,9 @@ const Command kCommands[] = {
     {"allreduce", pstrain::RunAllreduce, "synchronous MPI data-parallel training (mpirun -np N)"},
     {"tune", pstrain::RunTune, "time towers x intra_op x inter_op (x batch) settings, write the best"},
     {"config", pstrain::RunConfig, "print the effective config of the training flags given"},
+    {"predict", pstrain::RunPredict, "score files with a trained checkpoint (no config needed)"},
+    {"export", pstrain::RunExport, "write a serving export of a checkpoint (docs/SERVING.md)"},
+    {"serve", pstrain::RunServe, "serve an export over gRPC (Predict, health, hot reload)"},
 };
 
 void PrintVersion() {

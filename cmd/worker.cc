@@ -13,6 +13,7 @@
 #include "cmd/cli.h"
 #include "cmd/cluster_spec.h"
 #include "cmd/commands.h"
+#include "cmd/ps_setup.h"
 #include "cmd/launcher.h"
 #include "cmd/stop_signal.h"
 #include "common/flags.h"
@@ -79,7 +80,7 @@ int RunWorker(int argc, char** argv) {
                              index, " and ", num_workers),
                 2);
   }
-  auto choice = ChooseCheckpoint(JobCheckpointDir(config));
+  auto choice = ChooseJobCheckpoint(config);
   if (!choice.ok()) return fail(choice.status().ToString(), 1);
 
   PsWorkerOptions wo;

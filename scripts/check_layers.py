@@ -29,11 +29,13 @@ BELOW = {
     "worker/ps_client": ["worker/train", "common/rpc"],
     "worker/allreduce": ["worker/train"],
     "worker/tools": ["worker/eval", "worker/data"],
+    "serving": ["worker/eval", "checkpoint"],
+    "serving/server": ["serving", "common/rpc", "common/metrics"],
 }
 UNRESTRICTED = ("cmd", "tests", "bench")
 # Our top folders; includes of anything else (absl/, grpcpp/, oneapi/, the generated protobuf
 # headers pstrain/, tensorflow/, ...) are libraries below every layer.
-OURS = {"common", "checkpoint", "ps", "worker", "cmd", "tests", "bench"}
+OURS = {"common", "checkpoint", "ps", "worker", "serving", "cmd", "tests", "bench"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

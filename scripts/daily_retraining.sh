@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 rows="${1:-500000}"
 drift="${2:-0.1}"
 out="${3:-out/daily}"
-p=build/release/pstrain
+p="${PSTRAIN:-build/release/pstrain}"
 [ -x "$p" ] || bash scripts/build.sh release
 rm -rf "$out"
 mkdir -p "$out"

@@ -15,6 +15,10 @@ PACKAGES=(
   # gzip input (worker/data/formats/buffered_io.cc); the Prometheus endpoint (common/metrics/).
   zlib1g-dev prometheus-cpp-dev
   python3
+  # python/pstrain_checkpoint.py (NumPy only) and its tests; the gRPC client example of
+  # `pstrain serve` (python/serve_client.py: grpcio, and protobuf for the messages protoc writes).
+  # Run them with /usr/bin/python3: a python3 earlier in PATH may not see Debian's packages.
+  python3-numpy python3-grpcio python3-protobuf
   # Tests: QEMU's user-mode emulator runs the default build on CPU models this machine is not
   # (an AVX2-only AMD Zen 3, a pre-AVX2 Intel); tests/common/emulated_cpu_test.cc.
   qemu-user

@@ -2,10 +2,12 @@
 // retention. (tests/checkpoint/fixtures_test.cc pins the bytes of the files.)
 #include "checkpoint/layout.h"
 
+#include <google/protobuf/text_format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -346,6 +348,95 @@ TEST(CheckpointLayout, RetentionCountsOnlyCompleteCheckpoints) {
   Save(dir, 30, 2);
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{30, 10}));
   std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+ModelDescription Described(const std::string& text) {
+  ModelDescription d;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &d)) << text;
+  return d;
+}
+
+// The one comparison of model descriptions: the first difference in the feature layout or the
+// model's shape is named with both values; what changes no saved value's meaning is not compared.
+TEST(CheckpointLayout, CompareModelDescriptionsNamesTheFirstDifference) {
+  const std::string base = R"pb(
+    features {
+      preset: NO_PRESET
+      field { name: "a" kind: CATEGORICAL vocab_size: 10 }
+      field { name: "n" kind: NUMERIC numeric_mode: DENSE numeric_transform: LOG1P vocab_size: 2 }
+      hash_seed: 5
+      label_name: "label"
+    }
+    model { type: DEEPFM embedding_dim: 4 hidden: [ 8, 2 ] precision: F32 embedding_l2: 0 }
+    init_seed: 1
+    sparse_optimizer { type: ADAGRAD }
+  )pb";
+  const ModelDescription saved = Described(base);
+  EXPECT_TRUE(CompareModelDescriptions(saved, saved).ok());
+  struct Case {
+    const char* from;
+    const char* to;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"hash_seed: 5", "hash_seed: 6", "features.hash_seed: 5 in the checkpoint, 6 in the config"},
+      {"name: \"a\"", "name: \"b\"", "features.field[0].name: 'a' in the checkpoint, 'b' in the"},
+      {"kind: CATEGORICAL", "kind: NUMERIC",
+       "features.field[0] 'a'.kind: CATEGORICAL in the checkpoint, NUMERIC in the config"},
+      {"numeric_transform: LOG1P", "numeric_transform: NO_TRANSFORM",
+       "features.field[1] 'n'.numeric_transform: LOG1P in the checkpoint, NO_TRANSFORM"},
+      {"vocab_size: 10", "vocab_size: 11", "features.field[0] 'a'.vocab_size: 10 in the"},
+      {"type: DEEPFM", "type: WIDE_DEEP", "model.type: DEEPFM in the checkpoint, WIDE_DEEP"},
+      {"embedding_dim: 4", "embedding_dim: 5", "model.embedding_dim: 4 in the checkpoint, 5"},
+      {"hidden: [ 8, 2 ]", "hidden: [ 8 ]", "model.hidden: [8, 2] in the checkpoint, [8] in"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.to);
+    std::string text = base;
+    text.replace(text.find(c.from), strlen(c.from), c.to);
+    absl::Status s = CompareModelDescriptions(saved, Described(text));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(c.says));
+  }
+  // A field more, named; and the sides' names as given.
+  ModelDescription more = saved;
+  more.mutable_features()->add_field()->set_name("x");
+  absl::Status s = CompareModelDescriptions(saved, more, "the export", "the request");
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("features: 2 fields in the export, 3 in the request (field[2] "
+                                   "'x' is only in the request)"));
+  // Not compared: the label's name, precision, L2, the initializer, the optimizers.
+  ModelDescription same = saved;
+  same.mutable_features()->set_label_name("click");
+  same.mutable_model()->set_precision(BF16);
+  same.mutable_model()->set_embedding_l2(0.1f);
+  same.mutable_model()->set_embedding_init_stddev(0.5f);
+  same.set_init_seed(2);
+  same.mutable_sparse_optimizer()->set_type(FTRL);
+  EXPECT_TRUE(CompareModelDescriptions(saved, same).ok());
+  // A numeric mode matters only for numeric fields: a categorical field's is ignored.
+  ModelDescription mode = saved;
+  mode.mutable_features()->mutable_field(0)->set_numeric_mode(DENSE);
+  EXPECT_TRUE(CompareModelDescriptions(saved, mode).ok());
+
+  // A MANIFEST without a description (version 1) is accepted by CheckCheckpointModel; with one,
+  // the message names the checkpoint and says what to do.
+  CheckpointManifest v1;
+  EXPECT_TRUE(CheckCheckpointModel("d/ckpt-1", v1, saved).ok());
+  CheckpointManifest v2;
+  *v2.mutable_model() = saved;
+  ModelDescription other = saved;
+  other.mutable_features()->set_hash_seed(9);
+  s = CheckCheckpointModel("d/ckpt-1", v2, other);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("d/ckpt-1 was trained for another model: features.hash_seed"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("--model_dir"));
 }
 
 }  // namespace

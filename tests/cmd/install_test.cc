@@ -44,6 +44,18 @@ TEST(Install, StagedBinaryRunsWithItsConfigs) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("label_name: \"click\""));
+  // The Python reader runs from the prefix (NumPy only); the serve client finds its protos.
+  const std::string python = prefix + "/share/pstrain/python";
+  EXPECT_TRUE(PathExists(python + "/../proto/pstrain/serving.proto"));
+  EXPECT_TRUE(PathExists(python + "/../proto/grpc/health/v1/health.proto"));
+  EXPECT_TRUE(PathExists(python + "/serve_client.py"));
+  ASSERT_EQ(testing::RunShell(absl::StrCat("cd / && /usr/bin/python3 -c 'import sys; ",
+                                           "sys.path.insert(0, \"", python, "\"); ",
+                                           "import pstrain_checkpoint as p; print(p.__file__)'"),
+                              30, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr(python + "/pstrain_checkpoint.py"));
   testing::RunShell("rm -rf " + prefix, 30, &out);
 }
 

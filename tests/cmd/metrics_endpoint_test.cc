@@ -2,12 +2,9 @@
 // shard's families (valid exposition, the pulls it served counted), and its gRPC health service
 // answers SERVING. The worker's families and the periodic flush of metrics.jsonl are checked in
 // process (tests/worker/train/progress_test.cc).
-#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -17,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "tests/common/metrics/exposition.h"
+#include "tests/common/metrics/http_scrape.h"
 #include "tests/subprocess.h"
 
 namespace pstrain {
@@ -24,39 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-std::string HttpBody(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nConnection: close\r\n\r\n";
-    if (write(fd, req.data(), req.size()) > 0) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-    }
-  }
-  close(fd);
-  const size_t body = out.find("\r\n\r\n");
-  return body == std::string::npos ? "" : out.substr(body + 4);
-}
+using testing::FreePort;
 
 // grpc.health.v1.Health/Check with an empty HealthCheckRequest (service ""), as Kubernetes'
 // gRPC probe sends it; returns the status enum of the response (1 = SERVING), -1 on error.
@@ -111,7 +77,7 @@ TEST(MetricsEndpoint, PsShardServesMetricsAndHealth) {
     EXPECT_TRUE(stub->Pull(&ctx, req, &resp).ok());
   }
   std::vector<testing::Sample> samples;
-  const std::string body = HttpBody(metrics_port);
+  const std::string body = testing::ScrapeMetrics(metrics_port);
   ASSERT_EQ(testing::CheckExposition(body, &samples), "") << body;
   EXPECT_EQ(testing::SampleValue(samples, "pstrain_ps_pull_requests_total", "shard=\"0\""), 2) << body;
   EXPECT_EQ(testing::SampleValue(samples, "pstrain_ps_rows_owned", "shard=\"0\""), 1000) << body;

@@ -3,9 +3,6 @@
 // hyperparameters from the tree, spot checkpoints in /opt/ml/checkpoints, and the failure file.
 #include "cmd/sagemaker.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -15,6 +12,7 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/metrics/http_scrape.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
 
@@ -56,17 +54,7 @@ TEST(HyperparametersTest, HostileInputIsNamed) {
               HasSubstr("a positive integer, got '-1'"));
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 // One SageMaker instance's /opt/ml: resourceconfig.json, hyperparameters.json, inputdataconfig.json
 // and its own copy of the train and eval channels (FullyReplicated).

@@ -263,7 +263,8 @@ absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state)
     }
     if (written.ok()) {
       written = SaveCheckpoint(opt_.checkpoint_dir, step, states, *replica_, opt_.keep,
-                               absl::StrCat("pstrain allreduce (", size_, " ranks)"));
+                               absl::StrCat("pstrain allreduce (", size_, " ranks)"),
+                               opt_.model);
     }
   }
   int64_t code_len[2] = {0, 0};
@@ -327,7 +328,8 @@ absl::StatusOr<std::string> AllreduceParams::Save(const WorkerState& state, bool
 
 absl::StatusOr<std::optional<std::string>> AllreduceParams::Restore(WorkerState* state) {
   absl::StatusOr<std::optional<std::string>> restored =
-      RestoreLatestCheckpoint(opt_.checkpoint_dir, replica_.get(), state, rank_, size_);
+      RestoreLatestCheckpoint(opt_.checkpoint_dir, replica_.get(), state, rank_, size_,
+                              opt_.model);
   // -2: failed, -1: fresh start, else the step restored. Exchanged before returning any error so
   // that no rank is left waiting for the others.
   int64_t mine = !restored.ok() ? -2 : *restored ? state->step() : -1;

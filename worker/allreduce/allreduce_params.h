@@ -61,6 +61,8 @@ struct AllreduceOptions {
   double checkpoint_every_seconds = 0;   // rank 0's clock; 0 = off
   // This process's SIGTERM flag (not owned; may be null).
   const std::atomic<bool>* local_stop = nullptr;
+  // What the checkpoints' MANIFEST records, and what a restore must match (DescribeModel).
+  ModelDescription model;
 };
 
 class AllreduceParams : public ParameterAccess {

@@ -19,6 +19,7 @@ inline uint64_t Reduce(uint64_t h, uint64_t n) {
 absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
   FeatureSpec spec;
   spec.label_name_ = config.label_name();
+  spec.hash_seed_ = config.hash_seed();
   std::vector<FieldSpec> specs;
   if (config.preset() == CRITEO) {
     for (int i = 1; i <= 13; ++i) {
@@ -88,6 +89,22 @@ absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
   }
   spec.total_rows_ = offset;
   return spec;
+}
+
+FeatureConfig FeatureSpec::Resolved() const {
+  FeatureConfig c;
+  c.set_preset(NO_PRESET);
+  c.set_hash_seed(hash_seed_);
+  c.set_label_name(label_name_);
+  for (const Field& f : fields_) {
+    FieldSpec* fs = c.add_field();
+    fs->set_name(f.name);
+    fs->set_kind(f.kind);
+    fs->set_numeric_mode(f.numeric_mode);
+    fs->set_numeric_transform(f.numeric_transform);
+    fs->set_vocab_size(f.rows);
+  }
+  return c;
 }
 
 int FeatureSpec::FieldIndex(const std::string& name) const {

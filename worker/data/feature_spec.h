@@ -42,6 +42,12 @@ class FeatureSpec {
   const std::vector<Field>& fields() const { return fields_; }
   uint64_t total_rows() const { return total_rows_; }
   const std::string& label_name() const { return label_name_; }
+  uint64_t hash_seed() const { return hash_seed_; }
+  // The config this spec was made from, resolved: preset NO_PRESET and every field listed in
+  // table order with its name, kind, numeric_mode, numeric_transform and vocab_size (its rows: 2
+  // for DENSE fields), plus hash_seed and label_name. Create(Resolved()) gives this spec again;
+  // checkpoints record it (pstrain.ModelDescription.features).
+  FeatureConfig Resolved() const;
   // Index of the field with this name, or -1.
   int FieldIndex(const std::string& name) const;
 
@@ -57,6 +63,7 @@ class FeatureSpec {
  private:
   std::vector<Field> fields_;
   uint64_t total_rows_ = 0;
+  uint64_t hash_seed_ = 0;
   std::string label_name_;
 };
 

@@ -15,7 +15,7 @@ namespace pstrain {
 
 absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spec,
                                     const Model& model, ParameterAccess* params, int64_t step,
-                                    int threads) {
+                                    int threads, std::vector<float>* probabilities) {
   if (config.data().eval_size() == 0) {
     return absl::FailedPreconditionError("no eval channel configured (set data.eval or --eval)");
   }
@@ -53,8 +53,8 @@ absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spe
     in.dense = dense.data();
     RETURN_IF_ERROR(tower->Forward(in, logits.data()));
     for (int i = 0; i < batch.size; ++i) {
-      acc.Add(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(logits[i])))),
-              batch.labels[i]);
+      acc.Add(ProbabilityOfLogit(logits[i]), batch.labels[i]);
+      if (probabilities != nullptr) probabilities->push_back(ProbabilityOfLogit(logits[i]));
     }
   }
   // NaN scores (diverged parameters) fail the evaluation with the metrics' INVALID_ARGUMENT.

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -28,10 +29,11 @@ struct EvalResult {
 // Evaluates `params` on the eval channels of config.data() with `threads` OpenMP threads.
 // The calling thread runs the tower (and sets its own OpenMP thread count). A model that scores
 // NaN (diverged parameters) fails with INVALID_ARGUMENT ("evaluation at step S: n of N scores
-// are NaN ...").
+// are NaN ..."). When `probabilities` is not null it receives every example's probability, in
+// the eval channels' order (tests compare other scorers with it).
 absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spec,
                                     const Model& model, ParameterAccess* params, int64_t step,
-                                    int threads);
+                                    int threads, std::vector<float>* probabilities = nullptr);
 
 // Background evaluations, one at a time. Thread-safe.
 class BackgroundEvaluator {

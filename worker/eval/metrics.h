@@ -47,6 +47,13 @@ absl::StatusOr<double> ComputeLogLoss(absl::Span<const float> probs,
 // The per-example term of ComputeLogLoss, for callers that accumulate it themselves.
 double LogLossTerm(double prob, double label);
 
+// The probability of a model output (a logit), as every scorer computes it: the sigmoid in
+// double, rounded to float once. The evaluator, `pstrain predict` and `pstrain serve` share it,
+// so their probabilities (and AUC, logloss) agree to the bit for the same logits.
+inline float ProbabilityOfLogit(float logit) {
+  return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(logit))));
+}
+
 // Collects (probability, label) pairs over many batches and reports AUC, logloss, count and
 // positive rate over all of them. Memory: 8 bytes per example (scores kept as float: the AUC is
 // exact for the float scores; scores that differ only below float precision count as ties).

@@ -262,6 +262,24 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
 
 }  // namespace
 
+ModelConfig ResolveModelConfig(const ModelConfig& config) {
+  ModelConfig c;
+  c.set_type(config.type());
+  const bool deep = config.type() == DEEPFM || config.type() == WIDE_DEEP;
+  c.set_embedding_dim(config.type() == LR ? 0 : config.embedding_dim());
+  if (deep) {
+    if (config.hidden().empty()) {
+      for (int w : {400, 400, 400}) c.add_hidden(w);
+    } else {
+      *c.mutable_hidden() = config.hidden();
+    }
+  }
+  c.set_precision(config.precision());
+  c.set_embedding_init_stddev(config.embedding_init_stddev());
+  c.set_embedding_l2(config.embedding_l2());
+  return c;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, int num_fields) {
   return CtrModel::Make(config, num_fields);
 }

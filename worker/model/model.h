@@ -77,6 +77,12 @@ class Tower {
                                                  float* dense_grad, float* logits) = 0;
 };
 
+// `config` with every field that shapes the parameters or their initial values set to the value
+// Model::Create uses: type, embedding_dim (0 for LR, whose rows are [w]), hidden (400,400,400 when
+// empty for DEEPFM and WIDE_DEEP; cleared for LR and FM, which have no MLP), precision,
+// embedding_init_stddev, embedding_l2. Checkpoints record it (pstrain.ModelDescription.model).
+ModelConfig ResolveModelConfig(const ModelConfig& config);
+
 // Immutable after Create; safe to share across towers.
 class Model {
  public:

@@ -271,6 +271,7 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
   manifest.set_partitions(info.map().partitions());
   manifest.set_row_dim(info.map().row_dim());
   manifest.set_dense_size(info.map().dense_size());
+  *manifest.mutable_model() = opt_.model;
   manifest.set_created_by(absl::StrCat("pstrain PS job (", S, " shards, ", opt_.num_workers,
                                        " workers, round ", round, ")"));
   for (int s = 0; s < S; ++s) {

@@ -62,6 +62,8 @@ class PsCheckpointer final : public Checkpointer {
     int staleness = 0;                // BOUNDED's
     // The checkpoint this host's shard restored (ChooseCheckpoint), if any.
     std::optional<CheckpointChoice> restored;
+    // What the MANIFEST records about the model (worker/train/checkpoint.h DescribeModel).
+    ModelDescription model;
   };
 
   explicit PsCheckpointer(Options options);

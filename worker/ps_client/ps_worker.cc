@@ -62,6 +62,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   co.consistency = config.cluster().consistency();
   co.staleness = config.cluster().staleness();
   co.restored = o.restored;
+  ASSIGN_OR_RETURN(co.model, DescribeModel(config));
   PsCheckpointer checkpointer(std::move(co));
   const absl::Time t_start = absl::Now();
 

@@ -3,18 +3,34 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "ps/store/store_blocks.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 
+absl::StatusOr<ModelDescription> DescribeModel(const Config& config) {
+  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ModelDescription d;
+  *d.mutable_features() = spec.Resolved();
+  *d.mutable_model() = ResolveModelConfig(config.model());
+  d.set_init_seed(config.train().seed());
+  d.set_init_rule(1);
+  *d.mutable_sparse_optimizer() = config.sparse_optimizer();
+  *d.mutable_dense_optimizer() = config.dense_optimizer();
+  return d;
+}
+
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
-                                           LocalParams& params, int keep) {
-  return SaveCheckpoint(dir, state.step(), {{0, state}}, params, keep, "pstrain train");
+                                           LocalParams& params, int keep,
+                                           const ModelDescription& model) {
+  return SaveCheckpoint(dir, state.step(), {{0, state}}, params, keep, "pstrain train", model);
 }
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
-                                           absl::string_view created_by) {
+                                           absl::string_view created_by,
+                                           const ModelDescription& model) {
   if (IsCommittedCheckpoint(dir, step)) {
     RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
     return CheckpointPath(dir, step);
@@ -38,6 +54,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
   manifest.set_created_by(std::string(created_by));
+  *manifest.mutable_model() = model;
   ASSIGN_OR_RETURN(std::string committed, CommitCheckpoint(dir, std::move(manifest), workers, keep));
   RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
   return committed;
@@ -45,18 +62,23 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
 
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
-                                                                   WorkerState* state) {
-  return RestoreLatestCheckpoint(dir, params, state, 0, 1);
+                                                                   WorkerState* state,
+                                                                   const ModelDescription& model) {
+  return RestoreLatestCheckpoint(dir, params, state, 0, 1, model);
 }
 
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state, int worker,
-                                                                   int num_workers) {
+                                                                   int num_workers,
+                                                                   const ModelDescription& model) {
   ASSIGN_OR_RETURN(std::optional<CheckpointChoice> choice, ChooseCheckpoint(dir));
   if (!choice) return std::optional<std::string>();
   const std::string& ckpt = choice->dir;
   const CheckpointManifest& manifest = choice->manifest;
+  // The description first: it names the field that differs, where the shapes below would only
+  // say that they differ (and a hash seed changes no shape at all).
+  RETURN_IF_ERROR(CheckCheckpointModel(ckpt, manifest, model));
   if (manifest.row_dim() != params->row_dim() || manifest.dense_size() != params->dense_size() ||
       manifest.table_rows() != params->embedding()->end()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -18,40 +18,53 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/layout.h"
+#include "pstrain/config.pb.h"
 #include "pstrain/state.pb.h"
 #include "worker/params/local_params.h"
 
 namespace pstrain {
 
+// The model description every checkpoint's MANIFEST records (pstrain.ModelDescription): the
+// resolved feature layout (FeatureSpec::Resolved), the resolved model (ResolveModelConfig),
+// train.seed as the seed of Model::InitRow for rows never trained, and the optimizers.
+// INVALID_ARGUMENT for a features or model config that FeatureSpec / Model refuse.
+absl::StatusOr<ModelDescription> DescribeModel(const Config& config);
+
 // Writes ckpt-<state.step()> under `dir`, updates LATEST, then deletes all but the newest `keep`
 // checkpoints (checkpoint/layout.h CommitCheckpoint). Each row of the stores is captured
-// consistently (weights and optimizer slots from the same instant). A step already committed
-// (IsCommittedCheckpoint) is not written again. Returns the checkpoint directory.
+// consistently (weights and optimizer slots from the same instant). The MANIFEST records `model`.
+// A step already committed (IsCommittedCheckpoint) is not written again. Returns the checkpoint
+// directory.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
-                                           LocalParams& params, int keep);
+                                           LocalParams& params, int keep,
+                                           const ModelDescription& model);
 
 // The same for a job of several workers that share one replica of the parameters (the allreduce
 // mode): ckpt-<step> with worker-<j>.state for each entry of `workers`; MANIFEST created_by.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
-                                           absl::string_view created_by);
+                                           absl::string_view created_by,
+                                           const ModelDescription& model);
 
 // Restores the checkpoint LATEST names; if it is missing or corrupt, says why on stderr and falls
 // back to the next older complete checkpoint. Every file is verified completely before anything
 // is loaded, so a refused checkpoint leaves `params` untouched. Returns the directory restored,
 // or nullopt when there is no LATEST (a fresh start). Errors: LATEST exists but no checkpoint is
 // usable (DATA_LOSS: progress is never silently discarded), or a verified checkpoint was written
-// for another model shape (FAILED_PRECONDITION).
+// for another model (FAILED_PRECONDITION: another shape, or a MANIFEST whose description differs
+// from `model`, naming the field: checkpoint/layout.h CheckCheckpointModel).
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
-                                                                   WorkerState* state);
+                                                                   WorkerState* state,
+                                                                   const ModelDescription& model);
 // The same for worker `worker` of a job of `num_workers` sharing one replica (the allreduce
 // mode): reads worker-<worker>.state; a checkpoint of another number of workers is refused.
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
                                                                    LocalParams* params,
                                                                    WorkerState* state, int worker,
-                                                                   int num_workers);
+                                                                   int num_workers,
+                                                                   const ModelDescription& model);
 
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
@@ -85,19 +98,20 @@ class Checkpointer {
 // `pstrain train`: SaveCheckpoint / RestoreLatestCheckpoint of in-process parameters.
 class LocalCheckpointer : public Checkpointer {
  public:
-  LocalCheckpointer(std::string dir, LocalParams* params, int keep)
-      : dir_(std::move(dir)), params_(params), keep_(keep) {}
+  LocalCheckpointer(std::string dir, LocalParams* params, int keep, ModelDescription model)
+      : dir_(std::move(dir)), params_(params), keep_(keep), model_(std::move(model)) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
-    return RestoreLatestCheckpoint(dir_, params_, state);
+    return RestoreLatestCheckpoint(dir_, params_, state, model_);
   }
   absl::StatusOr<std::string> Save(const WorkerState& state, bool /*final*/) override {
-    return SaveCheckpoint(dir_, state, *params_, keep_);
+    return SaveCheckpoint(dir_, state, *params_, keep_, model_);
   }
 
  private:
   const std::string dir_;
   LocalParams* const params_;
   const int keep_;
+  const ModelDescription model_;
 };
 
 }  // namespace pstrain

@@ -96,8 +96,9 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                                                 async_local ? 1 : T * I));
     if (async_local) local->EnableBackgroundPush();
     params = local.get();
-    local_checkpointer = std::make_unique<LocalCheckpointer>(ckpt_dir, local.get(),
-                                                             config.checkpoint().keep());
+    ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));
+    local_checkpointer = std::make_unique<LocalCheckpointer>(
+        ckpt_dir, local.get(), config.checkpoint().keep(), std::move(description));
     checkpointer = local_checkpointer.get();
   }
   ASSIGN_OR_RETURN(auto progress,

@@ -2,9 +2,6 @@
 // exposition; the endpoint binds where it is told and refuses a taken port with an error.
 #include "common/metrics/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -13,35 +10,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/metrics/exposition.h"
+#include "tests/common/metrics/http_scrape.h"
 
 namespace pstrain {
 namespace {
 
 using ::testing::HasSubstr;
 
-// GET `path` from 127.0.0.1:port with a 10 s bound; the whole response (headers and body).
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string req =
-        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-    }
-  }
-  close(fd);
-  return out;
-}
+using testing::HttpGet;
 
 TEST(Metrics, RegistryCallbacksAndEndpointServeValidExposition) {
   auto& c = prometheus::BuildCounter().Name("pstrain_test_events_total").Help("events").Register(Metrics());

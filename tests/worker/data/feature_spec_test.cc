@@ -142,3 +142,53 @@ TEST(FeatureSpecGolden, ExplicitFieldsRows) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Resolved(): every field explicit, in table order; a spec made from it is the same spec (the
+// same rows, seeds and encodings), which is what a checkpoint's model description relies on.
+TEST(FeatureSpec, ResolvedMakesTheSameSpec) {
+  FeatureConfig c;  // the CRITEO preset, with a DENSE override, an extra field and a hash seed
+  c.set_categorical_vocab_size(777);
+  c.set_hash_seed(99);
+  c.set_label_name("click");
+  FieldSpec* i3 = c.add_field();
+  i3->set_name("I3");
+  i3->set_kind(NUMERIC);
+  i3->set_numeric_mode(DENSE);
+  i3->set_numeric_transform(NO_TRANSFORM);
+  FieldSpec* extra = c.add_field();
+  extra->set_name("site");
+  extra->set_vocab_size(50);
+  auto spec = FeatureSpec::Create(c);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const FeatureConfig resolved = spec->Resolved();
+  EXPECT_EQ(resolved.preset(), NO_PRESET);
+  EXPECT_EQ(resolved.hash_seed(), 99u);
+  EXPECT_EQ(resolved.label_name(), "click");
+  ASSERT_EQ(resolved.field_size(), 40);
+  EXPECT_EQ(resolved.field(2).name(), "I3");
+  EXPECT_EQ(resolved.field(2).vocab_size(), 2u);  // a DENSE field's rows: missing, present
+  EXPECT_EQ(resolved.field(13).vocab_size(), 777u);
+  EXPECT_EQ(resolved.field(39).name(), "site");
+  auto again = FeatureSpec::Create(resolved);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->num_fields(), spec->num_fields());
+  EXPECT_EQ(again->total_rows(), spec->total_rows());
+  for (int f = 0; f < spec->num_fields(); ++f) {
+    const auto& a = spec->field(f);
+    const auto& b = again->field(f);
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.kind, b.kind);
+    EXPECT_EQ(a.numeric_mode, b.numeric_mode);
+    EXPECT_EQ(a.numeric_transform, b.numeric_transform);
+    EXPECT_EQ(a.rows, b.rows);
+    EXPECT_EQ(a.offset, b.offset);
+    EXPECT_EQ(a.seed, b.seed);
+  }
+  EXPECT_EQ(again->Resolved().SerializeAsString(), resolved.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -454,3 +454,38 @@ TEST(TowerTest, RejectsBadInput) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// ResolveModelConfig: what Model::Create uses, written out (checkpoints record it); a model
+// created from it has the same shape as one created from the config.
+TEST(ResolveModelConfig, WritesTheValuesCreateUses) {
+  ModelConfig deep;  // DEEPFM, hidden left empty
+  deep.set_embedding_dim(4);
+  const ModelConfig r = ResolveModelConfig(deep);
+  EXPECT_EQ(std::vector<int>(r.hidden().begin(), r.hidden().end()),
+            (std::vector<int>{400, 400, 400}));
+  EXPECT_TRUE(r.has_precision() && r.has_embedding_init_stddev() && r.has_embedding_l2());
+  EXPECT_FLOAT_EQ(r.embedding_init_stddev(), 0.01f);
+  auto a = Model::Create(deep, 3);
+  auto b = Model::Create(r, 3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->dense_size(), (*b)->dense_size());
+  ModelConfig lr;
+  lr.set_type(LR);
+  lr.add_hidden(7);
+  const ModelConfig rl = ResolveModelConfig(lr);
+  EXPECT_EQ(rl.embedding_dim(), 0);  // LR rows are [w]
+  EXPECT_EQ(rl.hidden_size(), 0);    // and it has no MLP
+  auto c = Model::Create(rl, 3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->row_dim(), 1);
+  ModelConfig fm;
+  fm.set_type(FM);
+  fm.add_hidden(7);
+  EXPECT_EQ(ResolveModelConfig(fm).hidden_size(), 0);
+}
+
+}  // namespace
+}  // namespace pstrain

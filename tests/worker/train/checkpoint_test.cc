@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ struct Params {
     config.mutable_model()->add_hidden(2);
     model = std::move(Model::Create(config.model(), 2)).value();
     params = std::move(LocalParams::Create(*model, 10, config, 1)).value();
+    description = std::move(DescribeModel(config)).value();
   }
   // One update of rows 1 and 7 and the dense vector.
   void Train(int64_t step) {
@@ -44,6 +46,7 @@ struct Params {
   Config config;
   std::unique_ptr<Model> model;
   std::unique_ptr<LocalParams> params;
+  ModelDescription description;
 };
 
 std::vector<std::string> Files(const std::string& ckpt) {
@@ -65,11 +68,11 @@ TEST(LocalCheckpoint, ASaveAtTheCommittedStepLeavesItAsItIs) {
   WorkerState state;
   state.set_step(5);
   state.set_examples(100);
-  auto first = SaveCheckpoint(dir, state, *p.params, /*keep=*/1);
+  auto first = SaveCheckpoint(dir, state, *p.params, /*keep=*/1, p.description);
   ASSERT_TRUE(first.ok()) << first.status();
   const std::vector<std::string> committed = Files(*first);
   state.set_examples(101);  // would change worker-0.state (and the MANIFEST's wall_time would)
-  auto again = SaveCheckpoint(dir, state, *p.params, 1);
+  auto again = SaveCheckpoint(dir, state, *p.params, 1, p.description);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, *first);
   EXPECT_EQ(Files(*first), committed);
@@ -77,7 +80,7 @@ TEST(LocalCheckpoint, ASaveAtTheCommittedStepLeavesItAsItIs) {
   // A later step is written as usual, and retention (keep 1) removes the older one.
   p.Train(6);
   state.set_step(6);
-  auto next = SaveCheckpoint(dir, state, *p.params, 1);
+  auto next = SaveCheckpoint(dir, state, *p.params, 1, p.description);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(*next, dir + "/ckpt-6");
   EXPECT_FALSE(PathExists(*first));
@@ -87,11 +90,12 @@ TEST(LocalCheckpoint, ASaveAtTheCommittedStepLeavesItAsItIs) {
   shard[20] ^= 1;
   ASSERT_TRUE(WriteFileAtomic(*next + "/shard-0-of-1", shard).ok());
   ASSERT_FALSE(IsCommittedCheckpoint(dir, 6));
-  ASSERT_TRUE(SaveCheckpoint(dir, state, *p.params, 1).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir, state, *p.params, 1, p.description).ok());
   EXPECT_TRUE(IsCommittedCheckpoint(dir, 6));
   Params restored;
   WorkerState restored_state;
-  auto r = RestoreLatestCheckpoint(dir, restored.params.get(), &restored_state);
+  auto r = RestoreLatestCheckpoint(dir, restored.params.get(), &restored_state,
+                                   restored.description);
   ASSERT_TRUE(r.ok() && r->has_value()) << r.status();
   EXPECT_EQ(restored_state.examples(), 101);
   const EmbeddingSnapshot a = p.params->embedding()->Snapshot();
@@ -99,6 +103,78 @@ TEST(LocalCheckpoint, ASaveAtTheCommittedStepLeavesItAsItIs) {
   EXPECT_EQ(a.ids, b.ids);
   EXPECT_EQ(a.weights, b.weights);
   EXPECT_EQ(a.state, b.state);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Every checkpoint records the model it was trained for, and a restore for another feature layout
+// or model shape is refused naming the field, also when the shapes agree (a hash seed changes no
+// shape: before, such a checkpoint was restored silently and every row meant another feature).
+TEST(LocalCheckpoint, RecordsTheModelAndRefusesAnother) {
+  const std::string dir = FreshDir("describe");
+  Params p;
+  p.Train(1);
+  WorkerState state;
+  state.set_step(1);
+  auto saved = SaveCheckpoint(dir, state, *p.params, 1, p.description);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  CheckpointManifest manifest;
+  ASSERT_TRUE(ReadManifest(*saved, &manifest).ok());
+  EXPECT_EQ(manifest.version(), kManifestVersion);
+  ASSERT_TRUE(manifest.has_model());
+  EXPECT_EQ(manifest.model().features().field_size(), 39);
+  EXPECT_EQ(manifest.model().features().hash_seed(), 0x5eedu);
+  EXPECT_EQ(manifest.model().model().embedding_dim(), 2);
+  EXPECT_EQ(manifest.model().init_seed(), 42u);
+
+  struct Case {
+    const char* what;
+    std::function<void(Config*)> change;
+    const char* field;
+  };
+  const std::vector<Case> cases = {
+      {"hash seed", [](Config* c) { c->mutable_features()->set_hash_seed(7); },
+       "features.hash_seed: 24301 in the checkpoint, 7 in the config"},
+      {"vocab", [](Config* c) { c->mutable_features()->set_categorical_vocab_size(999); },
+       "features.field[13] 'C1'.vocab_size: 1000000 in the checkpoint, 999 in the config"},
+      {"numeric mode", [](Config* c) { c->mutable_features()->set_numeric_mode(DENSE); },
+       "features.field[0] 'I1'.numeric_mode: LOG_SQUARED_BUCKET in the checkpoint, DENSE"},
+      {"fields",
+       [](Config* c) {
+         FieldSpec* f = c->mutable_features()->add_field();
+         f->set_name("extra");
+       },
+       "features: 39 fields in the checkpoint, 40 in the config (field[39] 'extra'"},
+      {"embedding dim", [](Config* c) { c->mutable_model()->set_embedding_dim(3); },
+       "model.embedding_dim: 2 in the checkpoint, 3 in the config"},
+      {"layers", [](Config* c) { c->mutable_model()->add_hidden(4); },
+       "model.hidden: [2] in the checkpoint, [2, 4] in the config"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Config other = p.config;
+    c.change(&other);
+    auto wanted = DescribeModel(other);
+    ASSERT_TRUE(wanted.ok()) << wanted.status();
+    Params restored;  // the same shapes: only the description tells the difference
+    WorkerState restored_state;
+    auto r = RestoreLatestCheckpoint(dir, restored.params.get(), &restored_state, *wanted);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find(c.field), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find(*saved), absl::string_view::npos) << r.status();
+    EXPECT_EQ(restored.params->embedding()->Snapshot().rows(), 0);  // nothing was loaded
+  }
+  // What changes no saved value's meaning is accepted: the optimizer, the label's name, the
+  // precision, the seed of rows never trained (they come from the checkpoint's own rule).
+  Config same = p.config;
+  same.mutable_sparse_optimizer()->set_type(SGD);
+  same.mutable_features()->set_label_name("clicked");
+  same.mutable_train()->set_seed(99);
+  Params restored;
+  WorkerState restored_state;
+  auto r = RestoreLatestCheckpoint(dir, restored.params.get(), &restored_state,
+                                   *DescribeModel(same));
+  EXPECT_TRUE(r.ok()) << r.status();
   std::system(("rm -rf " + dir).c_str());
 }
 

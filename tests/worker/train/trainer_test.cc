@@ -281,9 +281,9 @@ TEST_F(ResumeTest, ScheduleIsExactAcrossSigtermAndResume) {
 // decided to read batch `stop_at` ahead: the stop is served after that batch.
 class ScriptedCheckpointer : public Checkpointer {
  public:
-  ScriptedCheckpointer(const std::string& dir, LocalParams* params, std::atomic<bool>* stop,
-                       int request_at, int stop_at)
-      : inner_(dir, params, 3), stop_(stop), request_at_(request_at), stop_at_(stop_at) {}
+  ScriptedCheckpointer(const std::string& dir, LocalParams* params, const ModelDescription& model,
+                       std::atomic<bool>* stop, int request_at, int stop_at)
+      : inner_(dir, params, 3, model), stop_(stop), request_at_(request_at), stop_at_(stop_at) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return inner_.Restore(state);
   }
@@ -326,7 +326,8 @@ TEST_F(ResumeTest, RequestAndStopWithReadAheadResumeExactly) {
                                     threads.towers() * threads.intra_op_threads());
   ASSERT_TRUE(params.ok()) << params.status();
   std::atomic<bool> stop{false};
-  ScriptedCheckpointer scripted(dir_ + "/scripted", params->get(), &stop, 23, 61);
+  ScriptedCheckpointer scripted(dir_ + "/scripted", params->get(), *DescribeModel(c), &stop, 23,
+                                61);
   TrainerOptions sopts = opts;
   sopts.params = params->get();
   sopts.checkpointer = &scripted;
@@ -403,9 +404,10 @@ std::string LossWord(const absl::Status& s) {
 // next batch ahead, so that the stop is served one step later). Records every Save.
 class RecordingCheckpointer : public Checkpointer {
  public:
-  RecordingCheckpointer(const std::string& dir, LocalParams* params, std::atomic<bool>* stop,
-                        std::vector<int64_t> requests, int64_t stop_before)
-      : inner_(dir, params, 100), stop_(stop), requests_(std::move(requests)),
+  RecordingCheckpointer(const std::string& dir, LocalParams* params, const ModelDescription& model,
+                        std::atomic<bool>* stop, std::vector<int64_t> requests,
+                        int64_t stop_before)
+      : inner_(dir, params, 100, model), stop_(stop), requests_(std::move(requests)),
         stop_before_(stop_before) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return inner_.Restore(state);
@@ -499,7 +501,7 @@ class TrainerDivergence : public testing::TestWithParam<DivergenceCase> {
     std::unique_ptr<LocalParams> p = MakeParams(c);
     ASSERT_NE(p, nullptr);
     WorkerState state;
-    auto restored = RestoreLatestCheckpoint(dir, p.get(), &state);
+    auto restored = RestoreLatestCheckpoint(dir, p.get(), &state, *DescribeModel(c));
     ASSERT_TRUE(restored.ok()) << restored.status();
     ASSERT_TRUE(restored->has_value());
     EXPECT_EQ(**restored, dir + "/ckpt-" + std::to_string(want_step));
@@ -530,7 +532,8 @@ TEST_P(TrainerDivergence, StopsAtTheStepAndSavesNothingAfterIt) {
   std::unique_ptr<LocalParams> params = MakeParams(c);
   ASSERT_NE(params, nullptr);
   std::atomic<bool> stop{false};
-  RecordingCheckpointer recording(model_dir, params.get(), &stop, t.requests, t.stop_before);
+  RecordingCheckpointer recording(model_dir, params.get(), *DescribeModel(c), &stop, t.requests,
+                                  t.stop_before);
   TrainerOptions opts;
   opts.cores = 2;
   opts.params = params.get();

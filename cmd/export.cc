@@ -1,0 +1,55 @@
+// `pstrain export`: a serving export of a trained checkpoint (serving/export.h, docs/SERVING.md).
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cmd/commands.h"
+#include "cmd/serving_setup.h"
+#include "common/flags.h"
+#include "serving/export.h"
+
+namespace pstrain {
+
+int RunExport(int argc, char** argv) {
+  FlagSet flags(
+      "export",
+      "Writes a serving export of a trained checkpoint: OUT/<version>/MODEL, one checksummed file\n"
+      "with the trained rows (an id -> row map, no optimizer state), the dense weights and the\n"
+      "model's description (docs/SERVING.md). `pstrain serve --model OUT` serves the newest\n"
+      "version and loads newer ones as they appear; python/pstrain_checkpoint.py reads it.");
+  CheckpointFlags cf;
+  AddCheckpointFlags(&flags, &cf);
+  std::string out, rows = "f32";
+  ExportOptions eo;
+  flags.String("out", &out, "the export's base directory (required): versions go under it");
+  flags.Int64("version", &eo.version, "the version's number (default: the checkpoint's step)");
+  flags.String("rows", &rows,
+               "row encoding: f32 (exact), bf16 (half the size) or int8 (w exact, the "
+               "embedding scaled per row: about a quarter)");
+  auto fail = [](const std::string& msg, int code) { return CommandError("export", msg, code); };
+  if (std::optional<int> code = ParseCommandFlags("export", flags, argc, argv)) return *code;
+  if (out.empty()) return fail("--out is required (see --help)", 2);
+  absl::StatusOr<RowEncoding> encoding = ParseRowEncoding(rows);
+  if (!encoding.ok()) return fail(absl::StrCat("--rows: ", encoding.status().message()), 2);
+  eo.encoding = *encoding;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<ServingModel>> model = LoadCheckpointModel(cf);
+  if (!model.ok()) {
+    return fail(model.status().ToString(),
+                model.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+  }
+  const double read_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  absl::StatusOr<ExportInfo> info = WriteExport(**model, out, eo);
+  if (!info.ok()) return fail(info.status().ToString(), 1);
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  absl::PrintF("pstrain export: version %d of %s (step %d): %d rows (%s), %d bytes, read %.2f s + "
+               "written %.2f s -> %s\n",
+               info->version, (*model)->origin().path, (*model)->origin().step, info->rows,
+               RowEncodingName(eo.encoding), info->bytes, read_s, total_s - read_s, info->dir);
+  return 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,640 @@
+"""Reads pstrain checkpoints and serving exports into NumPy arrays, and scores with them.
+
+NumPy only (Debian's python3-numpy); run with /usr/bin/python3. The formats are specified in
+docs/CHECKPOINT.md (checkpoints) and docs/SERVING.md (exports); this reader follows them:
+
+    m = pstrain_checkpoint.load("model_dir")          # the checkpoint LATEST names
+    m = pstrain_checkpoint.load("model_dir/ckpt-390")  # one checkpoint
+    m = pstrain_checkpoint.load("export")             # the newest export version
+    m = pstrain_checkpoint.load("export/390")         # one export version
+
+    m.ids          int64 [N]        the stored (trained) rows' global ids, ascending
+    m.rows         float32 [N, D]   their weights [w, v_0 .. v_{k-1}] (D = 1 + k)
+    m.dense        float32 [dense_size]
+    m.tensors      {"bias", "mlp0/w", "mlp0/b", ..., "out/w", "out/b"}: views of m.dense, shaped
+    m.config       the model description (a dict: features, model, init_seed, ...); None for a
+                   checkpoint written before checkpoints recorded it (MANIFEST version 1)
+    m.fields       the feature layout: name, kind, offset, rows, seed of each field
+    m.row_state, m.dense_state   a checkpoint's optimizer slots (None for an export)
+
+    m.lookup(ids)                  rows of any ids: stored ones, else Model::InitRow's value
+    m.encode_criteo(lines)         raw Criteo TSV lines -> (ids [n, F], scales [n, F], labels)
+    m.predict(ids, scales)         probabilities of encoded examples (the model's forward pass)
+
+Every checksum is verified (CRC32C of every block, in pure Python: about 1 s per 5 MB; pass
+verify=False to skip it for large files). Damaged or inconsistent files raise FormatError naming
+the file, the block and what was expected.
+"""
+
+import math
+import os
+import struct
+
+import numpy as np
+
+__all__ = ["load", "FormatError", "Model"]
+
+
+class FormatError(Exception):
+    """A file that is not what the format says, named with the place of the problem."""
+
+
+# ---------------------------------------------------------------------------------------------
+# CRC32C (Castagnoli, reflected 0x82F63B78) and the block file
+# ---------------------------------------------------------------------------------------------
+
+def _crc_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(crc):
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_blocks(path, verify=True):
+    """The blocks of a block file, [(tag, payload)], the end block checked and left out."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 16 or data[:8] != b"PSTRNCKP":
+        raise FormatError("%s: not a pstrain block file (bad magic or shorter than 16 bytes)" % path)
+    version, header_crc = struct.unpack_from("<II", data, 8)
+    if verify and _masked(crc32c(data[:12])) != header_crc:
+        raise FormatError("%s: header checksum mismatch" % path)
+    if version != 1:
+        raise FormatError("%s: block file version %d, this reader reads 1" % (path, version))
+    blocks, off, index = [], 16, 0
+    while True:
+        if off + 16 > len(data):
+            raise FormatError("%s: block %d at offset %d: truncated header" % (path, index, off))
+        tag = data[off:off + 4].decode("latin-1")
+        flags, length = struct.unpack_from("<IQ", data, off + 4)
+        end = off + 16 + length
+        if end + 4 > len(data):
+            raise FormatError("%s: block %d ('%s') at offset %d: truncated" % (path, index, tag, off))
+        if verify:
+            (crc,) = struct.unpack_from("<I", data, end)
+            if _masked(crc32c(data[off:end])) != crc:
+                raise FormatError("%s: block %d ('%s') at offset %d: checksum mismatch"
+                                  % (path, index, tag, off))
+        if flags != 0:
+            raise FormatError("%s: block %d ('%s'): unknown flags %d" % (path, index, tag, flags))
+        payload = data[off + 16:end]
+        off = end + 4
+        if tag == "ENDB":
+            (count,) = struct.unpack("<Q", payload)
+            if count != index or off != len(data):
+                raise FormatError("%s: end block at offset %d: %d blocks counted, %d said, %d bytes "
+                                  "after it" % (path, off, index, count, len(data) - off))
+            return blocks
+        blocks.append((tag, payload))
+        index += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol buffers: the wire format, and the few messages the files hold
+# ---------------------------------------------------------------------------------------------
+
+def _varint(buf, pos):
+    result, shift = 0, 0
+    while True:
+        if pos >= len(buf):
+            raise FormatError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 70:
+            raise FormatError("varint too long")
+
+
+def _signed(v, bits=64):
+    return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+
+# field number -> (name, kind, repeated); kind: "int" (signed varint), "uint", "bool", "float",
+# "double", "string", or a nested schema (dict). Enums are ints.
+_OPTIMIZER = {1: ("type", "int", False), 2: ("learning_rate", "float", False),
+              3: ("initial_accumulator", "float", False), 4: ("beta1", "float", False),
+              5: ("beta2", "float", False), 6: ("epsilon", "float", False),
+              7: ("l1", "float", False), 8: ("l2", "float", False),
+              9: ("lr_power", "float", False)}
+_FIELD = {1: ("name", "string", False), 2: ("kind", "int", False),
+          3: ("numeric_mode", "int", False), 4: ("vocab_size", "uint", False),
+          5: ("numeric_transform", "int", False)}
+_FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
+             3: ("categorical_vocab_size", "uint", False), 4: ("numeric_vocab_size", "uint", False),
+             5: ("numeric_mode", "int", False), 6: ("label_name", "string", False),
+             7: ("hash_seed", "uint", False), 8: ("numeric_transform", "int", False)}
+_MODEL_CONFIG = {1: ("type", "int", False), 2: ("embedding_dim", "int", False),
+                 3: ("hidden", "int", True), 4: ("precision", "int", False),
+                 5: ("embedding_init_stddev", "float", False), 6: ("embedding_l2", "float", False)}
+_DESCRIPTION = {1: ("features", _FEATURES, False), 2: ("model", _MODEL_CONFIG, False),
+                3: ("init_seed", "uint", False), 4: ("init_rule", "int", False),
+                5: ("sparse_optimizer", _OPTIMIZER, False),
+                6: ("dense_optimizer", _OPTIMIZER, False)}
+_MANIFEST = {1: ("step", "int", False), 2: ("num_shards", "int", False),
+             3: ("num_workers", "int", False), 4: ("table_rows", "int", False),
+             5: ("partitions", "int", False), 6: ("row_dim", "int", False),
+             7: ("dense_size", "int", False),
+             8: ("file", {1: ("name", "string", False), 2: ("bytes", "uint", False)}, True),
+             9: ("created_by", "string", False), 10: ("wall_time", "double", False),
+             11: ("version", "int", False), 12: ("model", _DESCRIPTION, False)}
+_EXPORT_HEADER = {1: ("format_version", "int", False), 2: ("model", _DESCRIPTION, False),
+                  3: ("row_encoding", "int", False), 4: ("table_rows", "int", False),
+                  5: ("row_dim", "int", False), 6: ("rows", "int", False),
+                  7: ("dense_size", "int", False),
+                  8: ("dense_tensor", {1: ("name", "string", False), 2: ("offset", "int", False),
+                                       3: ("shape", "int", True)}, True),
+                  9: ("source_checkpoint", "string", False), 10: ("step", "int", False),
+                  11: ("version", "int", False), 12: ("created_by", "string", False),
+                  13: ("wall_time", "double", False)}
+
+# proto2 defaults of the fields a reader needs (proto/pstrain/config.proto)
+_DEFAULTS = {
+    "features": {"preset": 1, "categorical_vocab_size": 1000000, "numeric_vocab_size": 1024,
+                 "numeric_mode": 0, "label_name": "label", "hash_seed": 0x5EED,
+                 "numeric_transform": 0, "field": []},
+    "field": {"kind": 0, "numeric_mode": 0, "numeric_transform": 0},
+    "model": {"type": 0, "embedding_dim": 16, "hidden": [], "precision": 0,
+              "embedding_init_stddev": 0.01, "embedding_l2": 0.0},
+}
+
+
+def parse_message(buf, schema):
+    """A dict of the message's known fields (unknown ones are skipped, as protobuf does)."""
+    out, pos = {}, 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos:pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = buf[pos:pos + 4], pos + 4
+        elif wire == 2:
+            n, pos = _varint(buf, pos)
+            value, pos = buf[pos:pos + n], pos + n
+        else:
+            raise FormatError("unsupported wire type %d of field %d" % (wire, number))
+        if pos > len(buf):
+            raise FormatError("truncated field %d" % number)
+        if number not in schema:
+            continue
+        name, kind, repeated = schema[number]
+        if isinstance(kind, dict):
+            values = [parse_message(value, kind)]
+        elif kind in ("int", "uint", "bool") and wire == 2:  # packed
+            values, p = [], 0
+            while p < len(value):
+                v, p = _varint(value, p)
+                values.append(v)
+        elif kind in ("int", "uint", "bool"):
+            values = [value]
+        elif kind == "float":
+            values = [struct.unpack("<f", value)[0]]
+        elif kind == "double":
+            values = [struct.unpack("<d", value)[0]]
+        else:
+            values = [value.decode("utf-8")]
+        if kind == "int":
+            values = [_signed(v) for v in values]
+        elif kind == "bool":
+            values = [bool(v) for v in values]
+        if repeated:
+            out.setdefault(name, []).extend(values)
+        else:
+            out[name] = values[-1]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's rules: feature hashing, the initial rows, the forward pass
+# ---------------------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+CATEGORICAL, NUMERIC = 0, 1
+BUCKET, DENSE = 0, 1
+LOG1P, NO_TRANSFORM = 0, 1
+DEEPFM, LR, FM, WIDE_DEEP = 0, 1, 2, 3
+
+
+def fmix64(k):
+    """murmur3's finalizer (common/hash.h Fmix64), on Python ints."""
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & _M64
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & _M64
+    k ^= k >> 33
+    return k
+
+
+def hash_key(key, field_seed):
+    """common/hash.h HashKey."""
+    return fmix64((key & _M64) ^ fmix64((field_seed + _GOLDEN) & _M64))
+
+
+def hash_bytes(data):
+    """FNV-1a 64 (common/hash.h HashBytes): the key of a non-hex text value (CSV)."""
+    h = 0xCBF29CE484222325
+    for c in data:
+        h = ((h ^ c) * 0x100000001B3) & _M64
+    return h
+
+
+def _splitmix64(x):
+    x = (x + _GOLDEN) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class _Rng:
+    """xoshiro256** seeded as common/random.h's Rng."""
+
+    def __init__(self, seed):
+        self.s, x = [], seed
+        for _ in range(4):
+            x = (x + _GOLDEN) & _M64
+            self.s.append(_splitmix64(x))
+
+    def next(self):
+        s = self.s
+        r = (((s[1] * 5) & _M64) << 7 | ((s[1] * 5) & _M64) >> 57) & _M64
+        result = (r * 9) & _M64
+        t = (s[1] << 17) & _M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = ((s[3] << 45) | (s[3] >> 19)) & _M64
+        return result
+
+    def uniform_double(self):
+        return (self.next() >> 11) * 2.0 ** -53
+
+    def normal(self):
+        u1 = self.uniform_double()
+        u2 = self.uniform_double()
+        if u1 < 1e-300:
+            u1 = 1e-300
+        return math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+
+
+def log_squared_bucket(x):
+    """The FuxiCTR / Kaggle winners' bucket (FeatureSpec::LogSquaredBucket)."""
+    if x > 2:
+        l = math.log(x)
+        return int(math.floor(l * l))
+    return int(x)  # truncation toward zero, as C++'s cast
+
+
+def _reduce(h, n):
+    return (h * n) >> 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+class Model:
+    """A checkpoint's or an export's parameters (see the module's docstring)."""
+
+    def __init__(self, path, config, ids, rows, dense, row_dim, table_rows, tensors=None,
+                 row_state=None, dense_state=None, step=None, version=None):
+        self.path, self.config = path, config
+        self.ids, self.rows, self.dense = ids, rows, dense
+        self.row_dim, self.table_rows = row_dim, table_rows
+        self.row_state, self.dense_state = row_state, dense_state
+        self.step, self.version = step, version
+        self.fields, self.tensors = [], {}
+        if config is not None:
+            self._layout(tensors)
+
+    # -- the description ----------------------------------------------------------------------
+    def _layout(self, tensors):
+        features = dict(_DEFAULTS["features"], **self.config.get("features", {}))
+        model = dict(_DEFAULTS["model"], **self.config.get("model", {}))
+        self.config["features"], self.config["model"] = features, model
+        if features.get("preset", 1) != 0:
+            raise FormatError("%s: the model description's features are not resolved (preset set)"
+                              % self.path)
+        offset, seed0 = 0, features["hash_seed"]
+        for i, f in enumerate(features["field"]):
+            f = dict(_DEFAULTS["field"], **f)
+            dense = f["kind"] == NUMERIC and f["numeric_mode"] == DENSE
+            rows = 2 if dense else f["vocab_size"]
+            self.fields.append({"name": f["name"], "kind": f["kind"],
+                                "numeric_mode": f["numeric_mode"],
+                                "numeric_transform": f["numeric_transform"], "rows": rows,
+                                "offset": offset, "seed": (seed0 * 1000003 + i) & _M64})
+            offset += rows
+        if offset != self.table_rows:
+            raise FormatError("%s: the description's fields make %d rows, the file has %d"
+                              % (self.path, offset, self.table_rows))
+        self.model_type = model["type"]
+        self.k = 0 if self.model_type == LR else model["embedding_dim"]
+        if self.row_dim != 1 + self.k:
+            raise FormatError("%s: rows of %d floats, the description makes %d"
+                              % (self.path, self.row_dim, 1 + self.k))
+        hidden = list(model["hidden"]) if self.model_type in (DEEPFM, WIDE_DEEP) else []
+        if self.model_type in (DEEPFM, WIDE_DEEP) and not hidden:
+            hidden = [400, 400, 400]
+        # The dense layout (Model::dense_layout), unless the export lists it.
+        if tensors is None:
+            tensors, off, width = [("bias", 0, (1,))], 1, len(self.fields) * self.k
+            if hidden:
+                for l, out in enumerate(hidden):
+                    tensors += [("mlp%d/w" % l, off, (width, out)),
+                                ("mlp%d/b" % l, off + width * out, (out,))]
+                    off += width * out + out
+                    width = out
+                tensors += [("out/w", off, (width, 1)), ("out/b", off + width, (1,))]
+                off += width + 1
+        for name, off, shape in tensors:
+            size = int(np.prod(shape))
+            if off + size > len(self.dense):
+                raise FormatError("%s: tensor %s [%d, +%d) is past the dense vector of %d floats"
+                                  % (self.path, name, off, size, len(self.dense)))
+            self.tensors[name] = self.dense[off:off + size].reshape(shape)
+        self.hidden = hidden
+
+    # -- rows -----------------------------------------------------------------------------------
+    def init_row(self, row_id):
+        """Model::InitRow(row_id, init_seed): w = 0, v_j = stddev * Normal from the row's stream."""
+        seed = self.config.get("init_seed", 0)
+        stddev = float(np.float32(self.config["model"]["embedding_init_stddev"]))
+        rng = _Rng(hash_key(int(row_id), seed))
+        out = np.zeros(self.row_dim, dtype=np.float32)
+        for j in range(self.row_dim - 1):
+            out[1 + j] = np.float32(stddev * rng.normal())
+        return out
+
+    def lookup(self, ids):
+        """The rows of `ids` (any shape): stored values, else the initial value."""
+        flat = np.asarray(ids, dtype=np.int64).ravel()
+        if flat.size and (flat.min() < 0 or flat.max() >= self.table_rows):
+            raise ValueError("row ids must be in [0, %d)" % self.table_rows)
+        pos = np.searchsorted(self.ids, flat)
+        pos_c = np.minimum(pos, max(len(self.ids) - 1, 0))
+        found = (pos < len(self.ids)) & (self.ids[pos_c] == flat) if len(self.ids) else \
+            np.zeros(flat.shape, bool)
+        out = np.empty((flat.size, self.row_dim), dtype=np.float32)
+        out[found] = self.rows[pos_c[found]]
+        cache = {}
+        for i in np.nonzero(~found)[0]:
+            r = int(flat[i])
+            if r not in cache:
+                cache[r] = self.init_row(r)
+            out[i] = cache[r]
+        return out.reshape(np.shape(ids) + (self.row_dim,))
+
+    # -- encoding raw rows ------------------------------------------------------------------------
+    def encode_values(self, rows):
+        """Encodes rows of raw values, one list of F values per row (None = missing; numbers for
+        numeric fields, int keys or text for categorical ones) -> (ids [n, F], scales [n, F])."""
+        n, nf = len(rows), len(self.fields)
+        ids = np.zeros((n, nf), dtype=np.int64)
+        scales = np.ones((n, nf), dtype=np.float32)
+        for r, values in enumerate(rows):
+            if len(values) != nf:
+                raise ValueError("row %d: %d values, the model has %d fields" % (r, len(values), nf))
+            for f, (field, v) in enumerate(zip(self.fields, values)):
+                if v is None or v == "":
+                    ids[r, f] = field["offset"]
+                    continue
+                if field["kind"] == CATEGORICAL:
+                    if isinstance(v, str):
+                        try:
+                            key = int(v, 16) if 1 <= len(v) <= 16 else None
+                        except ValueError:
+                            key = None
+                        v = key if key is not None else hash_bytes(v.encode())
+                    h = hash_key(int(v), field["seed"])
+                    ids[r, f] = field["offset"] + 1 + _reduce(h, field["rows"] - 1)
+                elif field["numeric_mode"] == DENSE:
+                    x = float(v)
+                    ids[r, f] = field["offset"] + 1
+                    scales[r, f] = np.float32(math.log1p(max(x, 0.0))
+                                              if field["numeric_transform"] == LOG1P else x)
+                else:
+                    b = log_squared_bucket(float(v)) & _M64
+                    h = hash_key(b, field["seed"])
+                    ids[r, f] = field["offset"] + 1 + _reduce(h, field["rows"] - 1)
+        return ids, scales
+
+    def encode_criteo(self, lines, has_label=True):
+        """Raw Criteo TSV lines (label, then the F values; or the F values only) ->
+        (ids [n, F], scales [n, F], labels [n] or None)."""
+        rows, labels = [], []
+        for line in lines:
+            cols = line.rstrip("\r\n").split("\t")
+            if has_label:
+                labels.append(float(cols[0]))
+                cols = cols[1:]
+            cols += [""] * (len(self.fields) - len(cols))
+            rows.append([None if c == "" else
+                         (c if f["kind"] == CATEGORICAL else float(c))
+                         for f, c in zip(self.fields, cols)])
+        ids, scales = self.encode_values(rows)
+        return ids, scales, (np.array(labels, dtype=np.float32) if has_label else None)
+
+    # -- the forward pass -------------------------------------------------------------------------
+    def logits(self, ids, scales):
+        """Model outputs of encoded examples (float64):
+        bias + sum_f s_f w_f + FM term + MLP(concat_f s_f v_f) (worker/model/model.h)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        s = np.asarray(scales, dtype=np.float64)[..., None]
+        rows = self.lookup(ids).astype(np.float64) * s  # [n, F, D], scaled
+        w, v = rows[..., 0], rows[..., 1:]
+        z = float(self.tensors["bias"][0]) + w.sum(axis=1)
+        if self.model_type in (DEEPFM, FM):
+            z += 0.5 * ((v.sum(axis=1) ** 2) - (v ** 2).sum(axis=1)).sum(axis=1)
+        if self.hidden:
+            a = v.reshape(len(ids), -1)
+            for l in range(len(self.hidden)):
+                a = np.maximum(a @ self.tensors["mlp%d/w" % l].astype(np.float64)
+                               + self.tensors["mlp%d/b" % l].astype(np.float64), 0.0)
+            z += (a @ self.tensors["out/w"].astype(np.float64))[:, 0] + float(self.tensors["out/b"][0])
+        return z
+
+    def predict(self, ids, scales):
+        """Probabilities of encoded examples."""
+        return 1.0 / (1.0 + np.exp(-self.logits(ids, scales)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+def _shape(d, key):
+    return d.get(key, 0)
+
+
+def _load_checkpoint(ckpt, verify):
+    blocks = read_blocks(os.path.join(ckpt, "MANIFEST"), verify)
+    if len(blocks) != 1 or blocks[0][0] != "MANI":
+        raise FormatError("%s/MANIFEST: expected one 'MANI' block" % ckpt)
+    manifest = parse_message(blocks[0][1], _MANIFEST)
+    row_dim, dense_size = _shape(manifest, "row_dim"), _shape(manifest, "dense_size")
+    ids, rows, states = [], [], []
+    dense = np.zeros(dense_size, dtype=np.float32)
+    dense_state = {}
+    covered = np.zeros(dense_size, dtype=bool)
+    for f in manifest.get("file", []):
+        name = f["name"]
+        if "/" in name or name in (".", ".."):
+            raise FormatError("%s/MANIFEST lists '%s', not a file of the directory" % (ckpt, name))
+        path = os.path.join(ckpt, name)
+        if not name.startswith("shard-"):
+            continue
+        if os.path.getsize(path) != f.get("bytes"):
+            raise FormatError("%s: %d bytes, MANIFEST says %s" % (path, os.path.getsize(path),
+                                                                   f.get("bytes")))
+        dim = state = None
+        for index, (tag, payload) in enumerate(read_blocks(path, verify)):
+            where = "%s: block %d ('%s')" % (path, index, tag)
+            if tag == "EMBM":
+                if len(payload) != 48:
+                    raise FormatError("%s: %d bytes, expected 48" % (where, len(payload)))
+                begin, end, dim, _opt, state, _r, _last = struct.unpack("<qqIIIIq", payload[:40])
+                if dim != row_dim:
+                    raise FormatError("%s: rows of %d floats, MANIFEST says %d" % (where, dim, row_dim))
+            elif tag == "EMBR":
+                if dim is None:
+                    raise FormatError("%s: rows before their EMBM block" % where)
+                (n,) = struct.unpack_from("<I", payload, 0)
+                want = 8 + n * (8 + 4 * (dim + state))
+                if len(payload) != want:
+                    raise FormatError("%s: %d bytes for %d rows, expected %d" % (where, len(payload), n, want))
+                block_ids = np.frombuffer(payload, np.int64, n, 8)
+                if n and (block_ids.min() < begin or block_ids.max() >= end):
+                    raise FormatError("%s: row ids outside [%d, %d)" % (where, begin, end))
+                ids.append(block_ids)
+                rows.append(np.frombuffer(payload, np.float32, n * dim, 8 + 8 * n).reshape(n, dim))
+                states.append(np.frombuffer(payload, np.float32, n * state,
+                                            8 + 8 * n + 4 * n * dim).reshape(n, state))
+            elif tag == "DNSE":
+                begin, size, _opt, _r, sf, _last = struct.unpack_from("<qqIIqq", payload, 0)
+                if len(payload) != 40 + 4 * (size + sf) or begin < 0 or begin + size > dense_size:
+                    raise FormatError("%s: slice [%d, +%d) of %d bytes does not fit a dense vector "
+                                      "of %d" % (where, begin, size, len(payload), dense_size))
+                if covered[begin:begin + size].any():
+                    raise FormatError("%s: dense slice [%d, +%d) overlaps another" % (where, begin, size))
+                covered[begin:begin + size] = True
+                dense[begin:begin + size] = np.frombuffer(payload, np.float32, size, 40)
+                dense_state[begin] = np.frombuffer(payload, np.float32, sf, 40 + 4 * size)
+    if not covered.all():
+        raise FormatError("%s: %d dense floats are in none of its shard files"
+                          % (ckpt, int((~covered).sum())))
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    order = np.argsort(ids, kind="stable")
+    rows = np.concatenate(rows)[order] if rows else np.zeros((0, row_dim), np.float32)
+    states = np.concatenate(states)[order] if states else None
+    ids = ids[order]
+    if len(ids) > 1 and not (np.diff(ids) > 0).all():
+        raise FormatError("%s: a row id appears in two shard files" % ckpt)
+    return Model(ckpt, manifest.get("model"), ids, rows, dense, row_dim,
+                 _shape(manifest, "table_rows"), row_state=states, dense_state=dense_state,
+                 step=manifest.get("step"), version=manifest.get("step"))
+
+
+def _bf16(raw):
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _load_export(version_dir, verify):
+    path = os.path.join(version_dir, "MODEL")
+    blocks = read_blocks(path, verify)
+    if len(blocks) < 2 or blocks[0][0] != "MODL" or blocks[1][0] != "XDNS":
+        raise FormatError("%s: expected the 'MODL' then the 'XDNS' block: not a pstrain export" % path)
+    h = parse_message(blocks[0][1], _EXPORT_HEADER)
+    if h.get("format_version") != 1:
+        raise FormatError("%s: export format version %s, this reader reads 1" % (path, h.get("format_version")))
+    dim, enc = h["row_dim"], h.get("row_encoding", 0)
+    dense = np.frombuffer(blocks[1][1], np.float32).copy()
+    if len(dense) != h.get("dense_size", 0):
+        raise FormatError("%s: %d dense floats, the header says %d" % (path, len(dense), h.get("dense_size", 0)))
+    row_bytes = {0: 4 * dim, 1: 2 * dim, 2: 8 + dim - 1}.get(enc)
+    if row_bytes is None:
+        raise FormatError("%s: unknown row encoding %d" % (path, enc))
+    ids, rows = [], []
+    for index, (tag, payload) in enumerate(blocks[2:], start=2):
+        if tag != "XROW":
+            continue
+        n, block_enc = struct.unpack_from("<II", payload, 0)
+        if block_enc != enc or len(payload) != 8 + n * (8 + row_bytes):
+            raise FormatError("%s: block %d ('XROW'): %d bytes for %d rows of encoding %d; expected "
+                              "encoding %d" % (path, index, len(payload), n, block_enc, enc))
+        ids.append(np.frombuffer(payload, np.int64, n, 8))
+        body = np.frombuffer(payload, np.uint8, n * row_bytes, 8 + 8 * n)
+        if enc == 0:
+            r = body.view(np.float32).reshape(n, dim)
+        elif enc == 1:
+            r = _bf16(body.view(np.uint16)).reshape(n, dim)
+        else:
+            per = body.reshape(n, row_bytes)
+            w = per[:, 0:4].copy().view(np.float32)[:, 0]
+            scale = per[:, 4:8].copy().view(np.float32)[:, 0]
+            q = per[:, 8:].view(np.int8).astype(np.float32)
+            r = np.concatenate([w[:, None], q * scale[:, None]], axis=1).astype(np.float32)
+        rows.append(r)
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    rows = np.concatenate(rows) if rows else np.zeros((0, dim), np.float32)
+    if len(ids) != h.get("rows", 0):
+        raise FormatError("%s: %d rows in its blocks, the header says %d" % (path, len(ids), h.get("rows", 0)))
+    if len(ids) and (not (np.diff(ids) > 0).all() or ids[0] < 0 or ids[-1] >= h["table_rows"]):
+        raise FormatError("%s: row ids not ascending inside [0, %d)" % (path, h["table_rows"]))
+    tensors = [(t["name"], t.get("offset", 0), tuple(t.get("shape", [])))
+               for t in h.get("dense_tensor", [])] or None
+    return Model(version_dir, h.get("model"), ids, rows, dense, dim, h["table_rows"],
+                 tensors=tensors, step=h.get("step"), version=h.get("version"))
+
+
+def _newest_version(base):
+    versions = [int(n) for n in os.listdir(base)
+                if n.isdigit() and (n == "0" or not n.startswith("0"))
+                and os.path.isfile(os.path.join(base, n, "MODEL"))]
+    return os.path.join(base, str(max(versions))) if versions else None
+
+
+def load(path, verify=True):
+    """A checkpoint (a model dir with LATEST, or a ckpt-<step> directory) or an export (a base
+    directory of versions, or one version directory) as a Model."""
+    if os.path.isfile(os.path.join(path, "MODEL")):
+        return _load_export(path, verify)
+    if os.path.isfile(os.path.join(path, "MANIFEST")):
+        return _load_checkpoint(path, verify)
+    if os.path.isfile(os.path.join(path, "LATEST")):
+        with open(os.path.join(path, "LATEST")) as f:
+            name = f.read().strip()
+        if not name.startswith("ckpt-") or not name[5:].isdigit():
+            raise FormatError("%s/LATEST: expected 'ckpt-<step>', got %r" % (path, name))
+        return _load_checkpoint(os.path.join(path, name), verify)
+    if os.path.isdir(path):
+        newest = _newest_version(path)
+        if newest is not None:
+            return _load_export(newest, verify)
+    raise FormatError("%s: neither a checkpoint (LATEST, MANIFEST) nor an export (MODEL, "
+                      "<version>/MODEL)" % path)

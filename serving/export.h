@@ -1,0 +1,93 @@
+// The serving export (`pstrain export`, read by `pstrain serve` and python/pstrain_checkpoint.py):
+// the trained rows only, as an id -> row map, the dense vector and the model description, in one
+// block file (checkpoint/block_file.h: magic, version, a masked CRC32C per block, an end block).
+// docs/SERVING.md is the specification; in short:
+//
+//   <base>/<version>/MODEL    block file:
+//     MODL  a serialized pstrain.ExportHeader (format_version 1, the ModelDescription, the row
+//           encoding, table_rows, row_dim, rows, dense_size, the dense tensors, the source
+//           checkpoint and step, created_by, wall_time)
+//     XDNS  the dense vector: dense_size float32
+//     XROW  the rows, in blocks of at most 65536, ids ascending across blocks:
+//           uint32 n | uint32 encoding | int64 ids[n] | the n rows in the encoding:
+//             0 float32:  float32[n][row_dim]
+//             1 bfloat16: uint16[n][row_dim] (the float's upper half, rounded to nearest even)
+//             2 int8:     per row: float32 w | float32 scale | int8 q[row_dim - 1], with the
+//                         embedding v_j = q_j * scale (scale = max |v_j| / 127; w kept exact)
+//
+// Versions, as TensorFlow Serving lays them out: <base> holds one directory per version (a
+// decimal number: the checkpoint's step unless given), and a server serves the newest one. A
+// version is staged in <base>/.tmp-<version>.<pid>/ and renamed into place whole, so a reader (or
+// a watching server) never sees a partial one; an existing version is never overwritten.
+//
+// Rows that are not stored read as Model::InitRow(row, init_seed), the rule the description
+// records (the ServingModel does it). Quantized rows are decoded to float32 when read: the
+// encoding shrinks the file, not the server's memory.
+//
+// Thread-safety: the functions are thread-compatible (they share nothing).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "serving/serving_model.h"
+
+namespace pstrain {
+
+constexpr char kExportFileName[] = "MODEL";
+constexpr char kExportHeaderTag[] = "MODL";
+constexpr char kExportDenseTag[] = "XDNS";
+constexpr char kExportRowsTag[] = "XROW";
+constexpr int kExportFormatVersion = 1;
+constexpr int kExportRowsPerBlock = 65536;
+
+enum class RowEncoding : int { kFloat32 = 0, kBfloat16 = 1, kInt8 = 2 };
+
+// "f32", "bf16", "int8" (as --rows spells them); INVALID_ARGUMENT otherwise.
+absl::StatusOr<RowEncoding> ParseRowEncoding(absl::string_view name);
+const char* RowEncodingName(RowEncoding encoding);
+// Bytes one row takes in an XROW block (its id excluded).
+int64_t EncodedRowBytes(RowEncoding encoding, int row_dim);
+
+// Encodes / decodes `n` rows of row_dim floats (the XROW row bytes; docs/SERVING.md). Decode
+// reads exactly EncodedRowBytes(encoding, row_dim) * n bytes.
+void EncodeRows(RowEncoding encoding, int row_dim, int64_t n, const float* rows, std::string* out);
+void DecodeRows(RowEncoding encoding, int row_dim, int64_t n, const char* data, float* rows);
+
+struct ExportOptions {
+  RowEncoding encoding = RowEncoding::kFloat32;
+  int64_t version = -1;  // < 0: the model's training step
+  std::string created_by = "pstrain export";
+};
+
+struct ExportInfo {
+  std::string dir;       // <base>/<version>
+  int64_t version = 0;
+  int64_t rows = 0;      // rows stored
+  uint64_t bytes = 0;    // size of MODEL
+};
+
+// Writes `model` as <base>/<version>/MODEL (staged, then renamed into place). ALREADY_EXISTS when
+// that version exists. Memory: one block of rows at a time besides the model.
+absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::string& base,
+                                       const ExportOptions& options);
+
+// Reads the export in the version directory `dir` (<dir>/MODEL), verifying every checksum, the
+// format version, the header against the blocks (row and dense counts, encodings, ids ascending
+// and inside the table). DATA_LOSS naming the file, block and offset for a damaged file;
+// FAILED_PRECONDITION for a newer format version.
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir);
+
+// The versions under `base`: subdirectories named by a decimal number (no sign, no leading zero)
+// that hold a MODEL file; newest (largest) first. Empty when there is none or base is missing.
+std::vector<int64_t> ListExportVersions(const std::string& base);
+
+// The version directory a reader of `path` should use: `path` itself when it holds MODEL, else its
+// newest version. NOT_FOUND naming path when there is neither.
+absl::StatusOr<std::string> ResolveExportDir(const std::string& path);
+
+}  // namespace pstrain

@@ -1,0 +1,23 @@
+// The rows of a Predict request (proto/pstrain/serving.proto) as RawRows for a model's
+// FeatureSpec: raw Criteo-shaped text rows (TSV or CSV, with or without the label) or feature
+// lists by name. Every value is hostile: a wrong field count, a number that does not parse or is
+// not finite, a bad hex key, an unknown or repeated field name, a key given for a numeric field,
+// all are INVALID_ARGUMENT naming the row (its index in the request, from 0), the field (index
+// and name) and what was expected. Nothing is accepted half: on error *rows is unspecified.
+//
+// Thread-safety: a pure function.
+#pragma once
+
+#include "absl/status/status.h"
+#include "pstrain/serving.pb.h"
+#include "worker/data/batch.h"
+#include "worker/data/feature_spec.h"
+
+namespace pstrain {
+
+// Appends the request's rows (or examples) to *rows (rows->num_fields must be spec's, or rows
+// empty). INVALID_ARGUMENT as above; also when the request carries both rows and examples.
+absl::Status ParseRequestRows(const PredictRequest& request, const FeatureSpec& spec,
+                              RawRows* rows);
+
+}  // namespace pstrain

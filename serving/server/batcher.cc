@@ -1,0 +1,175 @@
+#include "serving/server/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "serving/scorer.h"
+
+namespace pstrain {
+
+absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(Options options) {
+  if (options.threads < 1 || options.intra_op_threads < 1 || options.max_batch < 1 ||
+      options.max_queue_rows < 1 || options.max_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batcher: threads ", options.threads, ", intra_op_threads ", options.intra_op_threads,
+        ", max_batch ", options.max_batch, ", max_queue_rows ", options.max_queue_rows,
+        " must be >= 1 and max_delay >= 0"));
+  }
+  std::unique_ptr<Batcher> b(new Batcher(options));
+  for (int t = 0; t < options.threads; ++t) b->threads_.emplace_back([p = b.get()] { p->Loop(); });
+  return b;
+}
+
+Batcher::Batcher(Options options) : opt_(options) {
+  sizes_.push_back(1);
+  for (int s = 8; s < opt_.max_batch; s *= 2) sizes_.push_back(s);
+  if (opt_.max_batch > 1) sizes_.push_back(opt_.max_batch);
+}
+
+Batcher::~Batcher() { Stop(); }
+
+int Batcher::PaddedSize(int n) const {
+  for (int s : sizes_) {
+    if (s >= n) return s;
+  }
+  return n;
+}
+
+absl::Status Batcher::Enqueue(std::shared_ptr<ScoreJob> job) {
+  const int n = job->rows.size;
+  if (n < 1) return absl::InvalidArgumentError("batcher: a job without rows");
+  job->arrival = absl::Now();
+  job->taken = 0;
+  job->remaining.store(n);
+  absl::MutexLock l(&mu_);
+  if (stop_) return absl::UnavailableError("the server is stopping");
+  if (queued_rows_ + n > opt_.max_queue_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server's queue is full (", queued_rows_, " rows waiting, at most ",
+        opt_.max_queue_rows, "): retry later"));
+  }
+  queued_rows_ += n;
+  queue_.push_back(std::move(job));
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Batcher::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (joined_.exchange(true)) return;
+  for (std::thread& t : threads_) t.join();
+}
+
+Batcher::Stats Batcher::stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+void Batcher::Take(std::vector<Piece>* pieces) {
+  const ServingModel* model = queue_.front()->model.get();
+  int room = opt_.max_batch;
+  while (room > 0 && !queue_.empty() && queue_.front()->model.get() == model) {
+    std::shared_ptr<ScoreJob>& job = queue_.front();
+    const int count = std::min(room, job->rows.size - job->taken);
+    pieces->push_back(Piece{job, job->taken, count});
+    job->taken += count;
+    queued_rows_ -= count;
+    room -= count;
+    if (job->taken == job->rows.size) queue_.pop_front();
+  }
+}
+
+void Batcher::Loop() {
+  std::shared_ptr<const ServingModel> model;
+  std::unique_ptr<Scorer> scorer;
+  std::vector<Piece> pieces;
+  std::vector<int64_t> ids;
+  std::vector<float> values, probs, logits;
+  while (true) {
+    pieces.clear();
+    {
+      absl::MutexLock l(&mu_);
+      while (queue_.empty() && !stop_) cv_.Wait(&mu_);
+      if (queue_.empty()) return;  // stopped, and everything queued was taken
+      // The batching window: wait for a full batch while the oldest request is young.
+      const absl::Time deadline = queue_.front()->arrival + opt_.max_delay;
+      while (!stop_ && !queue_.empty() && queued_rows_ < opt_.max_batch &&
+             absl::Now() < deadline) {
+        cv_.WaitWithDeadline(&mu_, deadline);
+      }
+      if (queue_.empty()) continue;  // another thread took them
+      Take(&pieces);
+    }
+    int n = 0;
+    for (const Piece& p : pieces) n += p.count;
+    const std::shared_ptr<const ServingModel>& job_model = pieces.front().job->model;
+    absl::Status status;
+    if (model != job_model) {
+      // The first batch of a (reloaded) model on this thread: a scorer for it.
+      scorer.reset();
+      model = job_model;
+      absl::StatusOr<std::unique_ptr<Scorer>> s =
+          Scorer::Create(model, opt_.max_batch, opt_.intra_op_threads);
+      if (s.ok()) {
+        scorer = *std::move(s);
+      } else {
+        status = s.status();
+        model.reset();
+      }
+    }
+    const int padded = PaddedSize(n);
+    if (status.ok()) {
+      const int F = job_model->spec().num_fields();
+      ids.resize(static_cast<size_t>(padded) * F);
+      values.resize(ids.size());
+      size_t at = 0;
+      for (const Piece& p : pieces) {
+        const size_t len = static_cast<size_t>(p.count) * F;
+        std::memcpy(ids.data() + at, p.job->rows.ids.data() + static_cast<size_t>(p.begin) * F,
+                    len * sizeof(int64_t));
+        std::memcpy(values.data() + at,
+                    p.job->rows.values.data() + static_cast<size_t>(p.begin) * F,
+                    len * sizeof(float));
+        at += len;
+      }
+      for (int r = n; r < padded; ++r) {  // padding: copies of the last row
+        std::memcpy(ids.data() + static_cast<size_t>(r) * F,
+                    ids.data() + static_cast<size_t>(n - 1) * F, F * sizeof(int64_t));
+        std::memcpy(values.data() + static_cast<size_t>(r) * F,
+                    values.data() + static_cast<size_t>(n - 1) * F, F * sizeof(float));
+      }
+      probs.resize(padded);
+      logits.resize(padded);
+      status = scorer->Score(padded, ids.data(), values.data(), logits.data(), probs.data());
+    }
+    {
+      absl::MutexLock l(&mu_);
+      ++stats_.batches;
+      stats_.rows += n;
+      stats_.padded_rows += padded;
+    }
+    int at = 0;
+    for (const Piece& p : pieces) {
+      ScoreJob& job = *p.job;
+      if (status.ok()) {
+        std::copy(probs.begin() + at, probs.begin() + at + p.count, job.probs + p.begin);
+        if (job.logits != nullptr) {
+          std::copy(logits.begin() + at, logits.begin() + at + p.count, job.logits + p.begin);
+        }
+      } else if (!job.failed.exchange(true)) {
+        job.done(status);
+      }
+      at += p.count;
+      // The last piece of a job completes it (after a failure, without calling done again).
+      if (job.remaining.fetch_sub(p.count) == p.count && !job.failed.load()) job.done({});
+    }
+  }
+}
+
+}  // namespace pstrain

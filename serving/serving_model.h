@@ -1,0 +1,135 @@
+// ServingModel: a trained model ready to score, read from a checkpoint (any mode, any shard
+// count) or from a serving export (serving/export.h). It holds what inference needs and nothing
+// of training: the feature spec and the network rebuilt from the model description the checkpoint
+// or export records (pstrain.ModelDescription), the trained rows' weights (no optimizer slots),
+// and the dense vector.
+//
+// Rows that were never trained are not stored anywhere: Gather returns Model::InitRow(row,
+// init_seed) for them, exactly what the trainer's own evaluation reads, so scores equal the
+// trainer's to the bit (pstrain predict's promise).
+//
+// Memory: the trained rows (row_dim floats each) in an EmbeddingStore of the whole table (no
+// optimizer state), plus at most 4 bytes per table row of index (in 16 KB pages, allocated for
+// the ranges that hold trained rows), plus the dense vector.
+//
+// Thread-safety: immutable after creation; every const method may be called from any number of
+// threads (shared through std::shared_ptr, e.g. by a server that swaps in a newer export while
+// requests scored by the old one finish).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "ps/store/embedding_store.h"
+#include "pstrain/state.pb.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
+#include "worker/params/params.h"
+
+namespace pstrain {
+
+class ServingModel {
+ public:
+  // Where the parameters came from, for logs and the server's model info.
+  struct Origin {
+    std::string path;     // the checkpoint directory or the export's version directory
+    int64_t step = 0;     // the training step of the checkpoint
+    int64_t version = 0;  // the export version (the checkpoint's step for a checkpoint)
+  };
+
+  // An empty model for `description` (no trained row yet: every row reads as its initial value,
+  // the dense vector is zeros until SetDense), for the loaders below and tests.
+  // INVALID_ARGUMENT when the description does not make a model (no fields, a bad shape), naming
+  // the field.
+  static absl::StatusOr<std::unique_ptr<ServingModel>> Create(const ModelDescription& description,
+                                                              Origin origin);
+
+  // Reads the checkpoint `ckpt` (a verified checkpoint directory, checkpoint/layout.h) whose
+  // MANIFEST is `manifest`: every file the MANIFEST lists named shard-<i>-of-<S> is read, so a PS
+  // checkpoint of any shard count loads (rows by their global ids, dense slices by their offsets).
+  // `description` is the model to rebuild: the MANIFEST's own (version 2), or the one a caller
+  // built from a config for a version-1 checkpoint. FAILED_PRECONDITION when the files' shapes
+  // disagree with it (rows, row size, dense size, a dense vector not covered exactly once);
+  // DATA_LOSS naming the file for a malformed block.
+  static absl::StatusOr<std::unique_ptr<ServingModel>> FromCheckpoint(
+      const std::string& ckpt, const CheckpointManifest& manifest,
+      const ModelDescription& description);
+
+  const ModelDescription& description() const { return description_; }
+  const FeatureSpec& spec() const { return spec_; }
+  const Model& model() const { return *model_; }
+  const Origin& origin() const { return origin_; }
+  int row_dim() const { return model_->row_dim(); }
+  int64_t table_rows() const { return static_cast<int64_t>(spec_.total_rows()); }
+  int64_t dense_size() const { return model_->dense_size(); }
+  const std::vector<float>& dense() const { return dense_; }
+  // Rows with stored (trained) values.
+  int64_t stored_rows() const { return rows_->stats().rows_initialized; }
+  // Bytes held by the rows and their index, and the dense vector.
+  int64_t memory_bytes() const;
+
+  // rows[i * row_dim(), (i + 1) * row_dim()) = the weights of ids[i]: the stored row, else
+  // Model::InitRow(ids[i], init_seed). INVALID_ARGUMENT naming the first id outside
+  // [0, table_rows()).
+  absl::Status Gather(absl::Span<const int64_t> ids, float* rows) const {
+    return rows_->Gather(ids, rows);
+  }
+  // Every stored row in [from, to), ascending, for writers (export). Memory: that range's rows.
+  EmbeddingSnapshot StoredRows(int64_t from, int64_t to) const { return rows_->Snapshot(from, to); }
+
+  // ---- Building (loaders only; not thread-safe, before the model is shared) ----
+  // Stores rows: weights is ids.size() x row_dim. INVALID_ARGUMENT naming the first id out of
+  // range.
+  absl::Status StoreRows(absl::Span<const int64_t> ids, const float* weights) {
+    return rows_->RestoreRows(ids, weights, nullptr);
+  }
+  std::vector<float>* mutable_dense() { return &dense_; }
+
+ private:
+  ServingModel() = default;
+
+  ModelDescription description_;
+  Origin origin_;
+  FeatureSpec spec_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<EmbeddingStore> rows_;
+  std::vector<float> dense_;
+};
+
+// A ServingModel seen as ParameterAccess, read-only: Pull gathers rows and copies the dense
+// vector; Push is FAILED_PRECONDITION. Lets the trainer's evaluator (worker/eval/evaluator.h)
+// score a loaded model. Thread-safe.
+class ServingParams : public ParameterAccess {
+ public:
+  explicit ServingParams(std::shared_ptr<const ServingModel> model) : model_(std::move(model)) {}
+  int row_dim() const override { return model_->row_dim(); }
+  int64_t dense_size() const override { return model_->dense_size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads,
+                    const float* dense_grad, int64_t step) override;
+
+ private:
+  std::shared_ptr<const ServingModel> model_;
+};
+
+// The checkpoint a reader of `model_dir` should use: `checkpoint` ("" = the one LATEST names,
+// with ChooseCheckpoint's verification and fallback; else a name "ckpt-<step>" under model_dir or
+// a checkpoint directory's path, verified completely), and the model description to read it
+// with: the MANIFEST's; or, for a version-1 checkpoint, `config_description` (an error asking for
+// --config when there is none). When both exist they must agree (CompareModelDescriptions, naming
+// the field). NOT_FOUND when model_dir has no checkpoint.
+struct ChosenCheckpoint {
+  std::string dir;
+  CheckpointManifest manifest;
+  ModelDescription description;
+};
+absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(const std::string& model_dir,
+                                                        const std::string& checkpoint,
+                                                        const ModelDescription* config_description);
+
+}  // namespace pstrain

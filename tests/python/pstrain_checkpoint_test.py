@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""Tests of python/pstrain_checkpoint.py and python/serve_client.py against the C++ binary.
+
+usage: pstrain_checkpoint_test.py PSTRAIN_BINARY SOURCE_DIR [unittest args]
+
+Trains a small DeepFM with `pstrain train` (every test process makes its own), then checks that
+the reader's arrays are the checkpoint's, that its forward pass of the exported model gives the
+C++ scores (`pstrain predict`) to 1e-5, rows never trained included (its Model::InitRow twin),
+that an int8 export and a PS fixture read, that damage is refused, and that the gRPC client
+example scores through a real `pstrain serve` as the reader does.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+BINARY = sys.argv[1]
+SOURCE = sys.argv[2]
+sys.path.insert(0, os.path.join(SOURCE, "python"))
+import pstrain_checkpoint as pc  # noqa: E402
+
+CONFIG = """
+data { train { name: "train" format: CRITEO_TSV } shuffle_buffer: 1000 }
+features { preset: CRITEO categorical_vocab_size: 20000 }
+model { type: DEEPFM embedding_dim: 8 hidden: [ 32, 16 ] }
+sparse_optimizer { type: ADAGRAD learning_rate: 0.05 initial_accumulator: 0.0001 }
+dense_optimizer { type: ADAM learning_rate: 0.001 }
+train { batch_size: 64 epochs: 1 log_every_steps: 100000 }
+threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
+"""
+
+
+def run(*args):
+    r = subprocess.run([BINARY] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=300, universal_newlines=True)
+    if r.returncode != 0:
+        raise AssertionError("pstrain %s failed:\n%s" % (" ".join(args), r.stdout))
+    return r.stdout
+
+
+class Fixture:
+    dir = None
+
+
+def setUpModule():
+    Fixture.dir = tempfile.mkdtemp(prefix="pstrain_py_")
+    d = Fixture.dir
+    with open(os.path.join(d, "config.textproto"), "w") as f:
+        f.write(CONFIG)
+    run("datagen", "--rows", "3000", "--seed", "1", "--out", os.path.join(d, "train"))
+    run("datagen", "--rows", "600", "--seed", "2", "--out", os.path.join(d, "test"))
+    run("train", "--config", os.path.join(d, "config.textproto"), "--train",
+        os.path.join(d, "train", "part-*"), "--model_dir", os.path.join(d, "m"))
+    Fixture.test = os.path.join(d, "test", "part-00000.tsv")
+    run("predict", "--model_dir", os.path.join(d, "m"), "--input", Fixture.test, "--out",
+        os.path.join(d, "scores.tsv"))
+    for rows in ("f32", "int8"):
+        run("export", "--model_dir", os.path.join(d, "m"), "--out", os.path.join(d, "export_" + rows),
+            "--rows", rows)
+    with open(Fixture.test) as f:
+        Fixture.lines = f.readlines()
+    Fixture.scores = np.loadtxt(os.path.join(d, "scores.tsv"), dtype=np.float64)[:, 0]
+
+
+def tearDownModule():
+    shutil.rmtree(Fixture.dir, ignore_errors=True)
+
+
+class ReaderTest(unittest.TestCase):
+    def test_the_exports_forward_pass_gives_the_cpp_scores(self):
+        m = pc.load(os.path.join(Fixture.dir, "export_f32"))
+        self.assertEqual(m.config["model"]["hidden"], [32, 16])
+        self.assertEqual(len(m.fields), 39)
+        self.assertEqual(m.fields[13]["name"], "C1")
+        self.assertEqual(m.tensors["mlp0/w"].shape, (39 * 8, 32))
+        ids, scales, labels = m.encode_criteo(Fixture.lines)
+        probs = m.predict(ids, scales)
+        self.assertEqual(len(probs), 600)
+        np.testing.assert_allclose(probs, Fixture.scores, rtol=0, atol=1e-5)
+        # The test rows reach rows never trained: their values come from the InitRow twin.
+        stored = np.isin(ids.ravel(), m.ids)
+        self.assertGreater(int((~stored).sum()), 100)
+        self.assertTrue(np.array_equal(labels[:3], [float(l[0]) for l in Fixture.lines[:3]]))
+
+    def test_init_row_is_the_cpp_rule(self):
+        # Golden values of Model::InitRow (tests/serving/serving_model_test.cc
+        # RowsNeverTrainedReadAsTheDocumentedInitRule pins the C++ side to the same numbers).
+        m = pc.Model("golden", None, np.zeros(0, np.int64), np.zeros((0, 5), np.float32),
+                     np.zeros(1, np.float32), 5, 170)
+        m.config = {"init_seed": 9, "model": {"embedding_init_stddev": 0.05}}
+        want = {0: [0, -0.0954230055, -0.0210496709, 0.0176667515, -0.00829756539],
+                1: [0, 0.0442207977, 0.0220386144, 0.0666234121, -0.0896068513],
+                169: [0, 0.00583246443, -0.0327057838, -0.0704622939, 0.035526827]}
+        for r, row in want.items():
+            self.assertTrue(np.array_equal(m.init_row(r), np.array(row, np.float32)), r)
+
+    def test_checkpoint_and_export_hold_the_same_arrays(self):
+        ck = pc.load(os.path.join(Fixture.dir, "m"))
+        ex = pc.load(os.path.join(Fixture.dir, "export_f32"))
+        self.assertTrue(np.array_equal(ck.ids, ex.ids))
+        self.assertTrue(np.array_equal(ck.rows, ex.rows))
+        self.assertTrue(np.array_equal(ck.dense, ex.dense))
+        self.assertEqual(ck.step, ex.step)
+        # The checkpoint's Adagrad slots: one accumulator per weight, positive.
+        self.assertEqual(ck.row_state.shape, ck.rows.shape)
+        self.assertTrue((ck.row_state > 0).all())
+        self.assertEqual(sum(len(s) for s in ck.dense_state.values()), 2 * len(ck.dense) + 1)
+        for name, t in ck.tensors.items():
+            self.assertTrue(np.array_equal(t, ex.tensors[name]), name)
+
+    def test_int8_export_is_close(self):
+        f32 = pc.load(os.path.join(Fixture.dir, "export_f32"))
+        q = pc.load(os.path.join(Fixture.dir, "export_int8"))
+        self.assertTrue(np.array_equal(f32.ids, q.ids))
+        self.assertTrue(np.array_equal(f32.rows[:, 0], q.rows[:, 0]))  # w is kept exact
+        scale = np.abs(f32.rows[:, 1:]).max(axis=1, keepdims=True) / 127
+        self.assertTrue((np.abs(q.rows[:, 1:] - f32.rows[:, 1:]) <= scale * 0.5001 + 1e-12).all())
+        ids, scales, _ = f32.encode_criteo(Fixture.lines)
+        self.assertLess(float(np.abs(q.predict(ids, scales) - f32.predict(ids, scales)).max()), 0.01)
+
+    def test_the_version1_ps_fixture_reads(self):
+        m = pc.load(os.path.join(SOURCE, "tests", "checkpoint", "testdata", "ps_v1"))
+        self.assertIsNone(m.config)  # written before checkpoints recorded their model
+        self.assertEqual(m.ids.tolist(), [1, 5, 9])
+        self.assertEqual(m.rows.tolist(), [[0.875, 1.375], [4.875, 5.375], [8.875, 9.375]])
+        self.assertEqual(m.dense.tolist(), [-1.25, -0.8125, -0.375, 0.0625, 0.5])
+        self.assertEqual(m.row_state.tolist(), [[1, 1]] * 3)
+
+    def test_damage_is_refused_naming_the_place(self):
+        src = os.path.join(Fixture.dir, "export_f32")
+        version = os.listdir(src)[0]
+        bad = os.path.join(Fixture.dir, "bad_export", version)
+        shutil.copytree(os.path.join(src, version), bad)
+        path = os.path.join(bad, "MODEL")
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        data[len(data) // 2] ^= 0x20
+        with open(path, "wb") as f:
+            f.write(bytes(data))
+        with self.assertRaises(pc.FormatError) as e:
+            pc.load(bad)
+        self.assertIn(path, str(e.exception))
+        self.assertIn("checksum mismatch", str(e.exception))
+        with self.assertRaises(pc.FormatError):
+            pc.load(os.path.join(Fixture.dir, "test"))  # not a model at all
+
+    def test_hashing_golden(self):
+        # The golden values of tests/common/hash_test.cc.
+        self.assertEqual(pc.hash_bytes(b""), 0xCBF29CE484222325)
+        self.assertEqual(pc.hash_bytes(b"a"), 0xAF63DC4C8601EC8C)
+        self.assertEqual(pc.log_squared_bucket(3.0), 1)
+        self.assertEqual(pc.log_squared_bucket(1000.0), 47)
+        self.assertEqual(pc.log_squared_bucket(-2.5), -2)
+
+
+class ServeClientTest(unittest.TestCase):
+    def test_the_client_scores_through_pstrain_serve(self):
+        sys.path.insert(0, os.path.join(SOURCE, "python"))
+        import serve_client  # noqa: E402
+        export = os.path.join(Fixture.dir, "export_int8")
+        server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
+                                  stdout=subprocess.PIPE, universal_newlines=True)
+        try:
+            line = server.stdout.readline()  # "pstrain serve: ... listening on HOST:PORT"
+            self.assertIn("listening on", line)
+            client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(), timeout=30)
+            self.assertEqual(client.health(), "SERVING")
+            self.assertEqual(client.health("pstrain.Predictor"), "SERVING")
+            self.assertEqual(len(client.info().field), 39)
+            probs, version = client.predict_tsv(Fixture.lines[:100], have_label=True)
+            m = pc.load(export)
+            self.assertEqual(version, m.version)
+            ids, scales, _ = m.encode_criteo(Fixture.lines[:100])
+            np.testing.assert_allclose(probs, m.predict(ids, scales), rtol=0, atol=1e-5)
+            # Examples by name give the same scores as the raw rows.
+            cols = Fixture.lines[0].rstrip("\n").split("\t")[1:]
+            ex = {}
+            for i, v in enumerate(cols):
+                if v:
+                    ex["I%d" % (i + 1) if i < 13 else "C%d" % (i - 12)] = float(v) if i < 13 else v
+            one, _ = client.predict_examples([ex])
+            self.assertAlmostEqual(one[0], probs[0], places=6)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0)
+            server.stdout.close()
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)

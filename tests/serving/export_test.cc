@@ -1,0 +1,371 @@
+// serving/export.h: the serving export's format (docs/SERVING.md), its row encodings, its
+// versions, and what a reader refuses. testdata/export_v1/ is the fixture of format version 1:
+// one test reads it against values computed here, one writes the same model with today's code
+// and compares the bytes (the header's wall_time aside). PSTRAIN_REGENERATE_FIXTURES=1 rewrites it.
+#include "serving/export.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/block_file.h"
+#include "common/file.h"
+#include "gtest/gtest.h"
+#include "tests/serving/serving_test_util.h"
+
+namespace pstrain {
+namespace {
+
+using testing_serving::AllRows;
+using testing_serving::FreshDir;
+using testing_serving::SmallDescription;
+using testing_serving::SmallModel;
+
+const std::string kFixture = PSTRAIN_SOURCE_DIR "/tests/serving/testdata/export_v1";
+
+std::string Slurp(const std::string& path) {
+  auto s = ReadFileToString(path);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : "";
+}
+
+std::vector<Block> Blocks(const std::string& data) {
+  std::vector<Block> out;
+  auto r = BlockReader::FromString("MODEL", data);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return out;
+  Block b;
+  while (true) {
+    auto more = (*r)->Next(&b);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) return out;
+    out.push_back(b);
+  }
+}
+
+std::string Frame(const std::vector<Block>& blocks) {
+  std::string out;
+  auto w = BlockWriter::ToString(&out);
+  for (const Block& b : blocks) EXPECT_TRUE(w->Add(b.tag, b.payload).ok());
+  EXPECT_TRUE(w->Finish().ok());
+  return out;
+}
+
+// Writes `blocks` as <dir>/MODEL.
+void WriteModelFile(const std::string& dir, const std::vector<Block>& blocks) {
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/MODEL", Frame(blocks)).ok());
+}
+
+TEST(Export, RoundTripIsExact) {
+  const std::string base = FreshDir("export_f32");
+  auto model = SmallModel(SmallDescription(), 1);
+  ASSERT_NE(model, nullptr);
+  auto info = WriteExport(*model, base, ExportOptions{});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->version, 7);  // the step
+  EXPECT_EQ(info->dir, base + "/7");
+  EXPECT_EQ(info->rows, model->stored_rows());
+  struct stat st;
+  ASSERT_EQ(::stat((info->dir + "/MODEL").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), info->bytes);
+
+  auto read = ReadExport(info->dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)->stored_rows(), model->stored_rows());
+  EXPECT_EQ((*read)->origin().version, 7);
+  EXPECT_EQ((*read)->description().SerializeAsString(),
+            model->description().SerializeAsString());
+  EXPECT_EQ((*read)->dense(), model->dense());
+  // Stored rows come back bit for bit; the others read as the same initial values.
+  EXPECT_EQ(AllRows(**read), AllRows(*model));
+  std::system(("rm -rf " + base).c_str());
+}
+
+TEST(Export, QuantizedRowsAreCloseAndSmaller) {
+  auto model = SmallModel(SmallDescription(), 2);
+  ASSERT_NE(model, nullptr);
+  const int dim = model->row_dim();
+  const int64_t n = model->stored_rows();
+  const std::vector<float> exact = AllRows(*model);
+  uint64_t bytes[3];
+  for (RowEncoding enc : {RowEncoding::kFloat32, RowEncoding::kBfloat16, RowEncoding::kInt8}) {
+    SCOPED_TRACE(RowEncodingName(enc));
+    const std::string base = FreshDir("export_q");
+    ExportOptions o;
+    o.encoding = enc;
+    auto info = WriteExport(*model, base, o);
+    ASSERT_TRUE(info.ok()) << info.status();
+    bytes[static_cast<int>(enc)] = info->bytes;
+    auto read = ReadExport(info->dir);
+    ASSERT_TRUE(read.ok()) << read.status();
+    const std::vector<float> got = AllRows(**read);
+    for (int64_t r = 0; r < model->table_rows(); ++r) {
+      float max_abs = 0;
+      for (int j = 1; j < dim; ++j) max_abs = std::max(max_abs, std::fabs(exact[r * dim + j]));
+      for (int j = 0; j < dim; ++j) {
+        const float want = exact[r * dim + j], have = got[r * dim + j];
+        if (r % 3 != 0 || enc == RowEncoding::kFloat32 || (enc == RowEncoding::kInt8 && j == 0)) {
+          // Unstored rows, f32, and int8's first-order weight are exact.
+          ASSERT_EQ(have, want) << "row " << r << " [" << j << "]";
+        } else if (enc == RowEncoding::kBfloat16) {
+          ASSERT_LE(std::fabs(have - want), std::fabs(want) * 0x1p-8f) << "row " << r;
+        } else {
+          ASSERT_LE(std::fabs(have - want), max_abs / 127.f * 0.5001f) << "row " << r;
+        }
+      }
+    }
+    std::system(("rm -rf " + base).c_str());
+  }
+  // The row blocks shrink by the encoding: 8 bytes of id plus 4 dim, 2 dim, or 8 + (dim - 1).
+  EXPECT_EQ(bytes[0] - bytes[1], static_cast<uint64_t>(n * 2 * dim));
+  EXPECT_EQ(bytes[0] - bytes[2], static_cast<uint64_t>(n * (4 * dim - 8 - (dim - 1))));
+}
+
+// The encodings' bytes, pinned to hand-computed values.
+TEST(Export, EncodingsGolden) {
+  // bfloat16: the upper half, rounded to nearest, ties to even.
+  const uint32_t above_tie_bits = 0x3F808001u;  // 1 + 2^-8 + 2^-23: just above a tie
+  float above_tie;
+  std::memcpy(&above_tie, &above_tie_bits, 4);
+  const float bf[] = {1.0f, -2.5f, 1.00390625f /* a tie, to even: down */,
+                      1.01171875f /* a tie, to even: up */, above_tie /* up */};
+  std::string out;
+  EncodeRows(RowEncoding::kBfloat16, 5, 1, bf, &out);
+  const uint16_t want_bf[] = {0x3F80, 0xC020, 0x3F80, 0x3F82, 0x3F81};
+  ASSERT_EQ(out.size(), sizeof(want_bf));
+  EXPECT_EQ(std::memcmp(out.data(), want_bf, sizeof(want_bf)), 0);
+  // int8: w as float32, scale = max |v| / 127, q = round-to-nearest-even(v / scale).
+  const float row[] = {0.5f, 1.0f, -0.5f, 0.25f};
+  out.clear();
+  EncodeRows(RowEncoding::kInt8, 4, 1, row, &out);
+  ASSERT_EQ(out.size(), 8u + 3u);
+  float w, scale;
+  std::memcpy(&w, out.data(), 4);
+  std::memcpy(&scale, out.data() + 4, 4);
+  EXPECT_EQ(w, 0.5f);
+  EXPECT_EQ(scale, 1.0f / 127.f);
+  EXPECT_EQ(static_cast<int8_t>(out[8]), 127);
+  EXPECT_EQ(static_cast<int8_t>(out[9]), -64);  // -63.5 -> -64 (ties to even)
+  EXPECT_EQ(static_cast<int8_t>(out[10]), 32);  // 31.75
+  float back[4];
+  DecodeRows(RowEncoding::kInt8, 4, 1, out.data(), back);
+  EXPECT_EQ(back[0], 0.5f);
+  EXPECT_EQ(back[1], 127 * scale);
+  EXPECT_EQ(back[2], -64 * scale);
+  // An all-zero embedding has scale 0 and decodes to zeros.
+  const float zero[] = {-3.0f, 0.f, 0.f};
+  out.clear();
+  EncodeRows(RowEncoding::kInt8, 3, 1, zero, &out);
+  float z[3];
+  DecodeRows(RowEncoding::kInt8, 3, 1, out.data(), z);
+  EXPECT_EQ(std::vector<float>(z, z + 3), std::vector<float>(zero, zero + 3));
+}
+
+TEST(Export, VersionsAreListedAndNeverOverwritten) {
+  const std::string base = FreshDir("export_versions");
+  auto model = SmallModel(SmallDescription(), 3);
+  ExportOptions o;
+  o.version = 5;
+  ASSERT_TRUE(WriteExport(*model, base, o).ok());
+  o.version = 12;
+  ASSERT_TRUE(WriteExport(*model, base, o).ok());
+  auto again = WriteExport(*model, base, o);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  // Names that are not versions, and a version without its MODEL (a staging leftover), are not.
+  for (const char* junk : {".tmp-40.123", "007", "abc", "40"}) {
+    ASSERT_TRUE(MakeDirs(base + "/" + junk).ok());
+  }
+  EXPECT_EQ(ListExportVersions(base), (std::vector<int64_t>{12, 5}));
+  auto dir = ResolveExportDir(base);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, base + "/12");
+  auto self = ResolveExportDir(base + "/5");
+  ASSERT_TRUE(self.ok());
+  EXPECT_EQ(*self, base + "/5");
+  auto none = ResolveExportDir(base + "/abc");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find(base + "/abc"), absl::string_view::npos);
+  EXPECT_EQ(ListExportVersions(base + "/missing"), std::vector<int64_t>{});
+  std::system(("rm -rf " + base).c_str());
+}
+
+// Every damaged or inconsistent file is refused with the file (and block) named, never a crash.
+TEST(Export, DamagedOrInconsistentFilesAreRefused) {
+  const std::string base = FreshDir("export_bad");
+  auto model = SmallModel(SmallDescription(), 4);
+  auto info = WriteExport(*model, base, ExportOptions{});
+  ASSERT_TRUE(info.ok());
+  const std::string good = Slurp(info->dir + "/MODEL");
+  const std::vector<Block> blocks = Blocks(good);
+  ASSERT_GE(blocks.size(), 3u);
+  ASSERT_EQ(blocks[0].tag, "MODL");
+  ASSERT_EQ(blocks[1].tag, "XDNS");
+  ASSERT_EQ(blocks[2].tag, "XROW");
+  ExportHeader header;
+  ASSERT_TRUE(header.ParseFromString(blocks[0].payload));
+
+  auto expect_refused = [&](const std::string& name, const std::vector<Block>* as_blocks,
+                            const std::string* as_bytes, absl::StatusCode code,
+                            const std::string& says) {
+    SCOPED_TRACE(name);
+    const std::string dir = base + "/" + name;
+    if (as_blocks != nullptr) WriteModelFile(dir, *as_blocks);
+    if (as_bytes != nullptr) {
+      ASSERT_TRUE(MakeDirs(dir).ok());
+      ASSERT_TRUE(WriteFileAtomic(dir + "/MODEL", *as_bytes).ok());
+    }
+    auto r = ReadExport(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_NE(r.status().message().find(dir + "/MODEL"), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find(says), absl::string_view::npos) << r.status();
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x10;
+  expect_refused("flipped", nullptr, &flipped, absl::StatusCode::kDataLoss, "checksum");
+  const std::string truncated = good.substr(0, good.size() - 30);
+  expect_refused("truncated", nullptr, &truncated, absl::StatusCode::kDataLoss, "");
+
+  std::vector<Block> b = blocks;
+  ExportHeader h = header;
+  h.set_rows(header.rows() + 1);
+  b[0].payload = h.SerializeAsString();
+  expect_refused("rows", &b, nullptr, absl::StatusCode::kDataLoss, "the header says");
+
+  b = blocks;
+  h = header;
+  h.set_format_version(2);
+  b[0].payload = h.SerializeAsString();
+  expect_refused("newer", &b, nullptr, absl::StatusCode::kFailedPrecondition,
+                 "export format version 2");
+
+  b = blocks;
+  h = header;
+  h.set_row_dim(header.row_dim() + 1);
+  b[0].payload = h.SerializeAsString();
+  expect_refused("shape", &b, nullptr, absl::StatusCode::kDataLoss, "its model description makes");
+
+  b = blocks;
+  b[1].payload.pop_back();
+  expect_refused("dense", &b, nullptr, absl::StatusCode::kDataLoss, "float32");
+
+  b = blocks;
+  b[2].payload[15] = 0x7f;  // the first id's high byte: far past the table
+  expect_refused("id", &b, nullptr, absl::StatusCode::kDataLoss, "expected ascending ids");
+
+  b = blocks;
+  b.push_back(blocks[2]);  // the same ids again: not ascending
+  h = header;
+  h.set_rows(header.rows() * 2);
+  b[0].payload = h.SerializeAsString();
+  expect_refused("repeat", &b, nullptr, absl::StatusCode::kDataLoss, "expected ascending ids");
+
+  b = blocks;
+  b[2].payload[4] = 1;  // a block in another encoding than the header's
+  expect_refused("encoding", &b, nullptr, absl::StatusCode::kDataLoss, "row encoding 1");
+
+  b = blocks;
+  b[2].payload.resize(b[2].payload.size() - 3);
+  expect_refused("short", &b, nullptr, absl::StatusCode::kDataLoss, "bytes for");
+
+  b = {blocks[1], blocks[0]};
+  expect_refused("order", &b, nullptr, absl::StatusCode::kDataLoss, "not a pstrain export");
+
+  // A description that makes no model.
+  b = blocks;
+  h = header;
+  h.mutable_model()->mutable_model()->set_embedding_dim(-3);
+  b[0].payload = h.SerializeAsString();
+  expect_refused("description", &b, nullptr, absl::StatusCode::kInvalidArgument,
+                 "the model description");
+  std::system(("rm -rf " + base).c_str());
+}
+
+// ---- The fixture of format version 1 ----
+
+ExportOptions FixtureOptions() {
+  ExportOptions o;
+  o.encoding = RowEncoding::kInt8;  // pins the most involved encoding
+  o.created_by = "pstrain export (fixture)";
+  return o;
+}
+
+TEST(ExportFixture, V1Reads) {
+  const std::string dir = kFixture + "/7";
+  auto read = ReadExport(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  auto model = SmallModel(SmallDescription(), 11);
+  // What the fixture holds: the model quantized to int8, as the encoder does it today.
+  EXPECT_EQ((*read)->stored_rows(), 57);
+  EXPECT_EQ((*read)->dense(), model->dense());
+  const std::vector<float> got = AllRows(**read), want = AllRows(*model);
+  const int dim = model->row_dim();
+  for (int64_t r = 0; r < model->table_rows(); ++r) {
+    std::vector<float> quantized(want.begin() + r * dim, want.begin() + (r + 1) * dim);
+    if (r % 3 == 0) {
+      std::string bytes;
+      EncodeRows(RowEncoding::kInt8, dim, 1, quantized.data(), &bytes);
+      DecodeRows(RowEncoding::kInt8, dim, 1, bytes.data(), quantized.data());
+    }
+    EXPECT_EQ(std::vector<float>(got.begin() + r * dim, got.begin() + (r + 1) * dim), quantized)
+        << "row " << r;
+  }
+  const std::vector<Block> blocks = Blocks(Slurp(dir + "/MODEL"));
+  ASSERT_EQ(blocks.size(), 3u);
+  ExportHeader h;
+  ASSERT_TRUE(h.ParseFromString(blocks[0].payload));
+  EXPECT_EQ(h.format_version(), 1);
+  EXPECT_EQ(h.row_encoding(), 2);
+  EXPECT_EQ(h.table_rows(), 170);
+  EXPECT_EQ(h.row_dim(), 5);
+  EXPECT_EQ(h.rows(), 57);
+  EXPECT_EQ(h.dense_size(), 1 + 16 * 8 + 8 + 8 * 4 + 4 + 4 + 1);
+  ASSERT_EQ(h.dense_tensor_size(), 7);
+  EXPECT_EQ(h.dense_tensor(1).name(), "mlp0/w");
+  EXPECT_EQ(h.dense_tensor(1).offset(), 1);
+  EXPECT_EQ(h.dense_tensor(1).shape_size(), 2);
+  EXPECT_EQ(h.step(), 7);
+  EXPECT_EQ(h.version(), 7);
+  EXPECT_EQ(h.created_by(), "pstrain export (fixture)");
+  EXPECT_GT(h.wall_time(), 1.7e9);
+}
+
+TEST(ExportFixture, V1StillWrites) {
+  const std::string base = FreshDir("export_fixture");
+  auto model = SmallModel(SmallDescription(), 11);
+  auto info = WriteExport(*model, base, FixtureOptions());
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::string fixture = Slurp(kFixture + "/7/MODEL");
+  std::vector<Block> fresh = Blocks(Slurp(info->dir + "/MODEL"));
+  const std::vector<Block> committed = Blocks(fixture);
+  ASSERT_FALSE(fresh.empty());
+  ASSERT_FALSE(committed.empty());
+  ExportHeader a, b;
+  ASSERT_TRUE(a.ParseFromString(fresh[0].payload));
+  ASSERT_TRUE(b.ParseFromString(committed[0].payload));
+  a.set_wall_time(b.wall_time());  // the one fact of the writing process
+  fresh[0].payload = a.SerializeAsString();
+  EXPECT_EQ(Frame(fresh), fixture);
+  std::system(("rm -rf " + base).c_str());
+}
+
+TEST(ExportFixture, RegenerateWhenAsked) {
+  if (std::getenv("PSTRAIN_REGENERATE_FIXTURES") == nullptr) {
+    GTEST_SKIP() << "set PSTRAIN_REGENERATE_FIXTURES=1 to rewrite " << kFixture;
+  }
+  ASSERT_EQ(std::system(("rm -rf " + kFixture).c_str()), 0);
+  auto model = SmallModel(SmallDescription(), 11);
+  auto info = WriteExport(*model, kFixture, FixtureOptions());
+  ASSERT_TRUE(info.ok()) << info.status();
+}
+
+}  // namespace
+}  // namespace pstrain
