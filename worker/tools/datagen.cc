@@ -365,7 +365,9 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("datagen: drift must be in [0, 1], got ", o.drift));
   }
-  if (o.day < 0) return absl::InvalidArgumentError(absl::StrCat("datagen: day must be >= 0, got ", o.day));
+  if (o.day < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("datagen: day must be >= 0, got ", o.day));
+  }
   if (o.chunk_rows < 1) return absl::InvalidArgumentError("datagen: chunk_rows must be >= 1");
   if (o.calibration_rows < 100) {
     return absl::InvalidArgumentError("datagen: calibration_rows must be >= 100");

@@ -55,7 +55,8 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   manifest.set_dense_size(params.dense_size());
   manifest.set_created_by(std::string(created_by));
   *manifest.mutable_model() = model;
-  ASSIGN_OR_RETURN(std::string committed, CommitCheckpoint(dir, std::move(manifest), workers, keep));
+  ASSIGN_OR_RETURN(std::string committed,
+                   CommitCheckpoint(dir, std::move(manifest), workers, keep));
   RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
   return committed;
 }

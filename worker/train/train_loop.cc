@@ -158,7 +158,8 @@ absl::Status TrainLoop::RunStep() {
   if (epoch_ != last_epoch_) {
     // After the first epoch the steps per epoch are known: estimate the total for the ETA.
     if (max_steps_ == 0 && last_epoch_ == 0) {
-      total_steps_estimate_ = pass_first_step_ + (step_ - pass_first_step_) * config_.train().epochs();
+      total_steps_estimate_ =
+          pass_first_step_ + (step_ - pass_first_step_) * config_.train().epochs();
     }
     last_epoch_ = epoch_;
   }

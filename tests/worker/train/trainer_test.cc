@@ -262,12 +262,14 @@ TEST_F(ResumeTest, ScheduleIsExactAcrossSigtermAndResume) {
   std::string a, b;
   SigtermAndResume(
       [](Config* c) {
-        for (const char* set :
-             {"sparse_optimizer.schedule.warmup_steps=20", "sparse_optimizer.schedule.decay=COSINE",
-              "sparse_optimizer.schedule.decay_steps=150",
-              "sparse_optimizer.schedule.min_factor=0.1", "dense_optimizer.schedule.warmup_steps=10",
-              "dense_optimizer.schedule.decay=STEP", "dense_optimizer.schedule.decay_steps=40",
-              "dense_optimizer.schedule.decay_rate=0.5"}) {
+        for (const char* set : {"sparse_optimizer.schedule.warmup_steps=20",
+                                "sparse_optimizer.schedule.decay=COSINE",
+                                "sparse_optimizer.schedule.decay_steps=150",
+                                "sparse_optimizer.schedule.min_factor=0.1",
+                                "dense_optimizer.schedule.warmup_steps=10",
+                                "dense_optimizer.schedule.decay=STEP",
+                                "dense_optimizer.schedule.decay_steps=40",
+                                "dense_optimizer.schedule.decay_rate=0.5"}) {
           EXPECT_TRUE(ApplyOverride(set, c).ok()) << set;
         }
       },
