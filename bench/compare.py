@@ -319,12 +319,17 @@ def fmt(v, spec=".0f"):
     return "n/a" if v is None else format(v, spec)
 
 
+def fmt_range(r, spec):
+    return "n/a" if not r else f"{format(r[0], spec)}-{format(r[1], spec)}"
+
+
 def write_markdown(report, path):
     L = [f"# bench/compare, {report['timestamp']}", "",
          f"Machine: {report['cores']} cores. Command: `{report['command']}`", "",
          f"Repeats: {report['repeats']} (medians; ratios to `train` within each repeat). "
          f"Target AUC: {fmt(report['target_auc'], '.4f')}.", "",
-         "| mode | status | ex/s | ex/s per core | vs train | test AUC | logloss | bytes/example |"
+         "| mode | status | ex/s (range) | ex/s per core | vs train | test AUC (range) | logloss |"
+         " bytes/example |"
          " time to target (s) | CPU util | CPU µs/example | CPU vs train | steal |"
          " peak mem (MB) | shard pull/push QPS |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -332,9 +337,11 @@ def write_markdown(report, path):
         if m["status"] == "failed":
             L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 13)
             continue
-        L.append(f"| {m['mode']} | {m['status']} | {fmt(m['examples_per_sec'])} | "
+        L.append(f"| {m['mode']} | {m['status']} | {fmt(m['examples_per_sec'])} "
+                 f"({fmt_range(m.get('examples_per_sec_range'), '.0f')}) | "
                  f"{fmt(m['examples_per_sec_per_core'])} | {fmt(m['ratio_to_train'], '.2f')} | "
-                 f"{fmt(m['test_auc'], '.4f')} | {fmt(m['test_logloss'], '.4f')} | "
+                 f"{fmt(m['test_auc'], '.4f')} ({fmt_range(m.get('test_auc_range'), '.4f')}) | "
+                 f"{fmt(m['test_logloss'], '.4f')} | "
                  f"{fmt(m['bytes_per_example'], '.0f')} ({m['bytes_method']}) | "
                  f"{fmt(m['time_to_target_s'], '.1f')} | {fmt(m['cpu_utilisation'], '.2f')} | "
                  f"{fmt(m['cpu_us_per_example'], '.1f')} | {fmt(m['cpu_ratio_to_train'], '.2f')} | "
@@ -376,7 +383,10 @@ def plot(report, out_dir):
     dat = os.path.join(out_dir, "compare.dat")
     with open(dat, "w") as f:
         for i, m in enumerate(ok):
-            f.write(f"{i} \"{m['mode']}\" {m['examples_per_sec'] or 0} {m['test_auc'] or 0}\n")
+            eps, auc = m["examples_per_sec"] or 0, m["test_auc"] or 0
+            eps_lo, eps_hi = m.get("examples_per_sec_range") or (eps, eps)
+            auc_lo, auc_hi = m.get("test_auc_range") or (auc, auc)
+            f.write(f"{i} \"{m['mode']}\" {eps} {auc} {eps_lo} {eps_hi} {auc_lo} {auc_hi}\n")
     # One block per mode; its first line is the title (columnheader).
     curves = os.path.join(out_dir, "curves.dat")
     with open(curves, "w") as f:
@@ -388,13 +398,18 @@ set output '{os.path.join(out_dir, 'compare.png')}'
 set multiplot layout 1,3
 set style fill solid 0.6
 set boxwidth 0.6
+set bmargin 6
+set xtics rotate by -35 left nomirror
+set xrange [-0.6:{len(ok) - 0.4}]
 set yrange [0:*]
-set title 'examples/s (median)'
-plot '{dat}' using 1:3:xtic(2) with boxes notitle
-set title 'test AUC (median)'
+set title 'examples/s (median; bars: range over {report["repeats"]} repeats)'
+plot '{dat}' using 1:3:xtic(2) with boxes notitle, '' using 1:3:5:6 with yerrorbars lc 'black' pt -1 notitle
+set title 'test AUC (median; bars: range)'
 set yrange [*:*]
-plot '{dat}' using 1:4:xtic(2) with boxes notitle
+plot '{dat}' using 1:4:xtic(2) with boxes notitle, '' using 1:4:7:8 with yerrorbars lc 'black' pt -1 notitle
 set title 'eval AUC vs time since launch (first repeat)'
+set xtics norotate
+set autoscale x
 set xlabel 's'
 plot for [i=0:{len(ok) - 1}] '{curves}' index i using 1:2 with linespoints title columnheader(1)
 """
@@ -451,6 +466,9 @@ def main(argv):
                     "bytes_per_example", "cpu_utilisation", "peak_memory_mb", "wall_seconds",
                     "cpu_us_per_example", "steal"):
             m[key] = median([r.get(key) for r in good])
+        for key in ("examples_per_sec", "test_auc"):  # the ranges over the repeats
+            values = [r[key] for r in good if isinstance(r.get(key), (int, float))]
+            m[key + "_range"] = [min(values), max(values)] if values else None
         modes.append(m)
     by_mode = {m["mode"]: m for m in modes}
     scaling_model = None

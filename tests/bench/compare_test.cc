@@ -78,6 +78,12 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
     EXPECT_GT(m.at("cpu_us_per_example").number_value(), 0);
     EXPECT_GT(m.at("cpu_ratio_to_train").number_value(), 0);
     EXPECT_GT(m.at("peak_memory_mb").number_value(), 1);
+    for (const char* key : {"examples_per_sec", "test_auc"}) {  // [min, max] over the repeats
+      const auto& range = m.at(std::string(key) + "_range").list_value();
+      ASSERT_EQ(range.values_size(), 2) << key;
+      EXPECT_LE(range.values(0).number_value(), m.at(key).number_value()) << key;
+      EXPECT_GE(range.values(1).number_value(), m.at(key).number_value()) << key;
+    }
     if (mode == "train") {
       EXPECT_EQ(m.at("ratio_to_train").number_value(), 1.0);
       EXPECT_EQ(m.at("bytes_per_example").number_value(), 0);
