@@ -132,7 +132,7 @@ void BM_KernelApplyRows(benchmark::State& state, OptimizerType type) {
     sp[r] = s.data() + r * sf;
   }
   for (auto _ : state) {
-    opt->ApplyRows(rows, wp.data(), sp.data(), grads.data(), kDim);
+    opt->ApplyRows(rows, wp.data(), sp.data(), grads.data(), kDim, opt->LearningRate(1));
     benchmark::ClobberMemory();
   }
   SetRowCounters(state, rows, (2 * (kDim + sf) + kDim) * 4);
@@ -147,7 +147,7 @@ void BM_RefApplyRows(benchmark::State& state, OptimizerType type) {
   const std::vector<float> grads = RandomFloats(rows * kDim, 1);
   for (auto _ : state) {
     for (int64_t r = 0; r < rows; ++r) {
-      ref::ApplyRow(config, &w[r * kDim], s.data() + r * sf, &grads[r * kDim], kDim);
+      ref::ApplyRow(config, &w[r * kDim], s.data() + r * sf, &grads[r * kDim], kDim, 1);
     }
     benchmark::ClobberMemory();
   }

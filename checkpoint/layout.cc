@@ -206,8 +206,10 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir) {
 absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step) {
   const std::string ckpt = CheckpointPath(dir, step);
   RETURN_IF_ERROR(MakeDirs(ckpt));
-  const std::string manifest = absl::StrCat(ckpt, "/", kManifestFileName);
-  if (std::remove(manifest.c_str()) != 0 && errno != ENOENT) return ErrnoError("remove", manifest);
+  for (const char* name : {kManifestFileName, kPassEndFileName}) {
+    const std::string path = absl::StrCat(ckpt, "/", name);
+    if (std::remove(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("remove", path);
+  }
   return ckpt;
 }
 
@@ -242,6 +244,43 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointM
   RETURN_IF_ERROR(WriteLatest(dir, manifest.step()));
   RemoveOldCheckpoints(dir, manifest.step(), keep);
   return ckpt;
+}
+
+absl::Status MarkPassEnd(const std::string& dir, int64_t step,
+                         const std::map<int, WorkerState>& workers) {
+  if (workers.empty()) return absl::OkStatus();
+  PassEnd end;
+  end.set_step(step);
+  bool trained = false;
+  for (const auto& [j, state] : workers) {
+    if (!state.finished()) return absl::OkStatus();
+    end.set_pass_examples(end.pass_examples() + state.examples() - state.pass_first_examples());
+    trained = trained || state.step() > state.pass_first_step();
+    if (state.max_steps_reached()) end.set_max_steps_reached(true);
+  }
+  if (!trained) return absl::OkStatus();
+  return WriteProtoBlockFile(absl::StrCat(CheckpointPath(dir, step), "/", kPassEndFileName),
+                             kPassEndTag, end)
+      .status();
+}
+
+absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt) {
+  const std::string path = absl::StrCat(ckpt, "/", kPassEndFileName);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::optional<PassEnd>();
+    return ErrnoError("stat", path);
+  }
+  PassEnd end;
+  RETURN_IF_ERROR(ReadProtoBlockFile(path, kPassEndTag, &end));
+  const size_t slash = ckpt.rfind('/');
+  const std::optional<int64_t> step =
+      ParseCheckpointName(slash == std::string::npos ? ckpt : ckpt.substr(slash + 1));
+  if (!step || end.step() != *step) {
+    return absl::DataLossError(absl::StrCat(path, ": marks the end of a pass at step ", end.step(),
+                                            ", not in a checkpoint of that step"));
+  }
+  return std::optional<PassEnd>(end);
 }
 
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep) {

@@ -49,6 +49,8 @@ constexpr char kLatestFileName[] = "LATEST";
 constexpr char kManifestFileName[] = "MANIFEST";
 constexpr char kManifestTag[] = "MANI";     // the MANIFEST's one block
 constexpr char kWorkerStateTag[] = "WSTA";  // a worker-<j>.state file's one block
+constexpr char kPassEndFileName[] = "PASS_END";
+constexpr char kPassEndTag[] = "PEND";  // the PASS_END file's one block
 
 // "ckpt-<step>".
 std::string CheckpointName(int64_t step);
@@ -101,8 +103,9 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir);
 
 // ---- Writing a checkpoint ----
 
-// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST in it (from an interrupted attempt at
-// the same step: it must not vouch for the new files before they are complete); returns its path.
+// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST and PASS_END in it (from an earlier
+// attempt at the same step that LATEST no longer names: they must not vouch for the new files
+// before they are complete); returns its path.
 // A mode that writes a checkpoint first asks IsCommittedCheckpoint (below).
 absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
 // Whether LATEST names ckpt-<step> and that checkpoint verifies. A checkpoint of the same step
@@ -118,6 +121,23 @@ bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
 // checkpoint directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep);
+// The end of a training pass (worker/train/data_pass.h). After <dir>/ckpt-<step> is committed
+// (or found committed by IsCommittedCheckpoint), its writer calls MarkPassEnd with every worker's
+// state: when each of them says `finished`, it writes ckpt-<step>/PASS_END atomically (a block
+// file with one PEND block, a pstrain.PassEnd: the step and the examples the workers trained in
+// the pass); otherwise it writes nothing. It is a file beside the committed ones, not listed in
+// the MANIFEST, because a pass can end at a step that is committed already (a scheduled
+// checkpoint on the last step), whose files are never written over. A crash before it is written
+// leaves the pass unfinished: the next run with the same data resumes it, trains nothing more
+// and marks it.
+absl::Status MarkPassEnd(const std::string& dir, int64_t step,
+                         const std::map<int, WorkerState>& workers);
+// A pass that trained no step (every worker's step is its pass_first_step) ends at the
+// checkpoint its predecessor committed: it marks nothing.
+// The PassEnd of checkpoint directory `ckpt` (.../ckpt-<step>), or nullopt when the pass did not
+// end there. DATA_LOSS naming the file when it is corrupt or names another step.
+absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
+
 // Retention (checkpoint.keep), after LATEST moved to ckpt-<committed_step>: keeps it and the
 // newest keep - 1 complete checkpoints older than it, and deletes every other directory older
 // than it (complete or not). Directories newer than it are left alone: LATEST never named them

@@ -6,7 +6,10 @@
 #include "common/metrics/metrics.h"
 #include "worker/model/isa.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -26,6 +29,11 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
   f->String("format", &o->format, "format of --train/--eval: criteo_tsv|csv|libsvm|tfrecord|recordio");
   f->String("model_dir", &o->model_dir, "where metrics, summary.json and checkpoints go");
   f->Int("epochs", &o->epochs, "epochs to train (0 = from the config)");
+  f->String("on_new_data", &o->on_new_data,
+            "a model dir that has a checkpoint: auto (resume the same data, start a new pass "
+            "over new data after a finished job, refuse new data under an unfinished one), "
+            "continue (resume the saved pass on its own files) or new_pass (a new pass over "
+            "this run's data from the saved parameters); default: train.on_new_data (auto)");
   f->Int("metrics_port", &o->metrics_port,
          "serve Prometheus metrics on http://<metrics_bind>:PORT/metrics (0 = off; `local` gives "
          "host i PORT + i)");
@@ -106,6 +114,20 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   if (flags.train_only) config.mutable_data()->clear_eval();
   if (!flags.model_dir.empty()) config.mutable_train()->set_model_dir(flags.model_dir);
   if (flags.epochs > 0) config.mutable_train()->set_epochs(flags.epochs);
+  if (!flags.on_new_data.empty()) {
+    static const std::pair<const char*, TrainConfig::OnNewData> kModes[] = {
+        {"auto", TrainConfig::AUTO},
+        {"continue", TrainConfig::CONTINUE},
+        {"new_pass", TrainConfig::NEW_PASS}};
+    const auto* mode = std::find_if(std::begin(kModes), std::end(kModes), [&](const auto& m) {
+      return flags.on_new_data == m.first;
+    });
+    if (mode == std::end(kModes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--on_new_data: expected auto, continue or new_pass, got '", flags.on_new_data, "'"));
+    }
+    config.mutable_train()->set_on_new_data(mode->second);
+  }
   for (const auto& s : flags.platform_sets) RETURN_IF_ERROR(ApplyOverride(s, &config));
   for (const auto& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));
   RETURN_IF_ERROR(ValidateConfig(config));

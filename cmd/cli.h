@@ -23,6 +23,8 @@ struct TrainingFlags {
   std::string format;               // --format: format of the --train/--eval channels
   std::string model_dir;            // --model_dir DIR
   int epochs = 0;                   // --epochs N (0 = from the config)
+  // --on_new_data auto|continue|new_pass: train.on_new_data ("" = from the config).
+  std::string on_new_data;
   // --metrics_port P: serve Prometheus metrics on http://<metrics_bind>:P/metrics (0 = off);
   // --metrics_bind: loopback unless told otherwise.
   int metrics_port = 0;

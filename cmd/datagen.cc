@@ -39,6 +39,11 @@ int RunDatagen(int argc, char** argv) {
                "positive rate the teacher's bias is calibrated to (Kaggle ~0.25, 1TB ~0.03)");
   flags.Double("logit_std", &options.logit_std,
                "spread of the teacher's logit; larger is easier (1.4 gives a Bayes AUC ~0.80)");
+  flags.Double("drift", &options.drift,
+               "concept drift between days, in [0, 1]: the teacher of --day d is rotated from "
+               "--teacher_seed's by d x acos(1 - drift), so consecutive days' teacher weights "
+               "have correlation 1 - drift");
+  flags.Int("day", &options.day, "the day of the drifting teacher (0 = the plain teacher)");
   flags.Bool("fill_missing", &options.fill_missing,
              "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
              "which cannot express a missing value)");

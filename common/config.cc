@@ -193,6 +193,15 @@ absl::Status ValidateConfig(const Config& c) {
     if (!(o.epsilon() > 0)) return bad(absl::StrCat(which, ".epsilon"), "must be > 0");
     if (o.l1() < 0 || o.l2() < 0) return bad(absl::StrCat(which, ".l1/l2"), "must be >= 0");
     if (o.lr_power() > 0) return bad(absl::StrCat(which, ".lr_power"), "must be <= 0");
+    // The schedule (ps/store/lr_schedule.h).
+    const LearningRateSchedule& s = o.schedule();
+    const std::string sched = absl::StrCat(which, ".schedule.");
+    if (s.warmup_steps() < 0) return bad(sched + "warmup_steps", absl::StrCat("must be >= 0, got ", s.warmup_steps()));
+    if (s.decay() != LearningRateSchedule::CONSTANT && s.decay_steps() <= 0) {
+      return bad(sched + "decay_steps", absl::StrCat("must be > 0 for decay ", LearningRateSchedule::Decay_Name(s.decay()), ", got ", s.decay_steps()));
+    }
+    if (!(s.decay_rate() > 0 && s.decay_rate() <= 1)) return bad(sched + "decay_rate", absl::StrCat("must be in (0, 1], got ", s.decay_rate()));
+    if (!(s.min_factor() >= 0 && s.min_factor() <= 1)) return bad(sched + "min_factor", absl::StrCat("must be in [0, 1], got ", s.min_factor()));
   }
 
   const ThreadConfig& t = c.threads();

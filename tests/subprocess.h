@@ -19,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -138,6 +139,23 @@ inline int RunToExit(const std::vector<std::string>& argv, int timeout_ms) {
   return WEXITSTATUS(status);
 }
 
+// Runs argv through sh with stdout and stderr into the file `log`, to its end within
+// `timeout_ms`. Returns the wait status (-1 if it could not start or timed out: the child is
+// killed). Arguments must not contain a single quote.
+inline int RunLogged(const std::vector<std::string>& argv, const std::string& log,
+                     int timeout_ms) {
+  std::string cmd = "exec";
+  for (const std::string& a : argv) cmd += " '" + a + "'";
+  cmd += " > '" + log + "' 2>&1";
+  Subprocess p;
+  std::string error;
+  if (!p.Start({"/bin/sh", "-c", cmd}, &error)) {
+    fprintf(stderr, "RunLogged: %s\n", error.c_str());
+    return -1;
+  }
+  return p.WaitExit(timeout_ms);
+}
+
 // Processes (/proc) whose command line mentions `needle`, e.g. a test's unique model dir.
 inline std::vector<int> PidsMentioning(const std::string& needle) {
   std::vector<int> pids;
@@ -156,6 +174,14 @@ inline std::vector<int> PidsMentioning(const std::string& needle) {
 }
 inline int ProcessesMentioning(const std::string& needle) {
   return static_cast<int>(PidsMentioning(needle).size());
+}
+
+// Waits (10 s at most) until no process mentions `needle`; returns how many are left.
+inline int ProcessesLeft(const std::string& needle) {
+  for (int i = 0; i < 100 && ProcessesMentioning(needle) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return ProcessesMentioning(needle);
 }
 
 }  // namespace testing

@@ -36,7 +36,8 @@ void DenseStore::Set(const float* values) {
 
 void DenseStore::Apply(const float* grad, int64_t step) {
   absl::MutexLock lock(&mu_);
-  opt_.optimizer->ApplyDense(weights_.data(), state_.data(), grad, opt_.size, opt_.threads);
+  opt_.optimizer->ApplyDense(weights_.data(), state_.data(), grad, opt_.size, opt_.threads,
+                             opt_.optimizer->LearningRate(step));
   last_step_ = std::max(last_step_, step);
 }
 

@@ -188,6 +188,7 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
   RaiseLastStep(step);
   const int dim = opt_.dim;
   const Optimizer& optimizer = *opt_.optimizer;
+  const double lr = optimizer.LearningRate(step);
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
@@ -203,7 +204,7 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                     }
                     optimizer.InitState(row + dim, dim);
                   }
-                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim);
+                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, lr);
                 }
               });
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
+#include "ps/store/lr_schedule.h"
 
 // The kernels are plain loops that GCC vectorizes for AVX-512 under -march=native. Their sqrt
 // calls only vectorize without errno semantics, hence -fno-math-errno on this file
@@ -12,17 +13,24 @@
 
 namespace pstrain {
 
-void Optimizer::ApplyRow(float* w, float* state, const float* g, int64_t n) const {
-  Update(w, state, g, n, 0, n, Prepare(state, n));
+double Optimizer::LearningRate(int64_t step) const {
+  const double lr = config_.learning_rate();
+  if (IsConstantSchedule(config_.schedule())) return lr;
+  return lr * LearningRateFactor(config_.schedule(), step);
+}
+
+void Optimizer::ApplyRow(float* w, float* state, const float* g, int64_t n, double lr) const {
+  Update(w, state, g, n, 0, n, Prepare(state, n, lr));
 }
 
 void Optimizer::ApplyRows(int64_t rows, float* const* w, float* const* state, const float* g,
-                          int dim) const {
-  for (int64_t r = 0; r < rows; ++r) ApplyRow(w[r], state[r], g + r * dim, dim);
+                          int dim, double lr) const {
+  for (int64_t r = 0; r < rows; ++r) ApplyRow(w[r], state[r], g + r * dim, dim, lr);
 }
 
-void Optimizer::ApplyDense(float* w, float* state, const float* g, int64_t n, int threads) const {
-  const Step step = Prepare(state, n);
+void Optimizer::ApplyDense(float* w, float* state, const float* g, int64_t n, int threads,
+                           double lr) const {
+  const Step step = Prepare(state, n, lr);
   // Chunks of at least 16k floats: below that a thread team costs more than it saves.
   const int64_t kChunk = 16384;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -35,33 +43,30 @@ namespace {
 
 class Sgd final : public Optimizer {
  public:
-  explicit Sgd(const OptimizerConfig& c) : Optimizer(c), lr_(c.learning_rate()) {}
+  explicit Sgd(const OptimizerConfig& c) : Optimizer(c) {}
   int state_slots() const override { return 0; }
   void InitState(float*, int64_t) const override {}
 
  protected:
   void Update(float* __restrict w, float*, const float* __restrict g, int64_t, int64_t b, int64_t e,
-              const Step&) const override {
-    const float lr = lr_;
+              const Step& step) const override {
+    const float lr = static_cast<float>(step.lr);
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) w[i] -= lr * g[i];
   }
-
- private:
-  const float lr_;
 };
 
 class Adagrad final : public Optimizer {
  public:
   explicit Adagrad(const OptimizerConfig& c)
-      : Optimizer(c), lr_(c.learning_rate()), init_(c.initial_accumulator()) {}
+      : Optimizer(c), init_(c.initial_accumulator()) {}
   int state_slots() const override { return 1; }
   void InitState(float* state, int64_t n) const override { std::fill(state, state + n, init_); }
 
  protected:
   void Update(float* __restrict w, float* __restrict accum, const float* __restrict g, int64_t,
-              int64_t b, int64_t e, const Step&) const override {
-    const float lr = lr_;
+              int64_t b, int64_t e, const Step& step) const override {
+    const float lr = static_cast<float>(step.lr);
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const float a = accum[i] + g[i] * g[i];
@@ -71,7 +76,7 @@ class Adagrad final : public Optimizer {
   }
 
  private:
-  const float lr_, init_;
+  const float init_;
 };
 
 // beta^t for the integer step counts t that Adam keeps, as a product of two table entries
@@ -100,7 +105,6 @@ class Adam final : public Optimizer {
  public:
   explicit Adam(const OptimizerConfig& c)
       : Optimizer(c),
-        lr_(c.learning_rate()),
         b1_(c.beta1()),
         b2_(c.beta2()),
         eps_(c.epsilon()),
@@ -113,10 +117,10 @@ class Adam final : public Optimizer {
   }
 
  protected:
-  Step Prepare(float* state, int64_t n) const override {
+  Step Prepare(float* state, int64_t n, double lr) const override {
     const float t = state[2 * n] + 1.0f;
     state[2 * n] = t;
-    return Step{static_cast<float>(lr_ * std::sqrt(1.0 - pow2_(t)) / (1.0 - pow1_(t)))};
+    return Step{lr, static_cast<float>(lr * std::sqrt(1.0 - pow2_(t)) / (1.0 - pow1_(t)))};
   }
   void Update(float* __restrict w, float* __restrict state, const float* __restrict g, int64_t n,
               int64_t b, int64_t e, const Step& step) const override {
@@ -136,7 +140,6 @@ class Adam final : public Optimizer {
   }
 
  private:
-  const double lr_;
   const float b1_, b2_, eps_;
   const BetaPower pow1_, pow2_;
 };
@@ -145,7 +148,6 @@ class Ftrl final : public Optimizer {
  public:
   explicit Ftrl(const OptimizerConfig& c)
       : Optimizer(c),
-        inv_lr_(1.0f / c.learning_rate()),
         l1_(c.l1()),
         two_l2_(2.0f * c.l2()),
         power_(-c.lr_power()),
@@ -158,21 +160,23 @@ class Ftrl final : public Optimizer {
 
  protected:
   void Update(float* __restrict w, float* __restrict state, const float* __restrict g, int64_t n,
-              int64_t b, int64_t e, const Step&) const override {
+              int64_t b, int64_t e, const Step& step) const override {
+    const float inv_lr = 1.0f / static_cast<float>(step.lr);
     // As TF does, lr_power = -0.5 (the default) takes sqrt, which vectorizes; pow does not.
     if (power_ == 0.5f) {
-      Kernel(w, state, state + n, g, b, e, [](float x) { return std::sqrt(x); });
+      Kernel(w, state, state + n, g, b, e, inv_lr, [](float x) { return std::sqrt(x); });
     } else {
       const float p = power_;
-      Kernel(w, state, state + n, g, b, e, [p](float x) { return std::pow(x, p); });
+      Kernel(w, state, state + n, g, b, e, inv_lr, [p](float x) { return std::pow(x, p); });
     }
   }
 
  private:
   template <typename Pow>
   void Kernel(float* __restrict w, float* __restrict accum, float* __restrict linear,
-              const float* __restrict g, int64_t b, int64_t e, Pow power_fn) const {
-    const float inv_lr = inv_lr_, l1 = l1_, two_l2 = two_l2_;
+              const float* __restrict g, int64_t b, int64_t e, float inv_lr,
+              Pow power_fn) const {
+    const float l1 = l1_, two_l2 = two_l2_;
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const float gi = g[i], a = accum[i], an = a + gi * gi;
@@ -185,7 +189,7 @@ class Ftrl final : public Optimizer {
     }
   }
 
-  const float inv_lr_, l1_, two_l2_, power_, init_;
+  const float l1_, two_l2_, power_, init_;
 };
 
 absl::Status Invalid(absl::string_view what, double got) {

@@ -68,26 +68,35 @@ class Optimizer {
   // Writes the initial state of a vector of n elements: state[StateFloats(n)].
   virtual void InitState(float* state, int64_t n) const = 0;
 
-  // One update of one vector: w[n], state[StateFloats(n)], g[n]. Single-threaded.
-  void ApplyRow(float* w, float* state, const float* g, int64_t n) const;
+  // The learning rate of the update of step `step` (the caller's step, 1 = the job's first):
+  // learning_rate x LearningRateFactor(schedule, step) (ps/store/lr_schedule.h); exactly
+  // learning_rate (as a double) without a schedule. The Apply functions take it as `lr`.
+  double LearningRate(int64_t step) const;
+
+  // One update of one vector: w[n], state[StateFloats(n)], g[n], with learning rate `lr`.
+  // Single-threaded.
+  void ApplyRow(float* w, float* state, const float* g, int64_t n, double lr) const;
 
   // Sparse batch: for r in [0, rows), updates the row w[r][0..dim) with state[r] and the
   // gradient g + r * dim (g is rows x dim). Rows must be distinct vectors. Single-threaded.
-  void ApplyRows(int64_t rows, float* const* w, float* const* state, const float* g, int dim) const;
+  void ApplyRows(int64_t rows, float* const* w, float* const* state, const float* g, int dim,
+                 double lr) const;
 
   // One update of a dense vector w[n] with state[StateFloats(n)] and g[n], split over up to
   // `threads` OpenMP threads (ParallelFor; runs inline when called inside a parallel region).
-  void ApplyDense(float* w, float* state, const float* g, int64_t n, int threads) const;
+  void ApplyDense(float* w, float* state, const float* g, int64_t n, int threads,
+                  double lr) const;
 
  protected:
   explicit Optimizer(const OptimizerConfig& config) : config_(config) {}
 
   // Per-update coefficients computed once per vector update.
   struct Step {
+    double lr = 0;    // the learning rate of this update (Optimizer::LearningRate)
     float alpha = 0;  // Adam: the bias-corrected learning rate of this update.
   };
   // Called once per vector update before Update(): advances per-vector extras (Adam's t).
-  virtual Step Prepare(float* state, int64_t n) const { return Step{}; }
+  virtual Step Prepare(float* state, int64_t n, double lr) const { return Step{lr, 0}; }
   // Updates elements [begin, end) of a vector of n elements; state slots are arrays of n.
   virtual void Update(float* w, float* state, const float* g, int64_t n, int64_t begin, int64_t end,
                       const Step& step) const = 0;

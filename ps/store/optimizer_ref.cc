@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "ps/store/lr_schedule.h"
+
 namespace pstrain::ref {
 
 int64_t StateFloats(const OptimizerConfig& config, int64_t n) {
@@ -25,8 +27,10 @@ void InitState(const OptimizerConfig& config, float* state, int64_t n) {
   }
 }
 
-void ApplyRow(const OptimizerConfig& config, float* w, float* state, const float* g, int64_t n) {
-  const double lr = config.learning_rate();
+void ApplyRow(const OptimizerConfig& config, float* w, float* state, const float* g, int64_t n,
+              int64_t step) {
+  const double lr =
+      static_cast<double>(config.learning_rate()) * LearningRateFactor(config.schedule(), step);
   switch (config.type()) {
     case SGD:
       for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(w[i] - lr * g[i]);

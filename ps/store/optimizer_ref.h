@@ -16,7 +16,9 @@ int64_t StateFloats(const OptimizerConfig& config, int64_t n);
 // The initial state of a vector of n elements.
 void InitState(const OptimizerConfig& config, float* state, int64_t n);
 
-// One update of w[n] with state[StateFloats(n)] and gradient g[n]. The config is assumed valid.
-void ApplyRow(const OptimizerConfig& config, float* w, float* state, const float* g, int64_t n);
+// One update of w[n] with state[StateFloats(n)] and gradient g[n], the update of step `step`
+// (its learning rate follows config.schedule()). The config is assumed valid.
+void ApplyRow(const OptimizerConfig& config, float* w, float* state, const float* g, int64_t n,
+              int64_t step);
 
 }  // namespace pstrain::ref

@@ -237,6 +237,57 @@ TEST(CheckpointLayout, PrepareRemovesALeftoverManifest) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// PASS_END: written only when every worker finished a pass that trained, with the pass's
+// examples; read back; a stale one is removed by PrepareCheckpointDir; a corrupt one is refused.
+TEST(CheckpointLayout, PassEndMarksAFinishedPass) {
+  const std::string dir = FreshDir("pass_end");
+  const std::string ckpt = Save(dir, 7, 3);
+  auto state = [](int64_t step, int64_t examples, bool finished, bool max_steps = false) {
+    WorkerState w;
+    w.set_step(step);
+    w.set_examples(examples);
+    w.set_finished(finished);
+    w.set_pass_first_step(2);
+    w.set_pass_first_examples(20);
+    w.set_max_steps_reached(max_steps);
+    return w;
+  };
+  // One worker still training: no mark.
+  ASSERT_TRUE(MarkPassEnd(dir, 7, {{0, state(4, 40, true)}, {1, state(3, 30, false)}}).ok());
+  EXPECT_FALSE(PathExists(ckpt + "/PASS_END"));
+  // No worker trained in the pass (it began at this checkpoint): no mark.
+  ASSERT_TRUE(MarkPassEnd(dir, 7, {{0, state(2, 20, true)}, {1, state(2, 20, true)}}).ok());
+  EXPECT_FALSE(PathExists(ckpt + "/PASS_END"));
+  auto none = ReadPassEnd(ckpt);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+
+  ASSERT_TRUE(MarkPassEnd(dir, 7, {{0, state(4, 40, true)}, {1, state(3, 30, true, true)}}).ok());
+  auto end = ReadPassEnd(ckpt);
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_TRUE(end->has_value());
+  EXPECT_EQ((*end)->step(), 7);
+  EXPECT_EQ((*end)->pass_examples(), (40 - 20) + (30 - 20));
+  EXPECT_TRUE((*end)->max_steps_reached());
+
+  // Copied into another step's checkpoint: refused, naming the file.
+  ASSERT_EQ(std::system(("mkdir -p " + dir + "/ckpt-8 && cp " + ckpt + "/PASS_END " + dir +
+                         "/ckpt-8/")
+                            .c_str()),
+            0);
+  auto wrong = ReadPassEnd(dir + "/ckpt-8");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(wrong.status().message()), ::testing::HasSubstr("ckpt-8/PASS_END"));
+  ASSERT_TRUE(WriteFileAtomic(ckpt + "/PASS_END", "garbage").ok());
+  EXPECT_EQ(ReadPassEnd(ckpt).status().code(), absl::StatusCode::kDataLoss);
+
+  // An attempt at step 7 again (LATEST moved back before it): the stale mark goes.
+  ASSERT_TRUE(WriteLatest(dir, 3).ok());
+  ASSERT_TRUE(PrepareCheckpointDir(dir, 7).ok());
+  EXPECT_FALSE(PathExists(ckpt + "/PASS_END"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(CheckpointLayout, IsCommittedCheckpoint) {
   const std::string dir = FreshDir("committed");
   EXPECT_FALSE(IsCommittedCheckpoint(dir, 5));

@@ -44,8 +44,8 @@ namespace {
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::ProcessesMentioning;
-using testing::Subprocess;
+using testing::ProcessesLeft;
+using testing::RunLogged;
 
 constexpr int kRows = 2000;          // per train file
 constexpr int kPoisonedRecord = 700;  // 0-based, in the first file
@@ -153,29 +153,6 @@ std::vector<std::pair<int, double>> StepLosses(const std::string& log) {
     out.emplace_back(step, loss);
   }
   return out;
-}
-
-// Runs argv through sh with stdout and stderr into `log`, to its end within `timeout_ms`.
-// Returns the wait status (-1 on timeout: the child is killed).
-int RunLogged(const std::vector<std::string>& argv, const std::string& log, int timeout_ms) {
-  std::string cmd = "exec";
-  for (const std::string& a : argv) absl::StrAppend(&cmd, " '", a, "'");
-  absl::StrAppend(&cmd, " > '", log, "' 2>&1");
-  Subprocess p;
-  std::string error;
-  if (!p.Start({"/bin/sh", "-c", cmd}, &error)) {
-    ADD_FAILURE() << error;
-    return -1;
-  }
-  return p.WaitExit(timeout_ms);
-}
-
-// Waits (bounded) until no process mentions `needle`; returns how many are left.
-int ProcessesLeft(const std::string& needle) {
-  for (int i = 0; i < 100 && ProcessesMentioning(needle) > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return ProcessesMentioning(needle);
 }
 
 class DivergenceTest : public ::testing::Test {

@@ -141,3 +141,44 @@ TEST(Config, SchemaDefaultsAndDenseOptimizerDefault) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Learning-rate schedules are validated with the config, naming the field and what is expected.
+TEST(Config, ScheduleErrorsNameTheField) {
+  struct Case {
+    std::vector<const char*> sets;
+    std::string error;
+  };
+  const Case cases[] = {
+      {{"dense_optimizer.schedule.decay=COSINE"},
+       "config dense_optimizer.schedule.decay_steps: must be > 0 for decay COSINE, got 0"},
+      {{"sparse_optimizer.schedule.warmup_steps=-1"},
+       "config sparse_optimizer.schedule.warmup_steps: must be >= 0, got -1"},
+      {{"sparse_optimizer.schedule.decay=EXPONENTIAL", "sparse_optimizer.schedule.decay_steps=10",
+        "sparse_optimizer.schedule.decay_rate=1.5"},
+       "config sparse_optimizer.schedule.decay_rate: must be in (0, 1], got 1.5"},
+      {{"dense_optimizer.schedule.min_factor=-0.5"},
+       "config dense_optimizer.schedule.min_factor: must be in [0, 1], got -0.5"},
+  };
+  for (const Case& c : cases) {
+    Config config;
+    ApplyConfigDefaults(&config);
+    for (const char* set : c.sets) ASSERT_TRUE(ApplyOverride(set, &config).ok()) << set;
+    const absl::Status s = ValidateConfig(config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
+    EXPECT_EQ(s.message(), c.error);
+  }
+  Config ok;
+  ApplyConfigDefaults(&ok);
+  for (const char* set : {"dense_optimizer.schedule.warmup_steps=100",
+                          "dense_optimizer.schedule.decay=STEP",
+                          "dense_optimizer.schedule.decay_steps=1000"}) {
+    ASSERT_TRUE(ApplyOverride(set, &ok).ok()) << set;
+  }
+  EXPECT_TRUE(ValidateConfig(ok).ok()) << ValidateConfig(ok);
+}
+
+}  // namespace
+}  // namespace pstrain

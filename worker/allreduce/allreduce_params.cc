@@ -387,7 +387,9 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
                                       sizeof(Totals), MPI_BYTE, MPI_COMM_WORLD),
                         "MPI_Allgather (replica checksums)", last_step_));
   CountAllgather(sizeof(Totals));
-  summary->steps = last_step_;  // the job's steps (a rank that joined early did fewer)
+  // The pass's steps (a rank whose data ran out early did fewer); every rank began the pass at
+  // the same step.
+  summary->steps = last_step_ - summary->pass_first_step;
   summary->examples = 0;
   summary->examples_this_run = 0;
   summary->examples_per_sec = 0;

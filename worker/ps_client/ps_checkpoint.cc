@@ -127,7 +127,14 @@ absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* 
   } else {
     // Go on counting steps where the shards are (BOUNDED / SYNC wait on step numbers).
     ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
+    // The job's pass and its data, as worker 0 recorded them (worker/train/data_pass.h); the
+    // pass goes on from here with its data from the beginning.
+    WorkerState first;
+    RETURN_IF_ERROR(ReadWorkerState(c.dir, 0, &first));
+    if (first.has_data_spec()) *state->mutable_data_spec() = first.data_spec();
     state->set_step(info.step());
+    state->set_pass_first_step(info.step());
+    state->set_pass_first_examples(0);
     opt_.client->ResumeAtStep(info.step());
     PSTRAIN_LOG(WARNING) << c.dir << " was written by " << c.manifest.num_workers()
                          << " workers and this job has " << opt_.num_workers
@@ -301,6 +308,7 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
     // Nothing trained since the committed checkpoint of this step: it holds this state already,
     // and writing over it would leave LATEST naming an incomplete one (checkpoint/layout.h).
     RETURN_IF_ERROR(shard0.Coordinate(release, opt_.timeout).status());
+    RETURN_IF_ERROR(MarkPassEnd(opt_.dir, step, states));
     return CheckpointPath(opt_.dir, step);
   }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(opt_.dir, step));
@@ -347,7 +355,10 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
     f->set_name(written[s]->file());
     f->set_bytes(written[s]->bytes());
   }
-  return CommitCheckpoint(opt_.dir, std::move(manifest), states, opt_.keep);
+  ASSIGN_OR_RETURN(std::string committed,
+                   CommitCheckpoint(opt_.dir, std::move(manifest), states, opt_.keep));
+  RETURN_IF_ERROR(MarkPassEnd(opt_.dir, step, states));
+  return committed;
 }
 
 }  // namespace pstrain

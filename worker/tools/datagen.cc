@@ -361,6 +361,13 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("datagen: logit_std must be in (0, 20], got ", o.logit_std));
   }
+  if (!(o.drift >= 0 && o.drift <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("datagen: drift must be in [0, 1], got ", o.drift));
+  }
+  if (o.day < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("datagen: day must be >= 0, got ", o.day));
+  }
   if (o.chunk_rows < 1) return absl::InvalidArgumentError("datagen: chunk_rows must be >= 1");
   if (o.calibration_rows < 100) {
     return absl::InvalidArgumentError("datagen: calibration_rows must be >= 100");
@@ -404,6 +411,29 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   for (int j = 0; j < kHidden; ++j) {
     d.b1_[j] = static_cast<float>(0.1 * (2 * rng.UniformDouble() - 1));
     d.w2_[j] = static_cast<float>(std::sqrt(3.0 / kHidden) * (2 * rng.UniformDouble() - 1));
+  }
+  if (o.drift > 0 && o.day > 0) {
+    // The day's teacher: a rotation from T0 (above) towards T1 (drawn here) by day x a.
+    const double angle = o.day * std::acos(1 - o.drift);
+    const double c = std::cos(angle), s = std::sin(angle);
+    d.rotate_ = true;
+    d.rot_cos_ = static_cast<float>(c);
+    d.rot_sin_ = static_cast<float>(s);
+    Rng other(SplitMix64(o.teacher_seed ^ 0xd21f7000000000ull));
+    for (int f = 0; f < kFields; ++f) {
+      d.drift_salt_[f][0] = other.Next();
+      d.drift_salt_[f][1] = other.Next();
+    }
+    for (V16& row : d.w1_) {
+      for (int j = 0; j < kHidden; ++j) {
+        row[j] = static_cast<float>(c * row[j] + s * w1_scale * (2 * other.UniformDouble() - 1));
+      }
+    }
+    for (int j = 0; j < kHidden; ++j) {
+      d.b1_[j] = static_cast<float>(c * d.b1_[j] + s * 0.1 * (2 * other.UniformDouble() - 1));
+      d.w2_[j] = static_cast<float>(
+          c * d.w2_[j] + s * std::sqrt(3.0 / kHidden) * (2 * other.UniformDouble() - 1));
+    }
   }
 
   // Calibration on rows from a teacher-derived seed: give the terms their share of the logit
@@ -493,6 +523,7 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
   // per-input steps, so they are written with vector extensions (two AVX2 registers each).
   constexpr int kBlock = 32;
   alignas(64) uint64_t hashes[kBlock * kFields * 2];
+  alignas(64) uint64_t drift_hashes[kBlock * kFields * 2];  // rotate_ only
   const BucketTable& buckets = Buckets();
   for (int b0 = begin; b0 < end; b0 += kBlock) {
     const int n = std::min(kBlock, end - b0);
@@ -507,16 +538,27 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
         const uint64_t input = (id & keep) | (kMissingId & ~keep);
         hashes[(r * kFields + f) * 2] = input ^ salt_[f][0];
         hashes[(r * kFields + f) * 2 + 1] = input ^ salt_[f][1];
+        drift_hashes[(r * kFields + f) * 2] = input ^ drift_salt_[f][0];
+        drift_hashes[(r * kFields + f) * 2 + 1] = input ^ drift_salt_[f][1];
       }
     }
     for (int i = 0; i < n * kFields * 2; ++i) hashes[i] = Fmix64(hashes[i]);
+    if (rotate_) {
+      for (int i = 0; i < n * kFields * 2; ++i) drift_hashes[i] = Fmix64(drift_hashes[i]);
+    }
     const int8_t* bytes = reinterpret_cast<const int8_t*>(hashes);
+    const int8_t* drift_bytes = reinterpret_cast<const int8_t*>(drift_hashes);
     for (int r = 0; r < n; ++r) {
       V16 sum = {}, sum_sq = {};
       V16 params[kFields];
       for (int f = 0; f < kFields; ++f) {
         V16 p;
         BytesToFloats(&bytes[(r * kFields + f) * 16], &p);
+        if (rotate_) {
+          V16 q;
+          BytesToFloats(&drift_bytes[(r * kFields + f) * 16], &q);
+          p = p * rot_cos_ + q * rot_sin_;
+        }
         p *= param_scale_[f];
         params[f] = p;
         sum += p;
@@ -727,6 +769,8 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
       .AddRaw("files", files)
       .Add("seed", o.seed)
       .Add("teacher_seed", o.teacher_seed)
+      .Add("drift", o.drift)
+      .Add("day", o.day)
       .Add("bayes_auc", result.bayes_auc)
       .Add("bayes_logloss", result.bayes_logloss)
       .Add("positive_rate", result.positive_rate)

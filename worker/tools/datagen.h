@@ -132,6 +132,14 @@ struct DatagenOptions {
   // kMissingKey (categorical), the usual Criteo preprocessing for formats that cannot express a
   // missing value (LibSVM). The teacher then sees those values like any other.
   bool fill_missing = false;
+  // Concept drift between "days" (daily retraining, docs/DATAGEN.md "Drift"): the teacher of day
+  // `day` is cos(day x a) T0 + sin(day x a) T1 of two independent teachers' per-id parameters and
+  // MLP weights (T0 the teacher of teacher_seed, T1 another from the same seed), with
+  // a = acos(1 - drift): consecutive days' parameters have correlation 1 - drift, and their
+  // spread stays the same. Each day's teacher is calibrated on its own. drift in [0, 1], day >= 0;
+  // drift 0 or day 0 is the plain teacher, exactly.
+  double drift = 0;
+  int day = 0;
 };
 
 // The three terms of the teacher's logit for one row (already scaled by a1, a2, a3).
@@ -206,6 +214,11 @@ class SyntheticData {
   std::vector<ZipfSampler> zipf_;
   // Teacher parameters.
   uint64_t salt_[kNumFields][2] = {};
+  // Drift (DatagenOptions::drift): the second teacher's salts and the mixing weights of the
+  // per-id parameters (rotate_ false: the plain teacher, salt_ only).
+  bool rotate_ = false;
+  float rot_cos_ = 1, rot_sin_ = 0;
+  uint64_t drift_salt_[kNumFields][2] = {};
   uint32_t key_salt_[kNumCategorical][2] = {};
   // Field f's parameters are the 16 signed bytes of two hashes of its id, times param_scale_[f]:
   // byte 0 first order, bytes 1..4 MLP embedding, 5..7 unused, 8..15 FM vector.

@@ -31,7 +31,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            LocalParams& params, int keep,
                                            absl::string_view created_by,
                                            const ModelDescription& model) {
-  if (IsCommittedCheckpoint(dir, step)) return CheckpointPath(dir, step);
+  if (IsCommittedCheckpoint(dir, step)) {
+    RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
+    return CheckpointPath(dir, step);
+  }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, step));
   CheckpointManifest manifest;
   {
@@ -52,7 +55,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   manifest.set_dense_size(params.dense_size());
   manifest.set_created_by(std::string(created_by));
   *manifest.mutable_model() = model;
-  return CommitCheckpoint(dir, std::move(manifest), workers, keep);
+  ASSIGN_OR_RETURN(std::string committed,
+                   CommitCheckpoint(dir, std::move(manifest), workers, keep));
+  RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
+  return committed;
 }
 
 absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/train/data_pass.h"
 
 namespace pstrain {
 namespace {
@@ -39,15 +40,42 @@ TrainLoop::TrainLoop(const Parts& parts)
 bool TrainLoop::Stopped() const { return opts_.stop != nullptr && opts_.stop->load(); }
 
 absl::Status TrainLoop::Resume() {
+  ASSIGN_OR_RETURN(const DataSpec now, ResolveDataSpec(config_.data()));
+  std::optional<std::string> restored;
+  std::optional<PassEnd> pass_end;
   if (checkpointer_ != nullptr) {
-    ASSIGN_OR_RETURN(std::optional<std::string> restored, checkpointer_->Restore(&restored_));
+    ASSIGN_OR_RETURN(restored, checkpointer_->Restore(&restored_));
     if (restored) {
-      progress_->Message(absl::StrCat("resumed from ", *restored, " at step ", restored_.step()));
+      ASSIGN_OR_RETURN(pass_end, ReadPassEnd(*restored));
       last_checkpoint_ = *restored;
     }
   } else {
     progress_->Message("no checkpointer: no checkpoints are written or restored");
   }
+  ASSIGN_OR_RETURN(const PassDecision pass,
+                   DecidePass(restored ? &restored_ : nullptr, pass_end ? &*pass_end : nullptr,
+                              restored.value_or(""), now, config_.train()));
+  pass_spec_ = now;
+  if (pass.action != PassAction::kFresh) {
+    pass_first_step_ = restored_.step();
+    pass_first_examples_ = restored_.examples();
+  }
+  if (pass.action == PassAction::kResume || pass.action == PassAction::kNothing) {
+    progress_->Message(absl::StrCat("resumed from ", *restored, " at step ", restored_.step()));
+    // The saved pass goes on with its own data (checkpoints before the spec was recorded: this
+    // run's).
+    if (restored_.has_data_spec()) pass_spec_ = restored_.data_spec();
+    if (restored_.has_pass_first_step()) {
+      pass_first_step_ = restored_.pass_first_step();
+      pass_first_examples_ = restored_.pass_first_examples();
+    } else {
+      pass_first_step_ = pass_first_examples_ = 0;
+    }
+  } else {
+    restored_.clear_position();  // a new pass reads its data from the start
+  }
+  nothing_to_do_ = pass.action == PassAction::kNothing;
+  if (!pass.message.empty()) progress_->Message(pass.message);
   const ThreadConfig& t = config_.threads();
   const int T = t.towers(), B = config_.train().batch_size();
   PipelineOptions po = OptionsFromConfig(config_.data(), /*train=*/true, T * B, opts_.worker_index,
@@ -60,7 +88,7 @@ absl::Status TrainLoop::Resume() {
 
   step_ = first_step_ = restored_.step();
   examples_ = restored_.examples();
-  total_steps_estimate_ = max_steps_;
+  total_steps_estimate_ = max_steps_ > 0 ? pass_first_step_ + max_steps_ : 0;
   t_start_ = t_last_log_ = t_last_ckpt_ = Now();
   return absl::OkStatus();
 }
@@ -84,7 +112,8 @@ absl::Status TrainLoop::StageNext(int slot) {
 }
 
 absl::Status TrainLoop::Run() {
-  while (max_steps_ == 0 || step_ < max_steps_) {
+  if (nothing_to_do_) return absl::OkStatus();
+  while (max_steps_ == 0 || step_ - pass_first_step_ < max_steps_) {
     const bool stop = Stopped();
     stop_seen_ = stop_seen_ || stop;
     if (read_ahead_ != ReadAhead::kStaged) {
@@ -129,7 +158,8 @@ absl::Status TrainLoop::RunStep() {
   if (epoch_ != last_epoch_) {
     // After the first epoch the steps per epoch are known: estimate the total for the ETA.
     if (max_steps_ == 0 && last_epoch_ == 0) {
-      total_steps_estimate_ = step_ * config_.train().epochs();
+      total_steps_estimate_ =
+          pass_first_step_ + (step_ - pass_first_step_) * config_.train().epochs();
     }
     last_epoch_ = epoch_;
   }
@@ -144,7 +174,8 @@ absl::Status TrainLoop::RunStep() {
   checkpoint_owed_ =
       checkpoint_owed_ || (checkpointer_ != nullptr && checkpointer_->Requested(step_));
   const bool read_ahead =
-      !(max_steps_ > 0 && step_ >= max_steps_) && !ckpt_due && !stop_seen_ && !checkpoint_owed_;
+      !(max_steps_ > 0 && step_ - pass_first_step_ >= max_steps_) && !ckpt_due && !stop_seen_ &&
+      !checkpoint_owed_;
   const int next = 1 - cur_;
   read_ahead_ = ReadAhead::kNone;  // batches_[cur_] is being trained
   ASSIGN_OR_RETURN(StepResult r, step_runner_->Train(step_, params_, [&]() -> absl::Status {
@@ -190,6 +221,11 @@ absl::Status TrainLoop::Checkpoint(bool final) {
   ws.set_step(step_);
   ws.set_examples(examples_);
   *ws.mutable_position() = pipeline_->position();
+  *ws.mutable_data_spec() = pass_spec_;
+  ws.set_finished(final);
+  ws.set_max_steps_reached(final && max_steps_ > 0 && step_ - pass_first_step_ >= max_steps_);
+  ws.set_pass_first_step(pass_first_step_);
+  ws.set_pass_first_examples(pass_first_examples_);
   ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
   if (!dir.empty()) {
     summary_.checkpoint = dir;
@@ -230,17 +266,22 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
   background_.Wait();
   RETURN_IF_ERROR(DrainEval());
 
-  summary_.steps = step_;
+  summary_.steps = step_ - pass_first_step_;
+  summary_.pass_first_step = pass_first_step_;
+  summary_.nothing_to_do = nothing_to_do_;
   summary_.unique_rows_per_step =
       step_ > first_step_ ? static_cast<double>(unique_rows_) / (step_ - first_step_) : 0;
   summary_.row_dim = params_->row_dim();
   summary_.dense_params = params_->dense_size();
-  summary_.examples = examples_;
+  summary_.examples = examples_ - pass_first_examples_;
   summary_.wall_seconds = train_seconds;
   summary_.examples_this_run = examples_ - restored_.examples();
   summary_.examples_per_sec = train_seconds > 0 ? summary_.examples_this_run / train_seconds : 0;
   summary_.bad_records = static_cast<int64_t>(pipeline_->stats().bad_records);
+  // With nothing to do this saves nothing (the step is committed), but a PS worker's final
+  // state still takes part in the job's end.
   RETURN_IF_ERROR(Checkpoint(/*final=*/!summary_.preempted));
+  if (nothing_to_do_) return summary_;
   if (checkpointer_ != nullptr) {
     progress_->Message(absl::StrCat(summary_.preempted ? "stopped by SIGTERM; " : "",
                                     "checkpoint written: ", summary_.checkpoint));

@@ -65,18 +65,24 @@ class TrainLoop {
   TrainLoop(const TrainLoop&) = delete;
   TrainLoop& operator=(const TrainLoop&) = delete;
 
-  // Restores the newest usable checkpoint (Checkpointer::Restore), then opens the pipeline at
-  // its position and creates the step runner.
+  // Restores the newest usable checkpoint (Checkpointer::Restore), decides between a resume, a
+  // new pass and nothing to do (worker/train/data_pass.h; the refusal of changed data under an
+  // unfinished job is its error), then opens the pipeline (at the saved position for a resume)
+  // and creates the step runner.
   absl::Status Resume();
-  // The steps: until the input ends, max_steps, or a stop (then summary().preempted). Errors:
+  // The steps: until the input ends, train.max_steps steps of this pass, or a stop (then
+  // summary().preempted); none when the pass had finished (summary().nothing_to_do). Errors:
   // the pipeline's, the step's, the checkpointer's, a background evaluation's, and
   // FAILED_PRECONDITION for a divergence (see the top of this file).
   absl::Status Run();
   // After a successful Run: flushes, waits for the background evaluation, fills the summary
-  // (steps, examples, timings, sizes) and writes the final checkpoint, or the stop's.
+  // (steps and examples of this pass, timings, sizes) and writes the final checkpoint, or the
+  // stop's.
   absl::StatusOr<TrainSummary> Finish();
 
   int64_t step() const { return step_; }
+  // The data the pass reads (after Resume).
+  const DataSpec& pass_spec() const { return pass_spec_; }
 
  private:
   // The next batch to train, batches_[cur_].
@@ -123,6 +129,10 @@ class TrainLoop {
   const bool have_eval_;  // the chief with an eval channel evaluates
 
   WorkerState restored_;  // the state resumed from (empty for a fresh start)
+  // The pass this run trains: the data it reads, where it began, whether it had finished.
+  DataSpec pass_spec_;
+  int64_t pass_first_step_ = 0, pass_first_examples_ = 0;
+  bool nothing_to_do_ = false;
   std::unique_ptr<Pipeline> pipeline_;
   Batch batches_[2];
   int64_t batch_epoch_[2] = {0, 0};

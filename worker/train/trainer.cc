@@ -15,6 +15,7 @@
 #include "worker/model/model.h"
 #include "worker/params/local_params.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/data_pass.h"
 #include "worker/train/progress.h"
 #include "worker/train/train_loop.h"
 
@@ -137,6 +138,16 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
 
   summary.test_auc = std::nan("");
   summary.test_logloss = std::nan("");
+  if (summary.nothing_to_do) {
+    // The message saying why was logged by the loop; summary.json stays the finished pass's.
+    progress->Flush();
+    return summary;
+  }
+  // A pass that ended without one example (summary.examples: the whole job's, after
+  // after_training) is an error: nothing may be skipped silently.
+  if (opts.chief && !summary.preempted && summary.examples == 0) {
+    return NoExamplesError(loop.pass_spec());
+  }
   if (opts.chief && config.data().eval_size() > 0 && !summary.preempted) {
     ASSIGN_OR_RETURN(EvalResult e, Evaluate(config, spec, *model, params, step, T * I));
     summary.test_auc = e.auc;

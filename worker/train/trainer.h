@@ -23,8 +23,13 @@ struct TrainSummary {
   double test_auc = 0, test_logloss = 0;
   int64_t eval_examples = 0;
   double examples_per_sec = 0;
-  int64_t examples = 0, steps = 0;  // since the job began (a resumed run counts the earlier ones)
-  int64_t examples_this_run = 0;     // trained by this process
+  // Of this training pass (worker/train/data_pass.h): since the job began, or since the new pass
+  // over new data began; a resumed run counts the pass's earlier runs.
+  int64_t examples = 0, steps = 0;
+  int64_t examples_this_run = 0;  // trained by this process
+  int64_t pass_first_step = 0;    // this worker's step when the pass began
+  // The restored pass had finished and nothing was trained, evaluated or written to summary.json.
+  bool nothing_to_do = false;
   double wall_seconds = 0;
   int64_t bad_records = 0;
   // Sizes for traffic models (bench/compare): mean unique embedding rows per step of this

@@ -59,7 +59,7 @@ TEST(DenseStore, SetGetApplyEqualsTheOptimizer) {
   for (int step = 1; step <= 3; ++step) {
     const std::vector<float> g = Random(&rng, n);
     store->Apply(g.data(), step);
-    opt->ApplyDense(w.data(), s.data(), g.data(), n, 1);
+    opt->ApplyDense(w.data(), s.data(), g.data(), n, 1, opt->LearningRate(step));
   }
   std::vector<float> got(n);
   store->Get(got.data());

@@ -98,8 +98,8 @@ TEST(EmbeddingStore, ApplyEqualsOptimizerOnInitialRows) {
     for (size_t i = 0; i < ids.size(); ++i) {
       TestInit(ids[i], w.data(), dim);
       opt->InitState(s.data(), dim);
-      opt->ApplyRow(w.data(), s.data(), &g1[i * dim], dim);
-      opt->ApplyRow(w.data(), s.data(), &g2[i * dim], dim);
+      opt->ApplyRow(w.data(), s.data(), &g1[i * dim], dim, opt->LearningRate(1));
+      opt->ApplyRow(w.data(), s.data(), &g2[i * dim], dim, opt->LearningRate(1));
       for (int j = 0; j < dim; ++j) ASSERT_EQ(got[i * dim + j], w[j]) << type << " row " << ids[i];
     }
     const EmbeddingStore::Stats st = store->stats();

@@ -103,8 +103,8 @@ TEST_P(FastVsRef, ApplyRowMatchesReferenceOverSteps) {
   ref::InitState(config(), s_ref.data(), n);
   for (int step = 1; step <= 12; ++step) {
     const std::vector<float> g = RandomGrad(&rng, n);
-    opt->ApplyRow(w_fast.data(), s_fast.data(), g.data(), n);
-    ref::ApplyRow(config(), w_ref.data(), s_ref.data(), g.data(), n);
+    opt->ApplyRow(w_fast.data(), s_fast.data(), g.data(), n, opt->LearningRate(1));
+    ref::ApplyRow(config(), w_ref.data(), s_ref.data(), g.data(), n, 1);
     ExpectClose(w_fast, w_ref, "weights after step " + std::to_string(step));
     ExpectClose(s_fast, s_ref, "state after step " + std::to_string(step));
   }
@@ -126,8 +126,10 @@ TEST_P(FastVsRef, ApplyRowsEqualsApplyRowLoop) {
     wp.push_back(&w[r * n]);
     sp.push_back(s.data() + r * sf);
   }
-  opt->ApplyRows(rows, wp.data(), sp.data(), g.data(), n);
-  for (int r = 0; r < rows; ++r) opt->ApplyRow(&w2[r * n], s2.data() + r * sf, &g[r * n], n);
+  opt->ApplyRows(rows, wp.data(), sp.data(), g.data(), n, opt->LearningRate(1));
+  for (int r = 0; r < rows; ++r) {
+    opt->ApplyRow(&w2[r * n], s2.data() + r * sf, &g[r * n], n, opt->LearningRate(1));
+  }
   EXPECT_EQ(w, w2);
   EXPECT_EQ(s, s2);
 }
@@ -156,9 +158,9 @@ TEST_P(DenseFastVsRef, ThreadedApplyDenseMatchesReference) {
   std::vector<float> w1 = w, s1 = s, wr = w, sr = s;
   for (int step = 0; step < 3; ++step) {
     const std::vector<float> g = RandomGrad(&rng, n);
-    opt->ApplyDense(w.data(), s.data(), g.data(), n, 2);
-    opt->ApplyDense(w1.data(), s1.data(), g.data(), n, 1);
-    ref::ApplyRow(config, wr.data(), sr.data(), g.data(), n);
+    opt->ApplyDense(w.data(), s.data(), g.data(), n, 2, opt->LearningRate(1));
+    opt->ApplyDense(w1.data(), s1.data(), g.data(), n, 1, opt->LearningRate(1));
+    ref::ApplyRow(config, wr.data(), sr.data(), g.data(), n, 1);
   }
   EXPECT_EQ(w, w1);
   EXPECT_EQ(s, s1);
@@ -180,7 +182,7 @@ struct OneWeight {
   explicit OneWeight(const OptimizerConfig& c) : opt(Make(c)), state(opt->StateFloats(1)) {
     opt->InitState(state.data(), 1);
   }
-  void Step(float g) { opt->ApplyRow(&w, state.data(), &g, 1); }
+  void Step(float g) { opt->ApplyRow(&w, state.data(), &g, 1, opt->LearningRate(1)); }
   std::unique_ptr<Optimizer> opt;
   std::vector<float> state;
   float w = 1.0f;
@@ -274,12 +276,14 @@ TEST(LazyAdam, PerRowStepCounts) {
   const std::vector<float> g = {0.5f, -0.25f, 1e-3f, 0.0f};
   std::vector<float> old_w(n, 1.0f), old_s(opt->StateFloats(n));
   opt->InitState(old_s.data(), n);
-  for (int i = 0; i < 5; ++i) opt->ApplyRow(old_w.data(), old_s.data(), g.data(), n);
+  for (int i = 0; i < 5; ++i) {
+    opt->ApplyRow(old_w.data(), old_s.data(), g.data(), n, opt->LearningRate(1));
+  }
   EXPECT_EQ(old_s[2 * n], 5.0f);
 
   std::vector<float> late_w(n, 1.0f), late_s(opt->StateFloats(n));
   opt->InitState(late_s.data(), n);
-  opt->ApplyRow(late_w.data(), late_s.data(), g.data(), n);
+  opt->ApplyRow(late_w.data(), late_s.data(), g.data(), n, opt->LearningRate(1));
   EXPECT_EQ(late_s[2 * n], 1.0f);
   // Step 1 of Adam moves every element with a nonzero gradient by lr * sign(g) (up to epsilon).
   EXPECT_NEAR(late_w[0], 1.0f - 0.01f, 1e-6);
@@ -308,8 +312,8 @@ TEST(LazyAdam, StepCountsAcrossTheTableBoundaryMatchReference) {
   sr = s;
   for (int step = 0; step < 6; ++step) {
     const std::vector<float> g = RandomGrad(&rng, n);
-    opt->ApplyRow(w.data(), s.data(), g.data(), n);
-    ref::ApplyRow(c, wr.data(), sr.data(), g.data(), n);
+    opt->ApplyRow(w.data(), s.data(), g.data(), n, opt->LearningRate(1));
+    ref::ApplyRow(c, wr.data(), sr.data(), g.data(), n, 1);
     ExpectClose(w, wr, "weights at t " + std::to_string(s[2 * n]));
   }
   EXPECT_EQ(s[2 * n], 65539.0f);

@@ -125,6 +125,54 @@ TEST(DatagenTest, TeacherIsAFunctionOfTheVisibleRowAndTeacherSeed) {
   EXPECT_NE(other_teacher.TeacherLogit(rows.rows, 0), test.TeacherLogit(rows.rows, 0));
 }
 
+// Drift: day 0 (or drift 0) is the plain teacher exactly; later days' teachers move away from it
+// step by step (their logits on the same rows correlate less and less with day 0's), and each
+// day's teacher is calibrated on its own.
+TEST(DatagenTest, DriftMovesTheTeacherBySetAmountsPerDay) {
+  DatagenOptions o;
+  const SyntheticData plain = Make(o);
+  const All rows = GenerateAll(plain, 3000, 1);
+  auto logits = [&](double drift, int day) {
+    DatagenOptions d = o;
+    d.drift = drift;
+    d.day = day;
+    const SyntheticData t = Make(d);
+    std::vector<double> out;
+    for (int r = 0; r < rows.rows.size(); ++r) out.push_back(t.TeacherLogit(rows.rows, r));
+    return out;
+  };
+  auto corr = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double ma = 0, mb = 0;
+    for (size_t i = 0; i < a.size(); ++i) ma += a[i], mb += b[i];
+    ma /= a.size();
+    mb /= b.size();
+    double sab = 0, saa = 0, sbb = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      sab += (a[i] - ma) * (b[i] - mb);
+      saa += (a[i] - ma) * (a[i] - ma);
+      sbb += (b[i] - mb) * (b[i] - mb);
+    }
+    return sab / std::sqrt(saa * sbb);
+  };
+  const std::vector<double> day0 = logits(0, 0);
+  EXPECT_EQ(logits(0.3, 0), day0);
+  EXPECT_EQ(logits(0, 4), day0);
+  const double c1 = corr(day0, logits(0.1, 1)), c2 = corr(day0, logits(0.1, 2)),
+               c5 = corr(day0, logits(0.1, 5));
+  EXPECT_LT(c1, 0.99);  // it moved
+  EXPECT_GT(c1, 0.8);   // by a tenth of the parameters' variance, not to another teacher
+  EXPECT_LT(c2, c1);
+  EXPECT_LT(c5, c2);
+  // A whole quarter turn (drift 1, day 1) is the independent second teacher.
+  EXPECT_LT(std::fabs(corr(day0, logits(1, 1))), 0.2);
+  DatagenOptions bad = o;
+  bad.drift = 1.5;
+  EXPECT_EQ(SyntheticData::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.drift = 0.1;
+  bad.day = -1;
+  EXPECT_EQ(SyntheticData::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DatagenTest, PositiveRateIsCalibrated) {
   const All& s = Sample();
   double labels = 0, probs = 0;

@@ -8,8 +8,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -136,6 +137,9 @@ class ResumeTest : public testing::Test {
     }
   }
 
+  void SigtermAndResume(const std::function<void(Config*)>& tweak, std::string* straight_params,
+                        std::string* resumed_params);
+
   Config MakeConfig(const std::string& model_dir) {
     Config c = BaseConfig(dir_ + "/train/part-*", dir_ + "/test/part-*", model_dir);
     for (const char* set : {"data.train[0].format=TFRECORD", "data.eval[0].format=TFRECORD",
@@ -179,16 +183,20 @@ TEST_F(ResumeTest, StopAndResumeEqualsUninterrupted) {
   EXPECT_TRUE(a == b) << "final parameters differ after stop and resume";
 }
 
-// The same through a real process stopped by SIGTERM (spot preemption): it checkpoints, exits 0,
-// and the resumed run ends with the uninterrupted run's parameters.
-TEST_F(ResumeTest, SigtermCheckpointsExitsZeroAndResumesExactly) {
+// Runs the config of MakeConfig, changed by `tweak`, uninterrupted in this process and, in a real
+// process, stopped by SIGTERM (spot preemption) and resumed: the first run checkpoints and exits
+// 0, the second resumes. Sets the final checkpoints' parameter files of both.
+void ResumeTest::SigtermAndResume(const std::function<void(Config*)>& tweak,
+                                  std::string* straight_params, std::string* resumed_params) {
   TrainerOptions opts;
   opts.cores = 2;
-  auto full = RunTraining(MakeConfig(dir_ + "/straight"), opts);
+  Config straight = MakeConfig(dir_ + "/straight");
+  tweak(&straight);
+  auto full = RunTraining(straight, opts);
   ASSERT_TRUE(full.ok()) << full.status();
 
   const std::string cfg_path = dir_ + "/preempt.textproto";
-  ASSERT_TRUE(WriteFileAtomic(cfg_path, ConfigToText(MakeConfig(dir_ + "/preempt"))).ok());
+
   const std::string log = dir_ + "/preempt.log";
   auto run = [&](bool kill_early) -> int {
     pid_t pid = fork();
@@ -222,6 +230,7 @@ TEST_F(ResumeTest, SigtermCheckpointsExitsZeroAndResumesExactly) {
   // Log every step so the test can see training start.
   {
     Config c = MakeConfig(dir_ + "/preempt");
+    tweak(&c);
     c.mutable_train()->set_log_every_steps(1);
     ASSERT_TRUE(WriteFileAtomic(cfg_path, ConfigToText(c)).ok());
   }
@@ -230,9 +239,43 @@ TEST_F(ResumeTest, SigtermCheckpointsExitsZeroAndResumesExactly) {
   EXPECT_EQ(run(false), 0) << Slurp(log);
   EXPECT_THAT(Slurp(log), testing::HasSubstr("resumed from"));
   const std::string last = "/ckpt-" + std::to_string(full->steps) + "/shard-0-of-1";
-  const std::string a = Slurp(dir_ + "/straight" + last), b = Slurp(dir_ + "/preempt" + last);
-  ASSERT_FALSE(a.empty());
+  *straight_params = Slurp(dir_ + "/straight" + last);
+  *resumed_params = Slurp(dir_ + "/preempt" + last);
+  ASSERT_FALSE(straight_params->empty());
+}
+
+// SIGTERM and resume end with the uninterrupted run's parameters, to the byte.
+TEST_F(ResumeTest, SigtermCheckpointsExitsZeroAndResumesExactly) {
+  std::string a, b;
+  SigtermAndResume([](Config*) {}, &a, &b);
   EXPECT_TRUE(a == b) << "final parameters differ after SIGTERM and resume";
+}
+
+// The same with learning-rate schedules on both optimizers (warm-up, then cosine decay for the
+// sparse one and step decay for the dense one): the schedule is a pure function of the restored
+// step, so the resumed run ends with the uninterrupted run's parameters; and the schedule does
+// act (the parameters differ from the run without it).
+TEST_F(ResumeTest, ScheduleIsExactAcrossSigtermAndResume) {
+  std::string plain, plain_resumed;
+  SigtermAndResume([](Config*) {}, &plain, &plain_resumed);
+  std::system(("rm -rf " + dir_ + "/straight " + dir_ + "/preempt").c_str());
+  std::string a, b;
+  SigtermAndResume(
+      [](Config* c) {
+        for (const char* set : {"sparse_optimizer.schedule.warmup_steps=20",
+                                "sparse_optimizer.schedule.decay=COSINE",
+                                "sparse_optimizer.schedule.decay_steps=150",
+                                "sparse_optimizer.schedule.min_factor=0.1",
+                                "dense_optimizer.schedule.warmup_steps=10",
+                                "dense_optimizer.schedule.decay=STEP",
+                                "dense_optimizer.schedule.decay_steps=40",
+                                "dense_optimizer.schedule.decay_rate=0.5"}) {
+          EXPECT_TRUE(ApplyOverride(set, c).ok()) << set;
+        }
+      },
+      &a, &b);
+  EXPECT_TRUE(a == b) << "final parameters differ after SIGTERM and resume with a schedule";
+  EXPECT_FALSE(a == plain) << "the schedule changed nothing";
 }
 
 // Checkpointer of in-process parameters that asks for a checkpoint after step `request_at` (once)
