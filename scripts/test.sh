@@ -9,6 +9,11 @@ bash scripts/build.sh "$preset"
 # A bounded fuzz run of every target first (fuzz/, docs/FUZZING.md): PSTRAIN_FUZZ_SECONDS per
 # target (default 10; 0 skips it). CTest's summary stays the last thing printed.
 fuzz_seconds="${PSTRAIN_FUZZ_SECONDS:-10}"
+if ! [[ "$fuzz_seconds" =~ ^[0-9]+$ ]]; then
+  echo "test.sh: PSTRAIN_FUZZ_SECONDS must be a whole number of seconds per fuzz target (0 skips" \
+       "the fuzz run), got '$fuzz_seconds'" >&2
+  exit 2
+fi
 if [ "$fuzz_seconds" -gt 0 ]; then
   bash scripts/fuzz.sh "$fuzz_seconds"
 fi

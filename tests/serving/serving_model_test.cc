@@ -111,6 +111,7 @@ TEST(ServingModel, ReadsAPsCheckpointOfAnyShardCount) {
     for (int s = 0; s < shards; ++s) {
       auto o = ShardOptionsForJob(config, s, shards);
       ASSERT_TRUE(o.ok()) << o.status();
+      o->data.checkpoint_dir = dir;  // a shard writes only under its job's checkpoint dir
       auto server = ShardServer::Create(*std::move(o));
       ASSERT_TRUE(server.ok()) << server.status();
       servers.push_back(*std::move(server));
@@ -135,7 +136,7 @@ TEST(ServingModel, ReadsAPsCheckpointOfAnyShardCount) {
     ASSERT_TRUE(PrepareCheckpointDir(dir, 6).ok());
     for (auto& s : servers) ASSERT_TRUE(s->CopyForCheckpoint(1).ok());
     for (auto& s : servers) {
-      auto written = s->WriteCheckpoint(1, CheckpointPath(dir, 6));
+      auto written = s->WriteCheckpoint(1, CheckpointName(6));
       ASSERT_TRUE(written.ok()) << written.status();
       auto* f = manifest.add_file();
       f->set_name(written->file());
