@@ -690,20 +690,38 @@ std::vector<int64_t> TrainReference(Reference* ref, const Table& t, Rng* rng, in
   return touched;
 }
 
+// A 2-shard job warm-started from a single-store reference trained for 6 steps, saved under its
+// own directory as `pstrain train` saves.
+struct WarmStarted {
+  WarmStarted(OptimizerType type, bool reset_optimizer, const std::string& name)
+      : ref(t, type), dir(TestDir(name)), two(2, t, type) {
+    touched = TrainReference(&ref, t, &rng, 6);
+    const CheckpointChoice source = SaveSingleStore(&ref, t, dir, 6);
+    for (auto& server : two.servers) {
+      EXPECT_TRUE(server->WarmStart(source.dir, source.manifest, reset_optimizer).ok());
+    }
+  }
+  ~WarmStarted() { std::system(("rm -rf " + dir).c_str()); }
+
+  const Table t;
+  Reference ref;
+  Rng rng{7};
+  std::vector<int64_t> touched;
+  const std::string dir;
+  Cluster two;
+};
+
 // A warm start (docs/CHECKPOINT.md "Warm start") of a 2-shard job from a single-store checkpoint:
 // every row and slot bit for bit, the next update too, but the job's step is a fresh job's (0)
 // and nothing counts as restored from the job's own checkpoints.
 TEST(ShardCheckpoint, WarmStartFromASingleStoreCheckpoint) {
-  const Table t;
-  Reference ref(t, ADAM);
-  Rng rng(7);
-  const std::vector<int64_t> touched = TrainReference(&ref, t, &rng, 6);
-  const std::string dir = TestDir("warm_single");
-  const CheckpointChoice source = SaveSingleStore(&ref, t, dir, 6);
-
-  Cluster two(2, t, ADAM);
+  WarmStarted w(ADAM, /*reset_optimizer=*/false, "warm_single");
+  const Table& t = w.t;
+  Reference& ref = w.ref;
+  Rng& rng = w.rng;
+  const std::vector<int64_t>& touched = w.touched;
+  Cluster& two = w.two;
   for (auto& server : two.servers) {
-    ASSERT_TRUE(server->WarmStart(source.dir, source.manifest, /*reset_optimizer=*/false).ok());
     EXPECT_EQ(server->Info().step(), 0);
     EXPECT_EQ(server->Info().restored_from(), "");
   }
@@ -717,23 +735,16 @@ TEST(ShardCheckpoint, WarmStartFromASingleStoreCheckpoint) {
   ref.dense->Apply(dense_grad.data(), 7);
   ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), 1).ok());
   ExpectSameAsReference(client.get(), &ref, touched, t);
-  std::system(("rm -rf " + dir).c_str());
 }
 
 // --reset_optimizer: the weights are the source's, every optimizer slot is the optimizer's
 // initial state (Adagrad's initial accumulator), not the source's trained accumulators.
 TEST(ShardCheckpoint, WarmStartResetOptimizerStartsTheSlotsFresh) {
-  const Table t;
-  Reference ref(t, ADAGRAD);
-  Rng rng(8);
-  const std::vector<int64_t> touched = TrainReference(&ref, t, &rng, 4);
-  const std::string dir = TestDir("warm_reset");
-  const CheckpointChoice source = SaveSingleStore(&ref, t, dir, 4);
-
-  Cluster two(2, t, ADAGRAD);
-  for (auto& server : two.servers) {
-    ASSERT_TRUE(server->WarmStart(source.dir, source.manifest, /*reset_optimizer=*/true).ok());
-  }
+  WarmStarted w(ADAGRAD, /*reset_optimizer=*/true, "warm_reset");
+  const Table& t = w.t;
+  Reference& ref = w.ref;
+  const std::vector<int64_t>& touched = w.touched;
+  Cluster& two = w.two;
   auto client = two.Client();
   ExpectSameAsReference(client.get(), &ref, touched, t);  // the weights
   const EmbeddingSnapshot trained = ref.rows->Snapshot();
@@ -762,7 +773,6 @@ TEST(ShardCheckpoint, WarmStartResetOptimizerStartsTheSlotsFresh) {
   std::vector<float> fresh(trained.state_floats);
   ref.rows->optimizer().InitState(fresh.data(), trained.dim);
   EXPECT_FALSE(std::equal(fresh.begin(), fresh.end(), trained.state.begin()));
-  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
