@@ -470,6 +470,15 @@ TEST_F(ContinuousTrainingTest, WarmStartRefusals) {
     EXPECT_FALSE(PathExists(m + "/LATEST"));
   }
 
+  // --reset_optimizer without a source: a config error (exit 2), nothing trained.
+  {
+    const std::string m = Dir() + "/ws_reset_alone";
+    Result r = Pstrain("train", Day(2), m, {"--reset_optimizer"});
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("config train.warm_start.from: must name a model dir"));
+    EXPECT_FALSE(PathExists(m + "/LATEST"));
+  }
+
   // In a PS job the shards refuse it the same way.
   const std::string m = Dir() + "/ws_refused_ps";
   Result r = Pstrain("local", Day(2), m,
