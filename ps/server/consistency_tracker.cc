@@ -255,15 +255,25 @@ absl::Status ConsistencyTracker::Restore(const ConsistencyState& c) {
   }
   std::map<int64_t, std::map<int, SyncPush>> steps;
   for (const ConsistencyState::Pending& p : c.pending()) {
+    // A kept push is applied later without another check: it gets a push's checks now (a
+    // damaged or forged state must be refused here, not abort the shard when its step comes).
+    if (p.worker() < 0 || p.worker() >= opt_.num_workers || p.step() <= c.applied()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", opt_.shard, ": consistency state keeps a push of worker ", p.worker(),
+          " for step ", p.step(), "; expected a worker in [0, ", opt_.num_workers,
+          ") and a step after the applied ", c.applied()));
+    }
     SyncPush& out = steps[p.step()][p.worker()];
     absl::Span<const int64_t> ids;
     absl::Span<const float> grads, dense;
     std::vector<int64_t> id_scratch;
     std::vector<float> grad_scratch, dense_scratch;
+    std::vector<Shard::Run> runs;
     RETURN_IF_ERROR(UnpackArray(p.ids(), "ConsistencyState.ids", &id_scratch, &ids));
     RETURN_IF_ERROR(UnpackArray(p.row_grads(), "ConsistencyState.row_grads", &grad_scratch, &grads));
     RETURN_IF_ERROR(
         UnpackArray(p.dense_grad(), "ConsistencyState.dense_grad", &dense_scratch, &dense));
+    RETURN_IF_ERROR(shard_->Check(ids, grads, dense, &runs));
     out.ids.assign(ids.begin(), ids.end());
     out.row_grads.assign(grads.begin(), grads.end());
     out.dense_grad.assign(dense.begin(), dense.end());

@@ -180,20 +180,25 @@ absl::Status Shard::Unpack(const PushRequest& request, Update* u) {
       UnpackArray(request.row_grads(), "PushRequest.row_grads", &u->grad_scratch, &u->grads));
   RETURN_IF_ERROR(UnpackArray(request.dense_grad(), "PushRequest.dense_grad", &u->dense_scratch,
                               &u->dense_grad));
+  return Check(u->ids, u->grads, u->dense_grad, &u->runs);
+}
+
+absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float> grads,
+                          absl::Span<const float> dense_grad, std::vector<Run>* runs) {
   const int dim = opt_.row_dim;
-  if (u->grads.size() != u->ids.size() * dim) {
+  if (grads.size() != ids.size() * dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "shard ", opt_.shard, ": push of ", u->ids.size(), " rows carries ", u->grads.size(),
-        " gradient floats, expected ", u->ids.size() * dim, " (row_dim ", dim, ")"));
+        "shard ", opt_.shard, ": push of ", ids.size(), " rows carries ", grads.size(),
+        " gradient floats, expected ", ids.size() * dim, " (row_dim ", dim, ")"));
   }
-  if (!u->dense_grad.empty() && static_cast<int64_t>(u->dense_grad.size()) != dense_slice_size_) {
+  if (!dense_grad.empty() && static_cast<int64_t>(dense_grad.size()) != dense_slice_size_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shard ", opt_.shard, ": dense gradient of ", u->dense_grad.size(),
+        absl::StrCat("shard ", opt_.shard, ": dense gradient of ", dense_grad.size(),
                      " floats, but this shard's dense slice has ", dense_slice_size_));
   }
-  RETURN_IF_ERROR(CheckFinite(u->ids.size(), u->grads.data(),
-                              u->dense_grad.empty() ? nullptr : u->dense_grad.data()));
-  return Route(u->ids, &u->runs);
+  RETURN_IF_ERROR(
+      CheckFinite(ids.size(), grads.data(), dense_grad.empty() ? nullptr : dense_grad.data()));
+  return Route(ids, runs);
 }
 
 absl::Status Shard::Apply(const Update& u, int64_t step) {

@@ -117,6 +117,11 @@ class Shard {
   // foreign id, or a NaN / infinite gradient (counted in nonfinite_pushes); nothing is applied
   // then.
   absl::Status Unpack(const PushRequest& request, Update* update);
+  // Unpack's checks of a push's payload, wherever it comes from (a request, or the SYNC pushes
+  // kept in a checkpoint's consistency state): the sizes, finite values, and every id routed into
+  // runs. The same errors as Unpack.
+  absl::Status Check(absl::Span<const int64_t> ids, absl::Span<const float> grads,
+                     absl::Span<const float> dense_grad, std::vector<Run>* runs);
   // INVALID_ARGUMENT (counted) when a gradient of rows x row_dim floats, or of the dense slice
   // when dense_grad is not null, is NaN or infinite.
   absl::Status CheckFinite(size_t rows, const float* row_grads, const float* dense_grad);

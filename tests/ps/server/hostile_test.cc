@@ -365,6 +365,46 @@ TEST(Hostile, SyncAppliesAFarStepWithoutCounting) {
   EXPECT_EQ(shard.server->consistency().applied_step(), far);
 }
 
+// A restored SYNC state's kept pushes get a push's checks: a foreign id, a bad gradient size, a
+// NaN, a worker or a step out of range are refused at Restore, and the shard applies nothing
+// (found by the shard_requests fuzzer: a kept push with a foreign id aborted the shard when its
+// step was applied; fuzz/corpus/shard_requests/regression-sync-state-foreign-id).
+TEST(Hostile, ARestoredStateWithABadKeptPushIsRefused) {
+  Options opt;
+  opt.mode = SYNC;
+  opt.num_workers = 1;
+  OneShard shard(opt);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    const char* what;
+    int64_t id;
+    std::vector<float> grads;
+    int worker;
+    int64_t step;
+  };
+  for (const Case& c : std::vector<Case>{{"foreign id", int64_t{1} << 40, {1, 1, 1}, 0, 4},
+                                         {"negative id", -1, {1, 1, 1}, 0, 4},
+                                         {"short gradient", 5, {1, 1}, 0, 4},
+                                         {"NaN gradient", 5, {1, nan, 1}, 0, 4},
+                                         {"worker out of range", 5, {1, 1, 1}, 7, 4},
+                                         {"step already applied", 5, {1, 1, 1}, 0, 2}}) {
+    SCOPED_TRACE(c.what);
+    ConsistencyState state;
+    state.set_applied(2);
+    state.add_pushed(4);
+    state.add_done(false);
+    auto* p = state.add_pending();
+    p->set_step(c.step);
+    p->set_worker(c.worker);
+    PackArray(&c.id, 1, p->mutable_ids());
+    PackArray(c.grads.data(), c.grads.size(), p->mutable_row_grads());
+    EXPECT_EQ(shard.server->consistency().Restore(state).code(),
+              absl::StatusCode::kInvalidArgument);
+    shard.server->consistency().AdvanceSync();  // nothing kept: nothing applied, no abort
+    EXPECT_EQ(shard.server->consistency().applied_step(), 0);
+  }
+}
+
 // NaN or infinite gradients: INVALID_ARGUMENT, nothing applied, counted; over gRPC, in-process
 // and through the client.
 TEST(Hostile, NonFiniteGradientsAreRefused) {
