@@ -44,6 +44,10 @@ absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm
     if (absl::Status s = VerifyCheckpoint(c.dir, &c.manifest); !s.ok()) return Prefixed(s, from);
   } else {
     absl::StatusOr<std::optional<CheckpointChoice>> chosen = ChooseCheckpoint(from);
+    if (absl::IsDataLoss(chosen.status())) {  // ChooseCheckpoint's advice is for a resume
+      return absl::DataLossError(absl::StrCat("warm start from ", from, ": no usable checkpoint "
+                                              "there (every one refused, see the errors above)"));
+    }
     if (!chosen.ok()) return Prefixed(chosen.status(), from);
     if (!*chosen) {
       return absl::NotFoundError(absl::StrCat("warm start from ", from,
