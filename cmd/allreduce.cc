@@ -96,6 +96,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks) {
   ao.checkpoint_every_seconds = config.checkpoint().every_seconds();
   ao.local_stop = &g_stop;
   ASSIGN_OR_RETURN(ao.model, DescribeModel(config));
+  if (config.train().has_warm_start()) ao.warm_start = config.train().warm_start();
   ASSIGN_OR_RETURN(auto params, AllreduceParams::Create(std::move(replica), std::move(ao)));
   AllreduceCheckpointer checkpointer(params.get());
   // The checkpoint schedule is agreed by the ranks inside AllreduceParams, not by the trainer's

@@ -34,6 +34,12 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
             "over new data after a finished job, refuse new data under an unfinished one), "
             "continue (resume the saved pass on its own files) or new_pass (a new pass over "
             "this run's data from the saved parameters); default: train.on_new_data (auto)");
+  f->String("warm_start_from", &o->warm_start_from,
+            "DIR or DIR/ckpt-N: a FRESH model dir starts from that checkpoint's parameters and "
+            "optimizer slots (any mode, any shard count; the model must match); ignored, with a "
+            "log line, when the model dir has a checkpoint of its own");
+  f->Bool("reset_optimizer", &o->reset_optimizer,
+          "with a warm start: copy the parameters only; the optimizer slots start fresh");
   f->Int("metrics_port", &o->metrics_port,
          "serve Prometheus metrics on http://<metrics_bind>:PORT/metrics (0 = off; `local` gives "
          "host i PORT + i)");
@@ -127,6 +133,12 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
           "--on_new_data: expected auto, continue or new_pass, got '", flags.on_new_data, "'"));
     }
     config.mutable_train()->set_on_new_data(mode->second);
+  }
+  if (!flags.warm_start_from.empty()) {
+    config.mutable_train()->mutable_warm_start()->set_from(flags.warm_start_from);
+  }
+  if (flags.reset_optimizer) {
+    config.mutable_train()->mutable_warm_start()->set_reset_optimizer(true);
   }
   for (const auto& s : flags.platform_sets) RETURN_IF_ERROR(ApplyOverride(s, &config));
   for (const auto& s : flags.set) RETURN_IF_ERROR(ApplyOverride(s, &config));

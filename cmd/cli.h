@@ -25,6 +25,10 @@ struct TrainingFlags {
   int epochs = 0;                   // --epochs N (0 = from the config)
   // --on_new_data auto|continue|new_pass: train.on_new_data ("" = from the config).
   std::string on_new_data;
+  // --warm_start_from DIR[/ckpt-N], --reset_optimizer: train.warm_start (a fresh model dir starts
+  // from another model dir's checkpoint; "" / false = from the config).
+  std::string warm_start_from;
+  bool reset_optimizer = false;
   // --metrics_port P: serve Prometheus metrics on http://<metrics_bind>:P/metrics (0 = off);
   // --metrics_bind: loopback unless told otherwise.
   int metrics_port = 0;

@@ -130,13 +130,8 @@ int RunHost(int argc, char** argv) {
   // Resume: every host picks the same checkpoint (the same verification of the same files).
   auto choice = ChooseJobCheckpoint(config);
   if (!choice.ok()) return fail(choice.status().ToString(), 1);
-  if (*choice) {
-    if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
-        !s.ok()) {
-      return fail(absl::StrCat("restoring shard ", me, ": ", s.ToString()), 1);
-    }
-    PSTRAIN_LOG(INFO) << "shard " << me << ": restored from " << (*choice)->dir << " ("
-                      << (*choice)->manifest.num_shards() << " shards)";
+  if (absl::Status s = RestoreShard(config, *choice, me, server->get()); !s.ok()) {
+    return fail(s.ToString(), 1);
   }
   // From here on a stop signal is a preemption: the job checkpoints (the other hosts need this
   // shard for it), also if it comes while this host still connects to the others.

@@ -109,13 +109,8 @@ int RunPs(int argc, char** argv) {
     auto choice =
         own_shape ? ChooseJobCheckpoint(config) : ChooseCheckpoint(JobCheckpointDir(config));
     if (!choice.ok()) return fail(choice.status().ToString(), 1);
-    if (*choice) {
-      if (absl::Status s = (*server)->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
-          !s.ok()) {
-        return fail(s.ToString(), 1);
-      }
-      PSTRAIN_LOG(INFO) << "shard " << shard << ": restored from " << (*choice)->dir << " ("
-                        << (*choice)->manifest.num_shards() << " shards)";
+    if (absl::Status s = RestoreShard(config, *choice, shard, server->get()); !s.ok()) {
+      return fail(s.ToString(), 1);
     }
   }
 

@@ -5,6 +5,8 @@
 #include <memory>
 #include <vector>
 
+#include "checkpoint/warm_start.h"
+#include "common/logging.h"
 #include "common/rpc/security.h"
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
@@ -53,6 +55,32 @@ absl::StatusOr<std::optional<CheckpointChoice>> ChooseJobCheckpoint(const Config
     RETURN_IF_ERROR(CheckCheckpointModel(choice->dir, choice->manifest, wanted));
   }
   return choice;
+}
+
+absl::Status RestoreShard(const Config& config, const std::optional<CheckpointChoice>& choice,
+                          int shard, ShardServer* server) {
+  std::optional<std::string> restored;
+  if (choice) {
+    RETURN_IF_ERROR(Annotate(server->RestoreCheckpoint(choice->dir, choice->manifest),
+                             absl::StrCat("restoring shard ", shard)));
+    PSTRAIN_LOG(INFO) << "shard " << shard << ": restored from " << choice->dir << " ("
+                      << choice->manifest.num_shards() << " shards)";
+    restored = choice->dir;
+  }
+  std::optional<WarmStart> warm_start;
+  if (config.train().has_warm_start()) warm_start = config.train().warm_start();
+  return RestoreOrWarmStart(restored, warm_start, [&]() -> absl::StatusOr<std::string> {
+    ASSIGN_OR_RETURN(const ModelDescription wanted, DescribeModel(config));
+    ASSIGN_OR_RETURN(const CheckpointChoice source,
+                     ChooseWarmStartCheckpoint(*warm_start, wanted));
+    RETURN_IF_ERROR(Annotate(
+        server->WarmStart(source.dir, source.manifest, warm_start->reset_optimizer()),
+        absl::StrCat("warm start of shard ", shard, " from ", source.dir)));
+    PSTRAIN_LOG(INFO) << "shard " << shard << ": warm start from " << source.dir << " ("
+                      << source.manifest.num_shards() << " shard(s)"
+                      << (warm_start->reset_optimizer() ? ", optimizer slots reset" : "") << ")";
+    return source.dir;
+  }).status();
 }
 
 }  // namespace pstrain

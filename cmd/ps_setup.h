@@ -35,4 +35,11 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
 // chooses with it, so they all pick, or all refuse, the same checkpoint.
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseJobCheckpoint(const Config& config);
 
+// Before shard `shard` serves: restores `choice` (the job's own checkpoint), or, when there is
+// none and the config has train.warm_start, copies the warm-start checkpoint's rows and dense
+// slice it owns (any shard count or mode; worker/train/checkpoint.h RestoreOrWarmStart,
+// ShardServer::WarmStart). Says on stderr what it did. Errors name the checkpoint.
+absl::Status RestoreShard(const Config& config, const std::optional<CheckpointChoice>& choice,
+                          int shard, ShardServer* server);
+
 }  // namespace pstrain

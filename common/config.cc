@@ -182,6 +182,9 @@ absl::Status ValidateConfig(const Config& c) {
   }
   if (m.embedding_init_stddev() < 0) return bad("model.embedding_init_stddev", "must be >= 0");
   if (m.embedding_l2() < 0) return bad("model.embedding_l2", "must be >= 0");
+  if (c.train().has_warm_start() && c.train().warm_start().from().empty()) {
+    return bad("train.warm_start.from", "must name a model dir or a checkpoint (--warm_start_from)");
+  }
 
   for (const char* which : {"sparse_optimizer", "dense_optimizer"}) {
     const OptimizerConfig& o =

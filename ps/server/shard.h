@@ -46,6 +46,7 @@
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/partition.h"
+#include "ps/store/store_blocks.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/ps_service.pb.h"
 #include "pstrain/state.pb.h"
@@ -197,9 +198,12 @@ class Shard {
   // Restores rows and dense values from every shard file the manifest lists (any shard count:
   // rows this shard does not own are skipped, dense slices are cut to this shard's). Call before
   // serving. The files must have been verified (checksums) by the caller; FAILED_PRECONDITION if
-  // they were written for another shape (rows, row_dim, dense size).
+  // they were written for another shape (rows, row_dim, dense size). The files may be a PS job's
+  // or an in-process replica's (`shard-0-of-1` without SHRD / CONS: step = the MANIFEST's).
+  // `mode`: a resume keeps everything; a warm start restarts the step and may reset the slots.
   absl::StatusOr<Restored> RestoreCheckpoint(const std::string& ckpt_dir,
-                                             const CheckpointManifest& manifest);
+                                             const CheckpointManifest& manifest,
+                                             ParameterLoadMode mode = {});
 
   const Options& options() const { return opt_; }
   const PartitionMap& map() const { return map_; }

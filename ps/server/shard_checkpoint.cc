@@ -11,6 +11,7 @@
 #include "checkpoint/layout.h"
 #include "common/status.h"
 #include "ps/server/shard.h"
+#include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
 
 namespace pstrain {
@@ -112,7 +113,8 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
 }
 
 absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(const std::string& ckpt_dir,
-                                                         const CheckpointManifest& manifest) {
+                                                         const CheckpointManifest& manifest,
+                                                         ParameterLoadMode mode) {
   if (manifest.table_rows() != opt_.rows || manifest.row_dim() != opt_.row_dim ||
       manifest.dense_size() != opt_.dense_size) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -123,54 +125,44 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(const std::string& ckpt
   }
   std::vector<EmbeddingStore*> stores;
   for (const auto& s : stores_) stores.push_back(s.get());
-  int64_t rows = 0, dense_floats = 0;
-  // This shard's own file of a checkpoint of the same layout also holds its BOUNDED / SYNC
-  // bookkeeping (with SYNC, the kept pushes of a step only some workers had pushed).
+  // A PS shard file starts with its SHRD header; this shard's own file of a checkpoint of the
+  // same layout also holds its BOUNDED / SYNC bookkeeping (CONS: with SYNC, the kept pushes of a
+  // step only some workers had pushed). The file of an in-process replica (`pstrain train`,
+  // allreduce) has neither: its step is the MANIFEST's.
   Restored restored;
-  int64_t& step = restored.step;
-  std::optional<ConsistencyState>& own = restored.consistency;
-  for (const auto& f : manifest.file()) {
-    if (!IsShardFileName(f.name())) continue;
-    const std::string path = ckpt_dir + "/" + f.name();
-    ASSIGN_OR_RETURN(auto reader, BlockReader::Open(path));
+  std::string header_of;  // the file whose SHRD header `header` is
+  InfoResponse header;
+  auto other = [&](const std::string& path, BlockReader* reader) -> absl::Status {
     Block b;
-    ASSIGN_OR_RETURN(bool got, reader->Next(&b));
-    InfoResponse header;
-    if (!got || b.tag != kShardHeaderTag || !header.ParseFromString(b.payload)) {
-      return absl::DataLossError(absl::StrCat(path, ": expected a '", kShardHeaderTag,
-                                              "' block with the shard's map first"));
-    }
-    step = std::max(step, header.step());
-    while (true) {
-      ASSIGN_OR_RETURN(std::string tag, reader->PeekTag());
-      if (tag.empty()) break;
-      if (tag == kEmbeddingMetaTag) {
-        RETURN_IF_ERROR(Annotate(LoadEmbeddingStores(reader.get(), stores, &rows), path));
-      } else if (tag == kConsistencyTag) {
-        RETURN_IF_ERROR(reader->Next(&b).status());
-        if (header.shard() == opt_.shard && header.map().shards() == opt_.num_shards &&
-            header.map().partitions() == opt_.partitions) {
-          own.emplace();
-          if (!own->ParseFromString(b.payload)) {
-            return reader->Corrupt(b, "payload is not a valid ConsistencyState");
-          }
-        }
-      } else if (tag == kDenseTag) {
-        ASSIGN_OR_RETURN(DenseSnapshot d, LoadDenseSnapshot(reader.get()));
-        if (dense_ != nullptr) {
-          ASSIGN_OR_RETURN(int64_t n, dense_->RestoreOverlap(d));
-          dense_floats += n;
-        }
-      } else {
-        ASSIGN_OR_RETURN(bool more, reader->Next(&b));
-        if (more) return reader->Corrupt(b, "unexpected block in a shard file");
+    RETURN_IF_ERROR(reader->Next(&b).status());
+    if (b.tag == kShardHeaderTag) {
+      if (!header.ParseFromString(b.payload)) {
+        return reader->Corrupt(b, "payload is not a valid InfoResponse");
       }
+      header_of = path;
+      restored.step = std::max(restored.step, header.step());
+      return absl::OkStatus();
     }
-  }
-  if (dense_floats != dense_slice_size_) {
-    return absl::DataLossError(absl::StrCat(ckpt_dir, ": the shard files hold ", dense_floats,
-                                            " of shard ", opt_.shard, "'s ", dense_slice_size_,
-                                            " dense floats"));
+    if (b.tag == kConsistencyTag) {
+      if (header_of != path) return reader->Corrupt(b, "a 'CONS' block before the 'SHRD' header");
+      if (header.shard() == opt_.shard && header.map().shards() == opt_.num_shards &&
+          header.map().partitions() == opt_.partitions) {
+        restored.consistency.emplace();
+        if (!restored.consistency->ParseFromString(b.payload)) {
+          return reader->Corrupt(b, "payload is not a valid ConsistencyState");
+        }
+      }
+      return absl::OkStatus();
+    }
+    return reader->Corrupt(b, "unexpected block in a shard file");
+  };
+  ASSIGN_OR_RETURN(ParameterLoadCounts counts,
+                   LoadParameterFiles(ckpt_dir, manifest, stores, dense_.get(), mode, other));
+  if (header_of.empty()) restored.step = manifest.step();
+  if (counts.dense_floats != dense_slice_size_) {
+    return absl::DataLossError(absl::StrCat(ckpt_dir, ": the shard files hold ",
+                                            counts.dense_floats, " of shard ", opt_.shard, "'s ",
+                                            dense_slice_size_, " dense floats"));
   }
   return restored;
 }

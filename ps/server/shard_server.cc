@@ -508,4 +508,12 @@ absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
   return absl::OkStatus();
 }
 
+absl::Status ShardServer::WarmStart(const std::string& ckpt_dir,
+                                    const CheckpointManifest& manifest, bool reset_optimizer) {
+  ParameterLoadMode mode;
+  mode.keep_step = false;
+  mode.keep_optimizer_state = !reset_optimizer;
+  return data_->RestoreCheckpoint(ckpt_dir, manifest, mode).status();
+}
+
 }  // namespace pstrain

@@ -157,6 +157,12 @@ class ShardServer {
   // checkpoint has this shard's layout and workers, else every worker as having pushed the
   // checkpoint's step; records restored_from. Call before Start.
   absl::Status RestoreCheckpoint(const std::string& ckpt_dir, const CheckpointManifest& manifest);
+  // A warm start (docs/CHECKPOINT.md "Warm start"): the rows and dense values this shard owns from
+  // another job's checkpoint of any shard count or mode, with its optimizer slots unless
+  // `reset_optimizer`; the job's step and bookkeeping stay those of a fresh job (step 0). The
+  // files must have been verified by the caller. Call before Start.
+  absl::Status WarmStart(const std::string& ckpt_dir, const CheckpointManifest& manifest,
+                         bool reset_optimizer);
 
   // ---- The parts ----
   Shard& data() { return *data_; }

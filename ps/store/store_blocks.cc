@@ -158,7 +158,7 @@ absl::StatusOr<EmbeddingMeta> LoadEmbeddingRows(BlockReader* r, const EmbeddingR
 }
 
 absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore* const> stores,
-                                 int64_t* rows_loaded) {
+                                 int64_t* rows_loaded, ParameterLoadMode mode) {
   std::vector<EmbeddingStore*> sorted(stores.begin(), stores.end());
   std::sort(sorted.begin(), sorted.end(),
             [](EmbeddingStore* a, EmbeddingStore* b) { return a->begin() < b->begin(); });
@@ -176,10 +176,18 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
       part.dim = m.dim;
       part.optimizer = m.optimizer;
       part.state_floats = m.state_floats;
-      part.last_step = m.last_step;
+      part.last_step = mode.keep_step ? m.last_step : 0;
       part.ids.assign(lo, hi);
       part.weights.assign(weights + a * m.dim, weights + (a + k) * m.dim);
-      part.state.assign(state + a * m.state_floats, state + (a + k) * m.state_floats);
+      if (mode.keep_optimizer_state) {
+        part.state.assign(state + a * m.state_floats, state + (a + k) * m.state_floats);
+      } else {  // every row's slots as the store's optimizer starts them
+        const Optimizer& opt = store->optimizer();
+        part.optimizer = opt.type();
+        part.state_floats = store->state_floats();
+        part.state.resize(k * part.state_floats);
+        for (int64_t i = 0; i < k; ++i) opt.InitState(&part.state[i * part.state_floats], m.dim);
+      }
       RETURN_IF_ERROR(Annotate(store->Restore(part), reader->name()));
       if (rows_loaded != nullptr) *rows_loaded += k;
     }
@@ -200,6 +208,19 @@ absl::Status SaveDenseStore(const DenseSnapshot& s, BlockWriter* w) {
                                       Bytes(s.weights.data(), s.weights.size()),
                                       Bytes(s.state.data(), s.state.size())};
   return w->Add(kDenseTag, pieces);
+}
+
+DenseSnapshot DenseSnapshotForLoad(DenseSnapshot saved, const DenseStore& store,
+                                   ParameterLoadMode mode) {
+  if (!mode.keep_step) saved.last_step = 0;
+  if (!mode.keep_optimizer_state) {
+    const Optimizer& opt = store.optimizer();
+    saved.optimizer = opt.type();
+    saved.state_floats = opt.StateFloats(saved.size);
+    saved.state.assign(saved.state_floats, 0.f);
+    opt.InitState(saved.state.data(), saved.size);
+  }
+  return saved;
 }
 
 absl::StatusOr<DenseSnapshot> LoadDenseSnapshot(BlockReader* r) {

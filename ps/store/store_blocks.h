@@ -49,15 +49,32 @@ using EmbeddingRowsFn =
 // returned). Returns the group's meta. Checks that ids are ascending and inside [begin, end).
 absl::StatusOr<EmbeddingMeta> LoadEmbeddingRows(BlockReader* reader, const EmbeddingRowsFn& fn);
 
+// What a load keeps of the saved values besides the weights.
+struct ParameterLoadMode {
+  // false (a warm start): the stores' last_step restarts at 0, since the new job counts its own
+  // steps; true (a resume): the saved last_step.
+  bool keep_step = true;
+  // false (--reset_optimizer): every restored row and the dense slice get the stores' own
+  // Optimizer::InitState, as if never trained, and the saved optimizer type may differ from the
+  // stores'; true: the saved slots (the same optimizer type and state size, FAILED_PRECONDITION
+  // otherwise).
+  bool keep_optimizer_state = true;
+};
+
 // Re-partitioning restore: reads one embedding group and gives every row to the store among
 // `stores` that owns it; rows no store owns are skipped (a shard reading another layout's
 // files). FAILED_PRECONDITION if a store's dim / optimizer / state size differ from the file's.
-// Adds the number of rows restored to *rows_loaded when it is not null.
+// Adds the number of rows restored to *rows_loaded when it is not null. `mode`: what is kept
+// besides the weights.
 absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore* const> stores,
-                                 int64_t* rows_loaded);
+                                 int64_t* rows_loaded, ParameterLoadMode mode = {});
 
 // One DNSE block holding the snapshot; and reading it back (the next block must be DNSE).
 absl::Status SaveDenseStore(const DenseSnapshot& snapshot, BlockWriter* writer);
 absl::StatusOr<DenseSnapshot> LoadDenseSnapshot(BlockReader* reader);
+// `saved` as `mode` restores it into `store`: last_step 0 without keep_step; without
+// keep_optimizer_state, store's optimizer with its InitState slots over saved's range.
+DenseSnapshot DenseSnapshotForLoad(DenseSnapshot saved, const DenseStore& store,
+                                   ParameterLoadMode mode);
 
 }  // namespace pstrain

@@ -5,11 +5,15 @@
 //   - the same data after a finished job: nothing to do (exit 0, a message, nothing written);
 //   - other data under an unfinished job: refused, naming both and --on_new_data, which chooses;
 //   - a pass without one example: an error.
+// And --warm_start_from (docs/CHECKPOINT.md "Warm start"): a fresh model dir from another's
+// checkpoint, single -> PS -> single and into allreduce; a changed model, a missing or corrupt
+// source refused; a model dir with its own checkpoint resumes it.
 // Day d is `pstrain datagen --seed d` (2 files of 1000 rows), read in order with 100 records a
 // step: 20 steps per day and worker count.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -42,15 +46,27 @@ std::string Latest(const std::string& dir) {
   return std::string(absl::StripAsciiWhitespace(Slurp(dir + "/LATEST")));
 }
 
-// An integer field of summary.json ("examples": 2000), or -1.
-int64_t SummaryField(const std::string& model_dir, const std::string& key) {
+// A number field of summary.json as written ("test_logloss": "0.5351..."), or "".
+std::string SummaryText(const std::string& model_dir, const std::string& key) {
   const std::string s = Slurp(model_dir + "/summary.json");
   const size_t at = s.find("\"" + key + "\":");
-  if (at == std::string::npos) return -1;
+  if (at == std::string::npos) return "";
   const size_t begin = at + key.size() + 3;
   const size_t end = s.find_first_of(",}", begin);
+  return std::string(absl::StripAsciiWhitespace(s.substr(begin, end - begin)));
+}
+
+// An integer field of summary.json ("examples": 2000), or -1.
+int64_t SummaryField(const std::string& model_dir, const std::string& key) {
   int64_t v = -1;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(s.substr(begin, end - begin)), &v)) return -1;
+  if (!absl::SimpleAtoi(SummaryText(model_dir, key), &v)) return -1;
+  return v;
+}
+
+// A floating-point field of summary.json, or NaN.
+double SummaryDouble(const std::string& model_dir, const std::string& key) {
+  double v = std::nan("");
+  if (!absl::SimpleAtod(SummaryText(model_dir, key), &v)) return std::nan("");
   return v;
 }
 
@@ -297,6 +313,183 @@ TEST_F(ContinuousTrainingTest, AllreduceDay1ThenDay2ThenNoOp) {
   ASSERT_EQ(noop.exit_code, 0) << noop.out;
   EXPECT_THAT(noop.out, HasSubstr("nothing to train: "));
   EXPECT_EQ(Latest(m), absl::StrCat("ckpt-", 2 * steps1));
+  EXPECT_EQ(ProcessesLeft(m), 0);
+}
+
+// ---- Warm start ----
+
+// Learning rates so small that training changes no evaluated digit that matters: a job then
+// evaluates the parameters it started from.
+const std::vector<std::string> kFrozen = {"--set", "sparse_optimizer.learning_rate=1e-9", "--set",
+                                          "dense_optimizer.learning_rate=1e-9"};
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// `train` from a warm start equals a new pass in the source's own dir (the same parameters and
+// optimizer slots, to the bit), but starts at step 0 in its fresh dir.
+TEST_F(ContinuousTrainingTest, TrainWarmStartEqualsANewPassOfTheSource) {
+  const std::string src = Dir() + "/ws_train_src", warm = Dir() + "/ws_train_warm";
+  ASSERT_EQ(Pstrain("train", Day(1), src).exit_code, 0);
+  Result w = Pstrain("train", Day(2), warm, {"--warm_start_from", src});
+  ASSERT_EQ(w.exit_code, 0) << w.out;
+  EXPECT_THAT(w.out, HasSubstr(absl::StrCat("warm start from ", src, "/ckpt-", kStepsPerDay,
+                                            " (1 shard(s))")));
+  EXPECT_THAT(w.out, HasSubstr("with their optimizer slots"));
+  EXPECT_EQ(Latest(warm), absl::StrCat("ckpt-", kStepsPerDay));  // its own steps from 0
+  EXPECT_EQ(SummaryField(warm, "examples"), kRowsPerDay);
+  Result cont = Pstrain("train", Day(2), src);  // day 2 as a new pass in the source's dir
+  ASSERT_EQ(cont.exit_code, 0) << cont.out;
+  EXPECT_EQ(Latest(src), absl::StrCat("ckpt-", 2 * kStepsPerDay));
+  ASSERT_FALSE(SummaryText(warm, "test_logloss").empty());
+  EXPECT_EQ(SummaryText(warm, "test_logloss"), SummaryText(src, "test_logloss"));
+  EXPECT_EQ(SummaryText(warm, "test_auc"), SummaryText(src, "test_auc"));
+
+  // Starting the optimizer slots fresh is another trajectory (and accepts another optimizer).
+  const std::string reset = Dir() + "/ws_train_reset";
+  Result r = Pstrain("train", Day(2), reset,
+                     {"--warm_start_from", src + "/ckpt-20", "--reset_optimizer"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("optimizer slots reset"));
+  EXPECT_NE(SummaryText(reset, "test_logloss"), SummaryText(warm, "test_logloss"));
+
+  // A model dir with a checkpoint of its own resumes it and says that the warm start is ignored.
+  Result again = Pstrain("train", Day(1), warm, {"--warm_start_from", src});
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_THAT(again.out, HasSubstr(absl::StrCat("resuming ", warm, "/ckpt-", kStepsPerDay,
+                                                "; --warm_start_from ", src, " is ignored")));
+  EXPECT_THAT(again.out, HasSubstr("new training pass over " + DaySpec(1)));
+}
+
+// single -> PS (2 hosts, each shard takes its rows of the one-shard file) -> single: with frozen
+// learning rates every job evaluates what it started from, so the test logloss carries over
+// (while a cold start's is the initial model's).
+TEST_F(ContinuousTrainingTest, WarmStartSingleToPsAndBack) {
+  const std::string src = Dir() + "/ws_single", ps = Dir() + "/ws_ps", cold = Dir() + "/ws_cold",
+                    back = Dir() + "/ws_back";
+  ASSERT_EQ(Pstrain("train", Day(1), src).exit_code, 0);
+  const double trained = SummaryDouble(src, "test_logloss");
+  const std::vector<std::string> local = {"--hosts", "2", "--kill_timeout_s", "20"};
+
+  Result w = Pstrain("local", Day(2), ps, Concat(Concat(local, kFrozen), {"--warm_start_from", src}));
+  ASSERT_EQ(w.exit_code, 0) << w.out;
+  const std::string logs = w.out + Slurp(ps + "/host-1/output.log");
+  for (int shard : {0, 1}) {
+    EXPECT_THAT(logs, HasSubstr(absl::StrCat("shard ", shard, ": warm start from ", src,
+                                             "/ckpt-", kStepsPerDay, " (1 shard(s))")));
+  }
+  EXPECT_EQ(Latest(ps), absl::StrCat("ckpt-", kStepsPerDay));
+  EXPECT_NEAR(SummaryDouble(ps, "test_logloss"), trained, 1e-5);
+
+  Result c = Pstrain("local", Day(2), cold, Concat(local, kFrozen));
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_GT(std::fabs(SummaryDouble(cold, "test_logloss") - trained), 0.05);
+
+  Result b = Pstrain("train", Day(1), back,
+                     Concat(kFrozen, {"--warm_start_from", ps + "/ckpt-20"}));
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_THAT(b.out, HasSubstr(absl::StrCat("warm start from ", ps, "/ckpt-20 (2 shard(s))")));
+  EXPECT_NEAR(SummaryDouble(back, "test_logloss"), trained, 1e-5);
+  EXPECT_EQ(ProcessesLeft(ps), 0);
+  EXPECT_EQ(ProcessesLeft(cold), 0);
+}
+
+// Allreduce (2 ranks): every rank warm-starts its replica from a single-process checkpoint.
+TEST_F(ContinuousTrainingTest, AllreduceWarmStartFromASingleCheckpoint) {
+  const std::string src = Dir() + "/ws_ar_src", m = Dir() + "/ws_ar";
+  ASSERT_EQ(Pstrain("train", Day(1), src).exit_code, 0);
+  const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe",
+                                           "-np", "2"};
+  Result w = Pstrain("allreduce", Day(2), m, Concat(kFrozen, {"--warm_start_from", src}), mpirun);
+  ASSERT_EQ(w.exit_code, 0) << w.out;
+  EXPECT_THAT(w.out, HasSubstr(absl::StrCat("warm start from ", src, "/ckpt-", kStepsPerDay)));
+  EXPECT_NEAR(SummaryDouble(m, "test_logloss"), SummaryDouble(src, "test_logloss"), 1e-5);
+  EXPECT_EQ(ProcessesLeft(m), 0);
+}
+
+// What a warm start refuses, naming why, before anything is written to the new model dir.
+TEST_F(ContinuousTrainingTest, WarmStartRefusals) {
+  const std::string src = Dir() + "/ws_refuse_src";
+  ASSERT_EQ(Pstrain("train", Day(1), src).exit_code, 0);
+  struct Case {
+    std::vector<std::string> flags;
+    std::string expected;
+  };
+  const std::string corrupt = Dir() + "/ws_corrupt";
+  ASSERT_EQ(std::system(("cp -r " + src + " " + corrupt).c_str()), 0);
+  {  // one flipped byte inside the first EMBR block's rows
+    const std::string file = corrupt + "/ckpt-20/shard-0-of-1";
+    std::string bytes = Slurp(file);
+    ASSERT_GT(bytes.size(), 300u);
+    bytes[200] ^= 0x5a;
+    ASSERT_TRUE(WriteFileAtomic(file, bytes).ok());
+  }
+  ASSERT_EQ(std::system(("mkdir -p " + Dir() + "/ws_empty").c_str()), 0);
+  const std::vector<Case> cases = {
+      {{"--set", "model.embedding_dim=4"},
+       "model.embedding_dim: 8 in the warm-start checkpoint, 4 in the config"},
+      {{"--set", "features.categorical_vocab_size=10000"},
+       "features.field[13] 'C1'.vocab_size: 20000 in the warm-start checkpoint, 10000 in the "
+       "config"},
+      {{"--set", "sparse_optimizer.type=FTRL"},
+       "sparse_optimizer.type: ADAGRAD in the warm-start checkpoint, FTRL in the config; "
+       "--reset_optimizer"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string m = absl::StrCat(Dir(), "/ws_refused_", n++);
+    Result r = Pstrain("train", Day(2), m, Concat({"--warm_start_from", src}, c.flags));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("FAILED_PRECONDITION: warm start from ", src,
+                                              "/ckpt-20: ", c.expected)));
+    EXPECT_FALSE(PathExists(m + "/LATEST"));
+  }
+  // Another optimizer with --reset_optimizer is accepted.
+  Result ftrl = Pstrain("train", Day(2), Dir() + "/ws_ftrl",
+                        {"--warm_start_from", src, "--set", "sparse_optimizer.type=FTRL",
+                         "--reset_optimizer"});
+  EXPECT_EQ(ftrl.exit_code, 0) << ftrl.out;
+
+  const std::vector<Case> sources = {
+      {{"--warm_start_from", Dir() + "/nowhere"},
+       "NOT_FOUND: warm start from " + Dir() + "/nowhere: no such directory"},
+      {{"--warm_start_from", Dir() + "/ws_empty"},
+       "NOT_FOUND: warm start from " + Dir() + "/ws_empty: no checkpoint there (no LATEST file)"},
+      {{"--warm_start_from", corrupt + "/ckpt-20"},
+       "DATA_LOSS: warm start from " + corrupt + "/ckpt-20: " + corrupt +
+           "/ckpt-20/shard-0-of-1: block 1 ('EMBR') at offset 84: checksum mismatch"},
+      {{"--warm_start_from", corrupt},
+       "DATA_LOSS: warm start from " + corrupt + ": no usable checkpoint there (every one "
+       "refused"},
+  };
+  for (const Case& c : sources) {
+    const std::string m = absl::StrCat(Dir(), "/ws_refused_", n++);
+    Result r = Pstrain("train", Day(2), m, c.flags);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expected));
+    EXPECT_FALSE(PathExists(m + "/LATEST"));
+  }
+
+  // --reset_optimizer without a source: a config error (exit 2), nothing trained.
+  {
+    const std::string m = Dir() + "/ws_reset_alone";
+    Result r = Pstrain("train", Day(2), m, {"--reset_optimizer"});
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("config train.warm_start.from: must name a model dir"));
+    EXPECT_FALSE(PathExists(m + "/LATEST"));
+  }
+
+  // In a PS job the shards refuse it the same way.
+  const std::string m = Dir() + "/ws_refused_ps";
+  Result r = Pstrain("local", Day(2), m,
+                     {"--hosts", "2", "--kill_timeout_s", "20", "--warm_start_from", src, "--set",
+                      "model.embedding_dim=4"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.out + Slurp(m + "/host-1/output.log"),
+              HasSubstr("model.embedding_dim: 8 in the warm-start checkpoint, 4 in the config"));
+  EXPECT_FALSE(PathExists(m + "/LATEST"));
   EXPECT_EQ(ProcessesLeft(m), 0);
 }
 

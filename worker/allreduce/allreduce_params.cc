@@ -330,6 +330,11 @@ absl::StatusOr<std::optional<std::string>> AllreduceParams::Restore(WorkerState*
   absl::StatusOr<std::optional<std::string>> restored =
       RestoreLatestCheckpoint(opt_.checkpoint_dir, replica_.get(), state, rank_, size_,
                               opt_.model);
+  if (restored.ok()) {
+    restored = RestoreOrWarmStart(*std::move(restored), opt_.warm_start, [&] {
+      return WarmStartParams(*opt_.warm_start, opt_.model, replica_.get());
+    });
+  }
   // -2: failed, -1: fresh start, else the step restored. Exchanged before returning any error so
   // that no rank is left waiting for the others.
   int64_t mine = !restored.ok() ? -2 : *restored ? state->step() : -1;

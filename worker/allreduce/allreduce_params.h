@@ -63,6 +63,9 @@ struct AllreduceOptions {
   const std::atomic<bool>* local_stop = nullptr;
   // What the checkpoints' MANIFEST records, and what a restore must match (DescribeModel).
   ModelDescription model;
+  // train.warm_start: every rank warm-starts its replica when checkpoint_dir has no checkpoint
+  // (worker/train/checkpoint.h RestoreOrWarmStart).
+  std::optional<WarmStart> warm_start;
 };
 
 class AllreduceParams : public ParameterAccess {

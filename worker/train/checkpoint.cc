@@ -2,6 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "checkpoint/warm_start.h"
+#include "common/logging.h"
+#include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
@@ -102,6 +105,48 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
   ASSIGN_OR_RETURN(DenseSnapshot dense, LoadDenseSnapshot(r.get()));
   RETURN_IF_ERROR(params->dense()->Restore(dense));
   return std::optional<std::string>(ckpt);
+}
+
+absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
+                                            const ModelDescription& model, LocalParams* params) {
+  ASSIGN_OR_RETURN(const CheckpointChoice source, ChooseWarmStartCheckpoint(warm_start, model));
+  const CheckpointManifest& m = source.manifest;
+  if (m.row_dim() != params->row_dim() || m.dense_size() != params->dense_size() ||
+      m.table_rows() != params->embedding()->end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "warm start from ", source.dir, ": written for another model: rows ", m.table_rows(),
+        " x ", m.row_dim(), ", dense ", m.dense_size(), "; this config has rows ",
+        params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size()));
+  }
+  ParameterLoadMode mode;
+  mode.keep_step = false;
+  mode.keep_optimizer_state = !warm_start.reset_optimizer();
+  EmbeddingStore* stores[] = {params->embedding()};
+  ASSIGN_OR_RETURN(ParameterLoadCounts counts,
+                   LoadParameterFiles(source.dir, m, stores, params->dense(), mode));
+  if (counts.dense_floats != params->dense_size()) {
+    return absl::DataLossError(absl::StrCat("warm start from ", source.dir, ": the shard files hold ",
+                                            counts.dense_floats, " of the ",
+                                            params->dense_size(), " dense floats"));
+  }
+  PSTRAIN_LOG(INFO) << "warm start from " << source.dir << " (" << m.num_shards()
+                    << " shard(s)): " << counts.rows << " embedding rows and the dense vector"
+                    << (warm_start.reset_optimizer() ? ", optimizer slots reset"
+                                                     : " with their optimizer slots");
+  return source.dir;
+}
+
+absl::StatusOr<std::optional<std::string>> RestoreOrWarmStart(
+    std::optional<std::string> restored, const std::optional<WarmStart>& warm_start,
+    const std::function<absl::StatusOr<std::string>()>& warm_start_params) {
+  if (!warm_start) return restored;
+  if (restored) {
+    PSTRAIN_LOG(INFO) << "resuming " << *restored << "; --warm_start_from "
+                      << warm_start->from() << " is ignored (it only starts a fresh model dir)";
+    return restored;
+  }
+  RETURN_IF_ERROR(warm_start_params().status());
+  return restored;
 }
 
 }  // namespace pstrain

@@ -10,6 +10,7 @@
 // docs/CHECKPOINT.md describes the files byte by byte.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/layout.h"
+#include "common/status.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/state.pb.h"
 #include "worker/params/local_params.h"
@@ -66,6 +68,22 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
                                                                    int num_workers,
                                                                    const ModelDescription& model);
 
+// A warm start of in-process parameters (docs/CHECKPOINT.md "Warm start"): the checkpoint
+// ChooseWarmStartCheckpoint picks for `warm_start` and `model` (any mode, any shard count) is
+// loaded into `params`, with its optimizer slots unless warm_start.reset_optimizer(), and
+// every store's step at 0. FAILED_PRECONDITION for another shape (rows, row size, dense size);
+// errors name the source. Returns the checkpoint directory copied.
+absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
+                                            const ModelDescription& model, LocalParams* params);
+
+// What a Checkpointer's Restore does when its model dir has no checkpoint and the config asks
+// for a warm start: `warm_start_params` copies the parameters (returns the source directory);
+// the worker state stays that of a fresh job (step 0). With a checkpoint of its own, the job
+// resumes it and says on stderr that the warm start is ignored. Returns `restored` unchanged.
+absl::StatusOr<std::optional<std::string>> RestoreOrWarmStart(
+    std::optional<std::string> restored, const std::optional<WarmStart>& warm_start,
+    const std::function<absl::StatusOr<std::string>()>& warm_start_params);
+
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
 // LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
 // mode's rank-0 writer. The trainer calls, from its training thread only:
@@ -98,10 +116,19 @@ class Checkpointer {
 // `pstrain train`: SaveCheckpoint / RestoreLatestCheckpoint of in-process parameters.
 class LocalCheckpointer : public Checkpointer {
  public:
-  LocalCheckpointer(std::string dir, LocalParams* params, int keep, ModelDescription model)
-      : dir_(std::move(dir)), params_(params), keep_(keep), model_(std::move(model)) {}
+  // `warm_start`: train.warm_start when the config has one.
+  LocalCheckpointer(std::string dir, LocalParams* params, int keep, ModelDescription model,
+                    std::optional<WarmStart> warm_start = std::nullopt)
+      : dir_(std::move(dir)),
+        params_(params),
+        keep_(keep),
+        model_(std::move(model)),
+        warm_start_(std::move(warm_start)) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
-    return RestoreLatestCheckpoint(dir_, params_, state, model_);
+    ASSIGN_OR_RETURN(std::optional<std::string> restored,
+                     RestoreLatestCheckpoint(dir_, params_, state, model_));
+    return RestoreOrWarmStart(std::move(restored), warm_start_,
+                              [&] { return WarmStartParams(*warm_start_, model_, params_); });
   }
   absl::StatusOr<std::string> Save(const WorkerState& state, bool /*final*/) override {
     return SaveCheckpoint(dir_, state, *params_, keep_, model_);
@@ -112,6 +139,7 @@ class LocalCheckpointer : public Checkpointer {
   LocalParams* const params_;
   const int keep_;
   const ModelDescription model_;
+  const std::optional<WarmStart> warm_start_;
 };
 
 }  // namespace pstrain

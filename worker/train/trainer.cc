@@ -98,7 +98,9 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     params = local.get();
     ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));
     local_checkpointer = std::make_unique<LocalCheckpointer>(
-        ckpt_dir, local.get(), config.checkpoint().keep(), std::move(description));
+        ckpt_dir, local.get(), config.checkpoint().keep(), std::move(description),
+        config.train().has_warm_start() ? std::optional<WarmStart>(config.train().warm_start())
+                                        : std::nullopt);
     checkpointer = local_checkpointer.get();
   }
   ASSIGN_OR_RETURN(auto progress,

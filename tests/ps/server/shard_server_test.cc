@@ -21,6 +21,7 @@
 #include "common/rpc/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ps/store/store_blocks.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_rpc.h"
@@ -643,6 +644,135 @@ TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
     ExpectSameAsReference(c.get(), &ref, touched, t);
   }
   std::system(("rm -rf " + dir).c_str());
+}
+
+// Writes `ref` as `pstrain train` does: ckpt-<step>/shard-0-of-1 (store blocks only, no SHRD),
+// the MANIFEST and LATEST. Returns the checkpoint chosen from dir.
+CheckpointChoice SaveSingleStore(Reference* ref, const Table& t, const std::string& dir,
+                                 int64_t step) {
+  auto ckpt = PrepareCheckpointDir(dir, step);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+  CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_num_shards(1);
+  manifest.set_table_rows(t.rows);
+  manifest.set_partitions(1);
+  manifest.set_row_dim(t.row_dim);
+  manifest.set_dense_size(t.dense_size);
+  auto w = BlockWriter::Create(*ckpt + "/" + ShardFileName(0, 1)).value();
+  EXPECT_TRUE(SaveEmbeddingStore(*ref->rows, w.get()).ok());
+  EXPECT_TRUE(SaveDenseStore(ref->dense->Snapshot(), w.get()).ok());
+  EXPECT_TRUE(w->Finish().ok());
+  auto* f = manifest.add_file();
+  f->set_name(ShardFileName(0, 1));
+  f->set_bytes(w->bytes());
+  WorkerState state;
+  state.set_step(step);
+  EXPECT_TRUE(CommitCheckpoint(dir, manifest, {{0, state}}, /*keep=*/3).ok());
+  auto choice = ChooseCheckpoint(dir);
+  EXPECT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  return **choice;
+}
+
+// Trains `ref` for `steps` steps of random rows; returns the rows touched, sorted.
+std::vector<int64_t> TrainReference(Reference* ref, const Table& t, Rng* rng, int steps) {
+  std::vector<int64_t> touched;
+  for (int step = 1; step <= steps; ++step) {
+    const std::vector<int64_t> ids = UniqueIds(rng, t.rows, 900);
+    touched.insert(touched.end(), ids.begin(), ids.end());
+    const std::vector<float> grads = RandomValues(rng, ids.size() * t.row_dim);
+    const std::vector<float> dense_grad = RandomValues(rng, t.dense_size);
+    EXPECT_TRUE(ref->rows->Apply(ids, grads.data(), step).ok());
+    ref->dense->Apply(dense_grad.data(), step);
+  }
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  return touched;
+}
+
+// A 2-shard job warm-started from a single-store reference trained for 6 steps, saved under its
+// own directory as `pstrain train` saves.
+struct WarmStarted {
+  WarmStarted(OptimizerType type, bool reset_optimizer, const std::string& name)
+      : ref(t, type), dir(TestDir(name)), two(2, t, type) {
+    touched = TrainReference(&ref, t, &rng, 6);
+    const CheckpointChoice source = SaveSingleStore(&ref, t, dir, 6);
+    for (auto& server : two.servers) {
+      EXPECT_TRUE(server->WarmStart(source.dir, source.manifest, reset_optimizer).ok());
+    }
+  }
+  ~WarmStarted() { std::system(("rm -rf " + dir).c_str()); }
+
+  const Table t;
+  Reference ref;
+  Rng rng{7};
+  std::vector<int64_t> touched;
+  const std::string dir;
+  Cluster two;
+};
+
+// A warm start (docs/CHECKPOINT.md "Warm start") of a 2-shard job from a single-store checkpoint:
+// every row and slot bit for bit, the next update too, but the job's step is a fresh job's (0)
+// and nothing counts as restored from the job's own checkpoints.
+TEST(ShardCheckpoint, WarmStartFromASingleStoreCheckpoint) {
+  WarmStarted w(ADAM, /*reset_optimizer=*/false, "warm_single");
+  const Table& t = w.t;
+  Reference& ref = w.ref;
+  Rng& rng = w.rng;
+  const std::vector<int64_t>& touched = w.touched;
+  Cluster& two = w.two;
+  for (auto& server : two.servers) {
+    EXPECT_EQ(server->Info().step(), 0);
+    EXPECT_EQ(server->Info().restored_from(), "");
+  }
+  auto client = two.Client();
+  ExpectSameAsReference(client.get(), &ref, touched, t);
+  // Adam's m, v and per-row t came along: the job's first update equals the source's 7th.
+  const std::vector<int64_t> ids(touched.begin(), touched.begin() + 500);
+  const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
+  const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
+  ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), 7).ok());
+  ref.dense->Apply(dense_grad.data(), 7);
+  ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), 1).ok());
+  ExpectSameAsReference(client.get(), &ref, touched, t);
+}
+
+// --reset_optimizer: the weights are the source's, every optimizer slot is the optimizer's
+// initial state (Adagrad's initial accumulator), not the source's trained accumulators.
+TEST(ShardCheckpoint, WarmStartResetOptimizerStartsTheSlotsFresh) {
+  WarmStarted w(ADAGRAD, /*reset_optimizer=*/true, "warm_reset");
+  const Table& t = w.t;
+  Reference& ref = w.ref;
+  const std::vector<int64_t>& touched = w.touched;
+  Cluster& two = w.two;
+  auto client = two.Client();
+  ExpectSameAsReference(client.get(), &ref, touched, t);  // the weights
+  const EmbeddingSnapshot trained = ref.rows->Snapshot();
+  int64_t rows = 0;
+  for (auto& server : two.servers) {
+    for (const auto& store : server->data().stores()) {
+      const EmbeddingSnapshot snap = store->Snapshot();
+      std::vector<float> fresh(snap.state_floats);
+      store->optimizer().InitState(fresh.data(), snap.dim);
+      for (int64_t i = 0; i < snap.rows(); ++i, ++rows) {
+        ASSERT_TRUE(std::equal(fresh.begin(), fresh.end(),
+                               snap.state.begin() + i * snap.state_floats))
+            << "row " << snap.ids[i];
+      }
+    }
+    const DenseStore* dense = server->data().dense();
+    if (dense == nullptr) continue;
+    const DenseSnapshot d = dense->Snapshot();
+    std::vector<float> fresh(d.state_floats);
+    dense->optimizer().InitState(fresh.data(), d.size);
+    EXPECT_EQ(d.state, fresh);
+    EXPECT_EQ(d.last_step, 0);
+  }
+  EXPECT_EQ(rows, static_cast<int64_t>(touched.size()));
+  // The source's slots were not the initial ones (else the check above proves nothing).
+  std::vector<float> fresh(trained.state_floats);
+  ref.rows->optimizer().InitState(fresh.data(), trained.dim);
+  EXPECT_FALSE(std::equal(fresh.begin(), fresh.end(), trained.state.begin()));
 }
 
 TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
