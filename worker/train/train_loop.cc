@@ -283,8 +283,13 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
   RETURN_IF_ERROR(Checkpoint(/*final=*/!summary_.preempted));
   if (nothing_to_do_) return summary_;
   if (checkpointer_ != nullptr) {
-    progress_->Message(absl::StrCat(summary_.preempted ? "stopped by SIGTERM; " : "",
-                                    "checkpoint written: ", summary_.checkpoint));
+    // A PS worker's final state is committed by the job's chief once every worker is done
+    // (worker/ps_client/ps_checkpoint.h): no path to name here.
+    progress_->Message(absl::StrCat(
+        summary_.preempted ? "stopped by SIGTERM; " : "",
+        summary_.checkpoint.empty() ? "final state handed to the job's checkpoint (the chief "
+                                      "commits it)"
+                                    : absl::StrCat("checkpoint written: ", summary_.checkpoint)));
   } else if (summary_.preempted) {
     progress_->Message("stopped by a signal; no checkpointer, so nothing was saved");
   }
