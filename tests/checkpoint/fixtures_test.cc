@@ -765,7 +765,7 @@ TEST(CheckpointFixtures, PsV1Reads) {
     std::vector<float> dense;
     for (int s = 0; s < shards; ++s) {
       ShardServer& server = *restored[s];
-      ASSERT_TRUE(server.RestoreCheckpoint((*choice)->dir, (*choice)->manifest).ok());
+      ASSERT_TRUE(server.RestoreCheckpoint((*choice)->chain).ok());
       EXPECT_EQ(server.Info().step(), 1);
       if (shards == 2) ExpectProtoEq(server.consistency().Save(), PsConsistency(s));
       std::vector<int64_t> ids;
