@@ -119,6 +119,49 @@ TEST_F(IncrementalCheckpointTest, TrainResumedFromDeltasEqualsAnUninterruptedRun
   EXPECT_GE(DeltasKept(parts), 2);
 }
 
+// `mpirun -np 2 pstrain allreduce`: rank 0 writes its replica's deltas; a job stopped at
+// max_steps 11 (ckpt-0 full, ckpt-2 .. ckpt-10 and the final ckpt-11 deltas) and continued to 30
+// from that chain ends with the parameters of an uninterrupted 30-step run, to the bit.
+TEST_F(IncrementalCheckpointTest, AllreduceResumedFromDeltasEqualsAnUninterruptedRun) {
+  auto args = [&](const std::string& model_dir, int max_steps, bool incremental) {
+    std::vector<std::string> a = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"};
+    std::vector<std::string> train = TrainArgs(model_dir, max_steps);
+    train[1] = "allreduce";
+    a.insert(a.end(), train.begin(), train.end());
+    if (incremental) {
+      a.insert(a.end(), {"--set", "checkpoint.every_steps=2", "--set",
+                         "checkpoint.incremental_every=11"});
+    }
+    return a;
+  };
+  // Through sh (RunLogged), which finds mpirun on the PATH; its output goes to a log.
+  auto run = [](const std::vector<std::string>& argv, const std::string& log) {
+    const int status = testing::RunLogged(argv, log, 240000);
+    ASSERT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << ReadFileToString(log).value_or("(no log)");
+  };
+  const std::string whole = Dir() + "/allreduce_whole";
+  run(args(whole, 30, false), Dir() + "/allreduce_whole.log");
+  const std::string parts = Dir() + "/allreduce_parts";
+  run(args(parts, 11, true), Dir() + "/allreduce_parts_1.log");
+  CheckpointChoice stopped;
+  ASSERT_NE(ReadLatestModel(parts, &stopped), nullptr);
+  EXPECT_EQ(stopped.manifest.step(), 11);
+  std::string links;
+  for (const CheckpointLink& l : stopped.chain) links += " " + l.dir;
+  // The allreduce mode also checkpoints at step 0: ckpt-0 (full), 2, 4, 6, 8, 10, 11.
+  EXPECT_EQ(stopped.chain.size(), 7u) << links;
+  run(args(parts, 30, true), Dir() + "/allreduce_parts_2.log");
+  CheckpointChoice final_choice;
+  auto a = ReadLatestModel(whole);
+  auto b = ReadLatestModel(parts, &final_choice);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(final_choice.manifest.step(), 30);
+  EXPECT_GT(final_choice.chain.size(), 1u);
+  ExpectSameParameters(*a, *b);
+  EXPECT_EQ(ProcessesMentioning(parts), 0);
+}
+
 std::vector<std::string> LocalArgs(const std::string& model_dir, int epochs) {
   return {PSTRAIN_BINARY, "local", "--hosts", "2", "--train", Dir() + "/train/part-*", "--eval",
           Dir() + "/test/part-*", "--epochs", absl::StrCat(epochs), "--model_dir", model_dir,
