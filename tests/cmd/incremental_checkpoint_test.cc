@@ -27,6 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::ProcessesMentioning;
 using testing::ReadSummary;
+using testing::RunLocal;
 using testing::RunToExit;
 using testing::Subprocess;
 
@@ -170,17 +171,6 @@ std::vector<std::string> LocalArgs(const std::string& model_dir, int epochs) {
           "data.shuffle_files=false", "--set", "data.train[0].shard_policy=SHARD_BY_RECORD",
           "--set", "threads.towers=1", "--set", "threads.intra_op_threads=1", "--set",
           "cluster.consistency=SYNC", "--set", "checkpoint.every_seconds=0"};
-}
-
-void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {
-  Subprocess local;
-  std::string error;
-  ASSERT_TRUE(local.Start(args, &error)) << error;
-  EXPECT_THAT(local.ReadLineContaining("pstrain local: done", 240000), HasSubstr("test AUC"));
-  const int status = local.WaitExit(60000);
-  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
 // PS mode (2 hosts, SYNC, deterministic data): a job checkpointing every 3 steps with deltas

@@ -30,6 +30,7 @@ using testing::ProcessesMentioning;
 using testing::RunToExit;
 using ::testing::HasSubstr;
 using testing::ReadSummary;
+using testing::RunLocal;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -263,19 +264,6 @@ TEST_F(LocalClusterTest, AFailingHostStopsTheOthers) {
   const int status = local.WaitExit(8000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
-}
-
-// Reads <model_dir>/summary.json.
-// Runs `pstrain local` to its end, expecting success and no process left behind.
-void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {
-  Subprocess local;
-  std::string error;
-  ASSERT_TRUE(local.Start(args, &error)) << error;
-  EXPECT_THAT(local.ReadLineContaining("pstrain local: done", 240000), HasSubstr("test AUC"));
-  const int status = local.WaitExit(60000);
-  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
