@@ -104,7 +104,7 @@ struct CheckpointLink {
 // link must be verified completely, be older than the one that names it, and be a delta of the
 // same base (or the base itself, a full checkpoint). Returns the chain, the base first and `ckpt`
 // last (a full checkpoint is a chain of one). DATA_LOSS naming the checkpoint refused, the link
-// that is broken and why ("ckpt-30 (a delta of ckpt-10): its parent ckpt-20: ...: missing").
+// that is broken and why ("<dir>/ckpt-30 (a delta of ckpt-10): the link ckpt-20 of its chain: ..")
 absl::StatusOr<std::vector<CheckpointLink>> VerifyCheckpointChain(const std::string& ckpt);
 
 // ---- LATEST ----
@@ -142,8 +142,8 @@ bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
 // Completes ckpt-<manifest.step()> under `dir`, whose data files are written and listed in
 // `manifest` (with the model description the caller sets: every mode does): writes
 // worker-<j>.state for each of `workers` (and lists them), sets num_workers, wall_time (now) and,
-// when the manifest has a model description, version (kManifestVersion); writes the MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the
-// checkpoint directory.
+// when the manifest has a model description, version (kManifestVersion; a delta's: 3); writes the
+// MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the checkpoint directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep);
 // The end of a training pass (worker/train/data_pass.h). After <dir>/ckpt-<step> is committed
@@ -219,8 +219,8 @@ struct CheckpointChoice {
 };
 // The checkpoint LATEST names, or, when it is missing or corrupt (said on stderr, naming the file,
 // block and offset), or a delta whose chain is broken, the next older complete one whose chain is
-// whole, every file of every link verified completely (all checksums and sizes). nullopt when there is no LATEST (a fresh start). DATA_LOSS when LATEST exists but
-// no checkpoint is usable: starting over would silently discard the job's progress.
+// whole, every file of every link verified completely (all checksums and sizes). nullopt when
+// there is no LATEST (a fresh start). DATA_LOSS when LATEST exists but no checkpoint is usable.
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
 
 }  // namespace pstrain

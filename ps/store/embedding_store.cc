@@ -148,13 +148,13 @@ void EmbeddingStore::Prefetch(absl::Span<const int64_t> ids, int64_t i, int64_t 
 }
 
 uint32_t EmbeddingStore::StampOf(const float* row) const {
-  uint32_t g;
-  std::memcpy(&g, row + opt_.dim + state_floats_, sizeof(g));
-  return g;
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(row + opt_.dim + state_floats_),
+                         __ATOMIC_RELAXED);
 }
 
 void EmbeddingStore::SetStamp(float* row, uint32_t generation) const {
-  std::memcpy(row + opt_.dim + state_floats_, &generation, sizeof(generation));
+  __atomic_store_n(reinterpret_cast<uint32_t*>(row + opt_.dim + state_floats_), generation,
+                   __ATOMIC_RELAXED);
 }
 
 void EmbeddingStore::RaiseLastStep(int64_t step) {
@@ -256,13 +256,17 @@ EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
   }
 
   if (changed_since > 0) {
-    // Keep the rows stamped >= changed_since: read each stamp under its row's lock, then compact,
-    // so that a delta allocates and copies only the rows it writes.
+    // Keep the rows stamped >= changed_since, then compact, so that a delta allocates and copies
+    // only the rows it writes. The stamps are read without the rows' locks (a row's entry never
+    // goes back to 0): a row whose update races with this pass is stamped with the raised
+    // generation, so if this pass misses it, the next delta has it. The pass is bound by memory
+    // latency (one cache line per row), hence the prefetch.
     std::vector<uint8_t> keep(snap.ids.size());
+    const int64_t stamp_end = stride_ * sizeof(float);
     ParallelFor(snap.rows(), ThreadsFor(snap.rows(), opt_.threads),
                 [&](int, int, int64_t b, int64_t e) {
                   for (int64_t i = b; i < e; ++i) {
-                    std::lock_guard<std::mutex> lock(StripeOf(snap.ids[i]));
+                    Prefetch(snap.ids, i, e, stamp_end);
                     keep[i] = StampOf(FindRow(snap.ids[i])) >= changed_since;
                   }
                 });

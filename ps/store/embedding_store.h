@@ -160,8 +160,8 @@ class EmbeddingStore {
   // must fill the row. Caller holds the row's stripe (exclusively).
   float* ClaimRow(int64_t row, bool* fresh);
   void RaiseLastStep(int64_t step);
-  // The generation stamp of a stored row (after its weights and state floats). Caller holds the
-  // row's stripe.
+  // The generation stamp of a stored row (after its weights and state floats), read and written
+  // atomically: Apply writes it under the row's lock, a delta's stamp pass reads it without.
   uint32_t StampOf(const float* row) const;
   void SetStamp(float* row, uint32_t generation) const;
   // Software prefetch for a pass over ids[i, end): the index entry of a row far ahead and the
