@@ -174,7 +174,8 @@ std::vector<std::string> LocalArgs(const std::string& model_dir, int epochs) {
 }
 
 // PS mode (2 hosts, SYNC, deterministic data): a job checkpointing every 3 steps with deltas
-// (incremental_every 6), stopped by SIGTERM and resumed from its delta chain, ends with the
+// (incremental_every 100: a full one, then deltas; the resumed run reaches the 100th and writes a
+// full one again), stopped by SIGTERM and resumed from its delta chain, ends with the
 // parameters of an uninterrupted run, to the bit, and the same test AUC and logloss. Every kept
 // checkpoint's chain is whole; a corrupt newest checkpoint makes the choice fall back to the one
 // before it.
@@ -186,7 +187,7 @@ TEST_F(IncrementalCheckpointTest, PsResumedFromDeltasEqualsAnUninterruptedRun) {
   const std::string parts = Dir() + "/ps_parts";
   std::vector<std::string> scheduled = LocalArgs(parts, epochs);
   scheduled.insert(scheduled.end(), {"--set", "checkpoint.every_steps=3", "--set",
-                                     "checkpoint.incremental_every=6", "--set",
+                                     "checkpoint.incremental_every=100", "--set",
                                      "checkpoint.keep=2"});
   Subprocess local;
   std::string error;
@@ -200,6 +201,9 @@ TEST_F(IncrementalCheckpointTest, PsResumedFromDeltasEqualsAnUninterruptedRun) {
   EXPECT_LT(ReadSummary(parts).fields().at("examples").number_value(), kTrainRows * epochs)
       << "the job finished before the signal: make it longer";
   EXPECT_GE(DeltasKept(parts), 1);
+  CheckpointChoice stopped;
+  ASSERT_NE(ReadLatestModel(parts, &stopped), nullptr);
+  EXPECT_GT(stopped.chain.size(), 2u) << "the stop's checkpoint is a delta of a chain";
   RunLocal(scheduled, parts);
   auto host1 = ReadFileToString(parts + "/host-1/output.log");
   ASSERT_TRUE(host1.ok());
