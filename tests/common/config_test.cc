@@ -182,3 +182,66 @@ TEST(Config, ScheduleErrorsNameTheField) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Early stopping, keep_best and the validation split are validated with the config, naming the
+// field and what is expected.
+TEST(Config, EarlyStoppingErrorsNameTheField) {
+  struct Case {
+    std::vector<const char*> sets;
+    std::string error;
+  };
+  const Case cases[] = {
+      {{"data.validation_fraction=1"}, "config data.validation_fraction: must be in [0, 1), got 1"},
+      {{"data.validation_fraction=-0.1"},
+       "config data.validation_fraction: must be in [0, 1), got -0.1"},
+      {{"train.early_stopping.patience_evals=-2"},
+       "config train.early_stopping.patience_evals: must be >= 0 (0 = never stop), got -2"},
+      {{"train.early_stopping.min_delta=-0.5"},
+       "config train.early_stopping.min_delta: must be finite and >= 0, got -0.5"},
+      {{"TRAIN", "train.early_stopping.patience_evals=2",
+        "train.eval_every_steps=10"},
+       "config train.early_stopping: needs evaluation data: an eval channel (data.eval, --eval) "
+       "or data.validation_fraction > 0"},
+      {{"TRAIN", "checkpoint.keep_best=true"},
+       "config checkpoint.keep_best: needs evaluation data: an eval channel (data.eval, --eval) "
+       "or data.validation_fraction > 0"},
+      {{"checkpoint.keep_best=true", "checkpoint.every_seconds=0"},
+       "config checkpoint.keep_best: needs periodic checkpoints (checkpoint.every_steps or "
+       "every_seconds > 0): the best is chosen among them"},
+      {{"data.validation_fraction=0.1", "train.early_stopping.patience_evals=2"},
+       "config train.early_stopping.patience_evals: needs periodic evaluations: set "
+       "train.eval_every_steps > 0 (or checkpoint.keep_best: true, which evaluates every "
+       "checkpoint)"},
+  };
+  for (const Case& c : cases) {
+    Config config;
+    ApplyConfigDefaults(&config);
+    for (const char* set : c.sets) {
+      if (std::string(set) == "TRAIN") {  // a training config: one train channel, no eval
+        Channel* ch = config.mutable_data()->add_train();
+        ch->set_name("train");
+        ch->add_path("x");
+        ch->set_format(CRITEO_TSV);
+        continue;
+      }
+      ASSERT_TRUE(ApplyOverride(set, &config).ok()) << set;
+    }
+    const absl::Status s = ValidateConfig(config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
+    EXPECT_EQ(s.message(), c.error);
+  }
+  Config ok;
+  ApplyConfigDefaults(&ok);
+  for (const char* set : {"data.validation_fraction=0.1", "train.early_stopping.patience_evals=2",
+                          "train.early_stopping.metric=LOGLOSS", "checkpoint.keep_best=true",
+                          "checkpoint.every_steps=50"}) {
+    ASSERT_TRUE(ApplyOverride(set, &ok).ok()) << set;
+  }
+  EXPECT_TRUE(ValidateConfig(ok).ok()) << ValidateConfig(ok);
+}
+
+}  // namespace
+}  // namespace pstrain
