@@ -31,7 +31,6 @@ namespace {
 using ::testing::HasSubstr;
 using testing::ProcessesLeft;
 using testing::ReadSummary;
-using testing::RunLogged;
 
 constexpr int kFullSteps = 60;  // one worker, 3 epochs of 2000 rows, 100 a step
 
@@ -39,10 +38,7 @@ std::string Dir() { return absl::StrCat(::testing::TempDir(), "/early_", getpid(
 
 std::string Slurp(const std::string& path) { return ReadFileToString(path).value_or(""); }
 
-struct Result {
-  int exit_code = -1;  // -1: killed by a signal or timed out
-  std::string out;
-};
+using Result = testing::CommandResult;
 
 class EarlyStoppingTest : public ::testing::Test {
  protected:
@@ -50,13 +46,7 @@ class EarlyStoppingTest : public ::testing::Test {
     ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir()).c_str()), 0);
     ASSERT_EQ(testing::Datagen(2000, 2, 1, Dir() + "/train"), 0);
     ASSERT_EQ(testing::Datagen(500, 1, 9, Dir() + "/test"), 0);
-    const std::string config = R"pb(
-      data {
-        train { name: "train" format: CRITEO_TSV }
-        eval { name: "eval" format: CRITEO_TSV }
-        shuffle_buffer: 0
-        shuffle_files: false
-      }
+    const std::string config = std::string(testing::kOrderedCriteoChannels) + R"pb(
       features { preset: CRITEO categorical_vocab_size: 20000 }
       model { type: DEEPFM embedding_dim: 8 hidden: [ 16 ] }
       train {
@@ -89,12 +79,8 @@ class EarlyStoppingTest : public ::testing::Test {
       argv.push_back(a);
     }
     argv.insert(argv.end(), more.begin(), more.end());
-    const std::string log = absl::StrCat(Dir(), "/", name_, "-", runs_++, ".log");
-    const int status = RunLogged(argv, log, 300000);
-    Result r;
-    r.out = Slurp(log);
-    if (status >= 0 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    return r;
+    return testing::RunCommand(argv, absl::StrCat(Dir(), "/", name_, "-", runs_++, ".log"),
+                               300000);
   }
 
   // The checkpoint LATEST names, with every worker's state; checks that the pass ended there
@@ -223,12 +209,11 @@ TEST_F(EarlyStoppingTest, KeepBestKeepsAndMarksTheBestOnTheValidationSplit) {
     EXPECT_EQ(steps, (std::vector<int64_t>{*latest, *best}));
   }
   // predict --checkpoint best reads the marked checkpoint.
-  const std::string log = Dir() + "/predict_best.log";
-  const int status = RunLogged({PSTRAIN_BINARY, "predict", "--model_dir", m, "--checkpoint", "best",
-                                "--input", Dir() + "/test/part-00000.tsv", "--summary",
-                                Dir() + "/predict_best.json"},
-                               log, 120000);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Slurp(log);
+  const Result p = testing::RunCommand(
+      {PSTRAIN_BINARY, "predict", "--model_dir", m, "--checkpoint", "best", "--input",
+       Dir() + "/test/part-00000.tsv", "--summary", Dir() + "/predict_best.json"},
+      Dir() + "/predict_best.log", 120000);
+  ASSERT_EQ(p.exit_code, 0) << p.out;
   EXPECT_THAT(Slurp(Dir() + "/predict_best.json"), HasSubstr(best_dir));
 }
 
