@@ -340,7 +340,8 @@ absl::Status JobCoordinator::Coordinate(const CoordinateRequest& request,
   }
   switch (request.kind()) {
     case CoordinateRequest::REQUEST:
-      response->set_round(RequestCheckpoint(request.stop(), request.target_step(), request.end_pass()));
+      response->set_round(
+          RequestCheckpoint(request.stop(), request.target_step(), request.end_pass()));
       break;
     case CoordinateRequest::ARRIVE:
       status = ArriveCheckpoint(request.round(), request.worker_id(), request.worker_state());

@@ -93,7 +93,8 @@ bool AllreduceParams::TakeCheckpointRequest() {
 
 absl::StatusOr<std::vector<AllreduceParams::Header>> AllreduceParams::ExchangeHeaders(
     int64_t kind, int64_t step, int64_t n_ids, bool due) {
-  const int64_t stop = end_pass_ ? 2 : opt_.local_stop != nullptr && opt_.local_stop->load() ? 1 : 0;
+  const bool signalled = opt_.local_stop != nullptr && opt_.local_stop->load();
+  const int64_t stop = end_pass_ ? 2 : signalled ? 1 : 0;
   Header mine{kind, step, n_ids, stop, due};
   constexpr int kHeaderWords = sizeof(Header) / sizeof(int64_t);
   std::vector<Header> all(size_);

@@ -113,11 +113,11 @@ class AllreduceParams : public ParameterAccess {
   bool pass_ended() const { return pass_ended_; }
 
   // End of job, every rank, as TrainerOptions::after_training (a no-op when the job was stopped
-  // by a signal's agreed_stop: then the ranks are not all here). Compares the replicas' checksums (INTERNAL
-  // error if they differ), prints "pstrain allreduce: rank r of N: replica crc32c XXXXXXXX after
-  // step S" on stdout, replaces examples, examples_this_run and examples_per_sec with the job's
-  // totals and steps with the job's step count, and sets wire_bytes. unique_rows_per_step stays
-  // this rank's.
+  // by a signal's agreed_stop: then the ranks are not all here). Compares the replicas'
+  // checksums (INTERNAL error if they differ), prints "pstrain allreduce: rank r of N: replica
+  // crc32c XXXXXXXX after step S" on stdout, replaces examples, examples_this_run and
+  // examples_per_sec with the job's totals and steps with the job's step count, and sets
+  // wire_bytes. unique_rows_per_step stays this rank's.
   absl::Status Finish(TrainSummary* summary);
 
   // crc32c of the replica's trained rows (ids, weights, optimizer state) and dense weights and

@@ -346,7 +346,9 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
     // A PS worker's final state is committed by the job's chief once every worker is done
     // (worker/ps_client/ps_checkpoint.h): no path to name here.
     progress_->Message(absl::StrCat(
-        summary_.preempted ? "stopped by SIGTERM; " : summary_.stopped_early ? "stopped early; " : "",
+        summary_.preempted        ? "stopped by SIGTERM; "
+        : summary_.stopped_early ? "stopped early; "
+                                 : "",
         summary_.checkpoint.empty() ? "final state handed to the job's checkpoint (the chief "
                                       "commits it)"
                                     : absl::StrCat("checkpoint written: ", summary_.checkpoint)));

@@ -32,7 +32,9 @@ TEST(ValidationSplit, FractionNestingAndLineEnds) {
 // resumed job would train on its validation data. These must never change.
 TEST(ValidationSplit, Golden) {
   std::string got;
-  for (int i = 0; i < 32; ++i) got += InValidationSplit(absl::StrCat("record ", i), 0.5) ? '1' : '0';
+  for (int i = 0; i < 32; ++i) {
+    got += InValidationSplit(absl::StrCat("record ", i), 0.5) ? '1' : '0';
+  }
   EXPECT_EQ(got, "00011000000100010110000110101011");
 }
 
