@@ -7,9 +7,12 @@
 //   - `mpirun -np 2 pstrain allreduce`: every rank stops after the same step;
 //   - checkpoint.keep_best with a validation split: BEST names a kept, complete checkpoint beside
 //     checkpoint.keep = 1, and `predict --checkpoint best` reads it.
-// The data: `pstrain datagen` (2 files of 1000 rows), 100 records a step, 3 epochs: 60 steps of
-// one worker. Early stopping with min_delta 1 (no AUC improves by more than 1) and patience 1
-// stops after the second evaluation's result, long before that.
+// The data: `pstrain datagen` (2 files of 1000 rows), 100 records a step, 100 epochs: 2000 steps
+// of one worker. Early stopping with min_delta 1 (no AUC improves by more than 1) and patience 1
+// stops after the second evaluation's result, long before that. (Evaluations run beside training
+// and never hold it back, so the pass must be long enough for two to finish even on a loaded
+// machine: a 3-epoch pass of 60 steps could end first. The keep_best test is deterministic: each
+// checkpoint waits for the previous evaluation.)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,7 +35,7 @@ using ::testing::HasSubstr;
 using testing::ProcessesLeft;
 using testing::ReadSummary;
 
-constexpr int kFullSteps = 60;  // one worker, 3 epochs of 2000 rows, 100 a step
+constexpr int kFullSteps = 2000;  // one worker, 100 epochs of 2000 rows, 100 a step
 
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/early_", getpid()); }
 
@@ -51,8 +54,8 @@ class EarlyStoppingTest : public ::testing::Test {
       model { type: DEEPFM embedding_dim: 8 hidden: [ 16 ] }
       train {
         batch_size: 100
-        epochs: 3
-        log_every_steps: 5
+        epochs: 100
+        log_every_steps: 50
         eval_every_steps: 2
         early_stopping { metric: AUC patience_evals: 1 min_delta: 1 }
       }
@@ -179,7 +182,7 @@ TEST_F(EarlyStoppingTest, AllreduceStopsEveryRankAfterOneStep) {
 TEST_F(EarlyStoppingTest, KeepBestKeepsAndMarksTheBestOnTheValidationSplit) {
   const std::string m = Dir() + "/best";
   Result r = Pstrain("train", m,
-                     {"--set", "train.early_stopping.patience_evals=0", "--set",
+                     {"--epochs", "3", "--set", "train.early_stopping.patience_evals=0", "--set",
                       "train.early_stopping.metric=LOGLOSS", "--set", "checkpoint.keep_best=true",
                       "--set", "checkpoint.keep=1", "--set", "checkpoint.every_steps=4", "--set",
                       "data.validation_fraction=0.2"});
