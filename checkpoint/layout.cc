@@ -179,6 +179,22 @@ std::string ParentDir(std::string path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// LATEST and BEST: "ckpt-<step>\n", replaced by atomic rename.
+absl::Status WritePointer(const std::string& dir, const char* name, int64_t step) {
+  return WriteFileAtomic(absl::StrCat(dir, "/", name), CheckpointName(step) + "\n");
+}
+
+absl::StatusOr<int64_t> ReadPointer(const std::string& dir, const char* name) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  const std::optional<int64_t> step = ParseCheckpointName(absl::StripAsciiWhitespace(text));
+  if (!step) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": expected 'ckpt-<step>', got '", absl::CHexEscape(text), "'"));
+  }
+  return *step;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<CheckpointLink>> VerifyCheckpointChain(const std::string& ckpt) {
@@ -245,18 +261,22 @@ std::vector<int64_t> ChainSteps(const std::string& dir, int64_t step) {
 }
 
 absl::Status WriteLatest(const std::string& dir, int64_t step) {
-  return WriteFileAtomic(absl::StrCat(dir, "/", kLatestFileName), CheckpointName(step) + "\n");
+  return WritePointer(dir, kLatestFileName, step);
 }
 
 absl::StatusOr<int64_t> ReadLatest(const std::string& dir) {
-  const std::string path = absl::StrCat(dir, "/", kLatestFileName);
-  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
-  const std::optional<int64_t> step = ParseCheckpointName(absl::StripAsciiWhitespace(text));
-  if (!step) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": expected 'ckpt-<step>', got '", absl::CHexEscape(text), "'"));
-  }
-  return *step;
+  return ReadPointer(dir, kLatestFileName);
+}
+
+absl::Status WriteBest(const std::string& dir, int64_t step) {
+  CheckpointManifest manifest;
+  RETURN_IF_ERROR(Annotate(ReadManifest(CheckpointPath(dir, step), &manifest),
+                           "the best checkpoint must be complete"));
+  return WritePointer(dir, kBestFileName, step);
+}
+
+absl::StatusOr<int64_t> ReadBest(const std::string& dir) {
+  return ReadPointer(dir, kBestFileName);
 }
 
 std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir) {
@@ -361,6 +381,8 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt) {
 }
 
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep) {
+  // checkpoint.keep_best's checkpoint is kept beside the newest `keep`, not counted among them.
+  const absl::StatusOr<int64_t> best = ReadBest(dir);
   int kept = 1;  // the committed checkpoint
   // The links the kept deltas restore from (newest first, so a link is known before it is seen).
   std::set<int64_t> chains;
@@ -368,8 +390,9 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
     for (int64_t s : ChainSteps(dir, step)) chains.insert(s);
   };
   keep_chain(committed_step);
+  if (best.ok()) keep_chain(*best);  // a best that is a delta needs its chain too
   for (const CheckpointEntry& e : ListCheckpoints(dir)) {
-    if (e.step >= committed_step) continue;
+    if (e.step >= committed_step || (best.ok() && e.step == *best)) continue;
     if (e.complete && kept < keep) {
       ++kept;
       keep_chain(e.step);
