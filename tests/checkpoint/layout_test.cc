@@ -465,6 +465,12 @@ TEST(CheckpointLayout, RetentionKeepsTheChainsOfKeptDeltas) {
   auto choice = ChooseCheckpoint(dir);
   ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
   EXPECT_EQ((*choice)->chain.size(), 3u);
+  // The checkpoint BEST names (checkpoint.keep_best) keeps its chain too.
+  ASSERT_TRUE(WriteBest(dir, 70).ok());
+  Save(dir, 80, 1, &chain);  // a delta of 50 (depth 3)
+  Save(dir, 90, 1, &chain);  // full
+  Save(dir, 100, 1, &chain);  // a delta of 90: 100, 90; BEST 70 with 60 and 50; 80 goes
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{100, 90, 70, 60, 50}));
   std::system(("rm -rf " + dir).c_str());
 }
 
