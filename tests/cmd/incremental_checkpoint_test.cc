@@ -189,15 +189,7 @@ TEST_F(IncrementalCheckpointTest, PsResumedFromDeltasEqualsAnUninterruptedRun) {
   scheduled.insert(scheduled.end(), {"--set", "checkpoint.every_steps=3", "--set",
                                      "checkpoint.incremental_every=100", "--set",
                                      "checkpoint.keep=2"});
-  Subprocess local;
-  std::string error;
-  ASSERT_TRUE(local.Start(scheduled, &error)) << error;
-  ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), HasSubstr("training"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ASSERT_TRUE(local.Signal(SIGTERM));
-  const int status = local.WaitExit(120000);
-  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  testing::RunLocalUntilSigterm(scheduled, 1500);
   EXPECT_LT(ReadSummary(parts).fields().at("examples").number_value(), kTrainRows * epochs)
       << "the job finished before the signal: make it longer";
   EXPECT_GE(DeltasKept(parts), 1);

@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <chrono>
+#include <csignal>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/file.h"
@@ -81,6 +84,20 @@ inline void RunLocal(const std::vector<std::string>& args, const std::string& mo
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Starts `pstrain local` (argv), waits until host 0 of 2 trains, lets it run for `run_ms`, sends
+// SIGTERM (a preemption) and expects exit code 0: the job wrote its stop checkpoint.
+inline void RunLocalUntilSigterm(const std::vector<std::string>& args, int run_ms) {
+  Subprocess local;
+  std::string error;
+  ASSERT_TRUE(local.Start(args, &error)) << error;
+  ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), ::testing::HasSubstr("training"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(run_ms));
+  ASSERT_TRUE(local.Signal(SIGTERM));
+  const int status = local.WaitExit(120000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace testing

@@ -346,15 +346,7 @@ TEST_F(LocalClusterTest, SyncSigtermAndResumeEqualsAnUninterruptedRun) {
   const std::string parts = Dir() + "/model_sync_parts";
   std::vector<std::string> scheduled = args(parts);
   scheduled.insert(scheduled.end(), {"--set", "checkpoint.every_steps=7"});
-  Subprocess local;
-  std::string error;
-  ASSERT_TRUE(local.Start(scheduled, &error)) << error;
-  ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), HasSubstr("training"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ASSERT_TRUE(local.Signal(SIGTERM));
-  const int status = local.WaitExit(120000);
-  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  testing::RunLocalUntilSigterm(scheduled, 1500);
   const auto stopped = ReadSummary(parts).fields();
   EXPECT_TRUE(stopped.at("preempted").bool_value());
   EXPECT_LT(stopped.at("examples").number_value(), kTrainRows * epochs)
