@@ -99,7 +99,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", chosen.status().ToString().c_str());
       return 1;
     }
-    auto model = ServingModel::FromCheckpoint(chosen->dir, chosen->manifest, chosen->description);
+    auto model = ServingModel::FromCheckpoint(chosen->chain, chosen->description);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
       return 1;

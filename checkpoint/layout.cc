@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -170,6 +171,14 @@ absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manif
 
 namespace {
 
+// "a/b/ckpt-7/" -> "a/b"; "ckpt-7" -> ".".
+std::string ParentDir(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 // LATEST and BEST: "ckpt-<step>\n", replaced by atomic rename.
 absl::Status WritePointer(const std::string& dir, const char* name, int64_t step) {
   return WriteFileAtomic(absl::StrCat(dir, "/", name), CheckpointName(step) + "\n");
@@ -187,6 +196,69 @@ absl::StatusOr<int64_t> ReadPointer(const std::string& dir, const char* name) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<CheckpointLink>> VerifyCheckpointChain(const std::string& ckpt) {
+  std::vector<CheckpointLink> chain(1);
+  chain[0].dir = ckpt;
+  RETURN_IF_ERROR(VerifyCheckpoint(ckpt, &chain[0].manifest));
+  const CheckpointManifest top = chain[0].manifest;  // a copy: chain grows below
+  if (!top.has_delta()) return chain;
+  const int64_t base = top.delta().base_step();
+  auto refuse = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat(ckpt, " (a delta of ", CheckpointName(base), "): ", why));
+  };
+  const std::string dir = ParentDir(ckpt);
+  int64_t child = top.step();
+  int64_t parent = top.delta().parent_step();
+  // Steps strictly decrease down to the base, so the walk ends.
+  while (true) {
+    if (parent >= child || parent < base) {
+      return refuse(absl::StrCat(CheckpointName(child), " names the parent ",
+                                 CheckpointName(parent), ", not an older checkpoint of its chain"));
+    }
+    CheckpointLink link;
+    link.dir = CheckpointPath(dir, parent);
+    if (absl::Status s = VerifyCheckpoint(link.dir, &link.manifest); !s.ok()) {
+      return refuse(absl::StrCat("the link ", CheckpointName(parent), " of its chain: ",
+                                 s.message()));
+    }
+    const CheckpointManifest& m = link.manifest;
+    if (m.step() != parent || m.table_rows() != top.table_rows() ||
+        m.row_dim() != top.row_dim() || m.dense_size() != top.dense_size()) {
+      return refuse(absl::StrCat("the link ", CheckpointName(parent), " holds step ", m.step(),
+                                 " of rows ", m.table_rows(), " x ", m.row_dim(), ", dense ",
+                                 m.dense_size(), "; expected step ", parent, " of rows ",
+                                 top.table_rows(), " x ", top.row_dim(), ", dense ",
+                                 top.dense_size()));
+    }
+    const bool is_base = parent == base;
+    if (is_base == m.has_delta() || (m.has_delta() && m.delta().base_step() != base)) {
+      return refuse(absl::StrCat("the link ", CheckpointName(parent), " is ",
+                                 m.has_delta() ? absl::StrCat("a delta of ",
+                                                              CheckpointName(m.delta().base_step()))
+                                               : "a full checkpoint",
+                                 is_base ? ", not the full base" : ", not a delta of the base"));
+    }
+    child = parent;
+    parent = m.has_delta() ? m.delta().parent_step() : -1;
+    chain.push_back(std::move(link));
+    if (is_base) break;
+  }
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+std::vector<int64_t> ChainSteps(const std::string& dir, int64_t step) {
+  std::vector<int64_t> steps;
+  CheckpointManifest m;
+  while (ReadManifest(CheckpointPath(dir, step), &m).ok() && m.has_delta() &&
+         m.delta().parent_step() < step && m.delta().parent_step() >= 0) {
+    step = m.delta().parent_step();
+    steps.push_back(step);
+  }
+  return steps;
+}
 
 absl::Status WriteLatest(const std::string& dir, int64_t step) {
   return WritePointer(dir, kLatestFileName, step);
@@ -262,6 +334,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointM
   }
   manifest.set_num_workers(static_cast<int>(workers.size()));
   if (manifest.has_model()) manifest.set_version(kManifestVersion);
+  if (manifest.has_delta()) manifest.set_version(kDeltaManifestVersion);
   manifest.set_wall_time(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   RETURN_IF_ERROR(remove_on_error(WriteManifest(ckpt, manifest)));
@@ -311,12 +384,21 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
   // checkpoint.keep_best's checkpoint is kept beside the newest `keep`, not counted among them.
   const absl::StatusOr<int64_t> best = ReadBest(dir);
   int kept = 1;  // the committed checkpoint
+  // The links the kept deltas restore from (newest first, so a link is known before it is seen).
+  std::set<int64_t> chains;
+  auto keep_chain = [&](int64_t step) {
+    for (int64_t s : ChainSteps(dir, step)) chains.insert(s);
+  };
+  keep_chain(committed_step);
+  if (best.ok()) keep_chain(*best);  // a best that is a delta needs its chain too
   for (const CheckpointEntry& e : ListCheckpoints(dir)) {
     if (e.step >= committed_step || (best.ok() && e.step == *best)) continue;
     if (e.complete && kept < keep) {
       ++kept;
+      keep_chain(e.step);
       continue;
     }
+    if (e.complete && chains.count(e.step) > 0) continue;
     RemoveTree(e.path);
   }
 }
@@ -430,11 +512,14 @@ absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::stri
   for (int64_t step : candidates) {
     CheckpointChoice c;
     c.dir = CheckpointPath(dir, step);
-    if (absl::Status s = VerifyCheckpoint(c.dir, &c.manifest); !s.ok()) {
-      PSTRAIN_LOG(ERROR) << "refusing checkpoint " << c.dir << ": " << s.message()
+    absl::StatusOr<std::vector<CheckpointLink>> chain = VerifyCheckpointChain(c.dir);
+    if (!chain.ok()) {
+      PSTRAIN_LOG(ERROR) << "refusing checkpoint " << c.dir << ": " << chain.status().message()
                          << "; falling back to the previous checkpoint";
       continue;
     }
+    c.chain = *std::move(chain);
+    c.manifest = c.chain.back().manifest;
     return std::optional<CheckpointChoice>(std::move(c));
   }
   // LATEST exists but nothing under it is usable: starting over would silently discard the

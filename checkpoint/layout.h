@@ -19,6 +19,12 @@
 // file is read and verified) the next older complete one. A directory newer than LATEST was never
 // committed and is never chosen.
 //
+// Incremental checkpoints (checkpoint.incremental_every): a delta's MANIFEST (version 3) names its
+// base (the full checkpoint its chain starts from) and its parent (the checkpoint before it).
+// Restoring a delta reads the chain: the base, then every delta up to it. A checkpoint whose chain
+// has a broken link is refused like a corrupt one, and retention keeps every link a kept
+// checkpoint needs.
+//
 // Thread-safety: the functions are thread-compatible; one process (the single trainer, the
 // allreduce rank 0, the PS chief) commits a job's checkpoints, while any number may read them.
 #pragma once
@@ -83,6 +89,25 @@ absl::Status ReadManifest(const std::string& ckpt, CheckpointManifest* manifest)
 // naming the file (and block and offset) otherwise.
 absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manifest);
 
+// ---- Incremental checkpoints: delta chains ----
+
+// The MANIFEST version of a delta checkpoint (its `delta` field set). A full checkpoint keeps
+// kManifestVersion, so that its files stay those of version 2.
+constexpr int kDeltaManifestVersion = 3;
+
+// One checkpoint of a restore chain: its directory (.../ckpt-<step>) and verified MANIFEST.
+struct CheckpointLink {
+  std::string dir;
+  CheckpointManifest manifest;
+};
+// VerifyCheckpoint of `ckpt` and, when it is a delta, of every checkpoint its restore needs: its
+// parent, the parent's parent, ... down to its base, each in the same directory as `ckpt`. Each
+// link must be verified completely, be older than the one that names it, and be a delta of the
+// same base (or the base itself, a full checkpoint). Returns the chain, the base first and `ckpt`
+// last (a full checkpoint is a chain of one). DATA_LOSS naming the checkpoint refused, the link
+// that is broken and why ("<dir>/ckpt-30 (a delta of ckpt-10): the link ckpt-20 of its chain: ..")
+absl::StatusOr<std::vector<CheckpointLink>> VerifyCheckpointChain(const std::string& ckpt);
+
 // ---- LATEST ----
 
 // Replaces <dir>/LATEST with "ckpt-<step>\n" (temporary file, fsync, rename, fsync of dir).
@@ -127,8 +152,8 @@ bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
 // Completes ckpt-<manifest.step()> under `dir`, whose data files are written and listed in
 // `manifest` (with the model description the caller sets: every mode does): writes
 // worker-<j>.state for each of `workers` (and lists them), sets num_workers, wall_time (now) and,
-// when the manifest has a model description, version (kManifestVersion); writes the MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the
-// checkpoint directory.
+// when the manifest has a model description, version (kManifestVersion; a delta's: 3); writes the
+// MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the checkpoint directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
                                              const std::map<int, WorkerState>& workers, int keep);
 // The end of a training pass (worker/train/data_pass.h). After <dir>/ckpt-<step> is committed
@@ -154,7 +179,12 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
 // Directories newer than it are left alone: LATEST never named them
 // (a crash while writing, or a job that resumed from an older checkpoint), they are never chosen,
 // and they are deleted once the job commits a newer step. keep < 1 counts as 1.
+// A kept delta also keeps every checkpoint of its chain (ChainSteps), whatever its age.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
+// The steps of the checkpoints the restore of <dir>/ckpt-<step> reads besides itself (its parent,
+// the parent's parent, ..., its base), by their MANIFESTs without verifying the files; empty for a
+// full checkpoint or one without a readable MANIFEST. Stops at a missing link.
+std::vector<int64_t> ChainSteps(const std::string& dir, int64_t step);
 
 // ---- What the parameters belong to (the MANIFEST's model description) ----
 
@@ -193,11 +223,15 @@ int RemoveIncompleteCheckpoints(const std::string& dir);
 struct CheckpointChoice {
   std::string dir;  // <dir>/ckpt-<step>
   CheckpointManifest manifest;
+  // What restores it (VerifyCheckpointChain): the full checkpoint, then every delta up to this
+  // one, which is last. Every reader of parameters loads the whole chain
+  // (ps/store/parameter_files.h).
+  std::vector<CheckpointLink> chain;
 };
 // The checkpoint LATEST names, or, when it is missing or corrupt (said on stderr, naming the file,
-// block and offset), the next older complete one, every file verified completely (all checksums
-// and sizes). nullopt when there is no LATEST (a fresh start). DATA_LOSS when LATEST exists but
-// no checkpoint is usable: starting over would silently discard the job's progress.
+// block and offset), or a delta whose chain is broken, the next older complete one whose chain is
+// whole, every file of every link verified completely (all checksums and sizes). nullopt when
+// there is no LATEST (a fresh start). DATA_LOSS when LATEST exists but no checkpoint is usable.
 absl::StatusOr<std::optional<CheckpointChoice>> ChooseCheckpoint(const std::string& dir);
 
 }  // namespace pstrain

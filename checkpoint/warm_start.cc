@@ -41,7 +41,10 @@ absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm
   CheckpointChoice c;
   if (ParseCheckpointName(BaseName(from)).has_value()) {
     c.dir = from;
-    if (absl::Status s = VerifyCheckpoint(c.dir, &c.manifest); !s.ok()) return Prefixed(s, from);
+    absl::StatusOr<std::vector<CheckpointLink>> chain = VerifyCheckpointChain(c.dir);
+    if (!chain.ok()) return Prefixed(chain.status(), from);
+    c.chain = *std::move(chain);
+    c.manifest = c.chain.back().manifest;
   } else {
     absl::StatusOr<std::optional<CheckpointChoice>> chosen = ChooseCheckpoint(from);
     if (absl::IsDataLoss(chosen.status())) {  // ChooseCheckpoint's advice is for a resume

@@ -12,7 +12,8 @@
 
 namespace pstrain {
 
-// The checkpoint `warm_start.from()` names, verified completely (VerifyCheckpoint): a model dir
+// The checkpoint `warm_start.from()` names, verified completely with the chain of a delta
+// (VerifyCheckpointChain; CheckpointChoice::chain is what a loader reads): a model dir
 // (ChooseCheckpoint: LATEST, falling back past a corrupt checkpoint) or one of its ckpt-<step>
 // directories (that one, no fallback). Its MANIFEST's model description is compared with
 // `wanted` (CompareModelDescriptions: FAILED_PRECONDITION naming the field, e.g.

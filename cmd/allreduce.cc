@@ -92,6 +92,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks) {
   ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;
   ao.checkpoint_dir = JobCheckpointDir(config);
   ao.keep = config.checkpoint().keep();
+  ao.incremental_every = config.checkpoint().incremental_every();
   ao.checkpoint_every_steps = config.checkpoint().every_steps();
   ao.checkpoint_every_seconds = config.checkpoint().every_seconds();
   ao.local_stop = &g_stop;

@@ -61,10 +61,15 @@ absl::Status RestoreShard(const Config& config, const std::optional<CheckpointCh
                           int shard, ShardServer* server) {
   std::optional<std::string> restored;
   if (choice) {
-    RETURN_IF_ERROR(Annotate(server->RestoreCheckpoint(choice->dir, choice->manifest),
+    RETURN_IF_ERROR(Annotate(server->RestoreCheckpoint(choice->chain),
                              absl::StrCat("restoring shard ", shard)));
     PSTRAIN_LOG(INFO) << "shard " << shard << ": restored from " << choice->dir << " ("
-                      << choice->manifest.num_shards() << " shards)";
+                      << choice->manifest.num_shards() << " shards"
+                      << (choice->chain.size() > 1
+                              ? absl::StrCat(", the full ", choice->chain.front().dir, " and ",
+                                             choice->chain.size() - 1, " delta(s)")
+                              : std::string())
+                      << ")";
     restored = choice->dir;
   }
   std::optional<WarmStart> warm_start;
@@ -74,7 +79,7 @@ absl::Status RestoreShard(const Config& config, const std::optional<CheckpointCh
     ASSIGN_OR_RETURN(const CheckpointChoice source,
                      ChooseWarmStartCheckpoint(*warm_start, wanted));
     RETURN_IF_ERROR(Annotate(
-        server->WarmStart(source.dir, source.manifest, warm_start->reset_optimizer()),
+        server->WarmStart(source.chain, warm_start->reset_optimizer()),
         absl::StrCat("warm start of shard ", shard, " from ", source.dir)));
     PSTRAIN_LOG(INFO) << "shard " << shard << ": warm start from " << source.dir << " ("
                       << source.manifest.num_shards() << " shard(s)"

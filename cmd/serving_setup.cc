@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const Checkpoi
   ASSIGN_OR_RETURN(ChosenCheckpoint c,
                    ChooseCheckpointToRead(flags.model_dir, flags.checkpoint,
                                           from_config ? &*from_config : nullptr));
-  return ServingModel::FromCheckpoint(c.dir, c.manifest, c.description);
+  return ServingModel::FromCheckpoint(c.chain, c.description);
 }
 
 }  // namespace pstrain

@@ -284,6 +284,11 @@ absl::Status ValidateConfig(const Config& c) {
   if (ck.every_steps() < 0) return bad("checkpoint.every_steps", "must be >= 0");
   if (ck.every_seconds() < 0) return bad("checkpoint.every_seconds", "must be >= 0");
   if (ck.keep() < 1) return bad("checkpoint.keep", "must be >= 1");
+  if (ck.incremental_every() < 1) {
+    return bad("checkpoint.incremental_every",
+               absl::StrCat("must be >= 1 (1: every checkpoint is full), got ",
+                            ck.incremental_every()));
+  }
 
   // Early stopping, the best checkpoint and the validation split (docs/CONFIG.md "Early stopping
   // and the best checkpoint").

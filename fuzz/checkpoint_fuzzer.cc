@@ -53,6 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   manifest.set_dense_size(5);
   manifest.set_num_shards(1);
   manifest.add_file()->set_name("shard-0-of-1");
-  (void)(*server)->RestoreCheckpoint(Dir(), manifest);
+  const CheckpointLink link{Dir(), manifest};
+  (void)(*server)->RestoreCheckpoint({link});
   return 0;
 }

@@ -157,7 +157,9 @@ _MANIFEST = {1: ("step", "int", False), 2: ("num_shards", "int", False),
              7: ("dense_size", "int", False),
              8: ("file", {1: ("name", "string", False), 2: ("bytes", "uint", False)}, True),
              9: ("created_by", "string", False), 10: ("wall_time", "double", False),
-             11: ("version", "int", False), 12: ("model", _DESCRIPTION, False)}
+             11: ("version", "int", False), 12: ("model", _DESCRIPTION, False),
+             13: ("delta", {1: ("base_step", "int", False), 2: ("parent_step", "int", False),
+                            3: ("depth", "int", False)}, False)}
 _EXPORT_HEADER = {1: ("format_version", "int", False), 2: ("model", _DESCRIPTION, False),
                   3: ("row_encoding", "int", False), 4: ("table_rows", "int", False),
                   5: ("row_dim", "int", False), 6: ("rows", "int", False),
@@ -555,6 +557,22 @@ def _load_checkpoint(ckpt, verify):
     ids = ids[order]
     if len(ids) > 1 and not (np.diff(ids) > 0).all():
         raise FormatError("%s: a row id appears in two shard files" % ckpt)
+    delta = manifest.get("delta")
+    if delta is not None:
+        # An incremental checkpoint: its rows over those of its parent's chain (docs/CHECKPOINT.md
+        # "Incremental checkpoints"); the dense state is whole in every checkpoint.
+        parent = delta.get("parent_step", -1)
+        if not 0 <= parent < manifest.get("step", 0) or parent < delta.get("base_step", 0):
+            raise FormatError("%s/MANIFEST: a delta whose parent ckpt-%d is not an older "
+                              "checkpoint of its chain" % (ckpt, parent))
+        older = _load_checkpoint(os.path.join(os.path.dirname(os.path.normpath(ckpt)),
+                                              "ckpt-%d" % parent), verify)
+        keep = ~np.isin(older.ids, ids)
+        order = np.argsort(np.concatenate([older.ids[keep], ids]), kind="stable")
+        ids = np.concatenate([older.ids[keep], ids])[order]
+        rows = np.concatenate([older.rows[keep], rows])[order]
+        if states is not None and older.row_state is not None:
+            states = np.concatenate([older.row_state[keep], states])[order]
     return Model(ckpt, manifest.get("model"), ids, rows, dense, row_dim,
                  _shape(manifest, "table_rows"), row_state=states, dense_state=dense_state,
                  step=manifest.get("step"), version=manifest.get("step"))

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "ps/store/optimizer.h"
+#include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
 
 namespace pstrain {
@@ -20,63 +21,6 @@ namespace {
 bool IsDir(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// Marks [begin, begin + size) of the dense vector as read from `file`; FAILED_PRECONDITION when it
-// leaves the vector or overlaps a slice read before.
-absl::Status CoverDense(const std::string& file, int64_t begin, int64_t size,
-                        std::vector<uint8_t>* covered) {
-  const int64_t n = static_cast<int64_t>(covered->size());
-  if (begin < 0 || size < 0 || begin > n || size > n - begin) {
-    return absl::FailedPreconditionError(absl::StrCat(file, ": dense slice [", begin, ", +", size,
-                                                      ") is outside the model's dense vector of ",
-                                                      n, " floats"));
-  }
-  for (int64_t i = begin; i < begin + size; ++i) {
-    if ((*covered)[i]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(file, ": dense slice [", begin, ", +", size, ") overlaps another file's"));
-    }
-    (*covered)[i] = 1;
-  }
-  return absl::OkStatus();
-}
-
-// Reads the embedding groups and dense slices of one checkpoint parameter file (`pstrain train`'s
-// shard-0-of-1, or a PS shard file with its SHRD / CONS blocks first) into `model`.
-absl::Status ReadParameterFile(const std::string& path, ServingModel* model,
-                               std::vector<uint8_t>* covered) {
-  ASSIGN_OR_RETURN(auto reader, BlockReader::Open(path));
-  const int dim = model->row_dim();
-  while (true) {
-    ASSIGN_OR_RETURN(std::string tag, reader->PeekTag());
-    if (tag.empty()) return absl::OkStatus();
-    if (tag == kEmbeddingMetaTag) {
-      auto load = LoadEmbeddingRows(
-          reader.get(), [&](const EmbeddingMeta& meta, absl::Span<const int64_t> ids,
-                            const float* weights, const float*) -> absl::Status {
-            if (meta.dim != dim) {
-              return absl::FailedPreconditionError(absl::StrCat(
-                  path, ": rows of ", meta.dim, " floats, the model's have ", dim));
-            }
-            if (meta.end > model->table_rows()) {
-              return absl::FailedPreconditionError(
-                  absl::StrCat(path, ": rows [", meta.begin, ", ", meta.end,
-                               ") past the model's table of ", model->table_rows(), " rows"));
-            }
-            return model->StoreRows(ids, weights);
-          });
-      RETURN_IF_ERROR(load.status());
-    } else if (tag == kDenseTag) {
-      ASSIGN_OR_RETURN(DenseSnapshot slice, LoadDenseSnapshot(reader.get()));
-      RETURN_IF_ERROR(CoverDense(path, slice.begin, slice.size, covered));
-      std::copy(slice.weights.begin(), slice.weights.end(),
-                model->mutable_dense()->begin() + slice.begin);
-    } else {
-      Block skipped;  // SHRD, CONS, or a block kind this reader does not know
-      RETURN_IF_ERROR(reader->Next(&skipped).status());
-    }
-  }
 }
 
 }  // namespace
@@ -116,8 +60,10 @@ int64_t ServingModel::memory_bytes() const {
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
-    const std::string& ckpt, const CheckpointManifest& manifest,
-    const ModelDescription& description) {
+    absl::Span<const CheckpointLink> chain, const ModelDescription& description) {
+  if (chain.empty()) return absl::InvalidArgumentError("ServingModel: no checkpoint to read");
+  const std::string& ckpt = chain.back().dir;
+  const CheckpointManifest& manifest = chain.back().manifest;
   Origin origin{ckpt, manifest.step(), manifest.step()};
   ASSIGN_OR_RETURN(std::unique_ptr<ServingModel> m, Create(description, std::move(origin)));
   if (manifest.table_rows() != m->table_rows() || manifest.row_dim() != m->row_dim() ||
@@ -127,22 +73,33 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
         manifest.dense_size(), ", but its model description makes rows ", m->table_rows(), " x ",
         m->row_dim(), " and dense ", m->dense_size()));
   }
-  std::vector<uint8_t> covered(m->dense_size(), 0);
-  int files = 0;
-  for (const auto& f : manifest.file()) {
-    if (!IsShardFileName(f.name())) continue;
-    RETURN_IF_ERROR(ReadParameterFile(ckpt + "/" + f.name(), m.get(), &covered));
-    ++files;
-  }
-  if (files == 0) {
+  if (std::none_of(manifest.file().begin(), manifest.file().end(),
+                   [](const auto& f) { return IsShardFileName(f.name()); })) {
     return absl::DataLossError(absl::StrCat(ckpt, "/", kManifestFileName,
                                             ": lists no parameter file (shard-<i>-of-<S>)"));
   }
-  const int64_t missing = std::count(covered.begin(), covered.end(), 0);
-  if (missing > 0) {
-    return absl::DataLossError(absl::StrCat(ckpt, ": ", missing, " of ", covered.size(),
-                                            " dense floats are in none of its shard files"));
+  // The dense vector goes through a store of the whole vector (SGD: no slots to keep).
+  OptimizerConfig sgd;
+  sgd.set_type(SGD);
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(sgd));
+  DenseStore::Options d;
+  d.size = m->dense_size();
+  d.optimizer = std::move(optimizer);
+  ASSIGN_OR_RETURN(std::unique_ptr<DenseStore> dense, DenseStore::Create(std::move(d)));
+  ParameterLoadMode mode;
+  mode.keep_step = false;
+  mode.keep_optimizer_state = false;  // a served model keeps no optimizer state
+  EmbeddingStore* stores[] = {m->rows_.get()};
+  ASSIGN_OR_RETURN(ParameterLoadCounts counts,
+                   LoadParameterFiles(chain, stores, dense.get(), mode));
+  if (counts.dense_floats != m->dense_size()) {
+    return absl::DataLossError(absl::StrCat(
+        ckpt, ": its shard files hold ", counts.dense_floats, " dense floats for a vector of ",
+        m->dense_size(), counts.dense_floats < m->dense_size()
+                             ? " (some floats are in none of its shard files)"
+                             : " (slices overlap)"));
   }
+  dense->Get(m->dense_.data());
   return m;
 }
 
@@ -168,6 +125,7 @@ absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(
     }
     c.dir = choice->dir;
     c.manifest = std::move(choice->manifest);
+    c.chain = std::move(choice->chain);
   } else if (checkpoint == "best") {
     // checkpoint.keep_best's: the one <model_dir>/BEST names.
     absl::StatusOr<int64_t> best = ReadBest(model_dir);
@@ -178,7 +136,8 @@ absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(
     }
     if (!best.ok()) return best.status();
     c.dir = CheckpointPath(model_dir, *best);
-    RETURN_IF_ERROR(VerifyCheckpoint(c.dir, &c.manifest));
+    ASSIGN_OR_RETURN(c.chain, VerifyCheckpointChain(c.dir));
+    c.manifest = c.chain.back().manifest;
   } else {
     // A name under model_dir ("ckpt-12"), or a path to the checkpoint directory itself.
     c.dir = ParseCheckpointName(checkpoint) && IsDir(model_dir + "/" + checkpoint)
@@ -189,7 +148,8 @@ absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(
                                               "/", checkpoint, " nor ", checkpoint,
                                               " is a checkpoint directory"));
     }
-    RETURN_IF_ERROR(VerifyCheckpoint(c.dir, &c.manifest));
+    ASSIGN_OR_RETURN(c.chain, VerifyCheckpointChain(c.dir));
+    c.manifest = c.chain.back().manifest;
   }
   if (c.manifest.has_model()) {
     c.description = c.manifest.model();

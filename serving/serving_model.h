@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "checkpoint/layout.h"
 #include "ps/store/embedding_store.h"
 #include "pstrain/state.pb.h"
 #include "worker/data/feature_spec.h"
@@ -49,16 +50,17 @@ class ServingModel {
   static absl::StatusOr<std::unique_ptr<ServingModel>> Create(const ModelDescription& description,
                                                               Origin origin);
 
-  // Reads the checkpoint `ckpt` (a verified checkpoint directory, checkpoint/layout.h) whose
-  // MANIFEST is `manifest`: every file the MANIFEST lists named shard-<i>-of-<S> is read, so a PS
-  // checkpoint of any shard count loads (rows by their global ids, dense slices by their offsets).
-  // `description` is the model to rebuild: the MANIFEST's own (version 2), or the one a caller
-  // built from a config for a version-1 checkpoint. FAILED_PRECONDITION when the files' shapes
-  // disagree with it (rows, row size, dense size, a dense vector not covered exactly once);
-  // DATA_LOSS naming the file for a malformed block.
+  // Reads the checkpoint whose verified restore chain is `chain` (checkpoint/layout.h
+  // VerifyCheckpointChain: one link for a full checkpoint; the full one and its deltas for an
+  // incremental one) with the one parameter loader (ps/store/parameter_files.h): every file each
+  // MANIFEST lists named shard-<i>-of-<S> is read, so a PS checkpoint of any shard count loads
+  // (rows by their global ids, dense slices by their offsets). `description` is the model to
+  // rebuild: the MANIFEST's own (version >= 2), or the one a caller built from a config for a
+  // version-1 checkpoint. FAILED_PRECONDITION when the files' shapes disagree with it (rows, row
+  // size, dense size); DATA_LOSS naming the file for a malformed block, and when the dense vector
+  // is not covered exactly (its floats counted over the slices read).
   static absl::StatusOr<std::unique_ptr<ServingModel>> FromCheckpoint(
-      const std::string& ckpt, const CheckpointManifest& manifest,
-      const ModelDescription& description);
+      absl::Span<const CheckpointLink> chain, const ModelDescription& description);
 
   const ModelDescription& description() const { return description_; }
   const FeatureSpec& spec() const { return spec_; }
@@ -127,6 +129,7 @@ class ServingParams : public ParameterAccess {
 struct ChosenCheckpoint {
   std::string dir;
   CheckpointManifest manifest;
+  std::vector<CheckpointLink> chain;  // what restores it (CheckpointChoice::chain)
   ModelDescription description;
 };
 absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(const std::string& model_dir,

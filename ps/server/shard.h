@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "checkpoint/layout.h"
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/partition.h"
@@ -180,8 +182,13 @@ class Shard {
   // write with them; returns the rows copied. WriteCheckpoint writes that copy to
   // <dir>/shard-<s>-of-<S> (block file: SHRD, CONS, then EMBM/EMBR groups, then DNSE) and frees
   // it; returns the file name and size. FAILED_PRECONDITION when no copy of `round` is held.
+  // `delta_parent` (an incremental checkpoint): copy only the rows updated since this shard
+  // copied (or restored) checkpoint ckpt-<delta_parent>; every row when it has no record of it.
+  // Every copy starts a new store generation (EmbeddingStore::set_generation), and a successful
+  // WRITE records it under the checkpoint's step for the deltas after it.
   absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round, std::string header,
-                                            std::string consistency);
+                                            std::string consistency,
+                                            std::optional<int64_t> delta_parent = std::nullopt);
   // `name` must be a checkpoint directory name (ckpt-<step>, checkpoint/layout.h) of a directory
   // that exists under options.checkpoint_dir and is not committed (no MANIFEST, LATEST does not
   // name it): INVALID_ARGUMENT / FAILED_PRECONDITION naming the path otherwise.
@@ -201,8 +208,11 @@ class Shard {
   // they were written for another shape (rows, row_dim, dense size). The files may be a PS job's
   // or an in-process replica's (`shard-0-of-1` without SHRD / CONS: step = the MANIFEST's).
   // `mode`: a resume keeps everything; a warm start restarts the step and may reset the slots.
-  absl::StatusOr<Restored> RestoreCheckpoint(const std::string& ckpt_dir,
-                                             const CheckpointManifest& manifest,
+  // `chain` is the checkpoint's verified restore chain (checkpoint/layout.h
+  // VerifyCheckpointChain): the full checkpoint and its deltas, each link's rows over the older
+  // ones'; the shape, SHRD and CONS are the last link's. A resume (mode.keep_step) records the
+  // checkpoint as the parent the next delta may build on.
+  absl::StatusOr<Restored> RestoreCheckpoint(absl::Span<const CheckpointLink> chain,
                                              ParameterLoadMode mode = {});
 
   const Options& options() const { return opt_; }
@@ -247,6 +257,15 @@ class Shard {
   std::string snap_consistency_ ABSL_GUARDED_BY(snap_mu_);  // ConsistencyState at the copy
   std::vector<EmbeddingSnapshot> snap_stores_ ABSL_GUARDED_BY(snap_mu_);
   std::unique_ptr<DenseSnapshot> snap_dense_ ABSL_GUARDED_BY(snap_mu_);
+  // Remembers that rows stamped >= generation changed after checkpoint ckpt-<step>.
+  void RecordDeltaParent(int64_t step, uint32_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(snap_mu_);
+  // Incremental checkpoints: the stores' generation (all stores share it), the one the held copy
+  // started, and for recent checkpoints this shard wrote or restored, the generation since which
+  // rows changed after them (step -> generation; at most kDeltaParents, the newest).
+  static constexpr size_t kDeltaParents = 16;
+  uint32_t generation_ ABSL_GUARDED_BY(snap_mu_) = 1;
+  uint32_t snap_generation_ ABSL_GUARDED_BY(snap_mu_) = 0;
+  std::map<int64_t, uint32_t> delta_parents_ ABSL_GUARDED_BY(snap_mu_);
 };
 
 }  // namespace pstrain

@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "common/logging.h"
 #include "checkpoint/layout.h"
 #include "common/status.h"
 #include "ps/server/shard.h"
@@ -23,19 +24,40 @@ constexpr char kConsistencyTag[] = "CONS";
 }  // namespace
 
 absl::StatusOr<int64_t> Shard::CopyForCheckpoint(int64_t round, std::string header,
-                                                 std::string consistency) {
+                                                 std::string consistency,
+                                                 std::optional<int64_t> delta_parent) {
   absl::MutexLock lock(&snap_mu_);
   snap_round_ = round;
   snap_header_ = std::move(header);  // shard index, map and step of this instant
   snap_consistency_ = std::move(consistency);
   snap_stores_.clear();
+  uint32_t changed_since = 0;  // every row
+  if (delta_parent) {
+    const auto parent = delta_parents_.find(*delta_parent);
+    if (parent != delta_parents_.end()) {
+      changed_since = parent->second;
+    } else {
+      PSTRAIN_LOG(WARNING) << "shard " << opt_.shard << ": no record of "
+                           << CheckpointName(*delta_parent)
+                           << " (the parent of the incremental checkpoint of round " << round
+                           << "): its delta holds every row";
+    }
+  }
+  // Updates after this copy are stamped with a new generation: the next delta's rows.
+  snap_generation_ = ++generation_;
+  for (const auto& store : stores_) store->set_generation(snap_generation_);
   int64_t rows = 0;
   for (const auto& store : stores_) {
-    snap_stores_.push_back(store->Snapshot());
+    snap_stores_.push_back(store->Snapshot(store->begin(), store->end(), changed_since));
     rows += snap_stores_.back().rows();
   }
   snap_dense_.reset(dense_ != nullptr ? new DenseSnapshot(dense_->Snapshot()) : nullptr);
   return rows;
+}
+
+void Shard::RecordDeltaParent(int64_t step, uint32_t generation) {
+  delta_parents_[step] = generation;
+  while (delta_parents_.size() > kDeltaParents) delta_parents_.erase(delta_parents_.begin());
 }
 
 namespace {
@@ -109,12 +131,15 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
   if (snap_dense_) RETURN_IF_ERROR(SaveDenseStore(*snap_dense_, w.get()));
   RETURN_IF_ERROR(w->Finish());
   response.set_bytes(w->bytes());
+  RecordDeltaParent(*ParseCheckpointName(name), snap_generation_);
   return response;
 }
 
-absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(const std::string& ckpt_dir,
-                                                         const CheckpointManifest& manifest,
+absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const CheckpointLink> chain,
                                                          ParameterLoadMode mode) {
+  if (chain.empty()) return absl::InvalidArgumentError("shard restore: no checkpoint given");
+  const std::string& ckpt_dir = chain.back().dir;
+  const CheckpointManifest& manifest = chain.back().manifest;
   if (manifest.table_rows() != opt_.rows || manifest.row_dim() != opt_.row_dim ||
       manifest.dense_size() != opt_.dense_size) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -157,12 +182,18 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(const std::string& ckpt
     return reader->Corrupt(b, "unexpected block in a shard file");
   };
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
-                   LoadParameterFiles(ckpt_dir, manifest, stores, dense_.get(), mode, other));
+                   LoadParameterFiles(chain, stores, dense_.get(), mode, other));
   if (header_of.empty()) restored.step = manifest.step();
   if (counts.dense_floats != dense_slice_size_) {
     return absl::DataLossError(absl::StrCat(ckpt_dir, ": the shard files hold ",
                                             counts.dense_floats, " of shard ", opt_.shard, "'s ",
                                             dense_slice_size_, " dense floats"));
+  }
+  if (mode.keep_step) {
+    // A resume: the restored rows are stamped 0, so the rows updated from now on (stamped with
+    // the live generation) are what a delta after this checkpoint holds.
+    absl::MutexLock lock(&snap_mu_);
+    RecordDeltaParent(manifest.step(), generation_);
   }
   return restored;
 }

@@ -165,7 +165,9 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
     if (auto* refused = Refused(ctx)) return refused;
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (request->phase() == SaveShardRequest::COPY) {
-      auto rows = server_->CopyForCheckpoint(request->round());
+      auto rows = server_->CopyForCheckpoint(
+          request->round(), request->delta() ? std::optional<int64_t>(request->delta_parent_step())
+                                             : std::nullopt);
       if (rows.ok()) response->set_rows(*rows);
       reactor->Finish(ToGrpcStatus(rows.status()));
     } else if (request->phase() == SaveShardRequest::WRITE) {
@@ -480,7 +482,8 @@ absl::Status ShardServer::Report(const ReportRequest& report) {
   return coordinator_->Report(report);
 }
 
-absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
+absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round,
+                                                       std::optional<int64_t> delta_parent) {
   // The shard file's SHRD header: this shard's Info at the copy, without the coordinator's
   // job_version (a counter of this process's long-polls, meaningless after a restore; leaving it
   // out keeps the header's bytes those of format version 1, tests/checkpoint/fixtures_test.cc).
@@ -488,7 +491,7 @@ absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round) {
   header.clear_job_version();
   header.clear_num_workers();  // as job_version: not part of the format's header
   return data_->CopyForCheckpoint(round, header.SerializeAsString(),
-                                  tracker_->Save().SerializeAsString());
+                                  tracker_->Save().SerializeAsString(), delta_parent);
 }
 
 absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
@@ -496,9 +499,9 @@ absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,
   return data_->WriteCheckpoint(round, name);
 }
 
-absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
-                                            const CheckpointManifest& manifest) {
-  ASSIGN_OR_RETURN(Shard::Restored restored, data_->RestoreCheckpoint(ckpt_dir, manifest));
+absl::Status ShardServer::RestoreCheckpoint(absl::Span<const CheckpointLink> chain) {
+  ASSIGN_OR_RETURN(Shard::Restored restored, data_->RestoreCheckpoint(chain));
+  const std::string& ckpt_dir = chain.back().dir;
   // With the same workers the exact bookkeeping comes back; otherwise (the workers restart their
   // data) every worker counts as having pushed the last step.
   if (!restored.consistency || !tracker_->Restore(*restored.consistency).ok()) {
@@ -508,12 +511,12 @@ absl::Status ShardServer::RestoreCheckpoint(const std::string& ckpt_dir,
   return absl::OkStatus();
 }
 
-absl::Status ShardServer::WarmStart(const std::string& ckpt_dir,
-                                    const CheckpointManifest& manifest, bool reset_optimizer) {
+absl::Status ShardServer::WarmStart(absl::Span<const CheckpointLink> chain,
+                                    bool reset_optimizer) {
   ParameterLoadMode mode;
   mode.keep_step = false;
   mode.keep_optimizer_state = !reset_optimizer;
-  return data_->RestoreCheckpoint(ckpt_dir, manifest, mode).status();
+  return data_->RestoreCheckpoint(chain, mode).status();
 }
 
 }  // namespace pstrain

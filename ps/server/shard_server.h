@@ -151,18 +151,20 @@ class ShardServer {
   // COPY: the Shard's in-memory copy, with this instant's Info as the file's header and the
   // tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE: Shard::WriteCheckpoint into
   // <options.checkpoint_dir>/<name>.
-  absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round);
+  // `delta_parent`: an incremental checkpoint's parent step (SaveShardRequest.delta_parent_step).
+  absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round,
+                                            std::optional<int64_t> delta_parent = std::nullopt);
   absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& name);
   // Shard::RestoreCheckpoint, then the tracker's bookkeeping: exactly as saved when the
   // checkpoint has this shard's layout and workers, else every worker as having pushed the
-  // checkpoint's step; records restored_from. Call before Start.
-  absl::Status RestoreCheckpoint(const std::string& ckpt_dir, const CheckpointManifest& manifest);
+  // checkpoint's step; records restored_from. `chain`: CheckpointChoice::chain (a full
+  // checkpoint, or a delta with the checkpoints it builds on). Call before Start.
+  absl::Status RestoreCheckpoint(absl::Span<const CheckpointLink> chain);
   // A warm start (docs/CHECKPOINT.md "Warm start"): the rows and dense values this shard owns from
   // another job's checkpoint of any shard count or mode, with its optimizer slots unless
   // `reset_optimizer`; the job's step and bookkeeping stay those of a fresh job (step 0). The
   // files must have been verified by the caller. Call before Start.
-  absl::Status WarmStart(const std::string& ckpt_dir, const CheckpointManifest& manifest,
-                         bool reset_optimizer);
+  absl::Status WarmStart(absl::Span<const CheckpointLink> chain, bool reset_optimizer);
 
   // ---- The parts ----
   Shard& data() { return *data_; }

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> EmbeddingStore::Create(Options o
 EmbeddingStore::EmbeddingStore(Options options)
     : opt_(std::move(options)),
       state_floats_(static_cast<int>(opt_.optimizer->StateFloats(opt_.dim))),
-      stride_(opt_.dim + state_floats_),
+      stride_(opt_.dim + state_floats_ + 1),
       chunk_shift_(Log2(opt_.chunk_rows)),
       num_index_pages_((opt_.end - opt_.begin + kIndexPageRows - 1) >> kIndexShift),
       max_chunks_((opt_.end - opt_.begin + opt_.chunk_rows - 1) >> chunk_shift_),
@@ -147,6 +147,16 @@ void EmbeddingStore::Prefetch(absl::Span<const int64_t> ids, int64_t i, int64_t 
   }
 }
 
+uint32_t EmbeddingStore::StampOf(const float* row) const {
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(row + opt_.dim + state_floats_),
+                         __ATOMIC_RELAXED);
+}
+
+void EmbeddingStore::SetStamp(float* row, uint32_t generation) const {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(row + opt_.dim + state_floats_), generation,
+                   __ATOMIC_RELAXED);
+}
+
 void EmbeddingStore::RaiseLastStep(int64_t step) {
   int64_t cur = last_step_.load(std::memory_order_relaxed);
   while (step > cur && !last_step_.compare_exchange_weak(cur, step, std::memory_order_relaxed)) {
@@ -205,12 +215,16 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                     optimizer.InitState(row + dim, dim);
                   }
                   optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, lr);
+                  // Read under the row's lock: a snapshot that raised the generation before it
+                  // copied this row either holds this update or sees the new stamp next time.
+                  SetStamp(row, generation_.load());
                 }
               });
   return absl::OkStatus();
 }
 
-EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to) const {
+EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
+                                           uint32_t changed_since) const {
   EmbeddingSnapshot snap;
   snap.begin = opt_.begin;
   snap.end = opt_.end;
@@ -239,6 +253,28 @@ EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to) const {
       }
     }
     row = page_end;
+  }
+
+  if (changed_since > 0) {
+    // Keep the rows stamped >= changed_since, then compact, so that a delta allocates and copies
+    // only the rows it writes. The stamps are read without the rows' locks (a row's entry never
+    // goes back to 0): a row whose update races with this pass is stamped with the raised
+    // generation, so if this pass misses it, the next delta has it. The pass is bound by memory
+    // latency (one cache line per row), hence the prefetch.
+    std::vector<uint8_t> keep(snap.ids.size());
+    const int64_t stamp_end = stride_ * sizeof(float);
+    ParallelFor(snap.rows(), ThreadsFor(snap.rows(), opt_.threads),
+                [&](int, int, int64_t b, int64_t e) {
+                  for (int64_t i = b; i < e; ++i) {
+                    Prefetch(snap.ids, i, e, stamp_end);
+                    keep[i] = StampOf(FindRow(snap.ids[i])) >= changed_since;
+                  }
+                });
+    size_t kept = 0;
+    for (size_t i = 0; i < snap.ids.size(); ++i) {
+      if (keep[i]) snap.ids[kept++] = snap.ids[i];
+    }
+    snap.ids.resize(kept);
   }
 
   const int64_t n = snap.rows();
@@ -273,6 +309,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
                   } else {
                     opt_.optimizer->InitState(row + dim, dim);
                   }
+                  SetStamp(row, 0);  // as restored: not changed since any checkpoint
                 }
               });
   return absl::OkStatus();

@@ -6,14 +6,22 @@
 // Apply (or Restore): a slot in an arena that grows in chunks of chunk_rows rows, in touch
 // order, so hashed ids scattered over a huge table cost only their own rows. An index maps each
 // row id to its slot: 4 bytes per row, allocated lazily in pages of 4096 rows (16 KB). In all:
-// touched rows x (dim + StateFloats(dim)) x 4 bytes, plus at most 4 bytes per table row.
+// touched rows x (dim + StateFloats(dim) + 1) x 4 bytes, plus at most 4 bytes per table row.
 //
 // A row is initialized on its first Apply with Options::row_init (typically Model::InitRow) and
 // Optimizer::InitState. Gather of a row that was never trained returns row_init's value without
 // storing anything, so evaluation traffic costs no memory. row_init must therefore be a pure
 // function of the row id (Model::InitRow is).
 //
-// Each stored row is dim weights followed by StateFloats(dim) optimizer floats.
+// Each stored row is dim weights followed by StateFloats(dim) optimizer floats and a 4-byte
+// generation stamp (below).
+//
+// Dirty rows (incremental checkpoints, docs/CHECKPOINT.md): the store has a current generation
+// (initially 1; set_generation). Every Apply stamps each row it updates with the generation it
+// reads under the row's lock; RestoreRows stamps 0. Snapshot(from, to, changed_since) captures
+// only the rows stamped >= changed_since. A checkpointer raises the generation to g right before
+// it snapshots, and the next delta asks for changed_since = g: exactly the rows updated after
+// that snapshot's copy of them. The stamp costs one store into the row Apply writes anyway.
 //
 // Thread-safety: every method may be called concurrently from any number of threads. Each row
 // is guarded by one of 1024 striped mutexes (by row id), held for the whole read or update of
@@ -105,11 +113,19 @@ class EmbeddingStore {
   // INVALID_ARGUMENT naming the first id outside [begin, end); nothing is applied then.
   absl::Status Apply(absl::Span<const int64_t> ids, const float* grads, int64_t step);
 
-  // Captures every initialized row in [from, to) (clamped to the store's range); see
-  // EmbeddingSnapshot. Training is blocked only row by row, for the copy of one row. Snapshot()
-  // is the whole range; a caller writing a huge table can stream it range by range instead.
-  EmbeddingSnapshot Snapshot(int64_t from, int64_t to) const;
+  // Captures every initialized row in [from, to) (clamped to the store's range) whose generation
+  // stamp is >= changed_since (0: every row); see EmbeddingSnapshot. Training is blocked only row
+  // by row, for the copy of one row. Snapshot() is the whole range; a caller writing a huge table
+  // can stream it range by range instead. A row updated while the snapshot runs is captured with
+  // or without that update, and in the latter case it is stamped with the generation of then:
+  // exactness of "changed since" needs the generation raised before the snapshot starts.
+  EmbeddingSnapshot Snapshot(int64_t from, int64_t to, uint32_t changed_since = 0) const;
   EmbeddingSnapshot Snapshot() const { return Snapshot(opt_.begin, opt_.end); }
+
+  // The generation Apply stamps rows with (see the top of this file). set_generation(g) with
+  // g >= 1; later Apply calls stamp g.
+  uint32_t generation() const { return generation_.load(); }
+  void set_generation(uint32_t g) { generation_.store(g); }
 
   // Writes rows as given (giving them storage as needed): weights is ids.size() x dim, state is
   // ids.size() x state_floats, or null to start the rows from InitState. Rows not listed keep
@@ -144,6 +160,10 @@ class EmbeddingStore {
   // must fill the row. Caller holds the row's stripe (exclusively).
   float* ClaimRow(int64_t row, bool* fresh);
   void RaiseLastStep(int64_t step);
+  // The generation stamp of a stored row (after its weights and state floats), read and written
+  // atomically: Apply writes it under the row's lock, a delta's stamp pass reads it without.
+  uint32_t StampOf(const float* row) const;
+  void SetStamp(float* row, uint32_t generation) const;
   // Software prefetch for a pass over ids[i, end): the index entry of a row far ahead and the
   // stored row (its first `bytes`) of a row nearer ahead. A pass over scattered rows is bound by
   // memory latency, not compute. Reads the index without the row's lock: a hint only.
@@ -151,7 +171,7 @@ class EmbeddingStore {
 
   const Options opt_;
   const int state_floats_;
-  const int64_t stride_;  // floats per stored row
+  const int64_t stride_;  // floats per stored row: dim + state_floats + 1 (the stamp)
   const int chunk_shift_;
   const int64_t num_index_pages_;
   const int64_t max_chunks_;
@@ -165,6 +185,7 @@ class EmbeddingStore {
   std::atomic<int64_t> index_pages_{0};
   std::atomic<int64_t> chunks_allocated_{0};
   std::atomic<int64_t> last_step_{0};
+  std::atomic<uint32_t> generation_{1};
 };
 
 }  // namespace pstrain

@@ -82,13 +82,14 @@ absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& s, BlockWriter* w) {
                             s.state_floats, w);
 }
 
-absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w) {
+absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w,
+                                uint32_t changed_since) {
   const EmbeddingMeta meta{store.begin(),        store.end(),
                            store.dim(),          store.optimizer().type(),
                            store.state_floats(), store.last_step()};
   RETURN_IF_ERROR(WriteEmbeddingMeta(meta, w));
   for (int64_t from = store.begin(); from < store.end(); from += kRowsPerSnapshotRange) {
-    const EmbeddingSnapshot s = store.Snapshot(from, from + kRowsPerSnapshotRange);
+    const EmbeddingSnapshot s = store.Snapshot(from, from + kRowsPerSnapshotRange, changed_since);
     RETURN_IF_ERROR(WriteEmbeddingRows(s.rows(), s.ids.data(), s.weights.data(), s.state.data(),
                                        s.dim, s.state_floats, w));
   }

@@ -37,7 +37,10 @@ struct EmbeddingMeta {
 absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& snapshot, BlockWriter* writer);
 // The same for a live store, streamed: snapshots of successive row ranges are written one at a
 // time, so memory stays bounded by a range, not the table. Each row is still consistent.
-absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* writer);
+// changed_since > 0 (an incremental checkpoint): only the rows stamped >= changed_since
+// (EmbeddingStore::Snapshot); the EMBM block is the same, so readers need not know.
+absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* writer,
+                                uint32_t changed_since = 0);
 
 // Called for each EMBR block: ids[n] (ascending), weights n x dim, state n x state_floats.
 using EmbeddingRowsFn =

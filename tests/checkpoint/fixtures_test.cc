@@ -9,6 +9,9 @@
 //   testdata/train_v2/   the same checkpoint as written since the MANIFEST records the model
 //                        (version 2: a ModelDescription of 2 fields of 5 rows, DeepFM k = 2);
 //                        the same shard-0-of-1 and worker-0.state bytes;
+//   testdata/train_v3_delta/  incremental checkpoints (MANIFEST version 3): ckpt-3, the train_v2
+//                        checkpoint (full), and ckpt-5, a delta of it holding row 7 after one
+//                        FTRL update, the whole dense vector and the worker state;
 //   testdata/ps_v1/      a PS checkpoint of 2 SYNC shards and 2 workers, written by
 //                        ShardServer::WriteCheckpoint and CommitCheckpoint: LATEST, and in ckpt-3/
 //                        shard-0-of-2 and shard-1-of-2 (SHRD, CONS with a kept push, one EMBM+EMBR
@@ -53,6 +56,7 @@ namespace {
 const std::string kTestdata = PSTRAIN_SOURCE_DIR "/tests/checkpoint/testdata";
 const std::string kTrainFixture = kTestdata + "/train_v1";
 const std::string kTrainV2Fixture = kTestdata + "/train_v2";
+const std::string kTrainV3DeltaFixture = kTestdata + "/train_v3_delta";
 const std::string kPsFixture = kTestdata + "/ps_v1";
 
 bool Regenerating() { return std::getenv("PSTRAIN_REGENERATE_FIXTURES") != nullptr; }
@@ -470,6 +474,104 @@ TEST(CheckpointFixtures, TrainV2StillWrites) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Incremental checkpoints: testdata/train_v3_delta
+// ---------------------------------------------------------------------------------------------
+
+// ckpt-3: the train_v2 checkpoint, full (checkpoint.incremental_every 2); then one update of row 7
+// and the dense vector at step 5, and ckpt-5: the delta.
+void WriteTrainDeltaCheckpoints(const std::string& dir) {
+  auto params = TrainParams(TrainConfig());
+  ASSERT_NE(params, nullptr);
+  ASSERT_TRUE(params->embedding()->Restore(TrainRows()).ok());
+  ASSERT_TRUE(params->dense()->Restore(TrainDense()).ok());
+  ReplicaDeltas deltas(2);
+  auto full = SaveCheckpoint(dir, TrainWorkerState(), *params, 3, TrainDescription(), &deltas);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const std::vector<int64_t> ids = {7};
+  const std::vector<float> grads = {0.5f, -0.25f, 0.125f};
+  const std::vector<float> dense(kTrainDenseSize, 0.0625f);
+  ASSERT_TRUE(params->Push(ids, grads.data(), dense.data(), 5).ok());
+  WorkerState state = TrainWorkerState();
+  state.set_step(5);
+  auto delta = SaveCheckpoint(dir, state, *params, 3, TrainDescription(), &deltas);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_EQ(*delta, dir + "/ckpt-5");
+}
+
+TEST(CheckpointFixtures, TrainV3DeltaReads) {
+  const std::string& dir = kTrainV3DeltaFixture;
+  EXPECT_EQ(Slurp(dir + "/LATEST"), "ckpt-5\n");
+  // The base is an ordinary full checkpoint: train_v2's files.
+  for (const char* file : {"shard-0-of-1", "worker-0.state"}) {
+    EXPECT_EQ(Slurp(dir + "/ckpt-3/" + file), Slurp(kTrainV2Fixture + "/ckpt-3/" + file)) << file;
+  }
+  CheckpointManifest base, manifest;
+  ParseSingleBlockFile("base MANIFEST", Slurp(dir + "/ckpt-3/MANIFEST"), "MANI", &base);
+  EXPECT_EQ(base.version(), 2);
+  EXPECT_FALSE(base.has_delta());
+  ParseSingleBlockFile("delta MANIFEST", Slurp(dir + "/ckpt-5/MANIFEST"), "MANI", &manifest);
+  EXPECT_EQ(manifest.version(), 3);
+  ExpectProtoEq(manifest.delta(),
+                ParseText<CheckpointDelta>("base_step: 3 parent_step: 3 depth: 1"));
+  // The delta's file holds row 7 only (the row updated since ckpt-3), then the dense vector.
+  auto reader = BlockReader::Open(dir + "/ckpt-5/shard-0-of-1");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int64_t> ids;
+  std::vector<float> row7, state7;
+  auto meta = LoadEmbeddingRows(reader->get(), [&](const EmbeddingMeta& m,
+                                                   absl::Span<const int64_t> block_ids,
+                                                   const float* w, const float* st) {
+    ids.insert(ids.end(), block_ids.begin(), block_ids.end());
+    row7.assign(w, w + m.dim);
+    state7.assign(st, st + m.state_floats);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(ids, std::vector<int64_t>{7});
+  EXPECT_EQ(meta->last_step, 5);
+  auto dense = LoadDenseSnapshot(reader->get());
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->last_step, 5);
+
+  // The restore reads the chain: row 2 from ckpt-3, row 7 and the dense vector from ckpt-5.
+  auto params = TrainParams(TrainConfig());
+  ASSERT_NE(params, nullptr);
+  WorkerState state;
+  auto restored = RestoreLatestCheckpoint(dir, params.get(), &state, TrainDescription());
+  ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
+  EXPECT_EQ(**restored, dir + "/ckpt-5");
+  EXPECT_EQ(state.step(), 5);
+  const EmbeddingSnapshot rows = params->embedding()->Snapshot();
+  const EmbeddingSnapshot saved = TrainRows();
+  ASSERT_EQ(rows.ids, (std::vector<int64_t>{2, 7}));
+  EXPECT_EQ(std::vector<float>(rows.weights.begin(), rows.weights.begin() + kTrainRowDim),
+            std::vector<float>(saved.weights.begin(), saved.weights.begin() + kTrainRowDim));
+  EXPECT_EQ(std::vector<float>(rows.weights.begin() + kTrainRowDim, rows.weights.end()), row7);
+  EXPECT_EQ(std::vector<float>(rows.state.begin() + 2 * kTrainRowDim, rows.state.end()), state7);
+  EXPECT_NE(row7, std::vector<float>(saved.weights.begin() + kTrainRowDim, saved.weights.end()));
+  EXPECT_EQ(params->dense()->Snapshot().weights, dense->weights);
+}
+
+TEST(CheckpointFixtures, TrainV3DeltaStillWrites) {
+  const std::string dir = FreshDir("train_v3_delta");
+  WriteTrainDeltaCheckpoints(dir);
+  EXPECT_EQ(Slurp(dir + "/LATEST"), Slurp(kTrainV3DeltaFixture + "/LATEST"));
+  for (const char* ckpt : {"/ckpt-3", "/ckpt-5"}) {
+    const std::string fresh = dir + ckpt, fixture = kTrainV3DeltaFixture + ckpt;
+    for (const char* file : {"shard-0-of-1", "worker-0.state"}) {
+      EXPECT_EQ(Slurp(fresh + "/" + file), Slurp(fixture + "/" + file)) << ckpt << " " << file;
+    }
+    CheckpointManifest committed;
+    const std::string committed_bytes = Slurp(fixture + "/MANIFEST");
+    ParseSingleBlockFile("fixture MANIFEST", committed_bytes, "MANI", &committed);
+    EXPECT_EQ(ManifestWithWallTime(Slurp(fresh + "/MANIFEST"), committed.wall_time()),
+              committed_bytes)
+        << ckpt;
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
 // PS mode: testdata/ps_v1
 // ---------------------------------------------------------------------------------------------
 
@@ -765,7 +867,7 @@ TEST(CheckpointFixtures, PsV1Reads) {
     std::vector<float> dense;
     for (int s = 0; s < shards; ++s) {
       ShardServer& server = *restored[s];
-      ASSERT_TRUE(server.RestoreCheckpoint((*choice)->dir, (*choice)->manifest).ok());
+      ASSERT_TRUE(server.RestoreCheckpoint((*choice)->chain).ok());
       EXPECT_EQ(server.Info().step(), 1);
       if (shards == 2) ExpectProtoEq(server.consistency().Save(), PsConsistency(s));
       std::vector<int64_t> ids;
@@ -846,8 +948,12 @@ TEST(CheckpointFixtures, RegenerateWhenAsked) {
                  << kPsFixture;
   }
   // train_v1 is a fixture of an old version: today's code reads it but no longer writes it.
-  ASSERT_EQ(std::system(("rm -rf " + kTrainV2Fixture + " " + kPsFixture).c_str()), 0);
+  ASSERT_EQ(std::system(
+                ("rm -rf " + kTrainV2Fixture + " " + kTrainV3DeltaFixture + " " + kPsFixture)
+                    .c_str()),
+            0);
   WriteTrainCheckpoint(kTrainV2Fixture);
+  WriteTrainDeltaCheckpoints(kTrainV3DeltaFixture);
   WritePsCheckpoint(kPsFixture);
 }
 

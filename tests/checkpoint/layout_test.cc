@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
+#include "checkpoint/delta_chain.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -94,12 +95,14 @@ void WriteDataFile(const std::string& ckpt, const std::string& name, CheckpointM
 }
 
 // A checkpoint of `step` as every mode writes one: prepare, data files, commit.
-std::string Save(const std::string& dir, int64_t step, int keep) {
+// `chain` (when not null) makes it a delta when the chain says so, and learns the commit.
+std::string Save(const std::string& dir, int64_t step, int keep, DeltaChain* chain = nullptr) {
   auto ckpt = PrepareCheckpointDir(dir, step);
   EXPECT_TRUE(ckpt.ok()) << ckpt.status();
   CheckpointManifest m;
   m.set_step(step);
   m.set_num_shards(1);
+  if (chain != nullptr && chain->Next()) *m.mutable_delta() = *chain->Next();
   WriteDataFile(*ckpt, ShardFileName(0, 1), &m);
   WorkerState w0, w1;
   w0.set_step(step);
@@ -108,6 +111,7 @@ std::string Save(const std::string& dir, int64_t step, int keep) {
   auto done = CommitCheckpoint(dir, m, {{0, w0}, {1, w1}}, keep);
   EXPECT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(*done, *ckpt);
+  if (chain != nullptr) chain->Committed(m);
   return *ckpt;
 }
 
@@ -368,6 +372,105 @@ TEST(CheckpointLayout, RetentionNeverDeletesTheCommittedCheckpoint) {
   // Once the job commits past the stale directory, it goes.
   Save(dir, 105, 1);
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{105}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Incremental checkpoints: every K-th is full, the K - 1 between are deltas naming their base,
+// parent and depth; a failed write changes nothing (the next delta builds on the last commit).
+TEST(DeltaChain, EveryKthCheckpointIsFull) {
+  DeltaChain off(1);
+  CheckpointManifest m;
+  m.set_step(5);
+  off.Committed(m);
+  EXPECT_FALSE(off.Next());
+
+  DeltaChain chain(3);
+  EXPECT_FALSE(chain.Next());  // nothing committed: full
+  std::vector<std::string> kinds;
+  for (int64_t step = 10; step <= 70; step += 10) {
+    CheckpointManifest c;
+    c.set_step(step);
+    if (auto d = chain.Next()) *c.mutable_delta() = *d;
+    kinds.push_back(c.has_delta() ? absl::StrCat("d", c.delta().depth(), "/", c.delta().base_step(),
+                                                 "/", c.delta().parent_step())
+                                  : "full");
+    chain.Committed(c);
+  }
+  EXPECT_EQ(kinds, (std::vector<std::string>{"full", "d1/10/10", "d2/10/20", "full", "d1/40/40",
+                                             "d2/40/50", "full"}));
+  // A restored delta of depth 1 allows one more delta.
+  DeltaChain resumed(3);
+  CheckpointManifest d;
+  d.set_step(50);
+  d.mutable_delta()->set_base_step(40);
+  d.mutable_delta()->set_parent_step(40);
+  d.mutable_delta()->set_depth(1);
+  resumed.Committed(d);
+  ASSERT_TRUE(resumed.Next());
+  EXPECT_EQ(resumed.Next()->depth(), 2);
+  EXPECT_EQ(resumed.Next()->parent_step(), 50);
+  EXPECT_EQ(resumed.Next()->base_step(), 40);
+}
+
+// The chain of a delta: base first, verified link by link; a chain that names a checkpoint that
+// is not its base's delta, or a parent that is not older, is refused naming the link.
+TEST(CheckpointLayout, VerifyCheckpointChainWalksToTheBase) {
+  const std::string dir = FreshDir("chain");
+  DeltaChain chain(4);
+  for (int64_t step : {10, 20, 30}) Save(dir, step, 10, &chain);
+  auto links = VerifyCheckpointChain(dir + "/ckpt-30");
+  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_EQ(links->size(), 3u);
+  EXPECT_EQ((*links)[0].dir, dir + "/ckpt-10");
+  EXPECT_EQ((*links)[1].dir, dir + "/ckpt-20");
+  EXPECT_EQ((*links)[2].dir, dir + "/ckpt-30");
+  EXPECT_EQ((*links)[2].manifest.version(), kDeltaManifestVersion);
+  EXPECT_EQ(ChainSteps(dir, 30), (std::vector<int64_t>{20, 10}));
+  EXPECT_TRUE(ChainSteps(dir, 10).empty());
+
+  // A MANIFEST whose parent is not older than itself (hostile or corrupt): refused, no loop.
+  CheckpointManifest m;
+  ASSERT_TRUE(ReadManifest(dir + "/ckpt-30", &m).ok());
+  m.mutable_delta()->set_parent_step(30);
+  ASSERT_TRUE(WriteManifest(dir + "/ckpt-30", m).ok());
+  links = VerifyCheckpointChain(dir + "/ckpt-30");
+  ASSERT_FALSE(links.ok());
+  EXPECT_THAT(links.status().message(),
+              HasSubstr("ckpt-30 names the parent ckpt-30, not an older checkpoint of its chain"));
+  // A base that is itself a delta.
+  m.mutable_delta()->set_parent_step(20);
+  m.mutable_delta()->set_base_step(20);
+  ASSERT_TRUE(WriteManifest(dir + "/ckpt-30", m).ok());
+  links = VerifyCheckpointChain(dir + "/ckpt-30");
+  ASSERT_FALSE(links.ok());
+  EXPECT_EQ(links.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(links.status().message(),
+              HasSubstr("the link ckpt-20 is a delta of ckpt-10, not the full base"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Retention keeps every link a kept delta restores from, however old, and deletes a chain once
+// no kept checkpoint needs it.
+TEST(CheckpointLayout, RetentionKeepsTheChainsOfKeptDeltas) {
+  const std::string dir = FreshDir("keep_chain");
+  DeltaChain chain(4);  // full 10, deltas 20 30 40, full 50, deltas 60 70 80, full 90
+  for (int64_t step : {10, 20, 30, 40}) Save(dir, step, 2, &chain);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{40, 30, 20, 10}));  // 40 and 30 need 20 and 10
+  Save(dir, 50, 2, &chain);  // full: keeps 50 and 40, and 40's chain
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{50, 40, 30, 20, 10}));
+  Save(dir, 60, 2, &chain);  // 60 (a delta of 50) and 50: the old chain goes
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{60, 50}));
+  Save(dir, 70, 1, &chain);  // keep 1: 70 and its chain
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{70, 60, 50}));
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->chain.size(), 3u);
+  // The checkpoint BEST names (checkpoint.keep_best) keeps its chain too.
+  ASSERT_TRUE(WriteBest(dir, 70).ok());
+  Save(dir, 80, 1, &chain);  // a delta of 50 (depth 3)
+  Save(dir, 90, 1, &chain);  // full
+  Save(dir, 100, 1, &chain);  // a delta of 90: 100, 90; BEST 70 with 60 and 50; 80 goes
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{100, 90, 70, 60, 50}));
   std::system(("rm -rf " + dir).c_str());
 }
 

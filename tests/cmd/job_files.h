@@ -1,16 +1,21 @@
 // Test helpers for the files of a job run by the real binary: its data, made by `pstrain
-// datagen`, its config's channels, running it with a log, and its <model_dir>/summary.json.
+// datagen`, its config's channels, running it with a log, and its <model_dir>/summary.json;
+// and a `pstrain local` run to its end.
 #pragma once
 
 #include <google/protobuf/struct.pb.h>
 #include <sys/wait.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <chrono>
+#include <csignal>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/file.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
 
@@ -65,6 +70,34 @@ inline google::protobuf::Struct ReadSummary(const std::string& model_dir) {
     EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
   }
   return summary;
+}
+
+// Runs `pstrain local` (argv) to its end: "pstrain local: done" with the test AUC within 240 s,
+// exit code 0, and no process mentioning `model_dir` left behind.
+inline void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {
+  Subprocess local;
+  std::string error;
+  ASSERT_TRUE(local.Start(args, &error)) << error;
+  EXPECT_THAT(local.ReadLineContaining("pstrain local: done", 240000),
+              ::testing::HasSubstr("test AUC"));
+  const int status = local.WaitExit(60000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+}
+
+// Starts `pstrain local` (argv), waits until host 0 of 2 trains, lets it run for `run_ms`, sends
+// SIGTERM (a preemption) and expects exit code 0: the job wrote its stop checkpoint.
+inline void RunLocalUntilSigterm(const std::vector<std::string>& args, int run_ms) {
+  Subprocess local;
+  std::string error;
+  ASSERT_TRUE(local.Start(args, &error)) << error;
+  ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), ::testing::HasSubstr("training"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(run_ms));
+  ASSERT_TRUE(local.Signal(SIGTERM));
+  const int status = local.WaitExit(120000);
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace testing

@@ -30,6 +30,7 @@ using testing::ProcessesMentioning;
 using testing::RunToExit;
 using ::testing::HasSubstr;
 using testing::ReadSummary;
+using testing::RunLocal;
 using testing::Subprocess;
 
 constexpr int kTrainRows = 20000;
@@ -266,19 +267,6 @@ TEST_F(LocalClusterTest, AFailingHostStopsTheOthers) {
   EXPECT_EQ(ProcessesMentioning(model_dir), 0);
 }
 
-// Reads <model_dir>/summary.json.
-// Runs `pstrain local` to its end, expecting success and no process left behind.
-void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {
-  Subprocess local;
-  std::string error;
-  ASSERT_TRUE(local.Start(args, &error)) << error;
-  EXPECT_THAT(local.ReadLineContaining("pstrain local: done", 240000), HasSubstr("test AUC"));
-  const int status = local.WaitExit(60000);
-  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
-}
-
 // Issue 4: SYNC mode with deterministic data matches single-process training with the same
 // global batch. Record sharding without any shuffle gives worker w of 2 the records w, w + 2, ...
 // in file order, so the union of the workers' step-j batches (B each) is exactly the single
@@ -358,15 +346,7 @@ TEST_F(LocalClusterTest, SyncSigtermAndResumeEqualsAnUninterruptedRun) {
   const std::string parts = Dir() + "/model_sync_parts";
   std::vector<std::string> scheduled = args(parts);
   scheduled.insert(scheduled.end(), {"--set", "checkpoint.every_steps=7"});
-  Subprocess local;
-  std::string error;
-  ASSERT_TRUE(local.Start(scheduled, &error)) << error;
-  ASSERT_THAT(local.ReadLineContaining("host 0/2 ready", 60000), HasSubstr("training"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ASSERT_TRUE(local.Signal(SIGTERM));
-  const int status = local.WaitExit(120000);
-  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  testing::RunLocalUntilSigterm(scheduled, 1500);
   const auto stopped = ReadSummary(parts).fields();
   EXPECT_TRUE(stopped.at("preempted").bool_value());
   EXPECT_LT(stopped.at("examples").number_value(), kTrainRows * epochs)

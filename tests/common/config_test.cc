@@ -103,6 +103,14 @@ TEST(Config, ValidationNamesTheField) {
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.mutable_cluster()->set_consistency(SYNC);  // where it does not apply (as prefetch_pulls)
   EXPECT_TRUE(ValidateConfig(c).ok());
+  c = Config();
+  EXPECT_EQ(c.checkpoint().incremental_every(), 1);  // every checkpoint full unless asked
+  c.mutable_checkpoint()->set_incremental_every(0);
+  EXPECT_THAT(ValidateConfig(c).message(),
+              HasSubstr("checkpoint.incremental_every: must be >= 1 (1: every checkpoint is "
+                        "full), got 0"));
+  c.mutable_checkpoint()->set_incremental_every(10);
+  EXPECT_TRUE(ValidateConfig(c).ok());
 }
 
 TEST(Config, DefaultsResolveThreadsFromCores) {

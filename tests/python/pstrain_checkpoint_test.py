@@ -57,6 +57,12 @@ def setUpModule():
     run("datagen", "--rows", "600", "--seed", "2", "--out", os.path.join(d, "test"))
     run("train", "--config", os.path.join(d, "config.textproto"), "--train",
         os.path.join(d, "train", "part-*"), "--model_dir", os.path.join(d, "m"))
+    # The same training with incremental checkpoints (every 5 steps, never a second full one):
+    # its last checkpoint is a delta whose chain the reader must follow.
+    run("train", "--config", os.path.join(d, "config.textproto"), "--train",
+        os.path.join(d, "train", "part-*"), "--model_dir", os.path.join(d, "m_incr"),
+        "--set", "checkpoint.every_steps=5", "--set", "checkpoint.incremental_every=100",
+        "--set", "checkpoint.keep=2")
     Fixture.test = os.path.join(d, "test", "part-00000.tsv")
     run("predict", "--model_dir", os.path.join(d, "m"), "--input", Fixture.test, "--out",
         os.path.join(d, "scores.tsv"))
@@ -113,6 +119,24 @@ class ReaderTest(unittest.TestCase):
         self.assertEqual(sum(len(s) for s in ck.dense_state.values()), 2 * len(ck.dense) + 1)
         for name, t in ck.tensors.items():
             self.assertTrue(np.array_equal(t, ex.tensors[name]), name)
+
+    def test_a_delta_checkpoint_reads_through_its_chain(self):
+        full = pc.load(os.path.join(Fixture.dir, "m"))
+        incr_dir = os.path.join(Fixture.dir, "m_incr")
+        self.assertIn("ckpt-5", os.listdir(incr_dir))  # the base, kept for the chain
+        incr = pc.load(incr_dir)
+        self.assertEqual(incr.step, full.step)
+        self.assertGreater(len(incr.ids), 1000)
+        self.assertTrue(np.array_equal(incr.ids, full.ids))
+        self.assertTrue(np.array_equal(incr.rows, full.rows))
+        self.assertTrue(np.array_equal(incr.row_state, full.row_state))
+        self.assertTrue(np.array_equal(incr.dense, full.dense))
+        # The delta alone holds fewer rows: the chain is what completes it.
+        latest = open(os.path.join(incr_dir, "LATEST")).read().strip()
+        manifest = pc.parse_message(pc.read_blocks(os.path.join(incr_dir, latest, "MANIFEST"),
+                                                   True)[0][1], pc._MANIFEST)
+        self.assertEqual(manifest["delta"]["base_step"], 5)
+        self.assertEqual(manifest["version"], 3)
 
     def test_int8_export_is_close(self):
         f32 = pc.load(os.path.join(Fixture.dir, "export_f32"))

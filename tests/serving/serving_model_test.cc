@@ -80,7 +80,7 @@ TEST(ServingModel, ReadsTheSingleProcessCheckpointExactly) {
   auto chosen = ChooseCheckpointToRead(dir, "", nullptr);
   ASSERT_TRUE(chosen.ok()) << chosen.status();
   EXPECT_EQ(chosen->dir, dir + "/ckpt-3");
-  auto m = ServingModel::FromCheckpoint(chosen->dir, chosen->manifest, chosen->description);
+  auto m = ServingModel::FromCheckpoint(chosen->chain, chosen->description);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)->stored_rows(), static_cast<int64_t>(ids.size()));
   EXPECT_EQ((*m)->origin().step, 3);
@@ -146,7 +146,7 @@ TEST(ServingModel, ReadsAPsCheckpointOfAnyShardCount) {
 
     auto chosen = ChooseCheckpointToRead(dir, "ckpt-6", nullptr);
     ASSERT_TRUE(chosen.ok()) << chosen.status();
-    auto m = ServingModel::FromCheckpoint(chosen->dir, chosen->manifest, chosen->description);
+    auto m = ServingModel::FromCheckpoint(chosen->chain, chosen->description);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ((*m)->stored_rows(), 6);
     // Every row, from the shard that owns it; the dense vector, slice by slice.
@@ -173,7 +173,8 @@ TEST(ServingModel, ReadsAPsCheckpointOfAnyShardCount) {
       // A MANIFEST that leaves out a shard file leaves a dense slice uncovered: refused.
       CheckpointManifest partial = chosen->manifest;
       partial.mutable_file()->DeleteSubrange(1, 1);
-      auto refused = ServingModel::FromCheckpoint(chosen->dir, partial, chosen->description);
+      const CheckpointLink link{chosen->dir, partial};
+      auto refused = ServingModel::FromCheckpoint({link}, chosen->description);
       ASSERT_FALSE(refused.ok());
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
       EXPECT_NE(refused.status().message().find("in none of its shard files"),
@@ -199,7 +200,7 @@ TEST(ServingModel, ReadsTheVersion1PsFixtureGivenItsModel) {
   EXPECT_NE(needs_config.status().message().find("--config"), absl::string_view::npos);
   auto chosen = ChooseCheckpointToRead(fixture, "", &d);
   ASSERT_TRUE(chosen.ok()) << chosen.status();
-  auto m = ServingModel::FromCheckpoint(chosen->dir, chosen->manifest, chosen->description);
+  auto m = ServingModel::FromCheckpoint(chosen->chain, chosen->description);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)->stored_rows(), 3);
   // The fixture's values (tests/checkpoint/fixtures_test.cc): rows 1, 5, 9 trained by one

@@ -71,6 +71,7 @@ AllreduceParams::AllreduceParams(std::unique_ptr<LocalParams> replica, Allreduce
       opt_(std::move(options)),
       rank_(rank),
       size_(size),
+      deltas_(opt_.incremental_every),
       last_checkpoint_time_(Now()) {}
 
 absl::Status AllreduceParams::Check(int rc, const char* call, int64_t step) const {
@@ -268,7 +269,7 @@ absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state)
     if (written.ok()) {
       written = SaveCheckpoint(opt_.checkpoint_dir, step, states, *replica_, opt_.keep,
                                absl::StrCat("pstrain allreduce (", size_, " ranks)"),
-                               opt_.model);
+                               opt_.model, &deltas_);
     }
   }
   int64_t code_len[2] = {0, 0};
@@ -333,7 +334,7 @@ absl::StatusOr<std::string> AllreduceParams::Save(const WorkerState& state, bool
 absl::StatusOr<std::optional<std::string>> AllreduceParams::Restore(WorkerState* state) {
   absl::StatusOr<std::optional<std::string>> restored =
       RestoreLatestCheckpoint(opt_.checkpoint_dir, replica_.get(), state, rank_, size_,
-                              opt_.model);
+                              opt_.model, &deltas_);
   if (restored.ok()) {
     restored = RestoreOrWarmStart(*std::move(restored), opt_.warm_start, [&] {
       return WarmStartParams(*opt_.warm_start, opt_.model, replica_.get());

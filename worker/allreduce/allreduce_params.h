@@ -57,6 +57,9 @@ struct AllreduceOptions {
   // Checkpoints: rank 0 writes them to checkpoint_dir (shared by all ranks for Restore).
   std::string checkpoint_dir;
   int keep = 3;
+  // checkpoint.incremental_every: rank 0 writes its replica's deltas (every rank applies the same
+  // updates, so rank 0's changed rows are the job's).
+  int incremental_every = 1;
   int64_t checkpoint_every_steps = 0;    // 0 = off
   double checkpoint_every_seconds = 0;   // rank 0's clock; 0 = off
   // This process's SIGTERM flag (not owned; may be null).
@@ -142,6 +145,7 @@ class AllreduceParams : public ParameterAccess {
   const std::unique_ptr<LocalParams> replica_;
   const AllreduceOptions opt_;
   const int rank_, size_;
+  ReplicaDeltas deltas_;  // rank 0's: what its next checkpoint builds on
   std::atomic<bool> agreed_stop_{false};
   bool end_pass_ = false, pass_ended_ = false;
   bool checkpoint_requested_ = false;

@@ -9,7 +9,10 @@
 
 namespace pstrain {
 
-PsCheckpointer::PsCheckpointer(Options options) : opt_(std::move(options)) {
+PsCheckpointer::PsCheckpointer(Options options)
+    : opt_(std::move(options)), deltas_(opt_.incremental_every) {
+  // Every host restored the same checkpoint (ChooseCheckpoint): a delta may build on it.
+  if (opt_.restored) deltas_.Committed(opt_.restored->manifest);
   for (const std::string& a : opt_.shards) {
     shards_.push_back(std::make_unique<ShardRpc>(a, opt_.security, opt_.worker));
   }
@@ -326,10 +329,15 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
 
   // Every writer is paused: the copies are one instant of the whole cluster.
   const int S = static_cast<int>(shards_.size());
+  const std::optional<CheckpointDelta> delta = deltas_.Next();
   for (int s = 0; s < S; ++s) {
     SaveShardRequest req;
     req.set_phase(SaveShardRequest::COPY);
     req.set_round(round);
+    if (delta) {
+      req.set_delta(true);
+      req.set_delta_parent_step(delta->parent_step());
+    }
     RETURN_IF_ERROR(
         Annotate(shards_[s]->SaveShard(req, opt_.timeout).status(), "copying the shard"));
   }
@@ -358,6 +366,7 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
   manifest.set_row_dim(info.map().row_dim());
   manifest.set_dense_size(info.map().dense_size());
   *manifest.mutable_model() = opt_.model;
+  if (delta) *manifest.mutable_delta() = *delta;
   manifest.set_created_by(absl::StrCat("pstrain PS job (", S, " shards, ", opt_.num_workers,
                                        " workers, round ", round, ")"));
   for (int s = 0; s < S; ++s) {
@@ -366,8 +375,8 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
     f->set_name(written[s]->file());
     f->set_bytes(written[s]->bytes());
   }
-  ASSIGN_OR_RETURN(std::string committed,
-                   CommitCheckpoint(opt_.dir, std::move(manifest), states, opt_.keep));
+  ASSIGN_OR_RETURN(std::string committed, CommitCheckpoint(opt_.dir, manifest, states, opt_.keep));
+  deltas_.Committed(manifest);
   RETURN_IF_ERROR(MarkPassEnd(opt_.dir, step, states));
   return committed;
 }

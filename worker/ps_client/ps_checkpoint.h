@@ -59,6 +59,8 @@ class PsCheckpointer final : public Checkpointer {
     int worker = 0;   // this worker; 0 is the chief
     int num_workers = 1;
     int keep = 3;
+    // checkpoint.incremental_every: the chief asks the shards for deltas between full ones.
+    int incremental_every = 1;
     std::vector<std::string> shards;     // every shard's address, shard 0 first
     // Required: flushed before arriving; with BOUNDED / SYNC its job_state() tells of rounds.
     PsClient* client = nullptr;
@@ -142,6 +144,7 @@ class PsCheckpointer final : public Checkpointer {
   std::vector<std::unique_ptr<ShardRpc>> shards_;
   int64_t handled_round_ = 0;  // the last round this worker took part in
   int64_t step_base_ = 0;      // added to the workers' steps in checkpoint names (see Restore)
+  DeltaChain deltas_;          // chief: what the next checkpoint builds on
   std::string final_state_;
   bool stopped_ = false;  // a round ended the job: later saves return last_saved_dir_
   bool pass_ended_ = false;  // that round ended the job's pass (the chief's EndPass)

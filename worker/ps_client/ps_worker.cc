@@ -62,6 +62,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   co.worker = me;
   co.num_workers = N;
   co.keep = config.checkpoint().keep();
+  co.incremental_every = config.checkpoint().incremental_every();
   co.shards = o.shards;
   co.client = client.get();
   co.stop = o.stop;

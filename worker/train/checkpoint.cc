@@ -25,25 +25,33 @@ absl::StatusOr<ModelDescription> DescribeModel(const Config& config) {
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep,
-                                           const ModelDescription& model) {
-  return SaveCheckpoint(dir, state.step(), {{0, state}}, params, keep, "pstrain train", model);
+                                           const ModelDescription& model, ReplicaDeltas* deltas) {
+  return SaveCheckpoint(dir, state.step(), {{0, state}}, params, keep, "pstrain train", model,
+                        deltas);
 }
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
                                            absl::string_view created_by,
-                                           const ModelDescription& model) {
+                                           const ModelDescription& model, ReplicaDeltas* deltas) {
   if (IsCommittedCheckpoint(dir, step)) {
     RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
     return CheckpointPath(dir, step);
   }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(dir, step));
   CheckpointManifest manifest;
+  const std::optional<CheckpointDelta> delta =
+      deltas != nullptr ? deltas->chain.Next() : std::nullopt;
+  if (delta) *manifest.mutable_delta() = *delta;
+  // Updates after this copy are stamped with a new generation: the next delta's rows.
+  EmbeddingStore& store = *params.embedding();
+  const uint32_t generation = store.generation() + 1;
+  store.set_generation(generation);
   {
     const std::string file = ShardFileName(0, 1);
     ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + file));
-    RETURN_IF_ERROR(SaveEmbeddingStore(*params.embedding(), w.get()));
+    RETURN_IF_ERROR(SaveEmbeddingStore(store, w.get(), delta ? deltas->changed_since : 0));
     RETURN_IF_ERROR(SaveDenseStore(params.dense()->Snapshot(), w.get()));
     RETURN_IF_ERROR(w->Finish());
     auto* f = manifest.add_file();
@@ -58,24 +66,24 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   manifest.set_dense_size(params.dense_size());
   manifest.set_created_by(std::string(created_by));
   *manifest.mutable_model() = model;
-  ASSIGN_OR_RETURN(std::string committed,
-                   CommitCheckpoint(dir, std::move(manifest), workers, keep));
+  ASSIGN_OR_RETURN(std::string committed, CommitCheckpoint(dir, manifest, workers, keep));
+  if (deltas != nullptr) {
+    deltas->chain.Committed(manifest);
+    deltas->changed_since = generation;
+  }
   RETURN_IF_ERROR(MarkPassEnd(dir, step, workers));
   return committed;
 }
 
-absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
-                                                                   LocalParams* params,
-                                                                   WorkerState* state,
-                                                                   const ModelDescription& model) {
-  return RestoreLatestCheckpoint(dir, params, state, 0, 1, model);
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
+    const std::string& dir, LocalParams* params, WorkerState* state, const ModelDescription& model,
+    ReplicaDeltas* deltas) {
+  return RestoreLatestCheckpoint(dir, params, state, 0, 1, model, deltas);
 }
 
-absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
-                                                                   LocalParams* params,
-                                                                   WorkerState* state, int worker,
-                                                                   int num_workers,
-                                                                   const ModelDescription& model) {
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
+    const std::string& dir, LocalParams* params, WorkerState* state, int worker, int num_workers,
+    const ModelDescription& model, ReplicaDeltas* deltas) {
   ASSIGN_OR_RETURN(std::optional<CheckpointChoice> choice, ChooseCheckpoint(dir));
   if (!choice) return std::optional<std::string>();
   const std::string& ckpt = choice->dir;
@@ -99,11 +107,23 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::st
         "command and number of ranks, or a new --model_dir"));
   }
   RETURN_IF_ERROR(ReadWorkerState(ckpt, worker, state));
-  ASSIGN_OR_RETURN(auto r, BlockReader::Open(ckpt + "/" + ShardFileName(0, 1)));
   EmbeddingStore* stores[] = {params->embedding()};
-  RETURN_IF_ERROR(LoadEmbeddingStores(r.get(), stores, nullptr));
-  ASSIGN_OR_RETURN(DenseSnapshot dense, LoadDenseSnapshot(r.get()));
-  RETURN_IF_ERROR(params->dense()->Restore(dense));
+  ASSIGN_OR_RETURN(ParameterLoadCounts counts,
+                   LoadParameterFiles(choice->chain, stores, params->dense(), ParameterLoadMode()));
+  if (counts.dense_floats != params->dense_size()) {
+    return absl::DataLossError(absl::StrCat(ckpt, ": its shard files hold ", counts.dense_floats,
+                                            " of the ", params->dense_size(), " dense floats"));
+  }
+  if (choice->chain.size() > 1) {
+    PSTRAIN_LOG(INFO) << "restored " << ckpt << " with its chain: the full "
+                      << choice->chain.front().dir << " and " << choice->chain.size() - 1
+                      << " delta(s)";
+  }
+  if (deltas != nullptr) {
+    deltas->chain.Committed(manifest);
+    // Restored rows are stamped 0; every update from now on is stamped with the live generation.
+    deltas->changed_since = params->embedding()->generation();
+  }
   return std::optional<std::string>(ckpt);
 }
 
@@ -123,7 +143,7 @@ absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
   mode.keep_optimizer_state = !warm_start.reset_optimizer();
   EmbeddingStore* stores[] = {params->embedding()};
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
-                   LoadParameterFiles(source.dir, m, stores, params->dense(), mode));
+                   LoadParameterFiles(source.chain, stores, params->dense(), mode));
   if (counts.dense_floats != params->dense_size()) {
     return absl::DataLossError(absl::StrCat("warm start from ", source.dir, ": the shard files hold ",
                                             counts.dense_floats, " of the ",

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/delta_chain.h"
 #include "checkpoint/layout.h"
 #include "common/status.h"
 #include "pstrain/config.pb.h"
@@ -32,14 +33,27 @@ namespace pstrain {
 // INVALID_ARGUMENT for a features or model config that FeatureSpec / Model refuse.
 absl::StatusOr<ModelDescription> DescribeModel(const Config& config);
 
+// The incremental checkpoints of one in-process replica (checkpoint.incremental_every): what the
+// next delta builds on, and the embedding store's generation since which rows changed
+// (EmbeddingStore::Snapshot changed_since). Kept by the replica's writer; SaveCheckpoint and
+// RestoreLatestCheckpoint update it.
+struct ReplicaDeltas {
+  explicit ReplicaDeltas(int incremental_every) : chain(incremental_every) {}
+  DeltaChain chain;
+  uint32_t changed_since = 0;  // rows stamped >= this changed since the last committed checkpoint
+};
+
 // Writes ckpt-<state.step()> under `dir`, updates LATEST, then deletes all but the newest `keep`
 // checkpoints (checkpoint/layout.h CommitCheckpoint). Each row of the stores is captured
 // consistently (weights and optimizer slots from the same instant). The MANIFEST records `model`.
 // A step already committed (IsCommittedCheckpoint) is not written again. Returns the checkpoint
-// directory.
+// directory. With `deltas` (not null) the checkpoint is a delta when deltas->chain says so: only
+// the rows updated since the last committed checkpoint, the whole dense state; `deltas` learns the
+// commit. Must not run concurrently with updates of `params` (the trainer saves between steps).
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const WorkerState& state,
                                            LocalParams& params, int keep,
-                                           const ModelDescription& model);
+                                           const ModelDescription& model,
+                                           ReplicaDeltas* deltas = nullptr);
 
 // The same for a job of several workers that share one replica of the parameters (the allreduce
 // mode): ckpt-<step> with worker-<j>.state for each entry of `workers`; MANIFEST created_by.
@@ -47,26 +61,27 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                            const std::map<int, WorkerState>& workers,
                                            LocalParams& params, int keep,
                                            absl::string_view created_by,
-                                           const ModelDescription& model);
+                                           const ModelDescription& model,
+                                           ReplicaDeltas* deltas = nullptr);
 
 // Restores the checkpoint LATEST names; if it is missing or corrupt, says why on stderr and falls
-// back to the next older complete checkpoint. Every file is verified completely before anything
-// is loaded, so a refused checkpoint leaves `params` untouched. Returns the directory restored,
+// back to the next older complete checkpoint. A delta is restored with its chain (the full
+// checkpoint, then every delta up to it); a delta whose chain is broken is refused and the
+// previous checkpoint restored. Every file is verified completely before anything is loaded, so
+// a refused checkpoint leaves `params` untouched. `deltas` (when not null) learns the checkpoint
+// restored: the next delta builds on it. Returns the directory restored,
 // or nullopt when there is no LATEST (a fresh start). Errors: LATEST exists but no checkpoint is
 // usable (DATA_LOSS: progress is never silently discarded), or a verified checkpoint was written
 // for another model (FAILED_PRECONDITION: another shape, or a MANIFEST whose description differs
 // from `model`, naming the field: checkpoint/layout.h CheckCheckpointModel).
-absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
-                                                                   LocalParams* params,
-                                                                   WorkerState* state,
-                                                                   const ModelDescription& model);
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
+    const std::string& dir, LocalParams* params, WorkerState* state, const ModelDescription& model,
+    ReplicaDeltas* deltas = nullptr);
 // The same for worker `worker` of a job of `num_workers` sharing one replica (the allreduce
 // mode): reads worker-<worker>.state; a checkpoint of another number of workers is refused.
-absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(const std::string& dir,
-                                                                   LocalParams* params,
-                                                                   WorkerState* state, int worker,
-                                                                   int num_workers,
-                                                                   const ModelDescription& model);
+absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
+    const std::string& dir, LocalParams* params, WorkerState* state, int worker, int num_workers,
+    const ModelDescription& model, ReplicaDeltas* deltas = nullptr);
 
 // A warm start of in-process parameters (docs/CHECKPOINT.md "Warm start"): the checkpoint
 // ChooseWarmStartCheckpoint picks for `warm_start` and `model` (any mode, any shard count) is
@@ -127,22 +142,25 @@ class Checkpointer {
 // `pstrain train`: SaveCheckpoint / RestoreLatestCheckpoint of in-process parameters.
 class LocalCheckpointer : public Checkpointer {
  public:
-  // `warm_start`: train.warm_start when the config has one.
+  // `warm_start`: train.warm_start when the config has one. `incremental_every`:
+  // checkpoint.incremental_every.
   LocalCheckpointer(std::string dir, LocalParams* params, int keep, ModelDescription model,
-                    std::optional<WarmStart> warm_start = std::nullopt)
+                    std::optional<WarmStart> warm_start = std::nullopt,
+                    int incremental_every = 1)
       : dir_(std::move(dir)),
         params_(params),
         keep_(keep),
         model_(std::move(model)),
-        warm_start_(std::move(warm_start)) {}
+        warm_start_(std::move(warm_start)),
+        deltas_(incremental_every) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     ASSIGN_OR_RETURN(std::optional<std::string> restored,
-                     RestoreLatestCheckpoint(dir_, params_, state, model_));
+                     RestoreLatestCheckpoint(dir_, params_, state, model_, &deltas_));
     return RestoreOrWarmStart(std::move(restored), warm_start_,
                               [&] { return WarmStartParams(*warm_start_, model_, params_); });
   }
   absl::StatusOr<std::string> Save(const WorkerState& state, bool /*final*/) override {
-    return SaveCheckpoint(dir_, state, *params_, keep_, model_);
+    return SaveCheckpoint(dir_, state, *params_, keep_, model_, &deltas_);
   }
 
  private:
@@ -151,6 +169,7 @@ class LocalCheckpointer : public Checkpointer {
   const int keep_;
   const ModelDescription model_;
   const std::optional<WarmStart> warm_start_;
+  ReplicaDeltas deltas_;
 };
 
 }  // namespace pstrain

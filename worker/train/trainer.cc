@@ -109,7 +109,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     local_checkpointer = std::make_unique<LocalCheckpointer>(
         ckpt_dir, local.get(), config.checkpoint().keep(), std::move(description),
         config.train().has_warm_start() ? std::optional<WarmStart>(config.train().warm_start())
-                                        : std::nullopt);
+                                        : std::nullopt,
+        config.checkpoint().incremental_every());
     checkpointer = local_checkpointer.get();
   }
   ASSIGN_OR_RETURN(auto progress,

@@ -568,11 +568,15 @@ std::string TestDir(const std::string& name) {
 }
 
 // Writes a checkpoint of `cluster` under dir the way the chief does: COPY every shard, WRITE
-// every shard, then the MANIFEST and LATEST.
-void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t round) {
+// every shard, then the MANIFEST and LATEST. With `deltas`, a delta when the chain says so.
+void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t round,
+                 DeltaChain* deltas = nullptr) {
   auto ckpt = PrepareCheckpointDir(dir, step);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   CheckpointManifest manifest;
+  const std::optional<CheckpointDelta> delta =
+      deltas != nullptr ? deltas->Next() : std::nullopt;
+  if (delta) *manifest.mutable_delta() = *delta;
   manifest.set_step(step);
   manifest.set_num_shards(static_cast<int>(cluster->servers.size()));
   manifest.set_table_rows(cluster->table.rows);
@@ -580,7 +584,10 @@ void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t
   manifest.set_row_dim(cluster->table.row_dim);
   manifest.set_dense_size(cluster->table.dense_size);
   for (auto& server : cluster->servers) {
-    ASSERT_TRUE(server->CopyForCheckpoint(round).ok());
+    ASSERT_TRUE(server
+                    ->CopyForCheckpoint(round, delta ? std::optional<int64_t>(delta->parent_step())
+                                                     : std::nullopt)
+                    .ok());
   }
   for (auto& server : cluster->servers) {
     auto written = server->WriteCheckpoint(round, CheckpointName(step));
@@ -592,6 +599,56 @@ void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t
   WorkerState state;
   state.set_step(step);
   ASSERT_TRUE(CommitCheckpoint(dir, manifest, {{0, state}}, /*keep=*/3).ok());
+  if (deltas != nullptr) deltas->Committed(manifest);
+}
+
+// One step of `n` random rows (and the dense vector) pushed to a cluster through `client` and
+// applied to its single-store twin `ref`; the rows are added to *touched.
+void PushStep(PsClient* client, Reference* ref, Rng* rng, const Table& t, int step, int n,
+              std::vector<int64_t>* touched) {
+  const std::vector<int64_t> ids = UniqueIds(rng, t.rows, n);
+  touched->insert(touched->end(), ids.begin(), ids.end());
+  const std::vector<float> grads = RandomValues(rng, ids.size() * t.row_dim);
+  const std::vector<float> dense_grad = RandomValues(rng, t.dense_size);
+  ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), step).ok());
+  ASSERT_TRUE(ref->rows->Apply(ids, grads.data(), step).ok());
+  ref->dense->Apply(dense_grad.data(), step);
+}
+
+// Restores the chosen checkpoint onto new clusters of 2, 3 and 4 shards and expects every row and
+// optimizer slot to match the twin bit for bit; then one more update of 500 `touched` rows at
+// `next_step` (the optimizer state came along: it matches too). `touched` must be sorted and
+// unique. Returns the restored clusters (2, 3, 4 shards) and the 500 rows updated.
+std::vector<std::unique_ptr<Cluster>> ExpectRestoresOntoAnyShardCount(
+    const CheckpointChoice& choice, const Table& t, OptimizerType type, Reference* ref, Rng* rng,
+    const std::vector<int64_t>& touched, int64_t next_step) {
+  std::vector<std::unique_ptr<Cluster>> restored;
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int shards : {2, 3, 4}) {
+    restored.push_back(std::make_unique<Cluster>(shards, t, type));
+    for (auto& server : restored.back()->servers) {
+      EXPECT_TRUE(server->RestoreCheckpoint(choice.chain).ok());
+      EXPECT_EQ(server->Info().restored_from(), choice.dir);
+    }
+    clients.push_back(restored.back()->Client());
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    ExpectSameAsReference(clients.back().get(), ref, touched, t);
+  }
+  const std::vector<int64_t> ids(touched.begin(), touched.begin() + 500);
+  const std::vector<float> grads = RandomValues(rng, ids.size() * t.row_dim);
+  const std::vector<float> dense_grad = RandomValues(rng, t.dense_size);
+  EXPECT_TRUE(ref->rows->Apply(ids, grads.data(), next_step).ok());
+  ref->dense->Apply(dense_grad.data(), next_step);
+  for (auto& c : clients) {
+    EXPECT_TRUE(c->Push(ids, grads.data(), dense_grad.data(), next_step).ok());
+    ExpectSameAsReference(c.get(), ref, touched, t);
+  }
+  return restored;
+}
+
+void SortUnique(std::vector<int64_t>* v) {
+  std::sort(v->begin(), v->end());
+  v->erase(std::unique(v->begin(), v->end()), v->end());
 }
 
 // Every row and optimizer slot (Adam: m, v and the per-row step) survives a checkpoint written by
@@ -604,45 +661,61 @@ TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
   auto client = three.Client();
   Rng rng(99);
   std::vector<int64_t> touched;
-  for (int step = 1; step <= 6; ++step) {
-    const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 900);
-    touched.insert(touched.end(), ids.begin(), ids.end());
-    const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
-    const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
-    ASSERT_TRUE(client->Push(ids, grads.data(), dense_grad.data(), step).ok());
-    ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), step).ok());
-    ref.dense->Apply(dense_grad.data(), step);
-  }
-  std::sort(touched.begin(), touched.end());
-  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  for (int step = 1; step <= 6; ++step) PushStep(client.get(), &ref, &rng, t, step, 900, &touched);
+  SortUnique(&touched);
   const std::string dir = TestDir("repartition");
   SaveCluster(&three, dir, 6, 1);
   auto choice = ChooseCheckpoint(dir);
   ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
   EXPECT_EQ((*choice)->manifest.num_shards(), 3);
+  ExpectRestoresOntoAnyShardCount(**choice, t, ADAM, &ref, &rng, touched, 7);
+  std::system(("rm -rf " + dir).c_str());
+}
 
-  std::vector<std::unique_ptr<Cluster>> restored;
-  std::vector<std::unique_ptr<PsClient>> clients;
-  for (int shards : {2, 3, 4}) {
-    restored.push_back(std::make_unique<Cluster>(shards, t, ADAM));
-    for (auto& server : restored.back()->servers) {
-      ASSERT_TRUE(server->RestoreCheckpoint((*choice)->dir, (*choice)->manifest).ok());
-      EXPECT_EQ(server->Info().restored_from(), (*choice)->dir);
-    }
-    clients.push_back(restored.back()->Client());
-    SCOPED_TRACE(absl::StrCat(shards, " shards"));
-    ExpectSameAsReference(clients.back().get(), &ref, touched, t);
+// Incremental checkpoints of a 3-shard cluster: a full checkpoint and 10 deltas (each shard's
+// file holds only the rows updated since the round before), restored as a chain onto 2, 3 or 4
+// shards: every row and optimizer slot and the dense vector match the single-store twin bit for
+// bit, and so does the next update.
+TEST(ShardCheckpoint, FullPlusTenDeltasRestoreOntoAnyShardCount) {
+  const Table t;
+  Cluster three(3, t, ADAGRAD, TestDir("deltas"));
+  Reference ref(t, ADAGRAD);
+  auto client = three.Client();
+  Rng rng(98);
+  std::vector<int64_t> touched;
+  const std::string dir = TestDir("deltas");
+  DeltaChain deltas(11);
+  for (int step = 1; step <= 11; ++step) {
+    PushStep(client.get(), &ref, &rng, t, step, step == 1 ? 3000 : 100, &touched);
+    SaveCluster(&three, dir, step, step, &deltas);
   }
-  // Optimizer state came along: the next update matches too.
-  const std::vector<int64_t> ids(touched.begin(), touched.begin() + 500);
-  const std::vector<float> grads = RandomValues(&rng, ids.size() * t.row_dim);
-  const std::vector<float> dense_grad = RandomValues(&rng, t.dense_size);
-  ASSERT_TRUE(ref.rows->Apply(ids, grads.data(), 7).ok());
-  ref.dense->Apply(dense_grad.data(), 7);
-  for (auto& c : clients) {
-    ASSERT_TRUE(c->Push(ids, grads.data(), dense_grad.data(), 7).ok());
-    ExpectSameAsReference(c.get(), &ref, touched, t);
+  SortUnique(&touched);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  ASSERT_EQ((*choice)->chain.size(), 11u);
+  EXPECT_EQ((*choice)->manifest.delta().depth(), 10);
+  const CheckpointManifest& full = (*choice)->chain.front().manifest;
+  EXPECT_FALSE(full.has_delta());
+  for (int s = 0; s < 3; ++s) {  // 100 rows of 3000
+    EXPECT_LT((*choice)->manifest.file(s).bytes() * 5, full.file(s).bytes()) << s;
   }
+  std::vector<std::unique_ptr<Cluster>> restored =
+      ExpectRestoresOntoAnyShardCount(**choice, t, ADAGRAD, &ref, &rng, touched, 12);
+
+  // A restored shard's delta after the restored checkpoint (ckpt-11) holds the rows updated
+  // since the restore (the 500 of step 12); a parent it has no record of gets every row (a
+  // superset is still a correct delta).
+  int64_t since_restore = 0, unknown_parent = 0;
+  for (auto& server : restored.front()->servers) {
+    auto rows = server->CopyForCheckpoint(100, int64_t{11});
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    since_restore += *rows;
+    rows = server->CopyForCheckpoint(101, int64_t{5});
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    unknown_parent += *rows;
+  }
+  EXPECT_EQ(since_restore, 500);
+  EXPECT_EQ(unknown_parent, static_cast<int64_t>(touched.size()));
   std::system(("rm -rf " + dir).c_str());
 }
 
@@ -698,7 +771,7 @@ struct WarmStarted {
     touched = TrainReference(&ref, t, &rng, 6);
     const CheckpointChoice source = SaveSingleStore(&ref, t, dir, 6);
     for (auto& server : two.servers) {
-      EXPECT_TRUE(server->WarmStart(source.dir, source.manifest, reset_optimizer).ok());
+      EXPECT_TRUE(server->WarmStart(source.chain, reset_optimizer).ok());
     }
   }
   ~WarmStarted() { std::system(("rm -rf " + dir).c_str()); }
@@ -785,7 +858,7 @@ TEST(ShardCheckpoint, RestoreRefusesAnotherShape) {
   Table other = t;
   other.row_dim = t.row_dim + 1;
   Cluster wrong(2, other, ADAGRAD);
-  const absl::Status s = wrong.servers[0]->RestoreCheckpoint((*choice)->dir, (*choice)->manifest);
+  const absl::Status s = wrong.servers[0]->RestoreCheckpoint((*choice)->chain);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), HasSubstr("another model"));
   std::system(("rm -rf " + dir).c_str());
