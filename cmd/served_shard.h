@@ -15,12 +15,13 @@ class ServedShard final : public LocalShard {
   explicit ServedShard(ShardServer* server) : server_(server) {}
   std::shared_ptr<grpc::Channel> InProcessChannel() override { return server_->InProcessChannel(); }
   absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows, float* dense,
-                          int64_t* staleness) override {
-    return server_->PullDirect(ids, step, rows, dense, staleness);
+                          int64_t* staleness, int64_t* dense_version) override {
+    return server_->PullDirect(ids, step, rows, dense, staleness, dense_version);
   }
   absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
-                          const float* row_grads, const float* dense_grad) override {
-    return server_->PushDirect(worker_id, step, ids, row_grads, dense_grad);
+                          const float* row_grads, const float* dense_grad,
+                          int64_t dense_version) override {
+    return server_->PushDirect(worker_id, step, ids, row_grads, dense_grad, dense_version);
   }
 
  private:

@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
     d.size = s->dense_slice_size_;
     d.optimizer = dense_opt;
     d.threads = o.threads;
+    d.scale_lr_by_staleness = o.scale_dense_lr_by_staleness;
     ASSIGN_OR_RETURN(s->dense_, DenseStore::Create(std::move(d)));
     if (o.dense_init) {
       std::vector<float> full(o.dense_size);
@@ -109,7 +110,8 @@ absl::Status Shard::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs)
   return absl::OkStatus();
 }
 
-absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense) {
+absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
+                               int64_t* dense_version) {
   pull_requests_.fetch_add(1, std::memory_order_relaxed);
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
@@ -118,7 +120,10 @@ absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float
     RETURN_IF_ERROR(
         stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim));
   }
-  if (dense != nullptr && dense_ != nullptr) dense_->Get(dense);
+  if (dense != nullptr && dense_ != nullptr) {
+    const int64_t version = dense_->Get(dense);
+    if (dense_version != nullptr) *dense_version = version;
+  }
   pull_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -144,7 +149,9 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
   const bool want_dense = request.want_dense() && dense_ != nullptr;
   float* dense_out =
       want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
-  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out));
+  int64_t dense_version = 0;
+  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out, &dense_version));
+  if (want_dense) response->set_dense_version(dense_version);
   if (!row_scratch.empty()) PackArray(row_scratch.data(), row_scratch.size(), rows);
   if (!dense_scratch.empty()) {
     PackArray(dense_scratch.data(), dense_scratch.size(), response->mutable_dense());
@@ -180,6 +187,8 @@ absl::Status Shard::Unpack(const PushRequest& request, Update* u) {
       UnpackArray(request.row_grads(), "PushRequest.row_grads", &u->grad_scratch, &u->grads));
   RETURN_IF_ERROR(UnpackArray(request.dense_grad(), "PushRequest.dense_grad", &u->dense_scratch,
                               &u->dense_grad));
+  u->dense_version =
+      request.has_dense_version() && request.dense_version() >= 0 ? request.dense_version() : -1;
   return Check(u->ids, u->grads, u->dense_grad, &u->runs);
 }
 
@@ -207,13 +216,15 @@ absl::Status Shard::Apply(const Update& u, int64_t step) {
     RETURN_IF_ERROR(stores_[r.store]->Apply(u.ids.subspan(r.begin, r.end - r.begin),
                                             u.grads.data() + r.begin * dim, step));
   }
-  if (!u.dense_grad.empty() && dense_ != nullptr) dense_->Apply(u.dense_grad.data(), step);
+  if (!u.dense_grad.empty() && dense_ != nullptr) {
+    dense_->Apply(u.dense_grad.data(), step, u.dense_version);
+  }
   push_rows_.fetch_add(u.ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
-                          const float* dense_grad, int64_t step) {
+                          const float* dense_grad, int64_t step, int64_t dense_version) {
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
   const int dim = opt_.row_dim;
@@ -221,7 +232,7 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
     RETURN_IF_ERROR(stores_[r.store]->Apply(ids.subspan(r.begin, r.end - r.begin),
                                             row_grads + r.begin * dim, step));
   }
-  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step);
+  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step, dense_version);
   push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -285,6 +296,10 @@ void Shard::CountBytesOut(int64_t bytes) {
   bytes_out_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
+DenseStore::Staleness Shard::DenseStaleness() const {
+  return dense_ != nullptr ? dense_->staleness() : DenseStore::Staleness{};
+}
+
 int64_t Shard::LastStep() const {
   int64_t step = dense_ != nullptr ? dense_->last_step() : 0;
   for (const auto& s : stores_) step = std::max(step, s->last_step());
@@ -325,6 +340,10 @@ ShardStats Shard::Stats() const {
   }
   s.set_rows_initialized(rows);
   s.set_bytes(bytes);
+  const DenseStore::Staleness tau = DenseStaleness();
+  s.set_dense_versioned_pushes(tau.updates);
+  s.set_dense_staleness_mean(tau.updates > 0 ? static_cast<double>(tau.sum) / tau.updates : 0.0);
+  s.set_dense_staleness_max(tau.max);
   s.set_dense_floats(dense_slice_size_);
   s.set_pull_requests(pull_requests_.load(std::memory_order_relaxed));
   s.set_push_requests(push_requests_.load(std::memory_order_relaxed));

@@ -25,11 +25,13 @@ class LocalShard {
 
   // ASYNC's fast path, on the caller's buffers, without messages (ShardServer::PullDirect /
   // PushDirect have the contract): rows[ids.size() x row_dim] in ids' order and, when dense is
-  // not null, the shard's dense slice; *staleness as PullResponse.staleness.
+  // not null, the shard's dense slice and its version; *staleness as PullResponse.staleness.
+  // A dense gradient names the version it was computed from (-1: unknown).
   virtual absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows,
-                                  float* dense, int64_t* staleness) = 0;
+                                  float* dense, int64_t* staleness, int64_t* dense_version) = 0;
   virtual absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
-                                  const float* row_grads, const float* dense_grad) = 0;
+                                  const float* row_grads, const float* dense_grad,
+                                  int64_t dense_version) = 0;
 };
 
 }  // namespace pstrain

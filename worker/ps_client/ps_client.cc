@@ -274,7 +274,8 @@ PsClient::PsClient(Options options)
                  static_cast<int>(opt_.shards.size())),
       incarnation_(RandomIncarnation()),
       direct_shard_(opt_.local_server != nullptr && opt_.consistency == ASYNC ? opt_.local_shard
-                                                                               : -1) {
+                                                                               : -1),
+      dense_versions_(static_cast<int>(opt_.shards.size())) {
   const int S = num_shards();
   partition_rank_.resize(map_.partitions());
   int rank = 0;
@@ -626,6 +627,7 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
             }
             if (part->request.want_dense()) {
               std::memcpy(op->dense + r.dense_begin(), r.dense().data(), r.dense().size());
+              if (op->step > 0) dense_versions_.Pulled(part->shard, op->step, r.dense_version());
             }
           }
           const int64_t staleness = r.staleness();
@@ -643,14 +645,14 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
     std::vector<int64_t> local_ids(n);
     std::vector<float> local_rows(n * dim);
     for (int64_t j = 0; j < n; ++j) local_ids[j] = ids[order[bounds[s] + j]];
-    int64_t staleness = 0;
+    int64_t staleness = 0, dense_version = -1;
+    const bool want_dense = dense != nullptr && dense_map_.PartitionSize(s) > 0;
     absl::Status st = Annotate(
-        opt_.local_server->PullDirect(
-            local_ids, step, local_rows.data(),
-            dense != nullptr && dense_map_.PartitionSize(s) > 0 ? dense + dense_map_.PartitionBegin(s)
-                                                                 : nullptr,
-            &staleness),
+        opt_.local_server->PullDirect(local_ids, step, local_rows.data(),
+                                      want_dense ? dense + dense_map_.PartitionBegin(s) : nullptr,
+                                      &staleness, &dense_version),
         absl::StrCat("shard ", s, " (in this process)"));
+    if (st.ok() && want_dense && step > 0) dense_versions_.Pulled(s, step, dense_version);
     if (st.ok()) {
       for (int64_t j = 0; j < n; ++j) {
         std::memcpy(rows + int64_t{order[bounds[s] + j]} * dim, &local_rows[j * dim],
@@ -721,6 +723,7 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     }
     if (slice > 0) {
       PackArray(dense_grad + dense_map_.PartitionBegin(s), slice, req.mutable_dense_grad());
+      if (const int64_t v = dense_versions_.ForPush(s, step); v >= 0) req.set_dense_version(v);
     }
     parts.push_back(std::move(part));
   }
@@ -764,9 +767,12 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     const float* local_dense = dense_grad != nullptr && dense_map_.PartitionSize(s) > 0
                                    ? dense_grad + dense_map_.PartitionBegin(s)
                                    : nullptr;
-    PushOpPartDone(op.get(), Annotate(opt_.local_server->PushDirect(opt_.worker_id, step, local_ids,
-                                                                    local_grads.data(), local_dense),
-                                      absl::StrCat("shard ", s, " (in this process)")));
+    const int64_t dense_version = local_dense != nullptr ? dense_versions_.ForPush(s, step) : -1;
+    PushOpPartDone(op.get(),
+                   Annotate(opt_.local_server->PushDirect(opt_.worker_id, step, local_ids,
+                                                          local_grads.data(), local_dense,
+                                                          dense_version),
+                            absl::StrCat("shard ", s, " (in this process)")));
   }
   return op->future;
 }
@@ -869,13 +875,18 @@ PsClient::Traffic PsClient::traffic() const {
 
 std::string FormatShardBalance(const std::vector<ShardStats>& stats) {
   std::string out =
-      absl::StrFormat("%-6s %12s %12s %10s %10s %10s %10s %10s", "shard", "rows_owned",
-                      "rows_trained", "memory_MB", "pull_qps", "push_qps", "in_MB", "out_MB");
+      absl::StrFormat("%-6s %12s %12s %10s %10s %10s %10s %10s %14s", "shard", "rows_owned",
+                      "rows_trained", "memory_MB", "pull_qps", "push_qps", "in_MB", "out_MB",
+                      "dense_tau_avg");
   for (const ShardStats& s : stats) {
     absl::StrAppend(
-        &out, absl::StrFormat("\n%-6d %12d %12d %10.1f %10.1f %10.1f %10.1f %10.1f", s.shard(),
-                              s.rows_owned(), s.rows_initialized(), s.bytes() / 1e6, s.pull_qps(),
-                              s.push_qps(), s.bytes_in() / 1e6, s.bytes_out() / 1e6));
+        &out, absl::StrFormat("\n%-6d %12d %12d %10.1f %10.1f %10.1f %10.1f %10.1f %14s",
+                              s.shard(), s.rows_owned(), s.rows_initialized(), s.bytes() / 1e6,
+                              s.pull_qps(), s.push_qps(), s.bytes_in() / 1e6, s.bytes_out() / 1e6,
+                              s.dense_versioned_pushes() > 0
+                                  ? absl::StrFormat("%.2f (max %d)", s.dense_staleness_mean(),
+                                                    s.dense_staleness_max())
+                                  : std::string("-")));
   }
   // max/mean: 1.0 is perfect balance; S means one shard does everything.
   auto imbalance = [&](auto field) {
