@@ -15,13 +15,17 @@ class ServedShard final : public LocalShard {
   explicit ServedShard(ShardServer* server) : server_(server) {}
   std::shared_ptr<grpc::Channel> InProcessChannel() override { return server_->InProcessChannel(); }
   absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows, float* dense,
-                          int64_t* staleness) override {
-    return server_->PullDirect(ids, step, rows, dense, staleness);
+                          int64_t* staleness, int64_t* dense_version,
+                          uint32_t* row_versions) override {
+    return server_->PullDirect(ids, step, rows, dense, staleness, dense_version, row_versions);
   }
   absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
-                          const float* row_grads, const float* dense_grad) override {
-    return server_->PushDirect(worker_id, step, ids, row_grads, dense_grad);
+                          const float* row_grads, const float* dense_grad,
+                          int64_t dense_version, const uint32_t* row_versions) override {
+    return server_->PushDirect(worker_id, step, ids, row_grads, dense_grad, dense_version,
+                               row_versions);
   }
+  bool row_versions() const override { return server_->row_versions(); }
 
  private:
   ShardServer* const server_;

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
     eo.optimizer = sparse_opt;
     eo.row_init = o.row_init;
     eo.threads = o.threads;
+    eo.row_versions = o.scale_row_lr_by_staleness;
     ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));
     s->stores_.push_back(std::move(store));
   }
@@ -73,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
     d.size = s->dense_slice_size_;
     d.optimizer = dense_opt;
     d.threads = o.threads;
+    d.scale_lr_by_staleness = o.scale_dense_lr_by_staleness;
     ASSIGN_OR_RETURN(s->dense_, DenseStore::Create(std::move(d)));
     if (o.dense_init) {
       std::vector<float> full(o.dense_size);
@@ -109,16 +111,22 @@ absl::Status Shard::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs)
   return absl::OkStatus();
 }
 
-absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense) {
+absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
+                               int64_t* dense_version, uint32_t* row_versions) {
   pull_requests_.fetch_add(1, std::memory_order_relaxed);
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
   const int dim = opt_.row_dim;
   for (const Run& r : runs) {
-    RETURN_IF_ERROR(
-        stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim));
+    RETURN_IF_ERROR(stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin),
+                                             rows + r.begin * dim,
+                                             row_versions != nullptr ? row_versions + r.begin
+                                                                     : nullptr));
   }
-  if (dense != nullptr && dense_ != nullptr) dense_->Get(dense);
+  if (dense != nullptr && dense_ != nullptr) {
+    const int64_t version = dense_->Get(dense);
+    if (dense_version != nullptr) *dense_version = version;
+  }
   pull_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -144,7 +152,12 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
   const bool want_dense = request.want_dense() && dense_ != nullptr;
   float* dense_out =
       want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
-  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out));
+  int64_t dense_version = 0;
+  std::vector<uint32_t> versions(row_versions() && request.step() > 0 ? ids.size() : 0);
+  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out, &dense_version,
+                             versions.empty() ? nullptr : versions.data()));
+  if (want_dense) response->set_dense_version(dense_version);
+  if (!versions.empty()) PackArray(versions.data(), versions.size(), response->mutable_row_versions());
   if (!row_scratch.empty()) PackArray(row_scratch.data(), row_scratch.size(), rows);
   if (!dense_scratch.empty()) {
     PackArray(dense_scratch.data(), dense_scratch.size(), response->mutable_dense());
@@ -180,6 +193,15 @@ absl::Status Shard::Unpack(const PushRequest& request, Update* u) {
       UnpackArray(request.row_grads(), "PushRequest.row_grads", &u->grad_scratch, &u->grads));
   RETURN_IF_ERROR(UnpackArray(request.dense_grad(), "PushRequest.dense_grad", &u->dense_scratch,
                               &u->dense_grad));
+  u->dense_version =
+      request.has_dense_version() && request.dense_version() >= 0 ? request.dense_version() : -1;
+  RETURN_IF_ERROR(UnpackArray(request.row_versions(), "PushRequest.row_versions",
+                              &u->version_scratch, &u->row_versions));
+  if (!u->row_versions.empty() && u->row_versions.size() != u->ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", opt_.shard, ": PushRequest.row_versions has ", u->row_versions.size(),
+        " versions for ", u->ids.size(), " ids (expected one per id, or none)"));
+  }
   return Check(u->ids, u->grads, u->dense_grad, &u->runs);
 }
 
@@ -204,24 +226,29 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
 absl::Status Shard::Apply(const Update& u, int64_t step) {
   const int dim = opt_.row_dim;
   for (const Run& r : u.runs) {
-    RETURN_IF_ERROR(stores_[r.store]->Apply(u.ids.subspan(r.begin, r.end - r.begin),
-                                            u.grads.data() + r.begin * dim, step));
+    RETURN_IF_ERROR(stores_[r.store]->Apply(
+        u.ids.subspan(r.begin, r.end - r.begin), u.grads.data() + r.begin * dim, step,
+        u.row_versions.empty() ? nullptr : u.row_versions.data() + r.begin));
   }
-  if (!u.dense_grad.empty() && dense_ != nullptr) dense_->Apply(u.dense_grad.data(), step);
+  if (!u.dense_grad.empty() && dense_ != nullptr) {
+    dense_->Apply(u.dense_grad.data(), step, u.dense_version);
+  }
   push_rows_.fetch_add(u.ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
-                          const float* dense_grad, int64_t step) {
+                          const float* dense_grad, int64_t step, int64_t dense_version,
+                          const uint32_t* row_versions) {
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
   const int dim = opt_.row_dim;
   for (const Run& r : runs) {
-    RETURN_IF_ERROR(stores_[r.store]->Apply(ids.subspan(r.begin, r.end - r.begin),
-                                            row_grads + r.begin * dim, step));
+    RETURN_IF_ERROR(stores_[r.store]->Apply(
+        ids.subspan(r.begin, r.end - r.begin), row_grads + r.begin * dim, step,
+        row_versions != nullptr ? row_versions + r.begin : nullptr));
   }
-  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step);
+  if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step, dense_version);
   push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -285,6 +312,21 @@ void Shard::CountBytesOut(int64_t bytes) {
   bytes_out_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
+EmbeddingStore::Staleness Shard::RowStaleness() const {
+  EmbeddingStore::Staleness all;
+  for (const auto& store : stores_) {
+    const EmbeddingStore::Staleness s = store->staleness();
+    all.updates += s.updates;
+    all.sum += s.sum;
+    all.max = std::max(all.max, s.max);
+  }
+  return all;
+}
+
+DenseStore::Staleness Shard::DenseStaleness() const {
+  return dense_ != nullptr ? dense_->staleness() : DenseStore::Staleness{};
+}
+
 int64_t Shard::LastStep() const {
   int64_t step = dense_ != nullptr ? dense_->last_step() : 0;
   for (const auto& s : stores_) step = std::max(step, s->last_step());
@@ -325,6 +367,15 @@ ShardStats Shard::Stats() const {
   }
   s.set_rows_initialized(rows);
   s.set_bytes(bytes);
+  const DenseStore::Staleness tau = DenseStaleness();
+  s.set_dense_versioned_pushes(tau.updates);
+  s.set_dense_staleness_mean(tau.updates > 0 ? static_cast<double>(tau.sum) / tau.updates : 0.0);
+  s.set_dense_staleness_max(tau.max);
+  const EmbeddingStore::Staleness row_tau = RowStaleness();
+  s.set_row_versioned_updates(row_tau.updates);
+  s.set_row_staleness_mean(row_tau.updates > 0 ? static_cast<double>(row_tau.sum) / row_tau.updates
+                                               : 0.0);
+  s.set_row_staleness_max(row_tau.max);
   s.set_dense_floats(dense_slice_size_);
   s.set_pull_requests(pull_requests_.load(std::memory_order_relaxed));
   s.set_push_requests(push_requests_.load(std::memory_order_relaxed));

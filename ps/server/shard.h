@@ -73,6 +73,11 @@ class Shard {
     RowInit row_init;      // null = zeros; a pure function of the row id (see EmbeddingStore)
     DenseInit dense_init;  // null = zeros
     int threads = 1;       // OpenMP threads one request's gather / update is split over
+    // ASYNC: a dense push's learning rate / its staleness (DenseStore::scale_lr_by_staleness).
+    bool scale_dense_lr_by_staleness = false;
+    // ASYNC: rows keep versions; a row update's learning rate / its staleness
+    // (EmbeddingStore::row_versions).
+    bool scale_row_lr_by_staleness = false;
     // The job's checkpoint directory; WriteCheckpoint writes only under it. Empty: no writes.
     std::string checkpoint_dir;
   };
@@ -98,12 +103,15 @@ class Shard {
   absl::Status Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const;
 
   // ---- Pulls ----
-  // Fills response's rows (request.ids' order), the dense slice when want_dense, dense_begin,
-  // last_step and incarnation; counts the pull and its bytes. Does not touch staleness or job.
+  // Fills response's rows (request.ids' order), the dense slice and its version when want_dense,
+  // dense_begin, last_step and incarnation; counts the pull and its bytes. Does not touch
+  // staleness or job.
   absl::Status Gather(const PullRequest& request, PullResponse* response);
-  // Rows of `ids` into rows[ids.size() x row_dim], the dense slice into dense if not null; counts
-  // the pull (not its bytes: nothing crossed a wire).
-  absl::Status GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense);
+  // Rows of `ids` into rows[ids.size() x row_dim], the dense slice into dense and its version
+  // into *dense_version if not null; counts the pull (not its bytes: nothing crossed a wire).
+  // With scale_row_lr_by_staleness and row_versions not null, also the rows' versions.
+  absl::Status GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
+                          int64_t* dense_version = nullptr, uint32_t* row_versions = nullptr);
 
   // ---- Pushes ----
   // A push's payload, unpacked (views into the request's bytes, or into the scratch when they
@@ -111,9 +119,12 @@ class Shard {
   struct Update {
     absl::Span<const int64_t> ids;
     absl::Span<const float> grads, dense_grad;
+    int64_t dense_version = -1;  // PushRequest.dense_version, -1 when absent
+    absl::Span<const uint32_t> row_versions;  // PushRequest.row_versions: empty or one per id
     std::vector<Run> runs;
     std::vector<int64_t> id_scratch;
     std::vector<float> grad_scratch, dense_scratch;
+    std::vector<uint32_t> version_scratch;
   };
   // INVALID_ARGUMENT for sizes that do not fit (gradient floats per row, the dense slice), a
   // foreign id, or a NaN / infinite gradient (counted in nonfinite_pushes); nothing is applied
@@ -130,9 +141,16 @@ class Shard {
   // Applies an unpacked update with the optimizers' step `step`; counts its rows.
   absl::Status Apply(const Update& update, int64_t step);
   // Routes and applies row_grads[ids.size() x row_dim] and, if not null, dense_grad[the slice
-  // size] (a push from this process: no message).
+  // size] computed from the slice's `dense_version` (-1: unknown) (a push from this process: no
+  // message).
   absl::Status Apply(absl::Span<const int64_t> ids, const float* row_grads,
-                     const float* dense_grad, int64_t step);
+                     const float* dense_grad, int64_t step, int64_t dense_version = -1,
+                     const uint32_t* row_versions = nullptr);
+  // With scale_row_lr_by_staleness: the per-row staleness of the row updates (zeros otherwise).
+  EmbeddingStore::Staleness RowStaleness() const;
+  bool row_versions() const { return opt_.scale_row_lr_by_staleness; }
+  // The staleness of the dense pushes that named their version (zeros without a dense slice).
+  DenseStore::Staleness DenseStaleness() const;
 
   // The idempotence of one push: holds the lock of the pushing worker incarnation (so that a
   // retry waits for the push it repeats) until destroyed or Release()d. A guard of sequence 0 is

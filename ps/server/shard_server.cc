@@ -231,6 +231,11 @@ ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int sh
   o.num_workers = num_shards;
   o.staleness = config.cluster().staleness();
   o.lease = absl::Milliseconds(config.cluster().lease_ms());
+  const StalenessCompensation comp = config.cluster().consistency() == ASYNC
+                                         ? config.cluster().staleness_compensation()
+                                         : NO_COMPENSATION;
+  o.data.scale_dense_lr_by_staleness = comp == SCALE_DENSE_LR || comp == SCALE_LR;
+  o.data.scale_row_lr_by_staleness = comp == SCALE_ROW_LR || comp == SCALE_LR;
   return o;
 }
 
@@ -352,24 +357,26 @@ absl::Status ShardServer::Pull(const PullRequest& request, PullResponse* respons
 }
 
 absl::Status ShardServer::PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows,
-                                     float* dense, int64_t* staleness) {
+                                     float* dense, int64_t* staleness,
+                                     int64_t* dense_version, uint32_t* row_versions) {
   if (opt_.consistency != ASYNC) {
     return absl::FailedPreconditionError("PullDirect: only for ASYNC shards");
   }
   *staleness = step > 0 ? tracker_->Staleness(step) : 0;
-  return data_->GatherInto(ids, rows, dense);
+  return data_->GatherInto(ids, rows, dense, dense_version, step > 0 ? row_versions : nullptr);
 }
 
 absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
                                      absl::Span<const int64_t> ids, const float* row_grads,
-                                     const float* dense_grad) {
+                                     const float* dense_grad, int64_t dense_version,
+                                     const uint32_t* row_versions) {
   if (opt_.consistency != ASYNC) {
     return absl::FailedPreconditionError("PushDirect: only for ASYNC shards");
   }
   data_->CountPushRequest(0);
   RETURN_IF_ERROR(tracker_->CheckPushStep(worker_id, step));
   RETURN_IF_ERROR(data_->CheckFinite(ids.size(), row_grads, dense_grad));
-  RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step));
+  RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step, dense_version, row_versions));
   tracker_->NoteApplied(worker_id, step);
   return absl::OkStatus();
 }

@@ -125,13 +125,19 @@ class ShardServer {
   // count pushes per step: use InProcessChannel() there; FAILED_PRECONDITION here). ids must be
   // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills
   // rows[ids.size() x row_dim] in ids' order and, if dense is not null, dense[the slice size];
-  // *staleness as PullResponse.staleness (0 for step 0). PushDirect applies row_grads[ids.size()
-  // x row_dim] and, if not null, dense_grad[the slice size] at once (a call cannot be lost, so
-  // no push id). Both count in Stats() except bytes in/out (nothing crosses a wire).
+  // *staleness as PullResponse.staleness (0 for step 0), and *dense_version (if not null) as
+  // PullResponse.dense_version. PushDirect applies row_grads[ids.size() x row_dim] and, if not
+  // null, dense_grad[the slice size] computed from the slice's `dense_version` (-1: unknown) at
+  // once (a call cannot be lost, so no push id). Both count in Stats() except bytes in/out
+  // (nothing crosses a wire).
+  // With per-row staleness (row_versions()), the rows' versions likewise.
   absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows, float* dense,
-                          int64_t* staleness);
+                          int64_t* staleness, int64_t* dense_version = nullptr,
+                          uint32_t* row_versions = nullptr);
   absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
-                          const float* row_grads, const float* dense_grad);
+                          const float* row_grads, const float* dense_grad,
+                          int64_t dense_version = -1, const uint32_t* row_versions = nullptr);
+  bool row_versions() const { return opt_.data.scale_row_lr_by_staleness; }
   // The shard's map and state, with the job state of its coordinator and step = the tracker's
   // step (SYNC's applied step, else the largest step pushed).
   InfoResponse Info() const;

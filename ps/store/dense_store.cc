@@ -24,9 +24,10 @@ DenseStore::DenseStore(Options options)
   opt_.optimizer->InitState(state_.data(), opt_.size);
 }
 
-void DenseStore::Get(float* out) const {
+int64_t DenseStore::Get(float* out) const {
   absl::ReaderMutexLock lock(&mu_);
   std::memcpy(out, weights_.data(), weights_.size() * sizeof(float));
+  return version_;
 }
 
 void DenseStore::Set(const float* values) {
@@ -34,11 +35,29 @@ void DenseStore::Set(const float* values) {
   std::memcpy(weights_.data(), values, weights_.size() * sizeof(float));
 }
 
-void DenseStore::Apply(const float* grad, int64_t step) {
+void DenseStore::Apply(const float* grad, int64_t step, int64_t computed_from) {
   absl::MutexLock lock(&mu_);
-  opt_.optimizer->ApplyDense(weights_.data(), state_.data(), grad, opt_.size, opt_.threads,
-                             opt_.optimizer->LearningRate(step));
+  double lr = opt_.optimizer->LearningRate(step);
+  if (computed_from >= 0) {
+    const int64_t tau = std::max<int64_t>(0, version_ - computed_from);
+    ++staleness_.updates;
+    staleness_.sum += tau;
+    staleness_.max = std::max(staleness_.max, tau);
+    if (opt_.scale_lr_by_staleness && tau > 1) lr /= static_cast<double>(tau);
+  }
+  opt_.optimizer->ApplyDense(weights_.data(), state_.data(), grad, opt_.size, opt_.threads, lr);
   last_step_ = std::max(last_step_, step);
+  ++version_;
+}
+
+int64_t DenseStore::version() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return version_;
+}
+
+DenseStore::Staleness DenseStore::staleness() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return staleness_;
 }
 
 int64_t DenseStore::last_step() const {

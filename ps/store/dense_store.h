@@ -6,6 +6,14 @@
 // ps/store/optimizer.h (e.g. Adam: m[size], v[size], t), so Adam's bias correction counts the updates
 // applied to this slice.
 //
+// Versions and staleness (async PS): every Apply makes a new version of the weights (0 when
+// created; restores keep the count going). Get returns the version it copied. An Apply that
+// names the version its gradient was computed from has staleness tau = (versions applied since
+// then); it is counted in staleness(), and with scale_lr_by_staleness the update's learning
+// rate is divided by max(1, tau): the staleness-aware ASGD of Zhang, Gupta, Lian and Liu
+// (IJCAI 2016, "Staleness-aware Async-SGD for distributed deep learning"), which keeps the
+// dense weights' rate of change that of one synchronous worker however many workers push.
+//
 // Thread-safety: all methods may be called concurrently; one mutex serializes updates, and
 // readers see whole updates only.
 #pragma once
@@ -40,6 +48,13 @@ class DenseStore {
     int64_t size = 0;   // floats, > 0
     std::shared_ptr<const Optimizer> optimizer;  // required
     int threads = 1;                             // OpenMP threads of one Apply (ParallelFor)
+    bool scale_lr_by_staleness = false;          // lr / max(1, tau) for a versioned Apply
+  };
+  // The staleness of the versioned updates applied so far.
+  struct Staleness {
+    int64_t updates = 0;  // versioned Applies
+    int64_t sum = 0;      // of their tau
+    int64_t max = 0;
   };
 
   // Weights start at zero (use Set, e.g. with Model::InitDense's output); state from InitState.
@@ -52,13 +67,18 @@ class DenseStore {
   int64_t size() const { return opt_.size; }
   const Optimizer& optimizer() const { return *opt_.optimizer; }
 
-  // out[size] = the current weights.
-  void Get(float* out) const;
+  // out[size] = the current weights; returns their version.
+  int64_t Get(float* out) const;
   // Overwrites the weights with values[size]; the optimizer state is left as it is.
   void Set(const float* values);
   // One optimizer update with grad[size]. `step` is the caller's global step, kept as
-  // last_step() (the optimizer counts its own updates).
-  void Apply(const float* grad, int64_t step);
+  // last_step() (the optimizer counts its own updates). `computed_from` is the version of the
+  // weights the gradient was computed from (a Get's answer), or -1 when unknown (no staleness
+  // counted or compensated). A version above the current one (the store was restored since) counts
+  // as tau = 0.
+  void Apply(const float* grad, int64_t step, int64_t computed_from = -1);
+  int64_t version() const;
+  Staleness staleness() const;
 
   DenseSnapshot Snapshot() const;
   // Restores a snapshot of exactly this slice: FAILED_PRECONDITION if its range, optimizer type
@@ -80,6 +100,8 @@ class DenseStore {
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   std::vector<float> state_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  Staleness staleness_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> EmbeddingStore::Create(Options o
 EmbeddingStore::EmbeddingStore(Options options)
     : opt_(std::move(options)),
       state_floats_(static_cast<int>(opt_.optimizer->StateFloats(opt_.dim))),
-      stride_(opt_.dim + state_floats_ + 1),
+      stride_(opt_.dim + state_floats_ + 1 + (opt_.row_versions ? 1 : 0)),
       chunk_shift_(Log2(opt_.chunk_rows)),
       num_index_pages_((opt_.end - opt_.begin + kIndexPageRows - 1) >> kIndexShift),
       max_chunks_((opt_.end - opt_.begin + opt_.chunk_rows - 1) >> chunk_shift_),
@@ -163,9 +163,22 @@ void EmbeddingStore::RaiseLastStep(int64_t step) {
   }
 }
 
-absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out) const {
+namespace {
+// The version word of a row with row_versions, after its weights and optimizer slots.
+uint32_t LoadVersion(const float* word) {
+  uint32_t v;
+  std::memcpy(&v, word, sizeof(v));
+  return v;
+}
+void StoreVersion(float* word, uint32_t v) { std::memcpy(word, &v, sizeof(v)); }
+}  // namespace
+
+absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out,
+                                    uint32_t* versions) const {
   RETURN_IF_ERROR(CheckIds(ids));
   const int dim = opt_.dim;
+  const int version_at =
+      opt_.row_versions && versions != nullptr ? dim + state_floats_ + 1 : -1;  // after the stamp
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
@@ -177,6 +190,7 @@ absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out) c
                     const float* row = FindRow(ids[i]);
                     stored = row != nullptr;
                     if (stored) std::memcpy(dst, row, dim * sizeof(float));
+                    if (version_at >= 0) versions[i] = stored ? LoadVersion(row + version_at) : 0;
                   }
                   // A row never trained reads as its initial value; row_init is pure, so it can
                   // run outside the lock.
@@ -193,14 +207,17 @@ absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out) c
 }
 
 absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* grads,
-                                   int64_t step) {
+                                   int64_t step, const uint32_t* computed_from) {
   RETURN_IF_ERROR(CheckIds(ids));
   RaiseLastStep(step);
   const int dim = opt_.dim;
   const Optimizer& optimizer = *opt_.optimizer;
   const double lr = optimizer.LearningRate(step);
+  const int version_at = opt_.row_versions ? dim + state_floats_ + 1 : -1;  // after the stamp
+  const bool versioned = version_at >= 0 && computed_from != nullptr;
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
+                int64_t updates = 0, sum = 0, max = 0;
                 for (int64_t i = b; i < e; ++i) {
                   Prefetch(ids, i, e, stride_ * sizeof(float));
                   std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
@@ -213,14 +230,44 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                       std::memset(row, 0, dim * sizeof(float));
                     }
                     optimizer.InitState(row + dim, dim);
+                    if (version_at >= 0) StoreVersion(row + version_at, 0);
                   }
-                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, lr);
+                  double row_lr = lr;
+                  if (version_at >= 0) {
+                    const uint32_t now = LoadVersion(row + version_at);
+                    if (versioned) {
+                      // Unsigned: a version ahead of the row's (restored since) wraps above 2^31.
+                      const uint32_t d = now - computed_from[i];
+                      const int64_t tau = d > (1u << 31) ? 0 : d;
+                      ++updates;
+                      sum += tau;
+                      max = std::max(max, tau);
+                      if (tau > 1) row_lr = lr / static_cast<double>(tau);
+                    }
+                    StoreVersion(row + version_at, now + 1);
+                  }
+                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, row_lr);
                   // Read under the row's lock: a snapshot that raised the generation before it
                   // copied this row either holds this update or sees the new stamp next time.
                   SetStamp(row, generation_.load());
                 }
+                if (updates > 0) {
+                  stale_updates_.fetch_add(updates, std::memory_order_relaxed);
+                  stale_sum_.fetch_add(sum, std::memory_order_relaxed);
+                  int64_t seen = stale_max_.load(std::memory_order_relaxed);
+                  while (max > seen && !stale_max_.compare_exchange_weak(seen, max)) {
+                  }
+                }
               });
   return absl::OkStatus();
+}
+
+EmbeddingStore::Staleness EmbeddingStore::staleness() const {
+  Staleness s;
+  s.updates = stale_updates_.load(std::memory_order_relaxed);
+  s.sum = stale_sum_.load(std::memory_order_relaxed);
+  s.max = stale_max_.load(std::memory_order_relaxed);
+  return s;
 }
 
 EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
@@ -310,6 +357,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
                     opt_.optimizer->InitState(row + dim, dim);
                   }
                   SetStamp(row, 0);  // as restored: not changed since any checkpoint
+                  if (opt_.row_versions) StoreVersion(row + dim + sf + 1, 0);
                 }
               });
   return absl::OkStatus();

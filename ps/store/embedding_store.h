@@ -13,8 +13,10 @@
 // storing anything, so evaluation traffic costs no memory. row_init must therefore be a pure
 // function of the row id (Model::InitRow is).
 //
-// Each stored row is dim weights followed by StateFloats(dim) optimizer floats and a 4-byte
-// generation stamp (below).
+// Each stored row is dim weights followed by StateFloats(dim) optimizer floats, a 4-byte
+// generation stamp (below), and with row_versions one more 4-byte word: the row's version, the
+// count of updates applied to it since it got storage (Gather reports it; a restored row starts
+// again at 0).
 //
 // Dirty rows (incremental checkpoints, docs/CHECKPOINT.md): the store has a current generation
 // (initially 1; set_generation). Every Apply stamps each row it updates with the generation it
@@ -22,6 +24,12 @@
 // only the rows stamped >= changed_since. A checkpointer raises the generation to g right before
 // it snapshots, and the next delta asks for changed_since = g: exactly the rows updated after
 // that snapshot's copy of them. The stamp costs one store into the row Apply writes anyway.
+//
+// Per-row staleness (async PS, Options::row_versions): an Apply that names, for each row, the
+// version its gradient was computed from has per-row staleness tau = (the row's updates since);
+// counted in staleness(), and each row's learning rate is divided by max(1, tau) - the
+// staleness-aware ASGD of Zhang et al. (IJCAI 2016) per parameter row: a row every worker
+// updates is damped, a row only one worker touches keeps its rate.
 //
 // Thread-safety: every method may be called concurrently from any number of threads. Each row
 // is guarded by one of 1024 striped mutexes (by row id), held for the whole read or update of
@@ -79,6 +87,14 @@ class EmbeddingStore {
     int threads = 1;
     // Rows per arena chunk (the unit of allocation); a power of two, >= 64.
     int chunk_rows = 4096;
+    // Keep a version per row, and scale a versioned Apply's learning rate per row (see above).
+    bool row_versions = false;
+  };
+  // The staleness of the versioned row updates applied so far.
+  struct Staleness {
+    int64_t updates = 0;  // rows updated with a version
+    int64_t sum = 0;      // of their tau
+    int64_t max = 0;
   };
 
   struct Stats {
@@ -103,15 +119,22 @@ class EmbeddingStore {
 
   // out[i * dim, (i + 1) * dim) = current weights of ids[i] (row_init's value for a row never
   // trained). INVALID_ARGUMENT naming the first id outside [begin, end); nothing is written then.
-  absl::Status Gather(absl::Span<const int64_t> ids, float* out) const;
+  // With row_versions and versions not null, versions[i] = ids[i]'s version (0 if never trained).
+  absl::Status Gather(absl::Span<const int64_t> ids, float* out,
+                      uint32_t* versions = nullptr) const;
 
   // Applies one optimizer update to each row: grads is ids.size() x dim. Rows are initialized on
   // first touch. Callers normally pass unique ids (the worker merges duplicates); a repeated id
   // is applied once per occurrence, one after the other (in unspecified order when threads > 1).
   // `step` is the caller's global step of this update, kept as last_step() and saved with
   // snapshots; the optimizer math does not use it (Adam counts updates per row).
+  // With row_versions and computed_from not null, computed_from[i] is the version of ids[i] the
+  // gradient was computed from (a Gather's answer): per-row staleness (see above). A version
+  // ahead of the row's (restored since) counts as tau = 0.
   // INVALID_ARGUMENT naming the first id outside [begin, end); nothing is applied then.
-  absl::Status Apply(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+  absl::Status Apply(absl::Span<const int64_t> ids, const float* grads, int64_t step,
+                     const uint32_t* computed_from = nullptr);
+  Staleness staleness() const;
 
   // Captures every initialized row in [from, to) (clamped to the store's range) whose generation
   // stamp is >= changed_since (0: every row); see EmbeddingSnapshot. Training is blocked only row
@@ -186,6 +209,7 @@ class EmbeddingStore {
   std::atomic<int64_t> chunks_allocated_{0};
   std::atomic<int64_t> last_step_{0};
   std::atomic<uint32_t> generation_{1};
+  std::atomic<int64_t> stale_updates_{0}, stale_sum_{0}, stale_max_{0};
 };
 
 }  // namespace pstrain

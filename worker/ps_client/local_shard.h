@@ -25,11 +25,17 @@ class LocalShard {
 
   // ASYNC's fast path, on the caller's buffers, without messages (ShardServer::PullDirect /
   // PushDirect have the contract): rows[ids.size() x row_dim] in ids' order and, when dense is
-  // not null, the shard's dense slice; *staleness as PullResponse.staleness.
+  // not null, the shard's dense slice and its version; *staleness as PullResponse.staleness.
+  // A dense gradient names the version it was computed from (-1: unknown). With row_versions()
+  // (per-row staleness), row_versions[ids.size()] likewise (pull: filled if not null; push: the
+  // pulled ones, or null).
   virtual absl::Status PullDirect(absl::Span<const int64_t> ids, int64_t step, float* rows,
-                                  float* dense, int64_t* staleness) = 0;
+                                  float* dense, int64_t* staleness, int64_t* dense_version,
+                                  uint32_t* row_versions) = 0;
   virtual absl::Status PushDirect(int32_t worker_id, int64_t step, absl::Span<const int64_t> ids,
-                                  const float* row_grads, const float* dense_grad) = 0;
+                                  const float* row_grads, const float* dense_grad,
+                                  int64_t dense_version, const uint32_t* row_versions) = 0;
+  virtual bool row_versions() const = 0;
 };
 
 }  // namespace pstrain

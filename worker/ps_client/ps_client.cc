@@ -274,7 +274,8 @@ PsClient::PsClient(Options options)
                  static_cast<int>(opt_.shards.size())),
       incarnation_(RandomIncarnation()),
       direct_shard_(opt_.local_server != nullptr && opt_.consistency == ASYNC ? opt_.local_shard
-                                                                               : -1) {
+                                                                               : -1),
+      pull_versions_(static_cast<int>(opt_.shards.size())) {
   const int S = num_shards();
   partition_rank_.resize(map_.partitions());
   int rank = 0;
@@ -607,6 +608,12 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
                                                   " row bytes for ", part->positions.size(),
                                                   " rows of ", dim, " floats"));
           }
+          if (st.ok() && !r.row_versions().empty() &&
+              r.row_versions().size() != part->positions.size() * sizeof(uint32_t)) {
+            st = absl::InternalError(absl::StrCat(where, ": Pull answered ",
+                                                  r.row_versions().size(), " row version bytes for ",
+                                                  part->positions.size(), " rows"));
+          }
           if (st.ok() && part->request.want_dense() &&
               (r.dense().size() != slice * sizeof(float) ||
                r.dense_begin() != dense_map_.PartitionBegin(part->shard))) {
@@ -626,6 +633,19 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
             }
             if (part->request.want_dense()) {
               std::memcpy(op->dense + r.dense_begin(), r.dense().data(), r.dense().size());
+              if (op->step > 0) pull_versions_.PulledDense(part->shard, op->step, r.dense_version());
+            }
+            if (op->step > 0 && !r.row_versions().empty()) {
+              const std::string& packed = part->request.ids();
+              uint64_t fingerprint = 0;
+              for (size_t j = 0; j < part->positions.size(); ++j) {
+                int64_t id;
+                std::memcpy(&id, packed.data() + j * sizeof(int64_t), sizeof(id));
+                fingerprint = PullVersions::Fingerprint(fingerprint, id);
+              }
+              std::vector<uint32_t> versions(part->positions.size());
+              std::memcpy(versions.data(), r.row_versions().data(), r.row_versions().size());
+              pull_versions_.PulledRows(part->shard, op->step, fingerprint, std::move(versions));
             }
           }
           const int64_t staleness = r.staleness();
@@ -643,14 +663,21 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
     std::vector<int64_t> local_ids(n);
     std::vector<float> local_rows(n * dim);
     for (int64_t j = 0; j < n; ++j) local_ids[j] = ids[order[bounds[s] + j]];
-    int64_t staleness = 0;
+    int64_t staleness = 0, dense_version = -1;
+    const bool want_dense = dense != nullptr && dense_map_.PartitionSize(s) > 0;
+    std::vector<uint32_t> versions(step > 0 && opt_.local_server->row_versions() ? n : 0);
     absl::Status st = Annotate(
-        opt_.local_server->PullDirect(
-            local_ids, step, local_rows.data(),
-            dense != nullptr && dense_map_.PartitionSize(s) > 0 ? dense + dense_map_.PartitionBegin(s)
-                                                                 : nullptr,
-            &staleness),
+        opt_.local_server->PullDirect(local_ids, step, local_rows.data(),
+                                      want_dense ? dense + dense_map_.PartitionBegin(s) : nullptr,
+                                      &staleness, &dense_version,
+                                      versions.empty() ? nullptr : versions.data()),
         absl::StrCat("shard ", s, " (in this process)"));
+    if (st.ok() && want_dense && step > 0) pull_versions_.PulledDense(s, step, dense_version);
+    if (st.ok() && !versions.empty()) {
+      uint64_t fingerprint = 0;
+      for (int64_t id : local_ids) fingerprint = PullVersions::Fingerprint(fingerprint, id);
+      pull_versions_.PulledRows(s, step, fingerprint, std::move(versions));
+    }
     if (st.ok()) {
       for (int64_t j = 0; j < n; ++j) {
         std::memcpy(rows + int64_t{order[bounds[s] + j]} * dim, &local_rows[j * dim],
@@ -714,13 +741,20 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     char* id_out = &(*packed_ids)[0];
     char* grad_out = &(*packed_grads)[0];
     const size_t row_bytes = dim * sizeof(float);
+    uint64_t fingerprint = 0;
     for (int64_t j = 0; j < n; ++j) {
       const int32_t pos = order[bounds[s] + j];
       std::memcpy(id_out + j * sizeof(int64_t), &ids[pos], sizeof(int64_t));
       std::memcpy(grad_out + j * row_bytes, row_grads + int64_t{pos} * dim, row_bytes);
+      fingerprint = PullVersions::Fingerprint(fingerprint, ids[pos]);
+    }
+    if (n > 0) {
+      const std::vector<uint32_t> versions = pull_versions_.RowsForPush(s, step, fingerprint);
+      if (!versions.empty()) PackArray(versions.data(), n, req.mutable_row_versions());
     }
     if (slice > 0) {
       PackArray(dense_grad + dense_map_.PartitionBegin(s), slice, req.mutable_dense_grad());
+      if (const int64_t v = pull_versions_.DenseForPush(s, step); v >= 0) req.set_dense_version(v);
     }
     parts.push_back(std::move(part));
   }
@@ -756,17 +790,25 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     const int64_t n = bounds[s + 1] - bounds[s];
     std::vector<int64_t> local_ids(n);
     std::vector<float> local_grads(n * dim);
+    uint64_t fingerprint = 0;
     for (int64_t j = 0; j < n; ++j) {
       const int32_t pos = order[bounds[s] + j];
       local_ids[j] = ids[pos];
       std::memcpy(&local_grads[j * dim], row_grads + int64_t{pos} * dim, dim * sizeof(float));
+      fingerprint = PullVersions::Fingerprint(fingerprint, ids[pos]);
     }
+    const std::vector<uint32_t> row_versions =
+        n > 0 ? pull_versions_.RowsForPush(s, step, fingerprint) : std::vector<uint32_t>();
     const float* local_dense = dense_grad != nullptr && dense_map_.PartitionSize(s) > 0
                                    ? dense_grad + dense_map_.PartitionBegin(s)
                                    : nullptr;
-    PushOpPartDone(op.get(), Annotate(opt_.local_server->PushDirect(opt_.worker_id, step, local_ids,
-                                                                    local_grads.data(), local_dense),
-                                      absl::StrCat("shard ", s, " (in this process)")));
+    const int64_t dense_version =
+        local_dense != nullptr ? pull_versions_.DenseForPush(s, step) : -1;
+    PushOpPartDone(op.get(),
+                   Annotate(opt_.local_server->PushDirect(
+                                opt_.worker_id, step, local_ids, local_grads.data(), local_dense,
+                                dense_version, row_versions.empty() ? nullptr : row_versions.data()),
+                            absl::StrCat("shard ", s, " (in this process)")));
   }
   return op->future;
 }
@@ -869,13 +911,21 @@ PsClient::Traffic PsClient::traffic() const {
 
 std::string FormatShardBalance(const std::vector<ShardStats>& stats) {
   std::string out =
-      absl::StrFormat("%-6s %12s %12s %10s %10s %10s %10s %10s", "shard", "rows_owned",
-                      "rows_trained", "memory_MB", "pull_qps", "push_qps", "in_MB", "out_MB");
+      absl::StrFormat("%-6s %12s %12s %10s %10s %10s %10s %10s %14s %14s", "shard",
+                      "rows_owned", "rows_trained", "memory_MB", "pull_qps", "push_qps", "in_MB",
+                      "out_MB", "dense_tau_avg", "row_tau_avg");
+  // Staleness columns: mean (max) over the pushes that named their versions, "-" for none.
+  auto tau = [](int64_t n, double mean, int64_t max) {
+    return n > 0 ? absl::StrFormat("%.2f (max %d)", mean, max) : std::string("-");
+  };
   for (const ShardStats& s : stats) {
     absl::StrAppend(
-        &out, absl::StrFormat("\n%-6d %12d %12d %10.1f %10.1f %10.1f %10.1f %10.1f", s.shard(),
-                              s.rows_owned(), s.rows_initialized(), s.bytes() / 1e6, s.pull_qps(),
-                              s.push_qps(), s.bytes_in() / 1e6, s.bytes_out() / 1e6));
+        &out, absl::StrFormat(
+                  "\n%-6d %12d %12d %10.1f %10.1f %10.1f %10.1f %10.1f %14s %14s", s.shard(),
+                  s.rows_owned(), s.rows_initialized(), s.bytes() / 1e6, s.pull_qps(),
+                  s.push_qps(), s.bytes_in() / 1e6, s.bytes_out() / 1e6,
+                  tau(s.dense_versioned_pushes(), s.dense_staleness_mean(), s.dense_staleness_max()),
+                  tau(s.row_versioned_updates(), s.row_staleness_mean(), s.row_staleness_max())));
   }
   // max/mean: 1.0 is perfect balance; S means one shard does everything.
   auto imbalance = [&](auto field) {

@@ -74,6 +74,7 @@
 #include "pstrain/ps_service.pb.h"
 #include "worker/params/params.h"
 #include "worker/ps_client/local_shard.h"
+#include "worker/ps_client/pull_versions.h"
 
 namespace pstrain {
 
@@ -284,6 +285,7 @@ class PsClient final : public ParameterAccess {
   std::vector<int> shard_rank_begin_;
   const uint64_t incarnation_;  // random per client instance (push ids)
   const int direct_shard_;      // pulled and pushed by direct calls (Options::local_server), or -1
+  PullVersions pull_versions_;  // what each push was computed from (its staleness)
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<Timer> timer_;
   std::atomic<bool> shutting_down_{false};

@@ -58,10 +58,13 @@ void DenseInit(float* out, int64_t n) {
 // S shard servers on 127.0.0.1:<free port>.
 struct Cluster {
   Cluster(int shards, const Table& t, OptimizerType type, const std::string& checkpoint_dir = "",
-          int num_workers = 1)
+          int num_workers = 1, StalenessCompensation compensation = NO_COMPENSATION)
       : table(t) {
     for (int s = 0; s < shards; ++s) {
       ShardServer::Options o;
+      o.data.scale_dense_lr_by_staleness =
+          compensation == SCALE_DENSE_LR || compensation == SCALE_LR;
+      o.data.scale_row_lr_by_staleness = compensation == SCALE_ROW_LR || compensation == SCALE_LR;
       o.data.checkpoint_dir = checkpoint_dir;
       o.num_workers = num_workers;
       o.data.shard = s;
@@ -248,6 +251,94 @@ TEST(PsClient, PipelinedPullsAndPushesMatchLocalStoresAfterFlush) {
   }
   // Pushes reach each shard in order, so once flushed the state is exactly the reference's.
   ExpectSameAsReference(client.get(), &ref, UniqueIds(&rng, t.rows, 5000), t);
+}
+
+// Staleness compensation (cluster.staleness_compensation: SCALE_DENSE_LR): worker A computes a
+// dense gradient from the slice it pulled; worker B applies 3 dense updates meanwhile; A's push is
+// 3 updates stale on every shard, counted in the stats, and applied with lr / 3.
+TEST(PsClient, StaleDensePushesAreCountedAndTheirLearningRateScaled) {
+  const Table t;
+  Cluster cluster(2, t, SGD, "", /*num_workers=*/2, SCALE_DENSE_LR);
+  PsClient::Options oa = cluster.ClientOptions(), ob = cluster.ClientOptions();
+  oa.worker_id = 0;
+  ob.worker_id = 1;
+  auto a = cluster.Client(oa);
+  auto b = cluster.Client(ob);
+  Rng rng(5);
+  const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 100);
+  std::vector<float> rows(ids.size() * t.row_dim), dense(t.dense_size);
+  ASSERT_TRUE(a->PullAtStepAsync(ids, rows.data(), dense.data(), 1)->Wait().ok());
+  for (int step = 1; step <= 3; ++step) {  // each from the slice it has just pulled: tau 0
+    ASSERT_TRUE(b->PullAtStepAsync(ids, rows.data(), dense.data(), step)->Wait().ok());
+    const std::vector<float> g = RandomValues(&rng, t.dense_size);
+    ASSERT_TRUE(b->PushAsync({}, nullptr, g.data(), step)->Wait().ok());
+  }
+  std::vector<float> before(t.dense_size), after(t.dense_size);
+  ASSERT_TRUE(b->Pull({}, nullptr, before.data()).ok());  // not a training pull: no version kept
+  const std::vector<float> g = RandomValues(&rng, t.dense_size);
+  ASSERT_TRUE(a->PushAsync({}, nullptr, g.data(), 1)->Wait().ok());
+  ASSERT_TRUE(b->Pull({}, nullptr, after.data()).ok());
+  const float lr = MakeOptimizerConfig(SGD).learning_rate();
+  for (int64_t i = 0; i < t.dense_size; ++i) {
+    ASSERT_NEAR(after[i], before[i] - lr / 3 * g[i], 1e-6) << i;
+  }
+  absl::StatusOr<std::vector<ShardStats>> stats = a->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->size(), 2u);
+  for (const ShardStats& s : *stats) {
+    EXPECT_EQ(s.dense_versioned_pushes(), 4) << s.shard();
+    EXPECT_EQ(s.dense_staleness_max(), 3) << s.shard();
+    EXPECT_DOUBLE_EQ(s.dense_staleness_mean(), 0.75) << s.shard();
+  }
+  EXPECT_THAT(FormatShardBalance(*stats), HasSubstr("0.75 (max 3)"));
+}
+
+// The same per row (SCALE_ROW_LR): B updates rows A pulled 3 times before A pushes them; A's
+// update of each is 3 updates stale and applied with lr / 3. A row only A pushes is not stale.
+TEST(PsClient, StaleRowPushesAreCountedAndTheirLearningRateScaledPerRow) {
+  const Table t;
+  Cluster cluster(2, t, SGD, "", /*num_workers=*/2, SCALE_ROW_LR);
+  PsClient::Options oa = cluster.ClientOptions(), ob = cluster.ClientOptions();
+  oa.worker_id = 0;
+  ob.worker_id = 1;
+  auto a = cluster.Client(oa);
+  auto b = cluster.Client(ob);
+  Rng rng(6);
+  const std::vector<int64_t> all = UniqueIds(&rng, t.rows, 200);
+  const std::vector<int64_t> shared(all.begin(), all.begin() + 100);  // B pushes these too
+  const size_t dim = t.row_dim;
+  std::vector<float> rows(all.size() * dim), dense(t.dense_size);
+  ASSERT_TRUE(a->PullAtStepAsync(all, rows.data(), dense.data(), 1)->Wait().ok());
+  for (int step = 1; step <= 3; ++step) {  // each from the rows it has just pulled: tau 0
+    ASSERT_TRUE(b->PullAtStepAsync(shared, rows.data(), dense.data(), step)->Wait().ok());
+    const std::vector<float> g = RandomValues(&rng, shared.size() * dim);
+    ASSERT_TRUE(b->PushAsync(shared, g.data(), nullptr, step)->Wait().ok());
+  }
+  std::vector<float> before(all.size() * dim), after(all.size() * dim);
+  ASSERT_TRUE(b->Pull(all, before.data(), nullptr).ok());
+  const std::vector<float> g = RandomValues(&rng, all.size() * dim);
+  ASSERT_TRUE(a->PushAsync(all, g.data(), nullptr, 1)->Wait().ok());
+  ASSERT_TRUE(b->Pull(all, after.data(), nullptr).ok());
+  const float lr = MakeOptimizerConfig(SGD).learning_rate();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float scale = i < shared.size() ? 1.0f / 3 : 1.0f;  // stale 3, or not stale
+    for (size_t j = 0; j < dim; ++j) {
+      ASSERT_NEAR(after[i * dim + j], before[i * dim + j] - lr * scale * g[i * dim + j], 1e-6)
+          << "row " << all[i] << " float " << j;
+    }
+  }
+  absl::StatusOr<std::vector<ShardStats>> stats = a->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  int64_t updates = 0, max = 0;
+  double sum = 0;
+  for (const ShardStats& s : *stats) {
+    updates += s.row_versioned_updates();
+    sum += s.row_staleness_mean() * s.row_versioned_updates();
+    max = std::max(max, s.row_staleness_max());
+  }
+  EXPECT_EQ(updates, 3 * 100 + 200);  // B's 3 pushes of 100 rows, A's push of 200
+  EXPECT_NEAR(sum, 3 * 100, 1e-6);    // only A's pushes of the shared rows were stale (3 each)
+  EXPECT_EQ(max, 3);
 }
 
 TEST(ShardServer, FixedSizePartitionedTableIsBalancedAcrossShards) {

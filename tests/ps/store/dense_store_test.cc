@@ -162,3 +162,49 @@ TEST(DenseStore, RestoreRefusesAnotherSliceOrOptimizer) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Staleness (async PS): every Apply makes a version; an Apply computed from an older version is
+// tau updates stale, counted, and with scale_lr_by_staleness its learning rate is lr / tau.
+TEST(DenseStore, VersionsCountStalenessAndScaleTheLearningRate) {
+  const float lr = 0.5f;
+  DenseStore::Options o;
+  o.size = 4;
+  o.optimizer = MakeOptimizer(SGD, lr);
+  o.scale_lr_by_staleness = true;
+  std::unique_ptr<DenseStore> scaled = std::move(DenseStore::Create(o)).value();
+  o.scale_lr_by_staleness = false;
+  std::unique_ptr<DenseStore> plain = std::move(DenseStore::Create(o)).value();
+  std::vector<float> w(4);
+  const std::vector<float> g = {1, 2, 3, 4};
+  for (DenseStore* s : {scaled.get(), plain.get()}) {
+    EXPECT_EQ(s->Get(w.data()), 0);
+    for (int i = 0; i < 4; ++i) s->Apply(g.data(), i + 1, /*computed_from=*/-1);  // unversioned
+    EXPECT_EQ(s->Get(w.data()), 4);
+    EXPECT_EQ(s->staleness().updates, 0);
+  }
+  // 4 updates since version 0: tau 4, lr / 4 when scaled; a version from the future counts 0.
+  std::vector<float> before_scaled(4), before_plain(4), after(4);
+  scaled->Get(before_scaled.data());
+  plain->Get(before_plain.data());
+  scaled->Apply(g.data(), 5, /*computed_from=*/0);
+  plain->Apply(g.data(), 5, /*computed_from=*/0);
+  scaled->Get(after.data());
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(after[i], before_scaled[i] - lr / 4 * g[i]) << i;
+  plain->Get(after.data());
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(after[i], before_plain[i] - lr * g[i]) << i;
+  scaled->Get(before_scaled.data());
+  scaled->Apply(g.data(), 6, /*computed_from=*/1000);  // restored since: tau 0, the whole lr
+  scaled->Get(after.data());
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(after[i], before_scaled[i] - lr * g[i]) << i;
+  const DenseStore::Staleness tau = scaled->staleness();
+  EXPECT_EQ(tau.updates, 2);
+  EXPECT_EQ(tau.sum, 4);
+  EXPECT_EQ(tau.max, 4);
+  EXPECT_EQ(scaled->version(), 6);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -444,3 +444,56 @@ TEST(EmbeddingStore, SnapshotChangedSinceHoldsExactlyTheRowsUpdatedSinceAGenerat
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Per-row staleness (row_versions): Gather reports each row's version (its updates); an Apply
+// computed from older versions scales each row's learning rate by 1 / tau; a restored row starts
+// again at version 0, and a version ahead of the row's counts as not stale.
+TEST(EmbeddingStore, RowVersionsCountUpdatesAndScaleEachRowsLearningRate) {
+  const float lr = 0.5f;
+  EmbeddingStore::Options o;
+  o.begin = 0;
+  o.end = 100;
+  o.dim = 2;
+  o.optimizer = MakeOptimizer(SGD, lr);
+  o.row_versions = true;
+  std::unique_ptr<EmbeddingStore> s = std::move(EmbeddingStore::Create(o)).value();
+  const std::vector<int64_t> ids = {3, 4};
+  const std::vector<float> g = {1, 2, 3, 4};
+  std::vector<float> w(4);
+  std::vector<uint32_t> v(2, 99);
+  ASSERT_TRUE(s->Gather(ids, w.data(), v.data()).ok());
+  EXPECT_EQ(v, (std::vector<uint32_t>{0, 0}));  // never trained
+  const std::vector<uint32_t> pulled = v;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->Apply({&ids[0], 1}, g.data(), i + 1).ok());
+  ASSERT_TRUE(s->Gather(ids, w.data(), v.data()).ok());
+  EXPECT_EQ(v, (std::vector<uint32_t>{3, 0}));
+  const std::vector<float> before = w;
+  ASSERT_TRUE(s->Apply(ids, g.data(), 4, pulled.data()).ok());  // row 3: tau 3; row 4: tau 0
+  ASSERT_TRUE(s->Gather(ids, w.data(), v.data()).ok());
+  EXPECT_EQ(v, (std::vector<uint32_t>{4, 1}));
+  EXPECT_FLOAT_EQ(w[0], before[0] - lr / 3 * g[0]);
+  EXPECT_FLOAT_EQ(w[1], before[1] - lr / 3 * g[1]);
+  EXPECT_FLOAT_EQ(w[2], before[2] - lr * g[2]);
+  EXPECT_FLOAT_EQ(w[3], before[3] - lr * g[3]);
+  EmbeddingStore::Staleness tau = s->staleness();
+  EXPECT_EQ(tau.updates, 2);
+  EXPECT_EQ(tau.sum, 3);
+  EXPECT_EQ(tau.max, 3);
+
+  // A restore starts the rows at version 0: versions pulled before count as not stale.
+  ASSERT_TRUE(s->Restore(s->Snapshot()).ok());
+  ASSERT_TRUE(s->Gather(ids, w.data(), v.data()).ok());
+  EXPECT_EQ(v, (std::vector<uint32_t>{0, 0}));
+  const std::vector<uint32_t> ahead = {4, 1};
+  const std::vector<float> restored = w;
+  ASSERT_TRUE(s->Apply(ids, g.data(), 5, ahead.data()).ok());
+  ASSERT_TRUE(s->Gather(ids, w.data(), nullptr).ok());
+  for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(w[j], restored[j] - lr * g[j]) << j;
+  EXPECT_EQ(s->staleness().max, 3);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,92 @@
+// PullVersions: which versions of a shard's parameters a worker's gradients were computed from,
+// so that its pushes can name them (the staleness of a push: ps/store/dense_store.h,
+// ps/store/embedding_store.h). A training pull of step t records what each shard answered:
+//   - the dense slice's version. The dense push of step s was computed from the latest training
+//     pull of a step <= s: with cluster.dense_sync_steps k the dense is pulled at t and its mean
+//     gradient pushed at t + k - 1, and pulls of later steps (prefetched) may have been answered
+//     meanwhile.
+//   - the rows' versions (shards with per-row staleness), in the order of the shard's ids. The
+//     row push of step s was computed from the rows pulled at step s; it takes them only if its
+//     ids are the pulled ones in the same order (same Fingerprint), else it names none.
+//
+// Memory: at most kKept pulls per shard (older ones are forgotten, as are those a push passed).
+// Thread-safety: every method may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace pstrain {
+
+class PullVersions {
+ public:
+  static constexpr size_t kKept = 64;
+
+  explicit PullVersions(int shards) : dense_(shards), rows_(shards) {}
+
+  // An order-dependent hash of ids, fed one id at a time from 0.
+  static uint64_t Fingerprint(uint64_t h, int64_t id) {
+    h ^= static_cast<uint64_t>(id) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xBF58476D1CE4E5B9ull;
+  }
+
+  // A training pull of `step` (> 0) got version `version` of shard `shard`'s dense slice.
+  void PulledDense(int shard, int64_t step, int64_t version) {
+    absl::MutexLock lock(&mu_);
+    Keep(&dense_[shard], step, version);
+  }
+  // ... and `versions` of the rows whose ids have `fingerprint`.
+  void PulledRows(int shard, int64_t step, uint64_t fingerprint, std::vector<uint32_t> versions) {
+    absl::MutexLock lock(&mu_);
+    Keep(&rows_[shard], step, Rows{fingerprint, std::move(versions)});
+  }
+
+  // The version the dense gradient pushed at `step` to `shard` was computed from; -1 if no
+  // training pull of a step <= `step` is known.
+  int64_t DenseForPush(int shard, int64_t step) {
+    absl::MutexLock lock(&mu_);
+    std::map<int64_t, int64_t>& m = dense_[shard];
+    auto it = m.upper_bound(step);
+    if (it == m.begin()) return -1;
+    --it;
+    const int64_t version = it->second;
+    m.erase(m.begin(), it);  // pushes come in step order: older pulls are not needed again
+    return version;
+  }
+
+  // The versions of the rows pulled at `step` from `shard`, if the push's ids have the pulled
+  // ids' fingerprint; else empty. Forgets that pull and older ones.
+  std::vector<uint32_t> RowsForPush(int shard, int64_t step, uint64_t fingerprint) {
+    absl::MutexLock lock(&mu_);
+    std::map<int64_t, Rows>& m = rows_[shard];
+    auto it = m.find(step);
+    std::vector<uint32_t> versions;
+    if (it != m.end() && it->second.fingerprint == fingerprint) {
+      versions = std::move(it->second.versions);
+    }
+    m.erase(m.begin(), m.upper_bound(step));
+    return versions;
+  }
+
+ private:
+  struct Rows {
+    uint64_t fingerprint = 0;
+    std::vector<uint32_t> versions;
+  };
+  template <typename V>
+  static void Keep(std::map<int64_t, V>* m, int64_t step, V value) {
+    (*m)[step] = std::move(value);
+    while (m->size() > kKept) m->erase(m->begin());
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::map<int64_t, int64_t>> dense_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::map<int64_t, Rows>> rows_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pstrain
