@@ -383,10 +383,12 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   std::printf("pstrain allreduce: rank %d of %d: replica crc32c %08x after step %lld\n", rank_,
               size_, crc, static_cast<long long>(last_step_));
   std::fflush(stdout);
+  const StoreMemory memory = replica_->memory();
   struct Totals {
     int64_t crc, examples, examples_this_run;
     double examples_per_sec;
-  } mine{crc, summary->examples, summary->examples_this_run, summary->examples_per_sec};
+    StoreMemory memory;
+  } mine{crc, summary->examples, summary->examples_this_run, summary->examples_per_sec, memory};
   std::vector<Totals> all(size_);
   RETURN_IF_ERROR(Check(MPI_Allgather(&mine, sizeof(Totals), MPI_BYTE, all.data(),
                                       sizeof(Totals), MPI_BYTE, MPI_COMM_WORLD),
@@ -398,6 +400,8 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   summary->examples = 0;
   summary->examples_this_run = 0;
   summary->examples_per_sec = 0;
+  summary->memory_per = "rank";
+  summary->memory.clear();
   for (int r = 0; r < size_; ++r) {
     if (all[r].crc != all[0].crc) {
       return absl::InternalError(absl::StrFormat(
@@ -407,6 +411,7 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
     summary->examples += all[r].examples;
     summary->examples_this_run += all[r].examples_this_run;
     summary->examples_per_sec += all[r].examples_per_sec;
+    summary->memory.push_back(all[r].memory);
   }
   // Every rank's bytes including this last exchange's.
   int64_t bytes = bytes_sent_;
