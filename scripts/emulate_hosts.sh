@@ -38,7 +38,8 @@
 # processes together, as a container's limit does), and the kernel's OOM killer acts as on a
 # real host. prlimit --as caps each process's virtual address space instead, which counts thread
 # stacks and reserved malloc arenas never touched: a poor proxy, used only without a cgroup.
-# At the end of `run`, <work>/hosts.json holds each host's peak memory (cgroup max usage).
+# At the end of `run`, <work>/hosts.json holds each host's peak memory (cgroup max usage) and the
+# bytes its link carried each way (eth0's counters).
 #
 # Everything it starts is ended and removed on exit, Ctrl-C, SIGTERM or failure (trap): the
 # processes in the namespaces, the namespaces (their veths and bridge with them), the cgroups.
@@ -244,8 +245,12 @@ write_hosts_json() {
       if [[ "$MEM_MODE" == cgroup && -r "$(memcg "$i")/$MEMCG_PEAK_FILE" ]]; then
         peak="$(awk '{ printf "%.1f", $1 / 1048576 }' "$(memcg "$i")/$MEMCG_PEAK_FILE")"
       fi
-      printf '%s{"host": %d, "namespace": "%s", "address": "%s", "peak_memory_mb": %s}' \
-          "$sep" "$i" "$(ns "$i")" "$(addr "$i")" "$peak"
+      # What crossed the host's link (its eth0's counters), each way.
+      local tx rx
+      tx="$(ip netns exec "$(ns "$i")" cat /sys/class/net/eth0/statistics/tx_bytes 2> /dev/null || echo null)"
+      rx="$(ip netns exec "$(ns "$i")" cat /sys/class/net/eth0/statistics/rx_bytes 2> /dev/null || echo null)"
+      printf '%s{"host": %d, "namespace": "%s", "address": "%s", "peak_memory_mb": %s, "tx_bytes": %s, "rx_bytes": %s}' \
+          "$sep" "$i" "$(ns "$i")" "$(addr "$i")" "$peak" "$tx" "$rx"
       sep=", "
     done
     printf ']}\n'
