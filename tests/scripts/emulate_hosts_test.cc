@@ -142,6 +142,41 @@ TEST_F(EmulateHostsTest, AnAllreduceJobRunsOneRankPerNamespace) {
   EXPECT_EQ(testing::ProcessesLeft(model), 0);
 }
 
+// The shipped config's replica on 20k datagen rows is estimated at ~134 MB (held: ~89 MB): with
+// 100 MB per host allreduce refuses to start; with 120 MB and --nomemory_check it starts and stops
+// cleanly at the step that could pass the cap. Neither is killed by the OOM killer.
+TEST_F(EmulateHostsTest, AllreduceRefusesAReplicaLargerThanAHostsMemory) {
+  std::string flags = absl::StrCat(
+      "--config ", PSTRAIN_SOURCE_DIR, "/configs/deepfm_criteo.textproto --train '", Dir(),
+      "/data/part-*' --eval '", Dir(), "/data/part-00000*' --epochs 1",
+      " --set threads.towers=1 --set threads.intra_op_threads=1");
+  for (int memory_mb : {100, 120}) {
+    const std::string model = absl::StrCat(Dir(), "/oversized_", memory_mb);
+    const std::string work = model + "_work";
+    const std::string command = absl::StrCat(
+        hosts_.Script(), " --memory_mb ", memory_mb, " --binary ", PSTRAIN_BINARY, " --work ",
+        work, " --timeout_s 240 run allreduce -- ", flags, " --model_dir ", model,
+        memory_mb == 120 ? " --nomemory_check" : "");
+    std::string out;
+    const int code = RunShell(command, 300, &out);
+    if (absl::StrContains(out, "no writable memory cgroup")) {
+      GTEST_SKIP() << "no memory cgroup can be made here: " << out;
+    }
+    auto log = ReadFileToString(work + "/mpirun.log");
+    ASSERT_TRUE(log.ok());
+    EXPECT_NE(code, 0) << out << *log;
+    if (memory_mb == 100) {
+      EXPECT_THAT(*log, HasSubstr("rank 0 of 2: FAILED_PRECONDITION: the model does not fit"));
+      EXPECT_THAT(*log, HasSubstr("the cgroup memory limit 100 MB"));
+    } else {
+      EXPECT_THAT(*log, HasSubstr("this rank may use: stopping before it does"));
+    }
+    EXPECT_THAT(*log, ::testing::Not(HasSubstr("signal 9"))) << *log;
+    EXPECT_FALSE(PathExists(model + "/summary.json"));
+  }
+  EXPECT_FALSE(hosts_.Exists());
+}
+
 TEST_F(EmulateHostsTest, CtrlCInTheMiddleOfAJobRemovesEverything) {
   const std::string model = Dir() + "/int_model", work = Dir() + "/int_work";
   testing::Subprocess script;
