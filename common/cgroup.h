@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace pstrain {
@@ -28,5 +29,22 @@ struct CgroupDirs {
 absl::StatusOr<std::optional<CgroupDirs>> FindCgroupDirs(const std::string& proc_self_cgroup,
                                                          const std::string& cgroup_root,
                                                          const std::string& controller);
+
+// The smallest limit over `cgroup`'s directories (the one that binds): at(dir, v2) returns a
+// directory's limit (nullopt: it sets none), NOT_FOUND when it has no such file (skipped), or
+// another error (returned).
+template <typename T, typename At>
+absl::StatusOr<std::optional<T>> SmallestCgroupLimit(const CgroupDirs& cgroup, At at) {
+  std::optional<T> smallest;
+  for (const std::string& dir : cgroup.dirs) {
+    absl::StatusOr<std::optional<T>> l = at(dir, cgroup.v2);
+    if (l.ok()) {
+      if (l->has_value() && (!smallest || **l < *smallest)) smallest = **l;
+    } else if (!absl::IsNotFound(l.status())) {
+      return l.status();
+    }
+  }
+  return smallest;
+}
 
 }  // namespace pstrain

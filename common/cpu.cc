@@ -231,16 +231,7 @@ absl::StatusOr<std::optional<double>> CgroupCpuQuota(const std::string& proc_sel
   if (!cgroup.ok()) return cgroup.status();
   if (!cgroup->has_value()) return std::optional<double>();
   // From the process's own cgroup up to the root: the smallest quota on the way binds.
-  std::optional<double> quota;
-  for (const std::string& dir : (*cgroup)->dirs) {
-    absl::StatusOr<std::optional<double>> q = QuotaAt(dir, (*cgroup)->v2);
-    if (q.ok()) {
-      if (q->has_value() && (!quota || **q < *quota)) quota = **q;
-    } else if (!absl::IsNotFound(q.status())) {
-      return q.status();
-    }
-  }
-  return quota;
+  return SmallestCgroupLimit<double>(**cgroup, QuotaAt);
 }
 
 CpuBudget MakeCpuBudget(int affinity, std::optional<double> quota) {

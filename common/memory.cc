@@ -61,17 +61,8 @@ absl::StatusOr<std::optional<int64_t>> CgroupMemoryLimit(const std::string& proc
   absl::StatusOr<std::optional<CgroupDirs>> cgroup =
       FindCgroupDirs(proc_self_cgroup, cgroup_root, "memory");
   if (!cgroup.ok()) return cgroup.status();
-  std::optional<int64_t> limit;
-  if (!cgroup->has_value()) return limit;
-  for (const std::string& dir : (*cgroup)->dirs) {
-    absl::StatusOr<std::optional<int64_t>> l = LimitAt(dir, (*cgroup)->v2);
-    if (l.ok()) {
-      if (l->has_value() && (!limit || **l < *limit)) limit = **l;
-    } else if (!absl::IsNotFound(l.status())) {
-      return l.status();
-    }
-  }
-  return limit;
+  if (!cgroup->has_value()) return std::optional<int64_t>();
+  return SmallestCgroupLimit<int64_t>(**cgroup, LimitAt);
 }
 
 MemoryBudget MakeMemoryBudget(std::optional<int64_t> cgroup_limit, int64_t rss,

@@ -38,8 +38,9 @@
 # processes together, as a container's limit does), and the kernel's OOM killer acts as on a
 # real host. prlimit --as caps each process's virtual address space instead, which counts thread
 # stacks and reserved malloc arenas never touched: a poor proxy, used only without a cgroup.
-# At the end of `run`, <work>/hosts.json holds each host's peak memory (cgroup max usage) and the
-# bytes its link carried each way (eth0's counters).
+# At the end of `run`, <work>/hosts.json holds each host's peak memory (cgroup max usage), the CPU
+# seconds its processes used (v2 cpu.stat, or a v1 cpuacct cgroup per host) and the bytes its
+# link carried each way (eth0's counters).
 #
 # Everything it starts is ended and removed on exit, Ctrl-C, SIGTERM or failure (trap): the
 # processes in the namespaces, the namespaces (their veths and bridge with them), the cgroups.
@@ -115,20 +116,51 @@ find_memcg() {
 }
 memcg() { echo "$MEMCG_BASE/pstrain-emul-${TAG}-h$1"; }
 
-# Prints the command prefix that puts a process into host i's memory cap (run inside sh -c).
+# CPU time per host: v2's cpu.stat in the memory cgroup, or a v1 cpuacct cgroup beside it.
+CPUCG_BASE="" CPU_MODE="none"
+cpucg() { echo "$CPUCG_BASE/pstrain-emul-${TAG}-h$1"; }
+find_cpucg() {
+  local mnt rel
+  mnt="$(awk '$9 == "cgroup" && $NF ~ /(^|,)cpuacct(,|$)/ {print $5; exit}' /proc/self/mountinfo)"
+  rel="$(awk -F: '$2 ~ /(^|,)cpuacct(,|$)/ {print $3}' /proc/self/cgroup)"
+  [[ -z "$mnt" || ! -d "$mnt${rel%/}" ]] || CPUCG_BASE="$mnt${rel%/}"
+}
+# Seconds of CPU that host i's processes used, or null.
+cpu_seconds() {
+  case "$CPU_MODE" in
+    v2) awk '$1 == "usage_usec" { printf "%.3f", $2 / 1e6 }' "$(memcg "$1")/cpu.stat" 2> /dev/null || echo null ;;
+    cpuacct) awk '{ printf "%.3f", $1 / 1e9 }' "$(cpucg "$1")/cpuacct.usage" 2> /dev/null || echo null ;;
+    *) echo null ;;
+  esac
+}
+
+# How each host's memory is capped and measured: cgroup, prlimit or none.
 MEM_MODE="none"
-setup_memory() {
-  ((MEMORY_MB > 0)) || return 0
+setup_cgroups() {
   find_memcg
-  if [[ -n "$MEMCG_BASE" ]] && mkdir -p "$(memcg 0)" 2>/dev/null &&
-      echo $((MEMORY_MB * 1024 * 1024)) > "$(memcg 0)/$MEMCG_LIMIT_FILE" 2>/dev/null; then
+  # A cgroup per host also when uncapped: its peak is each host's memory in hosts.json.
+  local limit=max
+  [[ "$MEMCG_LIMIT_FILE" == memory.max ]] || limit=-1
+  ((MEMORY_MB == 0)) || limit=$((MEMORY_MB * 1024 * 1024))
+  if [[ -n "$MEMCG_BASE" ]] && mkdir -p "$(memcg 0)" 2> /dev/null &&
+      echo "$limit" > "$(memcg 0)/$MEMCG_LIMIT_FILE" 2> /dev/null; then
     MEM_MODE="cgroup"
     for ((i = 1; i < HOSTS; i++)); do
       mkdir -p "$(memcg "$i")"
-      echo $((MEMORY_MB * 1024 * 1024)) > "$(memcg "$i")/$MEMCG_LIMIT_FILE"
+      echo "$limit" > "$(memcg "$i")/$MEMCG_LIMIT_FILE"
     done
-    echo "emulate_hosts: memory: cgroup $MEMCG_LIMIT_FILE = $MEMORY_MB MB per host ($MEMCG_BASE/pstrain-emul-${TAG}-h*)"
-  else
+    echo "emulate_hosts: memory: a cgroup per host ($MEMCG_BASE/pstrain-emul-${TAG}-h*)," \
+         "$MEMCG_LIMIT_FILE = $limit"
+    if [[ "$MEMCG_LIMIT_FILE" == memory.max ]]; then
+      CPU_MODE=v2
+    else
+      find_cpucg
+      if [[ -n "$CPUCG_BASE" ]] && mkdir -p "$(cpucg 0)" 2> /dev/null; then
+        CPU_MODE=cpuacct
+        for ((i = 1; i < HOSTS; i++)); do mkdir -p "$(cpucg "$i")"; done
+      fi
+    fi
+  elif ((MEMORY_MB > 0)); then
     command -v prlimit > /dev/null || die "--memory_mb: no writable memory cgroup and no prlimit (util-linux)"
     MEM_MODE="prlimit"
     echo "emulate_hosts: memory: no writable memory cgroup here; prlimit --as=$MEMORY_MB MB per" \
@@ -141,7 +173,10 @@ exec_in_host() {
   local i="$1"
   shift
   case "$MEM_MODE" in
-    cgroup) echo $BASHPID > "$(memcg "$i")/cgroup.procs" ;;
+    cgroup)
+      echo $BASHPID > "$(memcg "$i")/cgroup.procs"
+      [[ "$CPU_MODE" != cpuacct ]] || echo $BASHPID > "$(cpucg "$i")/cgroup.procs"
+      ;;
     prlimit) set -- prlimit --as=$((MEMORY_MB * 1024 * 1024)) "$@" ;;
   esac
   exec nsenter --net="$NETNS_DIR/$(ns "$i")" "$@"
@@ -161,7 +196,7 @@ shape() {
     burst="$(awk -v m="$MBIT" 'BEGIN { b = m * 1e6 / 8 * 0.002; if (b < 131072) b = 131072; printf "%d", b }')"
     # shellcheck disable=SC2086
     ip netns exec "$n" tc qdisc add dev "$dev" $parent handle 2: tbf rate "${MBIT}mbit" \
-        burst "$burst" latency 200ms
+        burst "$burst" latency 10ms
   fi
 }
 
@@ -219,9 +254,11 @@ down() {
     ip netns del "$n" 2> /dev/null || true
   done
   [[ -n "$MEMCG_BASE" ]] || find_memcg
+  [[ -n "$CPUCG_BASE" ]] || find_cpucg
   if [[ -n "$MEMCG_BASE" ]]; then
     for ((i = 0; i < HOSTS; i++)); do
       local cg
+      [[ -z "$CPUCG_BASE" || ! -d "$(cpucg "$i")" ]] || rmdir "$(cpucg "$i")" 2> /dev/null || true
       cg="$(memcg "$i")"
       [[ -d "$cg" ]] || continue
       local pids
@@ -249,8 +286,8 @@ write_hosts_json() {
       local tx rx
       tx="$(ip netns exec "$(ns "$i")" cat /sys/class/net/eth0/statistics/tx_bytes 2> /dev/null || echo null)"
       rx="$(ip netns exec "$(ns "$i")" cat /sys/class/net/eth0/statistics/rx_bytes 2> /dev/null || echo null)"
-      printf '%s{"host": %d, "namespace": "%s", "address": "%s", "peak_memory_mb": %s, "tx_bytes": %s, "rx_bytes": %s}' \
-          "$sep" "$i" "$(ns "$i")" "$(addr "$i")" "$peak" "$tx" "$rx"
+      printf '%s{"host": %d, "namespace": "%s", "address": "%s", "peak_memory_mb": %s, "cpu_seconds": %s, "tx_bytes": %s, "rx_bytes": %s}' \
+          "$sep" "$i" "$(ns "$i")" "$(addr "$i")" "$peak" "$(cpu_seconds "$i")" "$tx" "$rx"
       sep=", "
     done
     printf ']}\n'
@@ -285,9 +322,11 @@ run_allreduce() {
   local s=0
   # The agent gets this script's settings from the environment.
   EMUL_TAG="$TAG" EMUL_HOSTS="$HOSTS" EMUL_SUBNET="$SUBNET" EMUL_MEM_MODE="$MEM_MODE" \
-  EMUL_MEMORY_MB="$MEMORY_MB" EMUL_MEMCG_BASE="$MEMCG_BASE" \
+  EMUL_MEMORY_MB="$MEMORY_MB" EMUL_MEMCG_BASE="$MEMCG_BASE" EMUL_CPU_MODE="$CPU_MODE" \
+  EMUL_CPUCG_BASE="$CPUCG_BASE" \
     nsenter --net="$NETNS_DIR/$LAUNCHER_NS" mpirun --allow-run-as-root --hostfile "$hostfile" -np "$HOSTS" \
       --mca plm_rsh_agent "$SELF _agent" --mca plm_rsh_no_tree_spawn 1 \
+      --mca orte_startup_timeout 120 \
       --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET.0/24" \
       --mca oob_tcp_if_include "$SUBNET.0/24" --bind-to none \
       "$BINARY" allreduce "$@" > "$WORK/mpirun.log" 2>&1 || s=$?
@@ -296,13 +335,16 @@ run_allreduce() {
 }
 
 # OpenMPI's rsh agent: `_agent [ssh options] HOST COMMAND...`: runs COMMAND (a shell line) in the
-# namespace and memory cap of the host with address HOST.
+# namespace and memory cap of the host with address HOST. (A daemon that does not come up within
+# orte_startup_timeout ends the job: seen once here with 8 ranks, one of the 8 orteds never
+# reported and mpirun waited for it.)
 agent() {
   while [[ $# -gt 0 && "$1" == -* ]]; do shift; done
   local host="$1" i
   shift
   TAG="$EMUL_TAG" HOSTS="$EMUL_HOSTS" SUBNET="$EMUL_SUBNET" MEM_MODE="$EMUL_MEM_MODE"
-  MEMORY_MB="$EMUL_MEMORY_MB" MEMCG_BASE="$EMUL_MEMCG_BASE"
+  MEMORY_MB="$EMUL_MEMORY_MB" MEMCG_BASE="$EMUL_MEMCG_BASE" CPU_MODE="$EMUL_CPU_MODE"
+  CPUCG_BASE="$EMUL_CPUCG_BASE"
   for ((i = 0; i < HOSTS; i++)); do
     [[ "$(addr "$i")" != "$host" ]] || exec_in_host "$i" /bin/sh -c "$*"
   done
@@ -335,14 +377,15 @@ case "$CMD" in
     trap 'echo "emulate_hosts: interrupted; removing the hosts" >&2;
           [[ -z "$JOB" ]] || kill -TERM "$JOB" 2> /dev/null || true; exit 130' INT TERM
     down  # leftovers of an earlier run with this tag
-    setup_memory
+    setup_cgroups
     up
     echo "emulate_hosts: $HOSTS hosts on $SUBNET.0/24, links ${MBIT} Mbit/s (0 = uncapped)," \
          "latency ${LATENCY_MS} ms, memory ${MEMORY_MB} MB per host (0 = uncapped; $MEM_MODE)"
     status=0
     # The bound: timeout(1) ends the job's launcher; down (the trap) ends all that is left.
-    export -f exec_in_host ns addr memcg run_ps run_allreduce
-    export TAG SUBNET HOSTS PORT BINARY WORK MEM_MODE MEMORY_MB MEMCG_BASE SELF LAUNCHER_NS NETNS_DIR
+    export -f exec_in_host ns addr memcg cpucg run_ps run_allreduce
+    export TAG SUBNET HOSTS PORT BINARY WORK MEM_MODE MEMORY_MB MEMCG_BASE SELF LAUNCHER_NS NETNS_DIR \
+        CPU_MODE CPUCG_BASE
     timeout -k 10 "$TIMEOUT_S" bash -c "run_$MODE \"\$@\"" run "$@" &
     JOB=$!
     wait "$JOB" || status=$?

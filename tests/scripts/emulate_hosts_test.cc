@@ -101,10 +101,13 @@ TEST_F(EmulateHostsTest, APsJobTrainsAcrossTwoNamespacesAndNothingIsLeft) {
         << f.at("address").string_value();
     EXPECT_GT(f.at("rx_bytes").number_value(), s.fields().at("wire_bytes").number_value() / 4)
         << f.at("address").string_value();
-    // Each host's peak memory, from its cgroup when the kernel gave us one.
+    // Each host's peak memory and CPU time, from its cgroups when the kernel gave us them.
     if (hosts.fields().at("memory_cap").string_value() == "cgroup") {
       EXPECT_GT(f.at("peak_memory_mb").number_value(), 0);
       EXPECT_LT(f.at("peak_memory_mb").number_value(), 1024);
+    }
+    if (f.at("cpu_seconds").kind_case() == google::protobuf::Value::kNumberValue) {
+      EXPECT_GT(f.at("cpu_seconds").number_value(), 0);
     }
   }
   EXPECT_FALSE(hosts_.Exists());
