@@ -91,10 +91,15 @@ absl::StatusOr<int64_t> CheckReplicaFits(const Config& config, const FeatureSpec
                                          const Model& model, int rank, int size, bool refuse) {
   const MemoryBudget budget = DetectMemoryBudget();
   if (budget.bytes < 0) return int64_t{-1};
+  // The data's distinct values, when datagen's teacher.json is beside the first channel's files
+  // (none for pipe mode; a path that does not expand is the pipeline's error to report).
   std::vector<std::string> paths(config.data().train(0).path().begin(),
                                  config.data().train(0).path().end());
-  ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandPath(paths));
-  ASSIGN_OR_RETURN(std::optional<DataCardinality> data, ReadDataCardinality(files));
+  std::optional<DataCardinality> data;
+  if (absl::StatusOr<std::vector<std::string>> files = ExpandPath(paths);
+      !paths.empty() && files.ok()) {
+    ASSIGN_OR_RETURN(data, ReadDataCardinality(*files));
+  }
   ASSIGN_OR_RETURN(ReplicaEstimate e, EstimateReplica(config, spec, model.row_dim(),
                                                       model.dense_size(), data));
   const int64_t usable = static_cast<int64_t>(budget.bytes * kReplicaShare);

@@ -94,6 +94,16 @@ addr() { echo "$SUBNET.$(($1 + 1))"; }
 peer() { echo "v${TAG}h$1"; }  # host i's veth end in the bridge namespace (<= 15 characters)
 
 # --- memory caps --------------------------------------------------------------------------------
+# This shell's cgroup directory of a cgroup v1 controller (its mount plus its path), or "".
+v1_cgroup_dir() {
+  local mnt rel
+  # mountinfo: ... MOUNT_POINT ... [optional fields] - FSTYPE SOURCE SUPER_OPTIONS
+  mnt="$(awk -v c="$1" '{ for (i = 7; i < NF; i++) if ($i == "-") break
+    if ($(i + 1) == "cgroup" && $NF ~ "(^|,)" c "(,|$)") { print $5; exit } }' /proc/self/mountinfo)"
+  rel="$(awk -F: -v c="$1" '$2 ~ "(^|,)" c "(,|$)" {print $3}' /proc/self/cgroup)"
+  if [[ -n "$mnt" && -d "$mnt${rel%/}" ]]; then echo "$mnt${rel%/}"; fi
+}
+
 # The directory of this shell's memory cgroup and the file of its limit, or nothing.
 MEMCG_BASE="" MEMCG_LIMIT_FILE="" MEMCG_PEAK_FILE=""
 find_memcg() {
@@ -105,13 +115,8 @@ find_memcg() {
     grep -qw memory "$MEMCG_BASE/cgroup.subtree_control" 2>/dev/null ||
       echo +memory > "$MEMCG_BASE/cgroup.subtree_control" 2>/dev/null || MEMCG_BASE=""
   else
-    local mnt
-    mnt="$(awk '$9 == "cgroup" && $NF ~ /(^|,)memory(,|$)/ {print $5; exit}' /proc/self/mountinfo)"
-    rel="$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)"
-    if [[ -n "$mnt" && -d "$mnt${rel%/}" ]]; then
-      MEMCG_BASE="$mnt${rel%/}" MEMCG_LIMIT_FILE=memory.limit_in_bytes
-      MEMCG_PEAK_FILE=memory.max_usage_in_bytes
-    fi
+    MEMCG_BASE="$(v1_cgroup_dir memory)"
+    [[ -z "$MEMCG_BASE" ]] || MEMCG_LIMIT_FILE=memory.limit_in_bytes MEMCG_PEAK_FILE=memory.max_usage_in_bytes
   fi
 }
 memcg() { echo "$MEMCG_BASE/pstrain-emul-${TAG}-h$1"; }
@@ -119,12 +124,7 @@ memcg() { echo "$MEMCG_BASE/pstrain-emul-${TAG}-h$1"; }
 # CPU time per host: v2's cpu.stat in the memory cgroup, or a v1 cpuacct cgroup beside it.
 CPUCG_BASE="" CPU_MODE="none"
 cpucg() { echo "$CPUCG_BASE/pstrain-emul-${TAG}-h$1"; }
-find_cpucg() {
-  local mnt rel
-  mnt="$(awk '$9 == "cgroup" && $NF ~ /(^|,)cpuacct(,|$)/ {print $5; exit}' /proc/self/mountinfo)"
-  rel="$(awk -F: '$2 ~ /(^|,)cpuacct(,|$)/ {print $3}' /proc/self/cgroup)"
-  [[ -z "$mnt" || ! -d "$mnt${rel%/}" ]] || CPUCG_BASE="$mnt${rel%/}"
-}
+find_cpucg() { CPUCG_BASE="$(v1_cgroup_dir cpuacct)"; }
 # Seconds of CPU that host i's processes used, or null.
 cpu_seconds() {
   case "$CPU_MODE" in
