@@ -73,6 +73,15 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
   }
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   if (!s.memory.empty()) j.AddRaw("memory", MemoryJson(s.memory_per, s.memory));
+  if (config.train().has_early_stopping() || config.checkpoint().keep_best()) {
+    j.Add("stopped_early", s.stopped_early);
+    if (!s.early_stopping_metric.empty()) {
+      j.Add("best_metric", s.early_stopping_metric)
+          .Add("best_value", s.best_value)
+          .Add("best_step", s.best_step);
+    }
+    if (!s.best_checkpoint.empty()) j.Add("best_checkpoint", s.best_checkpoint);
+  }
   return WriteFileAtomic(path, j.str() + "\n");
 }
 
@@ -173,7 +182,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (opts.chief && !summary.preempted && summary.examples == 0) {
     return NoExamplesError(loop.pass_spec());
   }
-  if (opts.chief && config.data().eval_size() > 0 && !summary.preempted) {
+  if (opts.chief && HasPeriodicEvalData(config.data()) && !summary.preempted) {
     ASSIGN_OR_RETURN(EvalResult e, Evaluate(config, spec, *model, params, step, T * I));
     summary.test_auc = e.auc;
     summary.test_logloss = e.logloss;
