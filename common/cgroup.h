@@ -30,14 +30,21 @@ absl::StatusOr<std::optional<CgroupDirs>> FindCgroupDirs(const std::string& proc
                                                          const std::string& cgroup_root,
                                                          const std::string& controller);
 
-// The smallest limit over `cgroup`'s directories (the one that binds): at(dir, v2) returns a
-// directory's limit (nullopt: it sets none), NOT_FOUND when it has no such file (skipped), or
-// another error (returned).
+// The limit of `controller` that binds this process: the smallest over its cgroup directories
+// (FindCgroupDirs). at(dir, v2) returns one directory's limit (nullopt: it sets none), NOT_FOUND
+// when the directory has no such file (skipped), or another error (returned). nullopt when no
+// directory sets one, or the process has no such cgroup.
 template <typename T, typename At>
-absl::StatusOr<std::optional<T>> SmallestCgroupLimit(const CgroupDirs& cgroup, At at) {
+absl::StatusOr<std::optional<T>> SmallestCgroupLimit(const std::string& proc_self_cgroup,
+                                                     const std::string& cgroup_root,
+                                                     const std::string& controller, At at) {
+  absl::StatusOr<std::optional<CgroupDirs>> cgroup =
+      FindCgroupDirs(proc_self_cgroup, cgroup_root, controller);
+  if (!cgroup.ok()) return cgroup.status();
   std::optional<T> smallest;
-  for (const std::string& dir : cgroup.dirs) {
-    absl::StatusOr<std::optional<T>> l = at(dir, cgroup.v2);
+  if (!cgroup->has_value()) return smallest;
+  for (const std::string& dir : (*cgroup)->dirs) {
+    absl::StatusOr<std::optional<T>> l = at(dir, (*cgroup)->v2);
     if (l.ok()) {
       if (l->has_value() && (!smallest || **l < *smallest)) smallest = **l;
     } else if (!absl::IsNotFound(l.status())) {

@@ -226,12 +226,8 @@ absl::StatusOr<std::optional<double>> QuotaAt(const std::string& dir, bool v2) {
 
 absl::StatusOr<std::optional<double>> CgroupCpuQuota(const std::string& proc_self_cgroup,
                                                      const std::string& cgroup_root) {
-  absl::StatusOr<std::optional<CgroupDirs>> cgroup =
-      FindCgroupDirs(proc_self_cgroup, cgroup_root, "cpu");
-  if (!cgroup.ok()) return cgroup.status();
-  if (!cgroup->has_value()) return std::optional<double>();
   // From the process's own cgroup up to the root: the smallest quota on the way binds.
-  return SmallestCgroupLimit<double>(**cgroup, QuotaAt);
+  return SmallestCgroupLimit<double>(proc_self_cgroup, cgroup_root, "cpu", QuotaAt);
 }
 
 CpuBudget MakeCpuBudget(int affinity, std::optional<double> quota) {

@@ -58,11 +58,7 @@ std::string Mb(int64_t bytes) { return absl::StrFormat("%.0f MB", bytes / 104857
 
 absl::StatusOr<std::optional<int64_t>> CgroupMemoryLimit(const std::string& proc_self_cgroup,
                                                          const std::string& cgroup_root) {
-  absl::StatusOr<std::optional<CgroupDirs>> cgroup =
-      FindCgroupDirs(proc_self_cgroup, cgroup_root, "memory");
-  if (!cgroup.ok()) return cgroup.status();
-  if (!cgroup->has_value()) return std::optional<int64_t>();
-  return SmallestCgroupLimit<int64_t>(**cgroup, LimitAt);
+  return SmallestCgroupLimit<int64_t>(proc_self_cgroup, cgroup_root, "memory", LimitAt);
 }
 
 MemoryBudget MakeMemoryBudget(std::optional<int64_t> cgroup_limit, int64_t rss,
