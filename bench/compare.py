@@ -9,6 +9,10 @@ Runs the same config, data and epochs as
   allreduce    `mpirun --allow-run-as-root --oversubscribe -np N pstrain allreduce ...`
 --repeats times (each repeat runs every mode once, so ratios to `train` are taken within one
 repeat), and writes results/<timestamp>/compare.json, compare.md and compare.png (gnuplot).
+With --emulate_hosts the PS and allreduce modes run across N emulated hosts instead
+(scripts/emulate_hosts.sh: a network namespace, a tc-capped link and a memory cgroup per host),
+the report adds each host's peak memory, its link's bytes and CPU from the hosts' cgroups, and
+the scaling model's prediction for that point (bench/emulated_scaling.py runs a grid).
 
 A mode whose command fails is reported as failed with the first line of its error; the script
 exits 1 when a mode not listed in --allow_fail failed.
@@ -61,6 +65,13 @@ def parse_args(argv):
                    help="AUC for time-to-target (0 = 0.99 x the single-process final AUC)")
     p.add_argument("--network_gbps", type=float, default=25.0,
                    help="network of the scaling model, Gb/s per host per direction")
+    p.add_argument("--ps_link_efficiency", type=float, default=0.55,
+                   help="share of the link rate the PS's traffic reaches in the scaling model "
+                        "(measured on 2/4/8 emulated hosts at 100 Mbit/s: 0.90/0.54/0.52; "
+                        "docs/PERFORMANCE.md \"Emulated hosts\")")
+    p.add_argument("--allreduce_link_efficiency", type=float, default=0.55,
+                   help="share of the link rate allreduce's collectives reach in the scaling "
+                        "model (measured there: 0.55/0.57/0.48)")
     p.add_argument("--timeout_s", type=float, default=3600, help="per run")
     p.add_argument("--allow_fail", default="",
                    help="modes that may fail without failing the comparison (not yet available)")
@@ -68,6 +79,14 @@ def parse_args(argv):
                    help="NAME=MODE:KEY=VALUE[;KEY=VALUE...]: one more mode, MODE run with these "
                         "config overrides (e.g. ps-async-k2=ps-async:cluster.dense_sync_steps=2), "
                         "measured in the same repeats as the others")
+    p.add_argument("--emulate_hosts", action="store_true",
+                   help="run the PS and allreduce modes across --hosts emulated hosts "
+                        "(scripts/emulate_hosts.sh: a network namespace per host, tc-capped links, "
+                        "a memory cgroup per host; needs root); `train` stays one plain process")
+    p.add_argument("--emulate_mbit", type=float, default=0,
+                   help="with --emulate_hosts: each host's link, Mbit/s per direction (0 = uncapped)")
+    p.add_argument("--emulate_memory_mb", type=int, default=0,
+                   help="with --emulate_hosts: each host's memory cap, MB (0 = uncapped)")
     p.add_argument("--install_deps", action="store_true",
                    help="run scripts/install_bench_deps.sh when gnuplot is missing")
     args = p.parse_args(argv)
@@ -112,7 +131,15 @@ def training_flags(args, model_dir):
     return f + ["--model_dir", model_dir]
 
 
-def command(args, mode, model_dir):
+def emulated(args, kind, run_dir):
+    """scripts/emulate_hosts.sh's command line for a `kind` (ps or allreduce) job."""
+    return [os.path.join(SOURCE_ROOT, "scripts/emulate_hosts.sh"), "--hosts", str(args.hosts),
+            "--mbit", f"{args.emulate_mbit:g}", "--memory_mb", str(args.emulate_memory_mb),
+            "--binary", args.binary, "--work", os.path.join(run_dir, "hosts"),
+            "--timeout_s", str(int(args.timeout_s)), "run", kind, "--"]
+
+
+def command(args, mode, model_dir, run_dir=""):
     mode, extra = args.variants.get(mode, (mode, []))
     flags = training_flags(args, model_dir)
     for s in extra:
@@ -120,11 +147,37 @@ def command(args, mode, model_dir):
     if mode == "train":
         return [args.binary, "train"] + flags
     if mode.startswith("ps-"):
-        consistency = mode[3:].upper()
-        return [args.binary, "local", "--hosts", str(args.hosts)] + flags + [
-            "--set", f"cluster.consistency={consistency}"]
+        consistency = ["--set", f"cluster.consistency={mode[3:].upper()}"]
+        if args.emulate_hosts:
+            return emulated(args, "ps", run_dir) + flags + consistency
+        return [args.binary, "local", "--hosts", str(args.hosts)] + flags + consistency
+    if args.emulate_hosts:
+        return emulated(args, "allreduce", run_dir) + flags
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.hosts),
             args.binary, "allreduce"] + flags
+
+
+def host_stats(summary, run_dir):
+    """(params + optimizer MB of the largest part, from summary.json "memory"; with
+    --emulate_hosts, from the script's hosts.json: the largest host's cgroup peak MB, the mean
+    bytes a host's link carried out and the CPU seconds of all hosts, else None)."""
+    m = summary.get("memory") or {}
+    parts = [a + b for a, b in zip(m.get("parameter_bytes", []), m.get("optimizer_bytes", []))]
+    params = max(parts) / 1e6 if parts else None
+    peak = tx = cpu = None
+    try:
+        with open(os.path.join(run_dir, "hosts", "hosts.json")) as f:
+            hosts = json.load(f)["hosts"]
+        peaks = [h["peak_memory_mb"] for h in hosts
+                 if isinstance(h.get("peak_memory_mb"), (int, float))]
+        peak = max(peaks) if peaks else None
+        txs = [h["tx_bytes"] for h in hosts if isinstance(h.get("tx_bytes"), (int, float))]
+        tx = statistics.mean(txs) if txs else None
+        cpus = [h.get("cpu_seconds") for h in hosts]
+        cpu = sum(cpus) if all(isinstance(c, (int, float)) for c in cpus) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return params, peak, tx, cpu
 
 
 def tree_rss_kb(root):
@@ -182,7 +235,7 @@ def run_one(args, mode, run_dir):
     model_dir = os.path.join(run_dir, "model")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    cmd = command(args, mode, model_dir)
+    cmd = command(args, mode, model_dir, run_dir)
     out_path, err_path = os.path.join(run_dir, "stdout.log"), os.path.join(run_dir, "stderr.log")
     r = {"mode": mode, "command": " ".join(cmd), "log": err_path}
     launch = time.time()
@@ -214,6 +267,12 @@ def run_one(args, mode, run_dir):
             pass
     code = os.waitstatus_to_exitcode(status)
     cpu_seconds = usage.ru_utime + usage.ru_stime
+    # Emulated hosts: their cgroups' CPU time counts the processes the reaped tree misses
+    # (mpirun's orted daemons and their ranks are not its descendants).
+    if args.emulate_hosts and mode != "train":
+        host_cpu = host_stats({}, run_dir)[3]
+        if host_cpu is not None:
+            cpu_seconds = max(cpu_seconds, host_cpu)
     r.update(wall_seconds=wall, exit_code=code, cpu_seconds=cpu_seconds,
              steal=steal_fraction(stat_before, cpu_times()),
              cpu_utilisation=cpu_seconds / wall / cores(),
@@ -236,6 +295,11 @@ def run_one(args, mode, run_dir):
              examples_per_sec=s.get("examples_per_sec"), test_auc=s.get("test_auc"),
              test_logloss=s.get("test_logloss"), examples=s.get("examples"))
     r["examples_per_sec_per_core"] = r["examples_per_sec"] / cores()
+    r["param_memory_mb_per_host"], r["host_peak_memory_mb"], tx, _ = host_stats(s, run_dir)
+    # What a host's link carried out per step of its worker, by the counters (summary "steps":
+    # the sum over the PS workers; the job's steps for allreduce, whose ranks step together).
+    host_steps = s.get("steps", 0) / (args.hosts if base_mode(args, mode).startswith("ps-") else 1)
+    r["link_bytes_per_host_step"] = tx / host_steps if tx and host_steps else None
     # CPU time of the whole run (start-up and evaluation included) per trained example: unlike
     # ex/s, it barely moves when the hypervisor steals time (which is not charged to us).
     r["cpu_us_per_example"] = cpu_seconds / max(1, r["examples"]) * 1e6
@@ -273,11 +337,22 @@ def median(values):
     return statistics.median(v) if v else None
 
 
-def scaling(train, ps, allreduce_row, gbps, ps_hosts, hosts_list=(2, 4, 8, 16, 32)):
+def traffic_per_host_step(n, b_ps, U, k, D):
+    """Bytes per host per direction per step (PS, allreduce) at n hosts; see scaling()."""
+    return (n - 1) / n * b_ps, 2 * (n - 1) / n * 4 * D + (n - 1) * U * (8 + 4 * k)
+
+
+def scaling(train, ps, allreduce_row, gbps, ps_hosts, hosts_list=(2, 4, 8, 16, 32, 128),
+            emulated=None, efficiency=(1.0, 1.0)):
     """Examples/s on paper for N hosts from the single-process step time and the traffic model.
 
-    A host is this machine. Step time = compute + traffic / bandwidth (no overlap: conservative
-    for both). Per host, per direction and per step:
+    A host is this machine. Step time = compute + traffic / (bandwidth x efficiency) (no
+    overlap: conservative for both). Compute per host step = the single-process step, for the PS
+    x its measured CPU per example against `train` (its "CPU vs train": RPCs, serialization and
+    the shards' updates; 1 when not measured); the emulated runs showed that leaving it out
+    overstates the PS by 1.5-2.4x (docs/PERFORMANCE.md "Emulated hosts"). `efficiency` (PS,
+    allreduce): the share of the link rate each reaches (the same runs at 100 Mbit/s: the PS
+    0.52-0.90, allreduce 0.48-0.57). Per host, per direction and per step:
       PS:        (N-1)/N x B_ps, B_ps = the worker's pull+push bytes per step to all shards
                  (measured: bytes/example x batch x H/(H-1), since the H-host run's messages
                  leave out each worker's direct calls to its own shard; or U(16+8k) + 8D from
@@ -285,6 +360,9 @@ def scaling(train, ps, allreduce_row, gbps, ps_hosts, hosts_list=(2, 4, 8, 16, 3
                  the others.
       allreduce: ring allreduce of the dense gradient 2(N-1)/N x 4D, plus the allgather of
                  every other rank's (id, gradient) rows (N-1) x U(8+4k).
+    `emulated` ({"hosts": N, "mbit": M, "cores": C, "threads_per_host": T}): also the prediction
+    for N emulated hosts on this machine (scripts/emulate_hosts.sh), where the N hosts share its
+    C cores: compute per step x max(1, N x T / C), links of M Mbit/s (0: no network term).
     """
     s = train["summary"]
     batch = s["towers"] * s["batch_size_per_tower"]
@@ -298,21 +376,47 @@ def scaling(train, ps, allreduce_row, gbps, ps_hosts, hosts_list=(2, 4, 8, 16, 3
         b_ps_source = f"measured (ps-async, x {ps_hosts}/{ps_hosts - 1} for the local shard)"
     else:
         b_ps, b_ps_source = U * (16 + 8 * k) + 8 * D, "from the sizes"
+    ps_cpu = (ps or {}).get("cpu_ratio_to_train") or 1.0
+    # Not allreduce's: OpenMPI busy-polls while a collective waits, so its CPU time grows with
+    # the network's wait (20x train's per example on 8 emulated hosts at 100 Mbit/s) and is no
+    # measure of its work.
+    ar_cpu = 1.0
+    e_ps, e_ar = efficiency
     rows = []
     for n in hosts_list:
-        t_ps = step_s + (n - 1) / n * b_ps / bw
-        t_ar = step_s + (2 * (n - 1) / n * 4 * D + (n - 1) * U * (8 + 4 * k)) / bw
-        rows.append({"hosts": n, "ps_examples_per_sec": n * batch / t_ps,
-                     "allreduce_examples_per_sec": n * batch / t_ar,
-                     "ps_bytes_per_step": (n - 1) / n * b_ps,
-                     "allreduce_bytes_per_step": 2 * (n - 1) / n * 4 * D + (n - 1) * U * (8 + 4 * k)})
+        ps_bytes, ar_bytes = traffic_per_host_step(n, b_ps, U, k, D)
+        rows.append({"hosts": n,
+                     "ps_examples_per_sec": n * batch / (step_s * ps_cpu + ps_bytes / (bw * e_ps)),
+                     "allreduce_examples_per_sec":
+                         n * batch / (step_s * ar_cpu + ar_bytes / (bw * e_ar)),
+                     "ps_bytes_per_step": ps_bytes, "allreduce_bytes_per_step": ar_bytes})
     # Where the traffic crosses: (N-1)/N b_ps = 2(N-1)/N 4D + (N-1) U(8+4k)  <=>  (b_ps - 8D)/N =
     # U(8+4k)  <=>  N = (b_ps - 8D) / (U(8+4k)).
     cross = (b_ps - 8 * D) / (U * (8 + 4 * k))
-    return {"network_gbps": gbps, "batch_per_host_step": batch, "compute_seconds_per_step": step_s,
-            "unique_rows_per_step": U, "row_dim": k, "dense_params": D, "ps_bytes_per_step_source":
-            b_ps_source, "ps_worker_bytes_per_step": b_ps, "traffic_cross_hosts": cross,
-            "rows": rows}
+    out = {"network_gbps": gbps, "batch_per_host_step": batch, "compute_seconds_per_step": step_s,
+           "unique_rows_per_step": U, "row_dim": k, "dense_params": D, "ps_bytes_per_step_source":
+           b_ps_source, "ps_worker_bytes_per_step": b_ps, "traffic_cross_hosts": cross,
+           "ps_cpu_ratio": ps_cpu, "allreduce_cpu_ratio": ar_cpu, "ps_link_efficiency": e_ps,
+           "allreduce_link_efficiency": e_ar, "rows": rows}
+    if emulated:
+        n = emulated["hosts"]
+        cpu_factor = max(1.0, n * emulated["threads_per_host"] / emulated["cores"])
+        link = emulated["mbit"] * 1e6 / 8 if emulated["mbit"] > 0 else float("inf")
+        ps_bytes, ar_bytes = traffic_per_host_step(n, b_ps, U, k, D)
+        compute = step_s * cpu_factor
+        out["emulated"] = dict(
+            emulated, cpu_factor=cpu_factor, compute_seconds_per_step=compute,
+            ps_network_seconds_per_step=ps_bytes / (link * e_ps),
+            allreduce_network_seconds_per_step=ar_bytes / (link * e_ar),
+            ps_examples_per_sec=n * batch / (compute * ps_cpu + ps_bytes / (link * e_ps)),
+            allreduce_examples_per_sec=n * batch / (compute * ar_cpu + ar_bytes / (link * e_ar)),
+            ps_bytes_per_step=ps_bytes, allreduce_bytes_per_step=ar_bytes,
+            measured_ps_examples_per_sec=(ps or {}).get("examples_per_sec"),
+            measured_allreduce_examples_per_sec=(allreduce_row or {}).get("examples_per_sec"),
+            measured_ps_bytes_per_step=(ps or {}).get("link_bytes_per_host_step"),
+            measured_allreduce_bytes_per_step=(allreduce_row or {}).get(
+                "link_bytes_per_host_step"))
+    return out
 
 
 def fmt(v, spec=".0f"):
@@ -328,14 +432,19 @@ def write_markdown(report, path):
          f"Machine: {report['cores']} cores. Command: `{report['command']}`", "",
          f"Repeats: {report['repeats']} (medians; ratios to `train` within each repeat). "
          f"Target AUC: {fmt(report['target_auc'], '.4f')}.", "",
+         (f"Hosts: {report['hosts']} emulated hosts (scripts/emulate_hosts.sh), links "
+          f"{e['mbit']:g} Mbit/s per direction (0 = uncapped), memory {e['memory_mb']} MB per "
+          "host (0 = uncapped), all on this machine's cores; `train` is one plain process."
+          if (e := report.get("emulation")) else
+          f"Hosts: {report['hosts']} on loopback (`pstrain local`, mpirun --oversubscribe)."), "",
          "| mode | status | ex/s (range) | ex/s per core | vs train | test AUC (range) | logloss |"
          " bytes/example |"
          " time to target (s) | CPU util | CPU µs/example | CPU vs train | steal |"
-         " peak mem (MB) | shard pull/push QPS |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         " peak mem (MB) | params+opt MB per host | host peak MB | shard pull/push QPS |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["modes"]:
         if m["status"] == "failed":
-            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 13)
+            L.append(f"| {m['mode']} | failed: {m['error']} |" + " |" * 15)
             continue
         L.append(f"| {m['mode']} | {m['status']} | {fmt(m['examples_per_sec'])} "
                  f"({fmt_range(m.get('examples_per_sec_range'), '.0f')}) | "
@@ -347,6 +456,8 @@ def write_markdown(report, path):
                  f"{fmt(m['cpu_us_per_example'], '.1f')} | {fmt(m['cpu_ratio_to_train'], '.2f')} | "
                  f"{fmt(m['steal'], '.0%')} | "
                  f"{fmt(m['peak_memory_mb'], '.0f')} | "
+                 f"{fmt(m.get('param_memory_mb_per_host'), '.1f')} | "
+                 f"{fmt(m.get('host_peak_memory_mb'), '.0f')} | "
                  + (", ".join(f"{a:.0f}/{b:.0f}" for a, b in m.get("shard_qps") or []) or "-")
                  + " |")
     L += ["", "Methods: " + report["methods"], ""]
@@ -358,7 +469,11 @@ def write_markdown(report, path):
               f"{sc['unique_rows_per_step']:.0f} unique rows of {sc['row_dim']} floats per step, "
               f"{sc['dense_params']} dense floats; PS worker bytes per step "
               f"{sc['ps_worker_bytes_per_step'] / 1e6:.2f} MB ({sc['ps_bytes_per_step_source']}). "
-              "Step time = compute + bytes per host per direction / bandwidth (no overlap).", "",
+              "Step time = compute (for the PS x its CPU per example against `train`, "
+              f"{sc['ps_cpu_ratio']:.2f}; 1 when not measured) + bytes per host per direction / "
+              "(bandwidth x link efficiency: PS "
+              f"{sc['ps_link_efficiency']:g}, allreduce {sc['allreduce_link_efficiency']:g}), no "
+              "overlap.", "",
               "| hosts | PS ex/s | allreduce ex/s | PS MB/step/host | allreduce MB/step/host |",
               "|---|---|---|---|---|"]
         for r in sc["rows"]:
@@ -372,6 +487,24 @@ def write_markdown(report, path):
                    "moves fewer." if c > 1 else
                    "The PS moves fewer bytes per host at every N >= 2 (allgathered sparse rows plus "
                    "the dense allreduce exceed the PS's pull+push of the batch's rows)."), ""]
+    em = (sc or {}).get("emulated")
+    if em:
+        L += [f"## The model at this emulated point ({em['hosts']} hosts, {em['mbit']:g} Mbit/s)",
+              "", f"The {em['hosts']} hosts share {em['cores']} cores: compute per step "
+              f"{em['compute_seconds_per_step'] * 1e3:.1f} ms (x {em['cpu_factor']:.2f} the "
+              f"single-process step); network per step: PS "
+              f"{em['ps_network_seconds_per_step'] * 1e3:.1f} ms, allreduce "
+              f"{em['allreduce_network_seconds_per_step'] * 1e3:.1f} ms.", "",
+              "| strategy | measured ex/s | model ex/s | measured / model | link MB/step/host "
+              "(counters) | model MB/step/host |", "|---|---|---|---|---|---|"]
+        for name, key in (("ps-async", "ps"), ("allreduce", "allreduce")):
+            meas, model = em[f"measured_{key}_examples_per_sec"], em[f"{key}_examples_per_sec"]
+            link = em[f"measured_{key}_bytes_per_step"]
+            L.append(f"| {name} | {fmt(meas)} | {fmt(model)} | "
+                     f"{fmt(meas / model if meas and model else None, '.2f')} | "
+                     f"{fmt(link / 1e6 if link else None, '.2f')} | "
+                     f"{em[f'{key}_bytes_per_step'] / 1e6:.2f} |")
+        L.append("")
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
 
@@ -464,7 +597,8 @@ def main(argv):
              "shard_qps": good[0].get("shard_qps", []), "runs": len(good)}
         for key in ("examples_per_sec", "examples_per_sec_per_core", "test_auc", "test_logloss",
                     "bytes_per_example", "cpu_utilisation", "peak_memory_mb", "wall_seconds",
-                    "cpu_us_per_example", "steal"):
+                    "cpu_us_per_example", "steal", "param_memory_mb_per_host",
+                    "host_peak_memory_mb", "link_bytes_per_host_step"):
             m[key] = median([r.get(key) for r in good])
         for key in ("examples_per_sec", "test_auc"):  # the ranges over the repeats
             values = [r[key] for r in good if isinstance(r.get(key), (int, float))]
@@ -475,10 +609,19 @@ def main(argv):
     if base:
         train_median = min(base, key=lambda r: abs(
             r["examples_per_sec"] - by_mode["train"]["examples_per_sec"]))
+        emulated = None
+        if args.emulate_hosts:
+            t = train_median["summary"]
+            emulated = {"hosts": args.hosts, "mbit": args.emulate_mbit, "cores": cores(),
+                        "threads_per_host": t["towers"] * t["intra_op_threads"]}
         scaling_model = scaling(train_median, by_mode.get("ps-async"), by_mode.get("allreduce"),
-                                args.network_gbps, args.hosts)
+                                args.network_gbps, args.hosts, emulated=emulated,
+                                efficiency=(args.ps_link_efficiency,
+                                            args.allreduce_link_efficiency))
     report = {
         "timestamp": stamp, "cores": cores(), "repeats": args.repeats, "hosts": args.hosts,
+        "emulation": {"mbit": args.emulate_mbit, "memory_mb": args.emulate_memory_mb}
+        if args.emulate_hosts else None,
         "command": " ".join(["python3", sys.argv[0]] + argv), "target_auc": target,
         "methods": ("ex/s from each run's summary.json; per core = ex/s / the machine's cores; "
                     "CPU util = (user+sys of the reaped process tree, os.wait4) / wall / cores; "
@@ -487,7 +630,10 @@ def main(argv):
                     "time stolen by the hypervisor, which is not charged to the run); steal = "
                     "the machine's steal share of /proc/stat during the run; "
                     "peak memory = max over 0.2 s samples of the tree's summed VmRSS (or the "
-                    "largest process's max RSS); bytes/example as marked; time to target = launch "
+                    "largest process's max RSS); params+opt MB per host = the largest part's "
+                    "parameter + optimizer bytes of summary.json \"memory\" (a process, a PS "
+                    "shard, an allreduce rank); host peak MB = the largest emulated host's cgroup "
+                    "peak (--emulate_hosts); bytes/example as marked; time to target = launch "
                     "to the first eval in metrics.jsonl at or above the target AUC."),
         "modes": modes, "scaling": scaling_model, "runs": runs}
     with open(os.path.join(out_dir, "compare.json"), "w") as f:

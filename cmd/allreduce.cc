@@ -22,9 +22,12 @@
 #include "common/config.h"
 #include "common/file.h"
 #include "common/flags.h"
+#include "common/memory.h"
 #include "common/status.h"
 #include "worker/allreduce/allreduce_params.h"
+#include "worker/allreduce/replica_memory.h"
 #include "worker/data/feature_spec.h"
+#include "worker/data/file_list.h"
 #include "worker/model/model.h"
 #include "worker/train/trainer.h"
 
@@ -77,7 +80,51 @@ void StopWatchdog(int rank, int size, double timeout) {
   }
 }
 
-absl::Status Train(Config config, int rank, int size, int local_ranks) {
+// The share of a rank's memory budget its replica may take; the rest is for the step's buffers,
+// the data pipeline and MPI.
+constexpr double kReplicaShare = 0.9;
+
+// Refuses (when `refuse`) a replica that will not fit this rank's memory
+// (worker/allreduce/replica_memory.h); returns the bytes the replica may grow to (-1: no limit
+// known), which each step then checks.
+absl::StatusOr<int64_t> CheckReplicaFits(const Config& config, const FeatureSpec& spec,
+                                         const Model& model, int rank, int size, bool refuse) {
+  const MemoryBudget budget = DetectMemoryBudget();
+  if (budget.bytes < 0) return int64_t{-1};
+  // The data's distinct values, when datagen's teacher.json is beside the first channel's files
+  // (none for pipe mode; a path that does not expand is the pipeline's error to report).
+  std::vector<std::string> paths(config.data().train(0).path().begin(),
+                                 config.data().train(0).path().end());
+  std::optional<DataCardinality> data;
+  if (absl::StatusOr<std::vector<std::string>> files = ExpandPath(paths);
+      !paths.empty() && files.ok()) {
+    ASSIGN_OR_RETURN(data, ReadDataCardinality(*files));
+  }
+  ASSIGN_OR_RETURN(ReplicaEstimate e, EstimateReplica(config, spec, model.row_dim(),
+                                                      model.dense_size(), data));
+  const int64_t usable = static_cast<int64_t>(budget.bytes * kReplicaShare);
+  if (rank == 0) {
+    std::fprintf(stderr,
+                 "pstrain allreduce: each rank's replica: about %.0f MB expected (%s); this rank "
+                 "may take %.0f MB (%.0f%% of %s)\n",
+                 e.bytes / 1048576.0, e.basis.c_str(), usable / 1048576.0, kReplicaShare * 100,
+                 budget.source.c_str());
+  }
+  if (refuse && e.bytes > usable) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the model does not fit: each of the %d ranks holds a full replica of every trained row "
+        "and its optimizer slots, about %.0f MB (%s), but this rank may take only %.0f MB "
+        "(%.0f%% of %s). Use the parameter server (`pstrain host`, docs/PS.md), which splits the "
+        "tables over the shards; or give each rank more memory, or smaller tables "
+        "(features.categorical_vocab_size); --nomemory_check starts anyway (each step still "
+        "stops the job before the replica passes the limit)",
+        size, e.bytes / 1048576.0, e.basis, usable / 1048576.0, kReplicaShare * 100,
+        budget.source));
+  }
+  return usable;
+}
+
+absl::Status Train(Config config, int rank, int size, int local_ranks, bool memory_check) {
   const int cores = std::max(1, Launch().cpus.cpus / local_ranks);
   const std::string thread_note =
       ResolveThreadDefaults(cores, config.mutable_threads(), Launch().omp_num_threads);
@@ -85,9 +132,11 @@ absl::Status Train(Config config, int rank, int size, int local_ranks) {
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  AllreduceOptions ao;
+  ASSIGN_OR_RETURN(ao.replica_budget_bytes,
+                   CheckReplicaFits(config, spec, *model, rank, size, memory_check));
   ASSIGN_OR_RETURN(auto replica, LocalParams::Create(*model, spec.total_rows(), config, threads));
 
-  AllreduceOptions ao;
   ao.sparse_as_dense = config.allreduce().sparse_as_dense();
   ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;
   ao.checkpoint_dir = JobCheckpointDir(config);
@@ -145,6 +194,12 @@ int RunAllreduce(int argc, char** argv) {
   flags.Double("stop_timeout", &stop_timeout,
                "after SIGTERM, seconds to reach and write the checkpoint before this rank gives up "
                "(a collective that never completes because another rank died)");
+  bool memory_check = true;
+  flags.Bool("memory_check", &memory_check,
+             "refuse to start when the replica (estimated from the config and the data's "
+             "distinct ids) will not fit this rank's memory (the cgroup limit, RLIMIT_AS or "
+             "MemAvailable); without it, the job starts and stops cleanly at the first step that "
+             "could pass the limit");
   Config config;
   if (auto code = ParseTrainingCommand("allreduce", argc, argv, &flags, tf, &config)) return *code;
   if (config.data().train_size() == 0) {
@@ -194,7 +249,7 @@ int RunAllreduce(int argc, char** argv) {
       for (const std::string& n : *notes) std::fprintf(stderr, "pstrain allreduce: %s\n", n.c_str());
     }
   }
-  if (s.ok()) s = Train(std::move(config), rank, size, local_ranks);
+  if (s.ok()) s = Train(std::move(config), rank, size, local_ranks, memory_check);
   g_training_done = true;
   sem_post(&g_wake);
   watchdog.join();

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/cgroup.h"
 #include "common/file.h"
 #include "common/logging.h"
 
@@ -225,55 +226,8 @@ absl::StatusOr<std::optional<double>> QuotaAt(const std::string& dir, bool v2) {
 
 absl::StatusOr<std::optional<double>> CgroupCpuQuota(const std::string& proc_self_cgroup,
                                                      const std::string& cgroup_root) {
-  absl::StatusOr<std::string> text = ReadFileToString(proc_self_cgroup);
-  if (!text.ok()) return std::optional<double>();  // no cgroups (or not Linux): no quota
-  // Prefer a v1 cpu controller when one is mounted (hybrid hierarchies); else the v2 line.
-  std::string base, path;
-  bool v2 = false, found = false;
-  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (f.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          proc_self_cgroup, ": expected 'id:controllers:path' lines, got '", line, "'"));
-    }
-    if (f[1].empty() && f[0] == "0") {
-      if (!found) {
-        v2 = true;
-        found = true;
-        base = cgroup_root;
-        path = std::string(f[2]);
-      }
-      continue;
-    }
-    for (absl::string_view c : absl::StrSplit(f[1], ',')) {
-      if (c != "cpu") continue;
-      v2 = false;
-      found = true;
-      // The v1 mount is named after the controller list (cpu,cpuacct); some systems mount cpu
-      // alone.
-      base = cgroup_root + "/" + std::string(f[1]);
-      if (!PathExists(base)) base = cgroup_root + "/cpu";
-      path = std::string(f[2]);
-    }
-  }
-  if (!found) return std::optional<double>();
   // From the process's own cgroup up to the root: the smallest quota on the way binds.
-  std::optional<double> quota;
-  std::string p = path;
-  while (true) {
-    while (p.size() > 1 && p.back() == '/') p.pop_back();
-    const std::string dir = p == "/" || p.empty() ? base : base + p;
-    absl::StatusOr<std::optional<double>> q = QuotaAt(dir, v2);
-    if (q.ok()) {
-      if (q->has_value() && (!quota || **q < *quota)) quota = **q;
-    } else if (!absl::IsNotFound(q.status())) {
-      return q.status();
-    }
-    if (p == "/" || p.empty()) break;
-    const size_t slash = p.rfind('/');
-    p = slash == 0 || slash == std::string::npos ? "/" : p.substr(0, slash);
-  }
-  return quota;
+  return SmallestCgroupLimit<double>(proc_self_cgroup, cgroup_root, "cpu", QuotaAt);
 }
 
 CpuBudget MakeCpuBudget(int affinity, std::optional<double> quota) {

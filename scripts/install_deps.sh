@@ -25,9 +25,9 @@ PACKAGES=(
   # Fuzzing (fuzz/, scripts/fuzz.sh): clang with libFuzzer and its sanitizers' runtimes; the
   # project's CMake configure with clang needs LLVM's OpenMP.
   clang libclang-rt-14-dev libomp-dev
-  # The PS security helper (scripts/make_cluster_certs.sh) and TLS tests; the partition test's
-  # network namespaces (ip netns).
-  openssl iproute2
+  # The PS security helper (scripts/make_cluster_certs.sh) and TLS tests; the emulated hosts of
+  # scripts/emulate_hosts.sh and the partition test (ip netns, tc; nsenter and prlimit).
+  openssl iproute2 util-linux
 )
 
 missing=()

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/wire.h"
 #include "common/status.h"
+#include "ps/store/store_memory.h"
 
 namespace pstrain {
 
@@ -355,18 +356,17 @@ ShardStats Shard::Stats() const {
   ShardStats s;
   s.set_shard(opt_.shard);
   s.set_rows_owned(map_.RowsOfShard(opt_.shard));
-  int64_t rows = 0, bytes = 0;
+  int64_t rows = 0;
+  StoreMemory memory;
   for (const auto& store : stores_) {
-    const EmbeddingStore::Stats st = store->stats();
-    rows += st.rows_initialized;
-    bytes += st.bytes;
+    rows += store->stats().rows_initialized;
+    memory += MemoryOf(*store);
   }
-  if (dense_ != nullptr) {
-    bytes += (dense_slice_size_ + dense_->optimizer().StateFloats(dense_slice_size_)) *
-             static_cast<int64_t>(sizeof(float));
-  }
+  if (dense_ != nullptr) memory += MemoryOf(*dense_);
   s.set_rows_initialized(rows);
-  s.set_bytes(bytes);
+  s.set_bytes(memory.total_bytes);
+  s.set_parameter_bytes(memory.parameter_bytes);
+  s.set_optimizer_bytes(memory.optimizer_bytes);
   const DenseStore::Staleness tau = DenseStaleness();
   s.set_dense_versioned_pushes(tau.updates);
   s.set_dense_staleness_mean(tau.updates > 0 ? static_cast<double>(tau.sum) / tau.updates : 0.0);

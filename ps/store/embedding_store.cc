@@ -383,9 +383,11 @@ absl::Status EmbeddingStore::Restore(const EmbeddingSnapshot& s) {
 EmbeddingStore::Stats EmbeddingStore::stats() const {
   Stats s;
   s.rows_initialized = next_slot_.load(std::memory_order_relaxed);
-  const int64_t chunk_bytes = (opt_.chunk_rows * stride_ * sizeof(float) + 63) / 64 * 64;
-  s.bytes = chunks_allocated_.load(std::memory_order_relaxed) * chunk_bytes +
-            index_pages_.load(std::memory_order_relaxed) * kIndexPageRows * 4 +
+  s.chunk_bytes = (opt_.chunk_rows * stride_ * sizeof(float) + 63) / 64 * 64;
+  s.index_bytes = index_pages_.load(std::memory_order_relaxed) * kIndexPageRows * 4;
+  s.max_index_bytes = num_index_pages_ * kIndexPageRows * 4;
+  s.index_page_bytes = kIndexPageRows * 4;
+  s.bytes = chunks_allocated_.load(std::memory_order_relaxed) * s.chunk_bytes + s.index_bytes +
             (num_index_pages_ + max_chunks_) * sizeof(void*) + kStripes * sizeof(Stripe);
   s.last_step = last_step();
   return s;

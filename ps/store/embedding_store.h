@@ -100,6 +100,13 @@ class EmbeddingStore {
   struct Stats {
     int64_t rows_initialized = 0;  // rows with stored values
     int64_t bytes = 0;             // memory held: arena chunks, index pages and bookkeeping
+    // Of `bytes`: the index pages allocated so far, the most they can take (every page), and
+    // one page (a new row's first touch of its page allocates it).
+    int64_t index_bytes = 0;
+    int64_t max_index_bytes = 0;
+    int64_t index_page_bytes = 0;
+    // Bytes one new arena chunk takes (chunk_rows rows of weights and slots).
+    int64_t chunk_bytes = 0;
     int64_t last_step = 0;         // largest step passed to Apply / Restore
   };
 

@@ -78,6 +78,8 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
     EXPECT_GT(m.at("cpu_us_per_example").number_value(), 0);
     EXPECT_GT(m.at("cpu_ratio_to_train").number_value(), 0);
     EXPECT_GT(m.at("peak_memory_mb").number_value(), 1);
+    // Parameters and slots of the largest part (process, shard or rank), from summary.json.
+    EXPECT_GT(m.at("param_memory_mb_per_host").number_value(), 0);
     for (const char* key : {"examples_per_sec", "test_auc"}) {  // [min, max] over the repeats
       const auto& range = m.at(std::string(key) + "_range").list_value();
       ASSERT_EQ(range.values_size(), 2) << key;
@@ -109,7 +111,10 @@ TEST(CompareTest, ReportsEveryModeWithSaneNumbers) {
   EXPECT_LT(k2_bytes, async_bytes);
   EXPECT_NE(md->find("Scaling on paper"), std::string::npos);
   const auto& scaling = report.fields().at("scaling").struct_value().fields();
-  EXPECT_EQ(scaling.at("rows").list_value().values_size(), 5);
+  EXPECT_EQ(scaling.at("rows").list_value().values_size(), 6);  // 2, 4, 8, 16, 32, 128 hosts
+  // The model's fixes: the PS's measured CPU ratio and the links' efficiencies.
+  EXPECT_GT(scaling.at("ps_cpu_ratio").number_value(), 0);
+  EXPECT_EQ(scaling.at("ps_link_efficiency").number_value(), 0.55);
   if (access("/usr/bin/gnuplot", X_OK) == 0) {
     EXPECT_TRUE(PathExists(out_dir + "/compare.png"));
   }

@@ -60,16 +60,21 @@ inline CommandResult RunCommand(const std::vector<std::string>& argv, const std:
   return r;
 }
 
-// summary.json as a protobuf Struct (fields() by name). A missing or malformed file is a test
-// failure (EXPECT), and the result is then empty.
-inline google::protobuf::Struct ReadSummary(const std::string& model_dir) {
-  google::protobuf::Struct summary;
-  auto text = ReadFileToString(model_dir + "/summary.json");
+// A JSON object file as a protobuf Struct (fields() by name). A missing or malformed file is a
+// test failure (EXPECT), and the result is then empty.
+inline google::protobuf::Struct ReadJsonFile(const std::string& path) {
+  google::protobuf::Struct json;
+  auto text = ReadFileToString(path);
   EXPECT_TRUE(text.ok()) << text.status();
   if (text.ok()) {
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &json).ok()) << *text;
   }
-  return summary;
+  return json;
+}
+
+// <model_dir>/summary.json (ReadJsonFile).
+inline google::protobuf::Struct ReadSummary(const std::string& model_dir) {
+  return ReadJsonFile(model_dir + "/summary.json");
 }
 
 // Runs `pstrain local` (argv) to its end: "pstrain local: done" with the test AUC within 240 s,

@@ -1,7 +1,8 @@
 // A network partition, with real processes on real links: two `pstrain host` processes, each in
 // its own network namespace, joined by veth pairs to a bridge in a third namespace (nothing of
-// the machine's own network is touched). While the job trains, host 1's link is cut (its veth
-// set down on the bridge side) for longer than the lease, both processes staying alive. The chief
+// the machine's own network is touched; tests/emulated_hosts.h, scripts/emulate_hosts.sh).
+// While the job trains, host 1's link is cut (its veth set down on the bridge side) for longer
+// than the lease, both processes staying alive. The chief
 // must stop within the lease plus a margin with a message naming host 1, host 1 must end by
 // itself too, and nothing may hang: every wait is bounded. The namespaces (and with them the
 // veths and the bridge) are removed whatever happens. Needs root (CAP_NET_ADMIN / CAP_SYS_ADMIN)
@@ -23,6 +24,7 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/emulated_hosts.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
 
@@ -40,77 +42,12 @@ constexpr char kSecret[] = "5ec4e75ec4e75ec4e75ec4e75ec4e7ab";
 
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/partition_", getpid()); }
 
-// Three namespaces, two hosts' and the bridge's; names carry the test's pid (concurrent runs) and
-// stay within the kernel's 15 characters.
-class Network {
- public:
-  Network() : tag_(absl::StrCat(getpid() % 1000000)) {}
-  ~Network() { Remove(); }
-
-  std::string ns(int host) const { return absl::StrCat("pst", tag_, host == 0 ? "a" : "b"); }
-  std::string address(int host) const { return absl::StrCat("10.77.0.", host + 1); }
-
-  // Builds the network; "" on success, else why it cannot be built here.
-  std::string Create() {
-    std::string out;
-    if (RunShell("command -v ip", 10, &out) != 0) {
-      return "iproute2's ip is not installed (scripts/install_deps.sh installs it)";
-    }
-    Remove();  // a previous run's leftovers of the same pid
-    if (RunShell("ip netns add " + bridge_ns(), 20, &out) != 0) {
-      return "cannot create a network namespace here (needs root / CAP_SYS_ADMIN): " + out;
-    }
-    created_ = true;
-    std::string script = absl::StrCat("set -e; B=", bridge_ns(),
-                                      "; ip -n $B link add br0 type bridge; ",
-                                      "ip -n $B link set br0 up; ip -n $B link set lo up");
-    for (int h = 0; h < 2; ++h) {
-      const std::string n = ns(h), v = peer(h);
-      absl::StrAppend(&script, "; ip netns add ", n, "; ip -n ", n, " link set lo up; ip -n ", n,
-                      " link add eth0 type veth peer name ", v, " netns $B; ip -n ", n,
-                      " addr add ", address(h), "/24 dev eth0; ip -n ", n, " link set eth0 up; ",
-                      "ip -n $B link set ", v, " master br0; ip -n $B link set ", v, " up");
-    }
-    if (RunShell(script, 60, &out) != 0) return "cannot build the veth / bridge network: " + out;
-    return "";
-  }
-
-  // Cuts (or restores) host h's link on the bridge side: packets to and from it are dropped,
-  // without a reset; both ends' processes keep running.
-  bool SetLink(int h, bool up) {
-    std::string out;
-    const std::string state = up ? " up" : " down";
-    return RunShell(absl::StrCat("ip -n ", bridge_ns(), " link set ", peer(h), state), 20, &out) ==
-           0;
-  }
-
-  void Remove() {
-    std::string out;
-    for (const std::string& n : {ns(0), ns(1), bridge_ns()}) {
-      RunShell("ip netns del " + n + " 2>/dev/null", 20, &out);
-    }
-  }
-
-  bool Exists() const {
-    std::string out;
-    RunShell("ip netns list", 10, &out);
-    return out.find("pst" + tag_) != std::string::npos;
-  }
-
- private:
-  std::string bridge_ns() const { return absl::StrCat("pst", tag_, "r"); }
-  std::string peer(int host) const { return absl::StrCat("v", tag_, host == 0 ? "a" : "b"); }
-
-  const std::string tag_;
-  bool created_ = false;
-};
-
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 TEST(PartitionTest, AHostCutOffLongerThanTheLeaseIsFoundAndNamedAndNothingHangs) {
-  auto network = std::make_unique<Network>();
+  auto network = std::make_unique<testing::EmulatedHosts>(2);
   const std::string why = network->Create();
   if (!why.empty()) GTEST_SKIP() << why;
   std::string out;
@@ -194,7 +131,7 @@ TEST(PartitionTest, AHostCutOffLongerThanTheLeaseIsFoundAndNamedAndNothingHangs)
   hosts.clear();
   EXPECT_EQ(testing::ProcessesMentioning(model), 0);
   network.reset();
-  EXPECT_FALSE(Network().Exists());
+  EXPECT_FALSE(testing::EmulatedHosts(2).Exists());
   RunShell("rm -rf " + Dir(), 30, &out);
 }
 

@@ -15,6 +15,7 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_cgroup.h"
 #include "tests/shell.h"
 
 namespace pstrain {
@@ -91,23 +92,11 @@ TEST(Isa, KernelPathLowersAndRefusesWhatTheCpuLacks) {
 
 // ---- cgroup quota, from fake files --------------------------------------------------------------
 
-class CgroupTest : public ::testing::Test {
+class CgroupTest : public testing::FakeCgroupTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pstrain_cgroup_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override { std::system(("rm -rf '" + root_ + "'").c_str()); }
-  void Write(const std::string& rel, const std::string& text) {
-    const std::string path = root_ + "/" + rel;
-    ASSERT_TRUE(MakeDirs(DirName(path)).ok());
-    std::ofstream(path) << text;
-  }
   absl::StatusOr<std::optional<double>> Quota() {
-    return CgroupCpuQuota(root_ + "/proc_self_cgroup", root_ + "/sys");
+    return CgroupCpuQuota(proc_self_cgroup(), cgroup_root());
   }
-  std::string root_;
 };
 
 TEST_F(CgroupTest, V2QuotaOfTheProcessCgroupAndItsAncestors) {

@@ -229,8 +229,29 @@ absl::Status AllreduceParams::Exchange(const std::vector<Header>& all,
     }
     for (float& g : merged_rows_) g *= scale;
   }
+  RETURN_IF_ERROR(CheckReplicaGrowth(step));
   last_step_ = step;
   return replica_->Push(merged_ids_, merged_rows_.data(), dense_.data(), step);
+}
+
+absl::Status AllreduceParams::CheckReplicaGrowth(int64_t step) const {
+  if (opt_.replica_budget_bytes < 0) return absl::OkStatus();
+  // The most this step can add (EmbeddingStore's allocation units): every merged row new, each
+  // in a new arena chunk's worth of rows at most, and each opening an index page not yet there.
+  const EmbeddingStore::Stats st = replica_->embedding()->stats();
+  const int64_t row_bytes = (replica_->row_dim() + replica_->embedding()->state_floats()) * 4;
+  const int64_t rows_added = static_cast<int64_t>(merged_ids_.size());
+  const int64_t growth =
+      rows_added * row_bytes + st.chunk_bytes +
+      std::min(rows_added * st.index_page_bytes, st.max_index_bytes - st.index_bytes);
+  const int64_t now = replica_->memory().total_bytes;
+  if (now + growth <= opt_.replica_budget_bytes) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "at step %d the replica holds %.0f MB and this step's %d rows could take it past the %.0f "
+      "MB this rank may use: stopping before it does (the OOM killer would end the job without "
+      "a word). Every rank holds every trained row; the parameter server (`pstrain host`) "
+      "splits them over the shards",
+      step, now / 1048576.0, rows_added, opt_.replica_budget_bytes / 1048576.0));
 }
 
 absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state) {
@@ -388,10 +409,12 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   std::printf("pstrain allreduce: rank %d of %d: replica crc32c %08x after step %lld\n", rank_,
               size_, crc, static_cast<long long>(last_step_));
   std::fflush(stdout);
+  const StoreMemory memory = replica_->memory();
   struct Totals {
     int64_t crc, examples, examples_this_run;
     double examples_per_sec;
-  } mine{crc, summary->examples, summary->examples_this_run, summary->examples_per_sec};
+    StoreMemory memory;
+  } mine{crc, summary->examples, summary->examples_this_run, summary->examples_per_sec, memory};
   std::vector<Totals> all(size_);
   RETURN_IF_ERROR(Check(MPI_Allgather(&mine, sizeof(Totals), MPI_BYTE, all.data(),
                                       sizeof(Totals), MPI_BYTE, MPI_COMM_WORLD),
@@ -403,6 +426,8 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
   summary->examples = 0;
   summary->examples_this_run = 0;
   summary->examples_per_sec = 0;
+  summary->memory_per = "rank";
+  summary->memory.clear();
   for (int r = 0; r < size_; ++r) {
     if (all[r].crc != all[0].crc) {
       return absl::InternalError(absl::StrFormat(
@@ -412,6 +437,7 @@ absl::Status AllreduceParams::Finish(TrainSummary* summary) {
     summary->examples += all[r].examples;
     summary->examples_this_run += all[r].examples_this_run;
     summary->examples_per_sec += all[r].examples_per_sec;
+    summary->memory.push_back(all[r].memory);
   }
   // Every rank's bytes including this last exchange's.
   int64_t bytes = bytes_sent_;

@@ -69,6 +69,11 @@ struct AllreduceOptions {
   // train.warm_start: every rank warm-starts its replica when checkpoint_dir has no checkpoint
   // (worker/train/checkpoint.h RestoreOrWarmStart).
   std::optional<WarmStart> warm_start;
+  // Bytes the replica may grow to (-1: no bound). A step whose new rows could take the replica
+  // past it fails before they are stored, with FAILED_PRECONDITION naming both sizes, on every
+  // rank at the same step (the replicas, and so their sizes, are identical): the job stops
+  // cleanly instead of being killed by the OOM killer (worker/allreduce/replica_memory.h).
+  int64_t replica_budget_bytes = -1;
 };
 
 class AllreduceParams : public ParameterAccess {
@@ -139,6 +144,9 @@ class AllreduceParams : public ParameterAccess {
   absl::Status Exchange(const std::vector<Header>& all, absl::Span<const int64_t> ids,
                         const float* row_grads, const float* dense_grad);
   absl::StatusOr<std::string> SaveRound(const WorkerState& state);
+  // FAILED_PRECONDITION when this step's merged rows could take the replica past
+  // opt_.replica_budget_bytes.
+  absl::Status CheckReplicaGrowth(int64_t step) const;
   void CountAllgather(int64_t bytes) { bytes_sent_ += (size_ - 1) * bytes; }
   void CountAllreduce(int64_t bytes) { bytes_sent_ += 2 * (size_ - 1) * bytes / size_; }
 

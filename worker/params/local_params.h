@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
+#include "ps/store/store_memory.h"
 #include "pstrain/config.pb.h"
 #include "worker/model/model.h"
 #include "worker/params/params.h"
@@ -43,6 +44,13 @@ class LocalParams : public ParameterAccess {
   // Starts the background thread; call once, before training.
   void EnableBackgroundPush();
   ~LocalParams() override;
+
+  // What the stores hold now: the touched rows, the dense vector and their optimizer slots.
+  StoreMemory memory() const {
+    StoreMemory m = MemoryOf(*rows_);
+    m += MemoryOf(*dense_);
+    return m;
+  }
 
   EmbeddingStore* embedding() { return rows_.get(); }
   DenseStore* dense() { return dense_.get(); }

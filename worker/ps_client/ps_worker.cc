@@ -143,7 +143,11 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     // the final evaluation's pulls).
     if (auto stats = client->GetStats(); stats.ok()) {
       summary->wire_bytes = 0;
-      for (const ShardStats& st : *stats) summary->wire_bytes += st.bytes_in() + st.bytes_out();
+      summary->memory_per = "shard";
+      for (const ShardStats& st : *stats) {
+        summary->wire_bytes += st.bytes_in() + st.bytes_out();
+        summary->memory.push_back({st.parameter_bytes(), st.optimizer_bytes(), st.bytes()});
+      }
     }
     auto final_ckpt = checkpointer.SaveFinal();
     RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));

@@ -22,6 +22,24 @@
 namespace pstrain {
 namespace {
 
+// {"per": "shard", "parameter_bytes": [..], "optimizer_bytes": [..], "total_bytes": [..]}, one
+// array element per part.
+std::string MemoryJson(const std::string& per, const std::vector<StoreMemory>& parts) {
+  std::string params, optimizer, total;
+  for (const StoreMemory& m : parts) {
+    const char* sep = params.empty() ? "" : ", ";
+    absl::StrAppend(&params, sep, m.parameter_bytes);
+    absl::StrAppend(&optimizer, sep, m.optimizer_bytes);
+    absl::StrAppend(&total, sep, m.total_bytes);
+  }
+  JsonObject j;
+  j.Add("per", per)
+      .AddRaw("parameter_bytes", "[" + params + "]")
+      .AddRaw("optimizer_bytes", "[" + optimizer + "]")
+      .AddRaw("total_bytes", "[" + total + "]");
+  return j.str();
+}
+
 absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const Config& config,
                           const TrainerOptions& opts) {
   const ThreadConfig& t = config.threads();
@@ -54,6 +72,7 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
     j.Add("staleness_max", s.staleness_max).Add("staleness_mean", s.staleness_mean);
   }
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
+  if (!s.memory.empty()) j.AddRaw("memory", MemoryJson(s.memory_per, s.memory));
   if (config.train().has_early_stopping() || config.checkpoint().keep_best()) {
     j.Add("stopped_early", s.stopped_early);
     if (!s.early_stopping_metric.empty()) {
@@ -144,6 +163,10 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   ASSIGN_OR_RETURN(TrainSummary summary, loop.Finish());
   const int64_t step = loop.step();
 
+  if (local != nullptr) {
+    summary.memory_per = "process";
+    summary.memory = {local->memory()};
+  }
   if (opts.after_training && !summary.preempted) {
     RETURN_IF_ERROR(opts.after_training(&summary));
   }

@@ -11,8 +11,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/store/store_memory.h"
 #include "pstrain/config.pb.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
@@ -57,6 +59,11 @@ struct TrainSummary {
   // of docs/ALLREDUCE.md), set by after_training; -1 (omitted from summary.json) when the mode
   // does not count them.
   int64_t wire_bytes = -1;
+  // The parameter memory of each part that holds parameters, at the end of training: one entry
+  // for `train` (memory_per "process"), one per PS shard in shard order ("shard"), one per
+  // allreduce rank ("rank", each a full replica). summary.json "memory"; empty: omitted.
+  std::string memory_per;
+  std::vector<StoreMemory> memory;
 };
 
 struct TrainerOptions {

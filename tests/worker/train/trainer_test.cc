@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
@@ -89,6 +90,19 @@ TEST(Trainer, LearnsRealKaggleCriteo) {
                           "\"intra_op_threads\"", "\"inter_op_threads\"", "\"hosts\""}) {
     EXPECT_THAT(json, testing::HasSubstr(key));
   }
+  // The parameter memory of the one process: the dense vector plus whole rows, and their slots.
+  ASSERT_EQ(summary->memory.size(), 1u);
+  EXPECT_EQ(summary->memory_per, "process");
+  const StoreMemory& m = summary->memory[0];
+  const int64_t row_bytes = summary->row_dim * 4;
+  EXPECT_GT(m.parameter_bytes, summary->dense_params * 4);
+  EXPECT_EQ((m.parameter_bytes - summary->dense_params * 4) % row_bytes, 0) << m.parameter_bytes;
+  EXPECT_GT(m.optimizer_bytes, 0);
+  EXPECT_GE(m.total_bytes, m.parameter_bytes + m.optimizer_bytes);
+  EXPECT_THAT(json, testing::HasSubstr(absl::StrCat(
+                        "\"memory\":{\"per\":\"process\",\"parameter_bytes\":[", m.parameter_bytes,
+                        "],\"optimizer_bytes\":[", m.optimizer_bytes, "],\"total_bytes\":[",
+                        m.total_bytes, "]}")));
   EXPECT_TRUE(PathExists(dir + "/model/metrics.jsonl"));
   EXPECT_TRUE(PathExists(dir + "/model/LATEST"));
   std::system(("rm -rf " + dir).c_str());
