@@ -77,7 +77,8 @@ absl::StatusOr<ReplicaEstimate> EstimateReplica(const Config& config, const Feat
   }
   const int64_t slots = sparse->StateFloats(row_dim);
   const double index = std::min(static_cast<double>(spec.total_rows()), 4096.0 * e.rows) * 4;
-  e.bytes = static_cast<int64_t>(e.rows * (row_dim + slots) * 4 + index) +
+  // A stored row: its weights, optimizer slots and generation stamp (ps/store/embedding_store.h).
+  e.bytes = static_cast<int64_t>(e.rows * (row_dim + slots + 1) * 4 + index) +
             (dense_size + dense->StateFloats(dense_size)) * 4;
   e.basis = data ? absl::StrFormat("%.0f rows of the table's %d: %d of %d fields from the data's "
                                    "distinct values (%s)%s",

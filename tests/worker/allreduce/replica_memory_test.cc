@@ -51,8 +51,9 @@ TEST_F(ReplicaMemoryTest, WithoutTheDataEveryRowOfTheTable) {
   auto e = EstimateReplica(c, *spec, /*row_dim=*/5, /*dense_size=*/100, std::nullopt);
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_DOUBLE_EQ(e->rows, 2002);
-  // Rows x (5 weights + 5 Adagrad slots) x 4, the index (4 bytes a table row), the dense floats.
-  EXPECT_EQ(e->bytes, 2002 * 10 * 4 + 2002 * 4 + 100 * 4);
+  // Rows x (5 weights + 5 Adagrad slots + the generation stamp) x 4, the index (4 bytes a
+  // table row), the dense floats.
+  EXPECT_EQ(e->bytes, 2002 * 11 * 4 + 2002 * 4 + 100 * 4);
   EXPECT_THAT(e->basis, HasSubstr("every row of the table"));
 }
 
