@@ -26,6 +26,7 @@ void OnStopSignal(int sig) {
     raise(sig);
     return;
   }
+  if (const int child = g_signals.forward_to.load(); child > 0) kill(child, SIGTERM);
   alarm(static_cast<unsigned>(g_grace_seconds.load()));
 }
 

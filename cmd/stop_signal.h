@@ -16,6 +16,9 @@ namespace pstrain {
 struct StopSignals {
   std::atomic<bool> stop{false};
   std::atomic<bool> served{false};
+  // A supervised child (`pstrain host --max_restarts`: its worker process), > 0 while it runs:
+  // the first stop signal is forwarded to it as SIGTERM.
+  std::atomic<int> forward_to{0};
 };
 
 // The process's flags, with the handlers installed on first use.

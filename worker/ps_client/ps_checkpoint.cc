@@ -64,10 +64,9 @@ void PsCheckpointer::Fail(const std::string& why) {
 }
 
 absl::Status PsCheckpointer::FailureStatus() const {
-  absl::StatusOr<int64_t> latest = ReadLatest(opt_.dir);
   return absl::FailedPreconditionError(absl::StrCat(
       "worker ", opt_.worker, " stops: ", failure(), "; last good checkpoint: ",
-      latest.ok() ? CheckpointPath(opt_.dir, *latest) : std::string("none"),
+      LatestPathOr(opt_.dir, "none"),
       " (run the same command to resume from it, or use --max_restarts)"));
 }
 
@@ -89,11 +88,16 @@ void PsCheckpointer::Watch() {
   // A third of the lease: a renewal is never further apart than that plus a round trip.
   const absl::Duration hold = std::min(absl::Seconds(10), opt_.lease / 3);
   absl::Time heard = absl::Now();
+  // The lease is armed by shard 0's first answer: before it, a slow start (shard 0's host still
+  // restoring, a loaded machine) is not a lost worker.
+  bool answered = false;
   bool job_finished = false;  // shard 0 said so: its going away is the end of the job
   while (true) {
-    absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, opt_.lease);
+    const absl::Duration limit = answered ? opt_.lease : std::max(opt_.lease, opt_.first_contact);
+    absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, limit);
     if (info.ok()) {
       heard = absl::Now();
+      answered = true;
       version = info->job_version();
       job_finished = info->job_finished();
       NoteJobHealth(*info);
@@ -104,10 +108,11 @@ void PsCheckpointer::Watch() {
     }
     if (info.status().code() == absl::StatusCode::kCancelled) return;
     const absl::Duration silent = absl::Now() - heard;
-    if (!job_finished && silent > opt_.lease) {
+    if (!job_finished && silent > limit) {
       Fail(absl::StrCat("shard 0 (", opt_.shards[0], ") not reached for ",
                         absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
-                        ", longer than the lease (", absl::FormatDuration(opt_.lease),
+                        answered ? ", longer than the lease (" : ", since this worker started (",
+                        absl::FormatDuration(limit),
                         "): this worker counts as lost (cut off, or shard 0 is down): ",
                         info.status().message()));
       return;

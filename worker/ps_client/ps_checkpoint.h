@@ -76,6 +76,9 @@ class PsCheckpointer final : public Checkpointer {
     // at most a third of it, renews this worker's. Shard 0 not answering for longer than the
     // lease fails this worker (failure()): it has been counted lost.
     absl::Duration lease = absl::Seconds(30);
+    // The lease counts from shard 0's first answer to the watcher; until then (a busy shard 0
+    // at start-up, its peers still starting) the watcher waits up to this long for it.
+    absl::Duration first_contact = absl::Seconds(120);
     // Worker i's host, for messages (`pstrain host`: the cluster spec); empty = unknown.
     std::vector<std::string> worker_hosts;
   };

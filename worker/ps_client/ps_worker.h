@@ -49,6 +49,8 @@ struct PsWorkerOptions {
   RpcSecurity security;
   // Worker i's host for messages (`pstrain host`: host i of the cluster spec), or empty.
   std::vector<std::string> worker_hosts;
+  // This worker's restarts so far (cmd/worker_supervisor.h), reported with TRAINING_DONE.
+  std::vector<std::string> restart_log;
 };
 
 // Runs the worker role. `config` is validated, with the job's model dir (this function derives

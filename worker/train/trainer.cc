@@ -54,6 +54,14 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
     j.Add("staleness_max", s.staleness_max).Add("staleness_mean", s.staleness_mean);
   }
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
+  if (!s.restart_log.empty()) {
+    std::string list = "[";
+    for (const std::string& line : s.restart_log) {
+      if (list.size() > 1) list += ", ";
+      JsonObject::Quote(line, &list);
+    }
+    j.Add("restarts", static_cast<int64_t>(s.restart_log.size())).AddRaw("restart_log", list + "]");
+  }
   return WriteFileAtomic(path, j.str() + "\n");
 }
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pstrain/config.pb.h"
@@ -48,6 +49,9 @@ struct TrainSummary {
   // of docs/ALLREDUCE.md), set by after_training; -1 (omitted from summary.json) when the mode
   // does not count them.
   int64_t wire_bytes = -1;
+  // PS training: the workers' restarts by their hosts' supervisors (`--max_restarts`), one line
+  // each; written to summary.json as "restarts" and "restart_log" when there were any.
+  std::vector<std::string> restart_log;
 };
 
 struct TrainerOptions {
