@@ -5,6 +5,8 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,31 @@ inline google::protobuf::Struct ReadSummary(const std::string& model_dir) {
     EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &summary).ok()) << *text;
   }
   return summary;
+}
+
+// /proc/<pid>/cmdline with spaces between the arguments ("" once the process is gone).
+inline std::string Cmdline(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string text = s.str();
+  for (char& c : text) c = c == '\0' ? ' ' : c;
+  return text;
+}
+
+// The processes of the job in `model_dir` running `pstrain <command>` (" host ", " worker ")
+// with --index=<index> (-1: any index), as `pstrain local` and `pstrain host` start them.
+inline std::vector<int> JobProcesses(const std::string& model_dir, const std::string& command,
+                                     int index = -1) {
+  std::vector<int> out;
+  for (int pid : PidsMentioning(model_dir)) {
+    const std::string cmd = Cmdline(pid);
+    const std::string want = index < 0 ? "--index=" : absl::StrCat("--index=", index, " ");
+    if (cmd.find(command) != std::string::npos && (cmd + " ").find(want) != std::string::npos) {
+      out.push_back(pid);
+    }
+  }
+  return out;
 }
 
 }  // namespace testing
