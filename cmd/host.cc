@@ -9,7 +9,6 @@
 //   3. every other host long-polls shard 0's Info (bounded) until job_finished, reports
 //      FINISH_SEEN and shuts its shard down; the chief waits (bounded) for those reports before
 //      shutting shard 0 down, so no worker loses a shard while it still needs one.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -184,22 +183,13 @@ int RunHost(int argc, char** argv) {
   if (max_restarts > 0 && config.cluster().consistency() == ASYNC) {
     // The worker as a supervised child process (cmd/worker_supervisor.h): the shard stays up
     // while a dead worker is restarted. Its calls to this shard go over loopback TCP.
-    WorkerSupervisor::Options so;
-    so.argv = {"/proc/self/exe", "worker"};
-    for (std::string& a : ForwardedArgs(argc, argv, kHostOnlyFlags)) so.argv.push_back(a);
-    so.argv.push_back("--ps=" + absl::StrJoin(spec->hosts, ","));
-    so.argv.push_back(absl::StrCat("--index=", me));
-    so.argv.push_back(absl::StrCat("--num_workers=", N));
-    so.argv.push_back("--log_dir_prefix=host");
-    so.command = "host";
-    so.worker = me;
-    so.max_restarts = max_restarts;
-    so.checkpoint_dir = JobCheckpointDir(config);
-    so.stop = &signals.stop;
-    so.forward_to = &signals.forward_to;
-    so.shard_zero = &shard_zero;
-    const WorkerSupervisor::Result run = WorkerSupervisor(std::move(so)).Run();
-    if (!(run.status >= 0 && WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0)) {
+    std::vector<std::string> args = ForwardedArgs(argc, argv, kHostOnlyFlags);
+    args.push_back("--ps=" + absl::StrJoin(spec->hosts, ","));
+    args.push_back(absl::StrCat("--index=", me));
+    args.push_back(absl::StrCat("--num_workers=", N));
+    args.push_back("--log_dir_prefix=host");
+    if (!Succeeded(SuperviseWorker("host", me, max_restarts, args, JobCheckpointDir(config),
+                                   &signals, &shard_zero))) {
       (*server)->Shutdown(absl::Seconds(1));
       return fail(absl::StrCat("host ", me, ": its worker failed; last good checkpoint: ",
                                LatestPathOr(JobCheckpointDir(config), "none")),

@@ -2,7 +2,6 @@
 // (`pstrain ps`, one per PS host, or the shards of `pstrain host` processes). It trains its share
 // of the data against all the shards; worker 0 is the chief (checkpoints, evaluation,
 // summary.json). docs/PS.md "Separate PS and worker processes".
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -124,21 +123,11 @@ int RunWorker(int argc, char** argv) {
   if (max_restarts > 0 && config.cluster().consistency() == ASYNC) {
     // This process becomes the worker's agent: the worker runs (and is restarted) as its child.
     ShardRpc shard_zero(wo.shards[0], *security);
-    WorkerSupervisor::Options so;
-    so.argv = {"/proc/self/exe", "worker"};
-    for (std::string& a : ForwardedArgs(argc, argv, {"max_restarts", "metrics_port",
-                                                     "metrics_bind"})) {
-      so.argv.push_back(a);
-    }
-    so.command = "worker";
-    so.worker = index;
-    so.max_restarts = max_restarts;
-    so.checkpoint_dir = JobCheckpointDir(config);
-    so.stop = &signals.stop;
-    so.forward_to = &signals.forward_to;
-    so.shard_zero = &shard_zero;
-    const WorkerSupervisor::Result run = WorkerSupervisor(std::move(so)).Run();
-    return run.status >= 0 && WIFEXITED(run.status) ? WEXITSTATUS(run.status) : 1;
+    const WorkerSupervisor::Result run = SuperviseWorker(
+        "worker", index, max_restarts,
+        ForwardedArgs(argc, argv, {"max_restarts", "metrics_port", "metrics_bind"}),
+        JobCheckpointDir(config), &signals, &shard_zero);
+    return Succeeded(run) ? 0 : 1;
   }
   wo.stop = &signals.stop;
   wo.training = &signals.served;

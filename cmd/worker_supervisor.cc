@@ -116,4 +116,26 @@ WorkerSupervisor::Result WorkerSupervisor::Run() {
   }
 }
 
+WorkerSupervisor::Result SuperviseWorker(const std::string& command, int worker,
+                                         int max_restarts,
+                                         const std::vector<std::string>& worker_args,
+                                         const std::string& checkpoint_dir, StopSignals* signals,
+                                         ShardRpc* shard_zero) {
+  WorkerSupervisor::Options so;
+  so.argv = {"/proc/self/exe", "worker"};
+  so.argv.insert(so.argv.end(), worker_args.begin(), worker_args.end());
+  so.command = command;
+  so.worker = worker;
+  so.max_restarts = max_restarts;
+  so.checkpoint_dir = checkpoint_dir;
+  so.stop = &signals->stop;
+  so.forward_to = &signals->forward_to;
+  so.shard_zero = shard_zero;
+  return WorkerSupervisor(std::move(so)).Run();
+}
+
+bool Succeeded(const WorkerSupervisor::Result& result) {
+  return result.status >= 0 && WIFEXITED(result.status) && WEXITSTATUS(result.status) == 0;
+}
+
 }  // namespace pstrain

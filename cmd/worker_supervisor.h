@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cmd/stop_signal.h"
 #include "worker/ps_client/shard_rpc.h"
 
 namespace pstrain {
@@ -61,5 +62,15 @@ class WorkerSupervisor {
 
   const Options opt_;
 };
+
+// Supervises `pstrain worker <worker_args>` (this binary) as worker `worker` for `pstrain
+// <command>`, with this process's stop signals forwarded to it; see WorkerSupervisor.
+WorkerSupervisor::Result SuperviseWorker(const std::string& command, int worker,
+                                         int max_restarts,
+                                         const std::vector<std::string>& worker_args,
+                                         const std::string& checkpoint_dir, StopSignals* signals,
+                                         ShardRpc* shard_zero);
+// Whether the last worker process of `result` exited 0.
+bool Succeeded(const WorkerSupervisor::Result& result);
 
 }  // namespace pstrain
