@@ -172,6 +172,7 @@ int RunHost(int argc, char** argv) {
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
   if (*choice) wo.restored = **choice;
   wo.stop = &signals.stop;
+  wo.on_failure = [](const absl::Status& why) { ExitSoonAfterFailure("host", why); };
   wo.training = &signals.served;
   wo.local_shard = me;
   ServedShard served(server->get());

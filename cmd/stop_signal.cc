@@ -3,7 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace pstrain {
 namespace {
@@ -44,5 +49,21 @@ StopSignals& InstallStopSignals() {
 }
 
 void SetStopGrace(int seconds) { g_grace_seconds = seconds < 1 ? 1 : seconds; }
+
+void ExitWithin(absl::Duration limit, int code, std::string message) {
+  std::thread([limit, code, message = std::move(message)] {
+    absl::Notification never;  // a deadline, not a poll: nothing notifies it
+    never.WaitForNotificationWithTimeout(limit);
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    _exit(code);
+  }).detach();
+}
+
+void ExitSoonAfterFailure(const char* command, const absl::Status& why) {
+  ExitWithin(kFailedExitLimit, 1,
+             absl::StrCat("pstrain ", command, ": ", why.message(), " (the process had not ended ",
+                          absl::FormatDuration(kFailedExitLimit), " after it: exiting)"));
+}
 
 }  // namespace pstrain

@@ -130,6 +130,7 @@ int RunWorker(int argc, char** argv) {
     return Succeeded(run) ? 0 : 1;
   }
   wo.stop = &signals.stop;
+  wo.on_failure = [](const absl::Status& why) { ExitSoonAfterFailure("worker", why); };
   wo.training = &signals.served;
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) return fail(summary.status().ToString(), 1);

@@ -59,8 +59,12 @@ void PsCheckpointer::Fail(const std::string& why) {
   failed_ = true;
   const absl::Status status = FailureStatus();
   PSTRAIN_LOG(ERROR) << status.message();
-  // A trainer blocked in a pull or push (e.g. on the lost worker's shard) returns now.
+  if (opt_.on_failure) opt_.on_failure(status);
+  // A trainer blocked in a pull or push (e.g. on the lost worker's shard) returns now, and so
+  // does one in a checkpoint round's call (a shard's WRITE waits for the whole round's timeout):
+  // Save then returns FailureStatus().
   if (opt_.client != nullptr) opt_.client->Abort(status);
+  for (const std::unique_ptr<ShardRpc>& shard : shards_) shard->Cancel();
 }
 
 absl::Status PsCheckpointer::FailureStatus() const {
@@ -209,6 +213,13 @@ absl::StatusOr<int64_t> PsCheckpointer::StopStep(int64_t step) {
 }
 
 absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
+  absl::StatusOr<std::string> dir = SaveOrJoin(state, final);
+  // A call that Fail() cancelled says only that: the reason is the failure.
+  if (!dir.ok() && failed_.load()) return FailureStatus();
+  return dir;
+}
+
+absl::StatusOr<std::string> PsCheckpointer::SaveOrJoin(const WorkerState& state, bool final) {
   if (final) {
     final_state_ = state.SerializeAsString();
     return std::string();
@@ -272,8 +283,10 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
 }
 
 absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
-  ASSIGN_OR_RETURN(const int64_t round, Request(false, 0));
-  return RunRound(round);
+  absl::StatusOr<int64_t> round = Request(false, 0);
+  absl::StatusOr<std::string> dir = round.ok() ? RunRound(*round) : round.status();
+  if (!dir.ok() && failed_.load()) return FailureStatus();
+  return dir;
 }
 
 absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {

@@ -73,6 +73,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   co.security = security;
   co.lease = absl::Milliseconds(cc->lease_ms());
   co.first_contact = o.connect_timeout;
+  co.on_failure = o.on_failure;
   co.worker_hosts = o.worker_hosts;
   PsCheckpointer checkpointer(std::move(co));
   const absl::Time t_start = absl::Now();
