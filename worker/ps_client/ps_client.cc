@@ -142,6 +142,16 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
   }
 
   void Finish(absl::Status status) {
+    // The context holds a reference to the channel. Drop it before `done_` can let ~PsClient
+    // release the channels: otherwise the channel's last reference may go here, on a gRPC
+    // callback thread, and gRPC 1.51 then shuts down and frees that thread's own completion
+    // queue under it (abort "ref_counted.h: assertion failed: prior > 0" in cq_next).
+    std::unique_ptr<grpc::ClientContext> ctx;
+    {
+      absl::MutexLock lock(&mu_);
+      ctx = std::move(ctx_);
+    }
+    ctx.reset();
     {
       absl::MutexLock lock(&client_->mu_);
       auto& calls = client_->calls_;

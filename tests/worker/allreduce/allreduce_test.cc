@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::PidsMentioning;
+using testing::ProcessesLeft;
 using testing::ProcessesMentioning;
 using testing::Subprocess;
 
@@ -325,7 +326,7 @@ TEST_F(AllreduceTest, AKilledRankEndsTheJobWithAClearError) {
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
 }
 
 // Horovod users expect one file to just work: SHARD_BY_FILE over fewer files than ranks falls
@@ -343,7 +344,7 @@ TEST_F(AllreduceTest, OneFileForTwoRanksFallsBackToRecordShardingWithANotice) {
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(SummaryField(model_dir, "examples"), absl::StrCat(kTrainRows));
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
 }
 
 TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
@@ -359,7 +360,7 @@ TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
 }
 
 TEST_F(AllreduceTest, AHungRankEndsTheJobAfterTheStopTimeout) {
@@ -381,7 +382,7 @@ TEST_F(AllreduceTest, AHungRankEndsTheJobAfterTheStopTimeout) {
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesMentioning(model_dir), 0);
+  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
 }
 
 }  // namespace
