@@ -168,12 +168,15 @@ absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manif
   return absl::OkStatus();
 }
 
-absl::Status WriteLatest(const std::string& dir, int64_t step) {
-  return WriteFileAtomic(absl::StrCat(dir, "/", kLatestFileName), CheckpointName(step) + "\n");
+namespace {
+
+// LATEST and BEST: "ckpt-<step>\n", replaced by atomic rename.
+absl::Status WritePointer(const std::string& dir, const char* name, int64_t step) {
+  return WriteFileAtomic(absl::StrCat(dir, "/", name), CheckpointName(step) + "\n");
 }
 
-absl::StatusOr<int64_t> ReadLatest(const std::string& dir) {
-  const std::string path = absl::StrCat(dir, "/", kLatestFileName);
+absl::StatusOr<int64_t> ReadPointer(const std::string& dir, const char* name) {
+  const std::string path = absl::StrCat(dir, "/", name);
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   const std::optional<int64_t> step = ParseCheckpointName(absl::StripAsciiWhitespace(text));
   if (!step) {
@@ -181,6 +184,27 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& dir) {
         absl::StrCat(path, ": expected 'ckpt-<step>', got '", absl::CHexEscape(text), "'"));
   }
   return *step;
+}
+
+}  // namespace
+
+absl::Status WriteLatest(const std::string& dir, int64_t step) {
+  return WritePointer(dir, kLatestFileName, step);
+}
+
+absl::StatusOr<int64_t> ReadLatest(const std::string& dir) {
+  return ReadPointer(dir, kLatestFileName);
+}
+
+absl::Status WriteBest(const std::string& dir, int64_t step) {
+  CheckpointManifest manifest;
+  RETURN_IF_ERROR(Annotate(ReadManifest(CheckpointPath(dir, step), &manifest),
+                           "the best checkpoint must be complete"));
+  return WritePointer(dir, kBestFileName, step);
+}
+
+absl::StatusOr<int64_t> ReadBest(const std::string& dir) {
+  return ReadPointer(dir, kBestFileName);
 }
 
 std::string LatestPathOr(const std::string& dir, const std::string& none) {
@@ -289,9 +313,11 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt) {
 }
 
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep) {
+  // checkpoint.keep_best's checkpoint is kept beside the newest `keep`, not counted among them.
+  const absl::StatusOr<int64_t> best = ReadBest(dir);
   int kept = 1;  // the committed checkpoint
   for (const CheckpointEntry& e : ListCheckpoints(dir)) {
-    if (e.step >= committed_step) continue;
+    if (e.step >= committed_step || (best.ok() && e.step == *best)) continue;
     if (e.complete && kept < keep) {
       ++kept;
       continue;

@@ -51,6 +51,7 @@ constexpr char kManifestTag[] = "MANI";     // the MANIFEST's one block
 constexpr char kWorkerStateTag[] = "WSTA";  // a worker-<j>.state file's one block
 constexpr char kPassEndFileName[] = "PASS_END";
 constexpr char kPassEndTag[] = "PEND";  // the PASS_END file's one block
+constexpr char kBestFileName[] = "BEST";  // checkpoint.keep_best's checkpoint
 
 // "ckpt-<step>".
 std::string CheckpointName(int64_t step);
@@ -92,6 +93,15 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& dir);
 // The path LATEST names (what a restart resumes from), or `none` when LATEST is missing or bad:
 // for messages.
 std::string LatestPathOr(const std::string& dir, const std::string& none);
+
+// ---- BEST (checkpoint.keep_best; docs/CHECKPOINT.md "The best checkpoint") ----
+
+// Replaces <dir>/BEST with "ckpt-<step>\n" as WriteLatest does, once ckpt-<step> is complete
+// (its MANIFEST reads; FAILED_PRECONDITION / NOT_FOUND otherwise, naming it). Retention never
+// deletes the checkpoint BEST names (RemoveOldCheckpoints).
+absl::Status WriteBest(const std::string& dir, int64_t step);
+// The step <dir>/BEST names; NOT_FOUND when there is none, DATA_LOSS as ReadLatest.
+absl::StatusOr<int64_t> ReadBest(const std::string& dir);
 
 // ---- Listing ----
 
@@ -143,7 +153,8 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
 
 // Retention (checkpoint.keep), after LATEST moved to ckpt-<committed_step>: keeps it and the
 // newest keep - 1 complete checkpoints older than it, and deletes every other directory older
-// than it (complete or not). Directories newer than it are left alone: LATEST never named them
+// than it (complete or not), except the one <dir>/BEST names, which is kept beside them.
+// Directories newer than it are left alone: LATEST never named them
 // (a crash while writing, or a job that resumed from an older checkpoint), they are never chosen,
 // and they are deleted once the job commits a newer step. keep < 1 counts as 1.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);

@@ -16,7 +16,8 @@ void AddCheckpointFlags(FlagSet* f, CheckpointFlags* o) {
             "the training run's model dir (or its checkpoint.dir): LATEST and ckpt-<step>/; or "
             "an export (`pstrain export --out`: the newest version, or one version's directory)");
   f->String("checkpoint", &o->checkpoint,
-            "which checkpoint: ckpt-<step> under --model_dir, or a checkpoint directory's path "
+            "which checkpoint: ckpt-<step> under --model_dir, `best` (the one --model_dir/BEST "
+            "names: checkpoint.keep_best), or a checkpoint directory's path "
             "(default: the one LATEST names, verified, falling back like a resume)");
   f->List("config", &o->config,
           "the training config, only for checkpoints from before checkpoints recorded their model "

@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -283,6 +284,40 @@ absl::Status ValidateConfig(const Config& c) {
   if (ck.every_steps() < 0) return bad("checkpoint.every_steps", "must be >= 0");
   if (ck.every_seconds() < 0) return bad("checkpoint.every_seconds", "must be >= 0");
   if (ck.keep() < 1) return bad("checkpoint.keep", "must be >= 1");
+
+  // Early stopping, the best checkpoint and the validation split (docs/CONFIG.md "Early stopping
+  // and the best checkpoint").
+  if (!(d.validation_fraction() >= 0 && d.validation_fraction() < 1)) {
+    return bad("data.validation_fraction",
+               absl::StrCat("must be in [0, 1), got ", d.validation_fraction()));
+  }
+  const EarlyStopping& es = tr.early_stopping();
+  if (es.patience_evals() < 0) {
+    return bad("train.early_stopping.patience_evals",
+               absl::StrCat("must be >= 0 (0 = never stop), got ", es.patience_evals()));
+  }
+  if (!(es.min_delta() >= 0) || std::isinf(es.min_delta())) {
+    return bad("train.early_stopping.min_delta",
+               absl::StrCat("must be finite and >= 0, got ", es.min_delta()));
+  }
+  // What a training run needs (a config without train channels is a fragment: --train and
+  // --eval may complete it).
+  const bool periodic_data = d.eval_size() > 0 || d.validation_fraction() > 0;
+  if (d.train_size() > 0 && (ck.keep_best() || es.patience_evals() > 0) && !periodic_data) {
+    return bad(ck.keep_best() ? "checkpoint.keep_best" : "train.early_stopping",
+               "needs evaluation data: an eval channel (data.eval, --eval) or "
+               "data.validation_fraction > 0");
+  }
+  if (ck.keep_best() && ck.every_steps() == 0 && ck.every_seconds() == 0) {
+    return bad("checkpoint.keep_best",
+               "needs periodic checkpoints (checkpoint.every_steps or every_seconds > 0): the "
+               "best is chosen among them");
+  }
+  if (es.patience_evals() > 0 && !ck.keep_best() && tr.eval_every_steps() <= 0) {
+    return bad("train.early_stopping.patience_evals",
+               "needs periodic evaluations: set train.eval_every_steps > 0 (or "
+               "checkpoint.keep_best: true, which evaluates every checkpoint)");
+  }
   return absl::OkStatus();
 }
 

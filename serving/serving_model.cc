@@ -168,6 +168,17 @@ absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(
     }
     c.dir = choice->dir;
     c.manifest = std::move(choice->manifest);
+  } else if (checkpoint == "best") {
+    // checkpoint.keep_best's: the one <model_dir>/BEST names.
+    absl::StatusOr<int64_t> best = ReadBest(model_dir);
+    if (absl::IsNotFound(best.status())) {
+      return absl::NotFoundError(absl::StrCat("--checkpoint best: ", model_dir, " has no ",
+                                              kBestFileName, " file (train with "
+                                              "checkpoint.keep_best: true to keep one)"));
+    }
+    if (!best.ok()) return best.status();
+    c.dir = CheckpointPath(model_dir, *best);
+    RETURN_IF_ERROR(VerifyCheckpoint(c.dir, &c.manifest));
   } else {
     // A name under model_dir ("ckpt-12"), or a path to the checkpoint directory itself.
     c.dir = ParseCheckpointName(checkpoint) && IsDir(model_dir + "/" + checkpoint)

@@ -118,7 +118,8 @@ class ServingParams : public ParameterAccess {
 };
 
 // The checkpoint a reader of `model_dir` should use: `checkpoint` ("" = the one LATEST names,
-// with ChooseCheckpoint's verification and fallback; else a name "ckpt-<step>" under model_dir or
+// with ChooseCheckpoint's verification and fallback; "best" = the one model_dir/BEST names
+// (checkpoint.keep_best), verified completely; else a name "ckpt-<step>" under model_dir or
 // a checkpoint directory's path, verified completely), and the model description to read it
 // with: the MANIFEST's; or, for a version-1 checkpoint, `config_description` (an error asking for
 // --config when there is none). When both exist they must agree (CompareModelDescriptions, naming

@@ -167,22 +167,24 @@ void JobCoordinator::WakeAll(const std::vector<Watch*>& wake) {
 
 // ---- Rounds (moved from ShardServer, ps/server/shard_checkpoint.cc) ----
 
-int64_t JobCoordinator::RequestCheckpoint(bool stop, int64_t target_step) {
+int64_t JobCoordinator::RequestCheckpoint(bool stop, int64_t target_step, bool end_pass) {
   std::vector<Watch*> wake;
   int64_t round;
   {
     absl::MutexLock lock(&mu_);
-    const bool was_stop = stop_;
+    const bool was_stop = stop_, was_end_pass = end_pass_;
     bool opened = false;
     if (round_ <= released_) {  // no round open for arrivals: open the next one
       ++round_;
       arrivals_.clear();
       stop_ = false;
+      end_pass_ = false;
       target_ = target_step;
       opened = true;
     }
     stop_ = stop_ || stop;
-    if (opened || stop_ != was_stop) ChangedLocked(&wake);
+    end_pass_ = end_pass_ || (stop && end_pass);
+    if (opened || stop_ != was_stop || end_pass_ != was_end_pass) ChangedLocked(&wake);
     round = round_;
   }
   WakeAll(wake);
@@ -338,7 +340,8 @@ absl::Status JobCoordinator::Coordinate(const CoordinateRequest& request,
   }
   switch (request.kind()) {
     case CoordinateRequest::REQUEST:
-      response->set_round(RequestCheckpoint(request.stop(), request.target_step()));
+      response->set_round(
+          RequestCheckpoint(request.stop(), request.target_step(), request.end_pass()));
       break;
     case CoordinateRequest::ARRIVE:
       status = ArriveCheckpoint(request.round(), request.worker_id(), request.worker_state());
@@ -385,6 +388,7 @@ JobState JobCoordinator::State() const {
   s.set_job_finished(job_finished_);
   s.set_checkpoint_round(round_);
   s.set_checkpoint_stop(stop_);
+  s.set_checkpoint_end_pass(end_pass_);
   s.set_checkpoint_target_step(target_);
   s.set_checkpoint_released_round(released_);
   s.set_checkpoint_done_round(done_);
@@ -406,6 +410,7 @@ void JobCoordinator::FillInfo(InfoResponse* info) const {
   info->set_job_finished(job_finished_);
   info->set_checkpoint_round(round_);
   info->set_checkpoint_stop(stop_);
+  info->set_checkpoint_end_pass(end_pass_);
   info->set_checkpoint_target_step(target_);
   info->set_checkpoint_released_round(released_);
   info->set_checkpoint_done_round(done_);

@@ -100,7 +100,9 @@ class JobCoordinator {
   std::vector<int> lost_workers() const;
 
   // RequestCheckpoint opens a round unless one is open for arrivals and returns the open round;
-  // `stop` marks it as the job's last; a new round takes `target_step` (0: none).
+  // `stop` marks it as the job's last, and `end_pass` with `stop` as the end of the job's training
+  // pass (the chief's early stopping: JobState.checkpoint_end_pass); a new round takes
+  // `target_step` (0: none).
   // ArriveCheckpoint records a paused worker's state (FAILED_PRECONDITION if `round` is not
   // open). CollectArrivals fills out->worker_states with the state each of workers 0..n-1 arrived
   // with in `round` (a worker that reported TRAINING_DONE stands in with its final state) and
@@ -109,7 +111,7 @@ class JobCoordinator {
   // CompleteCheckpoint publishes the result. RELEASE must name the open round and COMPLETE a
   // round that was opened and not completed yet (FAILED_PRECONDITION otherwise); n of COLLECT
   // must be in [1, num_workers].
-  int64_t RequestCheckpoint(bool stop, int64_t target_step = 0);
+  int64_t RequestCheckpoint(bool stop, int64_t target_step = 0, bool end_pass = false);
   absl::Status ArriveCheckpoint(int64_t round, int worker, std::string state);
   absl::Status CollectArrivals(int64_t round, int n, CoordinateResponse* out) const;
   absl::Status ReleaseCheckpoint(int64_t round);
@@ -174,6 +176,7 @@ class JobCoordinator {
   // Checkpoint rounds.
   int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_pass_ ABSL_GUARDED_BY(mu_) = false;
   int64_t target_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::string> arrivals_ ABSL_GUARDED_BY(mu_);
   int64_t released_ ABSL_GUARDED_BY(mu_) = 0;

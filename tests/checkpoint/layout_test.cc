@@ -312,6 +312,39 @@ TEST(CheckpointLayout, RetentionKeepsTheNewestCommitted) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// checkpoint.keep_best: the checkpoint BEST names is kept beside the newest `keep`, not counted
+// among them; BEST is written atomically like LATEST, and only for a complete checkpoint.
+TEST(CheckpointLayout, RetentionKeepsTheBestBesideTheNewest) {
+  const std::string dir = FreshDir("best");
+  EXPECT_TRUE(absl::IsNotFound(ReadBest(dir).status()));
+  Save(dir, 1, 2);
+  Save(dir, 2, 2);
+  ASSERT_TRUE(WriteBest(dir, 2).ok());
+  EXPECT_EQ(Slurp(dir + "/BEST"), "ckpt-2\n");
+  ASSERT_TRUE(ReadBest(dir).ok());
+  EXPECT_EQ(*ReadBest(dir), 2);
+  for (int64_t step : {3, 4, 5}) Save(dir, step, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{5, 4, 2}));
+  // A newer best: the old one goes at the next commit; the best is not one of the `keep`.
+  ASSERT_TRUE(WriteBest(dir, 5).ok());
+  Save(dir, 6, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{6, 5, 4}));
+  Save(dir, 7, 1);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{7, 5}));
+  // An incomplete or missing checkpoint is never named.
+  ASSERT_TRUE(PrepareCheckpointDir(dir, 8).ok());
+  EXPECT_FALSE(WriteBest(dir, 8).ok());
+  EXPECT_FALSE(WriteBest(dir, 9).ok());
+  EXPECT_EQ(*ReadBest(dir), 5);
+  // A damaged BEST names nothing, and retention then keeps only the newest.
+  ASSERT_TRUE(WriteFileAtomic(dir + "/BEST", "ckpt-05\n").ok());
+  EXPECT_EQ(ReadBest(dir).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(ReadBest(dir).status().message(), HasSubstr("expected 'ckpt-<step>'"));
+  Save(dir, 10, 1);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{10}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // Regression: retention counted every ckpt-<step> directory, so a stale directory newer than the
 // committed checkpoint (a crash while writing it, or a job that fell back past it) made it
 // delete the checkpoint it had just committed: LATEST then named a deleted directory and the

@@ -1,8 +1,9 @@
 // Test helpers for the files of a job run by the real binary: its data, made by `pstrain
-// datagen`, and its <model_dir>/summary.json.
+// datagen`, its config's channels, running it with a log, and its <model_dir>/summary.json.
 #pragma once
 
 #include <google/protobuf/struct.pb.h>
+#include <sys/wait.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <fstream>
@@ -28,6 +29,32 @@ inline int Datagen(int rows, int files, int seed, const std::string& out) {
     argv.push_back(absl::StrCat(files));
   }
   return RunToExit(argv, 120000);
+}
+
+// The data section of a small test job's config: a train and an eval channel of Criteo TSV whose
+// paths --train / --eval give, read in order (no file or window shuffle).
+inline constexpr char kOrderedCriteoChannels[] = R"pb(
+  data {
+    train { name: "train" format: CRITEO_TSV }
+    eval { name: "eval" format: CRITEO_TSV }
+    shuffle_buffer: 0
+    shuffle_files: false
+  }
+)pb";
+
+struct CommandResult {
+  int exit_code = -1;  // -1: killed by a signal, or timed out
+  std::string out;     // stdout and stderr
+};
+
+// Runs `argv` with its output in `log` (RunLogged), at most `timeout_ms`.
+inline CommandResult RunCommand(const std::vector<std::string>& argv, const std::string& log,
+                                int timeout_ms) {
+  const int status = RunLogged(argv, log, timeout_ms);
+  CommandResult r;
+  r.out = ReadFileToString(log).value_or("");
+  if (status >= 0 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  return r;
 }
 
 // summary.json as a protobuf Struct (fields() by name). A missing or malformed file is a test

@@ -145,13 +145,36 @@ TEST(Config, SchemaDefaultsAndDenseOptimizerDefault) {
 namespace pstrain {
 namespace {
 
+// A config of the defaults with `sets` applied ("TRAIN" adds a train channel without eval: a
+// training config), refused by ValidateConfig with `error`.
+struct ConfigErrorCase {
+  std::vector<const char*> sets;
+  std::string error;
+};
+
+void ExpectConfigErrors(const std::vector<ConfigErrorCase>& cases) {
+  for (const ConfigErrorCase& c : cases) {
+    Config config;
+    ApplyConfigDefaults(&config);
+    for (const char* set : c.sets) {
+      if (std::string(set) == "TRAIN") {
+        Channel* ch = config.mutable_data()->add_train();
+        ch->set_name("train");
+        ch->add_path("x");
+        ch->set_format(CRITEO_TSV);
+        continue;
+      }
+      ASSERT_TRUE(ApplyOverride(set, &config).ok()) << set;
+    }
+    const absl::Status s = ValidateConfig(config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
+    EXPECT_EQ(s.message(), c.error);
+  }
+}
+
 // Learning-rate schedules are validated with the config, naming the field and what is expected.
 TEST(Config, ScheduleErrorsNameTheField) {
-  struct Case {
-    std::vector<const char*> sets;
-    std::string error;
-  };
-  const Case cases[] = {
+  ExpectConfigErrors({
       {{"dense_optimizer.schedule.decay=COSINE"},
        "config dense_optimizer.schedule.decay_steps: must be > 0 for decay COSINE, got 0"},
       {{"sparse_optimizer.schedule.warmup_steps=-1"},
@@ -161,20 +184,47 @@ TEST(Config, ScheduleErrorsNameTheField) {
        "config sparse_optimizer.schedule.decay_rate: must be in (0, 1], got 1.5"},
       {{"dense_optimizer.schedule.min_factor=-0.5"},
        "config dense_optimizer.schedule.min_factor: must be in [0, 1], got -0.5"},
-  };
-  for (const Case& c : cases) {
-    Config config;
-    ApplyConfigDefaults(&config);
-    for (const char* set : c.sets) ASSERT_TRUE(ApplyOverride(set, &config).ok()) << set;
-    const absl::Status s = ValidateConfig(config);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
-    EXPECT_EQ(s.message(), c.error);
-  }
+  });
   Config ok;
   ApplyConfigDefaults(&ok);
   for (const char* set : {"dense_optimizer.schedule.warmup_steps=100",
                           "dense_optimizer.schedule.decay=STEP",
                           "dense_optimizer.schedule.decay_steps=1000"}) {
+    ASSERT_TRUE(ApplyOverride(set, &ok).ok()) << set;
+  }
+  EXPECT_TRUE(ValidateConfig(ok).ok()) << ValidateConfig(ok);
+}
+
+// Early stopping, keep_best and the validation split are validated with the config, naming the
+// field and what is expected.
+TEST(Config, EarlyStoppingErrorsNameTheField) {
+  ExpectConfigErrors({
+      {{"data.validation_fraction=1"}, "config data.validation_fraction: must be in [0, 1), got 1"},
+      {{"data.validation_fraction=-0.1"},
+       "config data.validation_fraction: must be in [0, 1), got -0.1"},
+      {{"train.early_stopping.patience_evals=-2"},
+       "config train.early_stopping.patience_evals: must be >= 0 (0 = never stop), got -2"},
+      {{"train.early_stopping.min_delta=-0.5"},
+       "config train.early_stopping.min_delta: must be finite and >= 0, got -0.5"},
+      {{"TRAIN", "train.early_stopping.patience_evals=2", "train.eval_every_steps=10"},
+       "config train.early_stopping: needs evaluation data: an eval channel (data.eval, --eval) "
+       "or data.validation_fraction > 0"},
+      {{"TRAIN", "checkpoint.keep_best=true"},
+       "config checkpoint.keep_best: needs evaluation data: an eval channel (data.eval, --eval) "
+       "or data.validation_fraction > 0"},
+      {{"checkpoint.keep_best=true", "checkpoint.every_seconds=0"},
+       "config checkpoint.keep_best: needs periodic checkpoints (checkpoint.every_steps or "
+       "every_seconds > 0): the best is chosen among them"},
+      {{"data.validation_fraction=0.1", "train.early_stopping.patience_evals=2"},
+       "config train.early_stopping.patience_evals: needs periodic evaluations: set "
+       "train.eval_every_steps > 0 (or checkpoint.keep_best: true, which evaluates every "
+       "checkpoint)"},
+  });
+  Config ok;
+  ApplyConfigDefaults(&ok);
+  for (const char* set : {"data.validation_fraction=0.1", "train.early_stopping.patience_evals=2",
+                          "train.early_stopping.metric=LOGLOSS", "checkpoint.keep_best=true",
+                          "checkpoint.every_steps=50"}) {
     ASSERT_TRUE(ApplyOverride(set, &ok).ok()) << set;
   }
   EXPECT_TRUE(ValidateConfig(ok).ok()) << ValidateConfig(ok);

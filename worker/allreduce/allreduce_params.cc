@@ -34,7 +34,8 @@ const char* KindName(int64_t kind) {
 
 }  // namespace
 
-// All int64 so that one MPI_Allgather of kHeaderWords MPI_INT64_T carries it.
+// All int64 so that one MPI_Allgather of kHeaderWords MPI_INT64_T carries it. `stop`: 0, 1 (a
+// stop signal) or 2 (the end of the pass: EndPass).
 struct AllreduceParams::Header {
   int64_t kind, step, n_ids, stop, due;
 };
@@ -92,7 +93,8 @@ bool AllreduceParams::TakeCheckpointRequest() {
 
 absl::StatusOr<std::vector<AllreduceParams::Header>> AllreduceParams::ExchangeHeaders(
     int64_t kind, int64_t step, int64_t n_ids, bool due) {
-  const bool stop = opt_.local_stop != nullptr && opt_.local_stop->load();
+  const bool signalled = opt_.local_stop != nullptr && opt_.local_stop->load();
+  const int64_t stop = end_pass_ ? 2 : signalled ? 1 : 0;
   Header mine{kind, step, n_ids, stop, due};
   constexpr int kHeaderWords = sizeof(Header) / sizeof(int64_t);
   std::vector<Header> all(size_);
@@ -101,7 +103,9 @@ absl::StatusOr<std::vector<AllreduceParams::Header>> AllreduceParams::ExchangeHe
                         "MPI_Allgather (round header)", step));
   CountAllgather(sizeof(Header));
   for (const Header& h : all) {
-    if (h.stop) agreed_stop_ = true;
+    // The end of the pass wins over a signal at the same step: the pass is over either way.
+    if (h.stop == 2) pass_ended_ = true;
+    if (h.stop != 0) agreed_stop_ = true;
     if (h.due) checkpoint_requested_ = true;
   }
   return all;
@@ -378,7 +382,7 @@ uint32_t AllreduceParams::ReplicaChecksum() const {
 }
 
 absl::Status AllreduceParams::Finish(TrainSummary* summary) {
-  if (agreed_stop_) return absl::OkStatus();
+  if (agreed_stop_ && !pass_ended_) return absl::OkStatus();
   const uint32_t crc = ReplicaChecksum();
   std::printf("pstrain allreduce: rank %d of %d: replica crc32c %08x after step %lld\n", rank_,
               size_, crc, static_cast<long long>(last_step_));

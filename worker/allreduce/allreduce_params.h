@@ -102,15 +102,22 @@ class AllreduceParams : public ParameterAccess {
     return opt_.checkpoint_every_steps > 0 && step % opt_.checkpoint_every_steps == 0;
   }
 
-  // Raised on every rank after the same step once any rank's local_stop was set.
+  // Raised on every rank after the same step once any rank's local_stop was set, or a rank
+  // asked to end the pass.
   const std::atomic<bool>* agreed_stop() const { return &agreed_stop_; }
+  // The chief's early stopping (Checkpointer::EndPass): this rank's next round header asks every
+  // rank to stop after that round's step, as a SIGTERM does, but ending the training pass:
+  // pass_ended() is then true on every rank, and the ranks end as at the end of their data (the
+  // final checkpoint, Finish's checksums).
+  void EndPass() { end_pass_ = true; }
+  bool pass_ended() const { return pass_ended_; }
 
   // End of job, every rank, as TrainerOptions::after_training (a no-op when the job was stopped
-  // by agreed_stop: then the ranks are not all here). Compares the replicas' checksums (INTERNAL
-  // error if they differ), prints "pstrain allreduce: rank r of N: replica crc32c XXXXXXXX after
-  // step S" on stdout, replaces examples, examples_this_run and examples_per_sec with the job's
-  // totals and steps with the job's step count, and sets wire_bytes. unique_rows_per_step stays
-  // this rank's.
+  // by a signal's agreed_stop: then the ranks are not all here). Compares the replicas'
+  // checksums (INTERNAL error if they differ), prints "pstrain allreduce: rank r of N: replica
+  // crc32c XXXXXXXX after step S" on stdout, replaces examples, examples_this_run and
+  // examples_per_sec with the job's totals and steps with the job's step count, and sets
+  // wire_bytes. unique_rows_per_step stays this rank's.
   absl::Status Finish(TrainSummary* summary);
 
   // crc32c of the replica's trained rows (ids, weights, optimizer state) and dense weights and
@@ -136,6 +143,7 @@ class AllreduceParams : public ParameterAccess {
   const AllreduceOptions opt_;
   const int rank_, size_;
   std::atomic<bool> agreed_stop_{false};
+  bool end_pass_ = false, pass_ended_ = false;
   bool checkpoint_requested_ = false;
   double last_checkpoint_time_;
   int64_t bytes_sent_ = 0;  // by this rank
@@ -164,6 +172,11 @@ class AllreduceCheckpointer : public Checkpointer {
   absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override {
     return params_->Save(state, final);
   }
+  absl::StatusOr<bool> EndPass(int64_t /*step*/) override {
+    params_->EndPass();
+    return true;
+  }
+  bool PassEnded() const override { return params_->pass_ended(); }
 
  private:
   AllreduceParams* const params_;

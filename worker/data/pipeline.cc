@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/data/file_list.h"
+#include "worker/data/validation_split.h"
 
 namespace pstrain {
 
@@ -137,9 +138,20 @@ PipelineOptions OptionsFromConfig(const DataConfig& data, bool train, int batch_
   o.shuffle_buffer = train ? data.shuffle_buffer() : 0;
   o.prefetch_batches = data.prefetch_batches();
   o.max_bad_record_fraction = data.max_bad_record_fraction();
+  if (train) o.validation_fraction = data.validation_fraction();  // the training part
   // Unless the caller injects its own formats: the registry's, with the config's record limit.
   o.formats = formats.open_source ? std::move(formats)
                                   : RegisteredFormats(static_cast<size_t>(data.max_record_bytes()));
+  return o;
+}
+
+PipelineOptions ValidationOptionsFromConfig(const DataConfig& data, int batch_size) {
+  DataConfig eval = data;
+  *eval.mutable_eval() = data.train();
+  PipelineOptions o = OptionsFromConfig(eval, /*train=*/false, batch_size, /*shard_index=*/0,
+                                        /*num_shards=*/1, /*epochs=*/1);
+  o.validation_fraction = data.validation_fraction();
+  o.validation_part = true;
   return o;
 }
 
@@ -154,6 +166,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(PipelineOptions optio
   if (options.channels.empty()) return invalid("no channels");
   if (!options.formats.open_source || !options.formats.make_parser) {
     return invalid("formats not set (use RegisteredFormats())");
+  }
+  if (!(options.validation_fraction >= 0 && options.validation_fraction < 1)) {
+    return invalid("validation_fraction must be in [0, 1), got ", options.validation_fraction);
   }
   if (options.batch_size < 1) return invalid("batch_size must be >= 1, got ", options.batch_size);
   if (options.num_shards < 1 || options.shard_index < 0 ||
@@ -409,6 +424,10 @@ absl::Status Pipeline::ReadInput(int c, Group* g, Held* out, bool* eof) {
       if (!s.ok()) {
         RETURN_IF_ERROR(bad(s));
         continue;
+      }
+      if (options_.validation_fraction > 0 &&
+          InValidationSplit(rec.data, options_.validation_fraction) != options_.validation_part) {
+        continue;  // the other side of the validation split
       }
       out->data.assign(rec.data.data(), rec.data.size());
       out->file = ch.file;

@@ -138,6 +138,13 @@ struct PipelineOptions {
   int prefetch_batches = 4;
   // Fraction of bad records tolerated; 0 = the first bad record is an error. In [0, 1].
   double max_bad_record_fraction = 0.0;
+  // The validation split (data.validation_fraction, worker/data/validation_split.h), in [0, 1):
+  // when > 0, every channel keeps only the records of one side, the training part
+  // (validation_part false) or the held-out part; the others are skipped as another reader's
+  // records are under SHARD_BY_RECORD (a record whose framing is corrupt has no content to hash:
+  // both sides count it as bad).
+  double validation_fraction = 0;
+  bool validation_part = false;
   // Resume from this position (from position() of a pipeline with the same channels and shard).
   std::optional<PipelinePosition> start;
   // Must be set (OptionsFromConfig sets RegisteredFormats() by default).
@@ -152,6 +159,10 @@ struct PipelineOptions {
 PipelineOptions OptionsFromConfig(const DataConfig& data, bool train, int batch_size,
                                   int shard_index, int num_shards, int64_t epochs,
                                   RecordFormats formats = RecordFormats());
+
+// Options for the validation split of `data` (data.validation_fraction > 0): the held-out part of
+// the train channels, read once, in order (no shuffle), by one reader.
+PipelineOptions ValidationOptionsFromConfig(const DataConfig& data, int batch_size);
 
 struct ChannelStats {
   std::string name;

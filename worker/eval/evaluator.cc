@@ -13,16 +13,27 @@
 
 namespace pstrain {
 
+bool HasPeriodicEvalData(const DataConfig& data) {
+  return data.eval_size() > 0 || data.validation_fraction() > 0;
+}
+
 absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spec,
                                     const Model& model, ParameterAccess* params, int64_t step,
-                                    int threads, std::vector<float>* probabilities) {
-  if (config.data().eval_size() == 0) {
-    return absl::FailedPreconditionError("no eval channel configured (set data.eval or --eval)");
+                                    int threads, std::vector<float>* probabilities,
+                                    EvalData which) {
+  const DataConfig& data = config.data();
+  if (!HasPeriodicEvalData(data)) {
+    return absl::FailedPreconditionError(
+        "no eval channel configured (set data.eval or --eval, or data.validation_fraction)");
   }
   omp_set_num_threads(threads);
   const int batch_size = config.train().eval_batch_size();
-  PipelineOptions po = OptionsFromConfig(config.data(), /*train=*/false, batch_size,
-                                         /*shard_index=*/0, /*num_shards=*/1, /*epochs=*/1);
+  const bool validation = data.validation_fraction() > 0 &&
+                          (which == EvalData::kPeriodic || data.eval_size() == 0);
+  PipelineOptions po =
+      validation ? ValidationOptionsFromConfig(data, batch_size)
+                 : OptionsFromConfig(data, /*train=*/false, batch_size, /*shard_index=*/0,
+                                     /*num_shards=*/1, /*epochs=*/1);
   po.reader_threads = 1;
   ASSIGN_OR_RETURN(auto pipeline, Pipeline::Create(std::move(po), spec));
   ASSIGN_OR_RETURN(auto tower, model.CreateTower(batch_size, threads));
@@ -79,7 +90,8 @@ bool BackgroundEvaluator::Start(int64_t step) {
   if (thread_.joinable()) thread_.join();  // finished: its result is stored
   running_ = true;
   thread_ = std::thread([this, step] {
-    auto r = Evaluate(config_, spec_, model_, params_, step, threads_);
+    auto r = Evaluate(config_, spec_, model_, params_, step, threads_, /*probabilities=*/nullptr,
+                      EvalData::kPeriodic);
     absl::MutexLock l(&mu_);
     result_ = std::move(r);
     running_ = false;

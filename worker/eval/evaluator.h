@@ -26,16 +26,26 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
-// Evaluates `params` on the eval channels of config.data() with `threads` OpenMP threads.
+// Which data an evaluation reads. The periodic evaluations (train.eval_every_steps, early
+// stopping, checkpoint.keep_best) choose the model: they read the validation split
+// (data.validation_fraction > 0, worker/data/validation_split.h), else the eval channels. The
+// final evaluation (summary.json test_auc) reports on held-out test data: the eval channels, else
+// the validation split.
+enum class EvalData { kPeriodic, kFinal };
+// Whether config.data() has data for the periodic evaluations (or the final one: the same).
+bool HasPeriodicEvalData(const DataConfig& data);
+
+// Evaluates `params` on the data `which` names (of config.data()) with `threads` OpenMP threads.
 // The calling thread runs the tower (and sets its own OpenMP thread count). A model that scores
 // NaN (diverged parameters) fails with INVALID_ARGUMENT ("evaluation at step S: n of N scores
 // are NaN ..."). When `probabilities` is not null it receives every example's probability, in
 // the eval channels' order (tests compare other scorers with it).
 absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spec,
                                     const Model& model, ParameterAccess* params, int64_t step,
-                                    int threads, std::vector<float>* probabilities = nullptr);
+                                    int threads, std::vector<float>* probabilities = nullptr,
+                                    EvalData which = EvalData::kFinal);
 
-// Background evaluations, one at a time. Thread-safe.
+// Background evaluations of the periodic data (EvalData::kPeriodic), one at a time. Thread-safe.
 class BackgroundEvaluator {
  public:
   BackgroundEvaluator(const Config& config, const FeatureSpec& spec, const Model& model,

@@ -177,11 +177,12 @@ absl::StatusOr<InfoResponse> PsCheckpointer::OpenRound() {
   return info;
 }
 
-absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target) {
+absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target, bool end_pass) {
   CoordinateRequest req;
   req.set_kind(CoordinateRequest::REQUEST);
   req.set_worker_id(opt_.worker);
   req.set_stop(stop);
+  req.set_end_pass(end_pass);
   req.set_target_step(target);
   ASSIGN_OR_RETURN(CoordinateResponse r, shards_[0]->Coordinate(req, opt_.timeout));
   return r.round();
@@ -210,6 +211,14 @@ absl::StatusOr<int64_t> PsCheckpointer::StopStep(int64_t step) {
   RETURN_IF_ERROR(Request(true, target).status());
   ASSIGN_OR_RETURN(info, OpenRound());  // another worker's round may have won
   return std::max(step, info.checkpoint_round() > 0 ? info.checkpoint_target_step() : target);
+}
+
+absl::StatusOr<bool> PsCheckpointer::EndPass(int64_t step) {
+  // An open round takes the request and keeps its target; else a new round opens at the common
+  // target (lockstep) or at each worker's next boundary (ASYNC).
+  RETURN_IF_ERROR(Request(/*stop=*/true, lockstep() ? TargetAfter(step) : 0, /*end_pass=*/true)
+                      .status());
+  return true;
 }
 
 absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
@@ -254,6 +263,7 @@ absl::StatusOr<std::string> PsCheckpointer::SaveOrJoin(const WorkerState& state,
     ASSIGN_OR_RETURN(dir, RunRound(round));
     ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
     stop_job = info.checkpoint_stop() && info.checkpoint_round() == round;
+    pass_ended_ = stop_job && info.checkpoint_end_pass();
   } else {
     ASSIGN_OR_RETURN(
         InfoResponse info,
@@ -261,6 +271,7 @@ absl::StatusOr<std::string> PsCheckpointer::SaveOrJoin(const WorkerState& state,
             [round](const InfoResponse& i) { return i.checkpoint_released_round() >= round; },
             opt_.timeout, absl::StrCat("the release of checkpoint round ", round)));
     stop_job = info.checkpoint_stop() && info.checkpoint_round() == round;
+    pass_ended_ = stop_job && info.checkpoint_end_pass();
     if (stop_job) {
       // Leaving the job: only once the checkpoint is safely written.
       ASSIGN_OR_RETURN(

@@ -97,6 +97,13 @@ class PsCheckpointer final : public Checkpointer {
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override;
   bool Requested(int64_t step) override;
   absl::StatusOr<int64_t> StopStep(int64_t step) override;
+  // Chief: requests a stopping round that ends the job's pass (CoordinateRequest.end_pass; with
+  // BOUNDED / SYNC at a common target step, as StopStep's). Every worker joins it as it joins a
+  // SIGTERM's round, and after it stops with PassEnded() true: it ends as at the end of its input
+  // (TRAINING_DONE with its final state), and the chief's SaveFinal marks the pass's end on the
+  // round's checkpoint (nothing trained since, so nothing is written again). Returns true.
+  absl::StatusOr<bool> EndPass(int64_t step) override;
+  bool PassEnded() const override { return pass_ended_; }
   // final = true records the state for the end-of-job report (final_state()) and writes
   // nothing: the chief writes the job's last checkpoint with SaveFinal once every worker is done.
   absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override;
@@ -126,7 +133,7 @@ class PsCheckpointer final : public Checkpointer {
   // Shard 0's Info, with checkpoint_round set to 0 unless a round is open that this worker has
   // not taken part in.
   absl::StatusOr<InfoResponse> OpenRound();
-  absl::StatusOr<int64_t> Request(bool stop, int64_t target);
+  absl::StatusOr<int64_t> Request(bool stop, int64_t target, bool end_pass = false);
   // Chief: steps 3 of the protocol for `round`; returns the checkpoint directory.
   absl::StatusOr<std::string> RunRound(int64_t round);
   absl::StatusOr<std::string> RunRoundSteps(int64_t round);
@@ -148,6 +155,7 @@ class PsCheckpointer final : public Checkpointer {
   int64_t step_base_ = 0;      // added to the workers' steps in checkpoint names (see Restore)
   std::string final_state_;
   bool stopped_ = false;  // a round ended the job: later saves return last_saved_dir_
+  bool pass_ended_ = false;  // that round ended the job's pass (the chief's EndPass)
   std::string last_saved_dir_;
 
   // ASYNC: the open round as the watcher thread last saw it (0 = none), and the watcher's own

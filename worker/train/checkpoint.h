@@ -91,6 +91,7 @@ absl::StatusOr<std::optional<std::string>> RestoreOrWarmStart(
 //   - Requested(step) at every step boundary, after `step` steps (it must be cheap);
 //   - StopStep(step) at a step boundary once the stop flag is raised (SIGTERM): the trainer
 //     trains on until the step it returns (a synchronous job must stop at one common step);
+//   - EndPass(step) on the chief when early stopping decides to end the pass (below);
 //   - Save(state, final) at a step boundary when
 //       (a) options.chief and the checkpoint schedule (every_steps / every_seconds) says so,
 //       (b) Requested(step) returned true (another worker asked for a checkpoint),
@@ -109,6 +110,16 @@ class Checkpointer {
   virtual absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) = 0;
   virtual bool Requested(int64_t /*step*/) { return false; }
   virtual absl::StatusOr<int64_t> StopStep(int64_t step) { return step; }
+  // The chief's early stopping ends the job's training pass after `step` steps
+  // (train.early_stopping). true: the implementation stops every worker at one common point, as
+  // a stop signal does (it raises the stop flag the trainers watch, or has the job's next
+  // stopping checkpoint round do so), and PassEnded() is then true on every worker; false (one
+  // worker, the default): the trainer stops at its next step boundary by itself.
+  virtual absl::StatusOr<bool> EndPass(int64_t /*step*/) { return false; }
+  // Whether the stop this worker saw ends the job's training pass (the chief's EndPass): the
+  // worker then ends as at the end of its input (final checkpoint, pass end), not as after
+  // SIGTERM.
+  virtual bool PassEnded() const { return false; }
   // Returns the checkpoint directory written ("" if this worker does not know it).
   virtual absl::StatusOr<std::string> Save(const WorkerState& state, bool final) = 0;
 };

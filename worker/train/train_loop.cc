@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -34,10 +35,13 @@ TrainLoop::TrainLoop(const Parts& parts)
       eval_every_(config_.train().eval_every_steps()),
       ckpt_every_(config_.checkpoint().every_steps()),
       ckpt_seconds_(config_.checkpoint().every_seconds()),
-      have_eval_(opts_.chief && config_.data().eval_size() > 0),
+      have_eval_(opts_.chief && HasPeriodicEvalData(config_.data())),
+      keep_best_(have_eval_ && config_.checkpoint().keep_best()),
       background_(config_, spec_, model_, params_, /*threads=*/1) {}
 
-bool TrainLoop::Stopped() const { return opts_.stop != nullptr && opts_.stop->load(); }
+bool TrainLoop::Stopped() const {
+  return end_pass_local_ || (opts_.stop != nullptr && opts_.stop->load());
+}
 
 absl::Status TrainLoop::Resume() {
   ASSIGN_OR_RETURN(const DataSpec now, ResolveDataSpec(config_.data()));
@@ -75,6 +79,12 @@ absl::Status TrainLoop::Resume() {
     restored_.clear_position();  // a new pass reads its data from the start
   }
   nothing_to_do_ = pass.action == PassAction::kNothing;
+  if (have_eval_ && (config_.train().has_early_stopping() || keep_best_)) {
+    // A resumed pass goes on counting its patience; a new pass starts afresh.
+    stopper_.emplace(config_.train().early_stopping(),
+                     pass.action == PassAction::kResume ? restored_.early_stopping()
+                                                        : EarlyStoppingState());
+  }
   if (!pass.message.empty()) progress_->Message(pass.message);
   const ThreadConfig& t = config_.threads();
   const int T = t.towers(), B = config_.train().batch_size();
@@ -135,7 +145,10 @@ absl::StatusOr<TrainLoop::Boundary> TrainLoop::AtBoundary(bool stop) {
       ASSIGN_OR_RETURN(stop_at, checkpointer_->StopStep(step_));
     }
     if (step_ >= stop_at) {
-      summary_.preempted = true;
+      // The chief's early stopping ends the pass; a signal preempts it.
+      summary_.stopped_early =
+          end_pass_local_ || (checkpointer_ != nullptr && checkpointer_->PassEnded());
+      summary_.preempted = !summary_.stopped_early;
       return Boundary::kEnd;
     }
   }
@@ -201,7 +214,7 @@ absl::Status TrainLoop::RunStep() {
     loss_since_log_ = 0;
   }
   RETURN_IF_ERROR(DrainEval());
-  if (have_eval_ && eval_every_ > 0 && step_ % eval_every_ == 0) {
+  if (have_eval_ && !keep_best_ && eval_every_ > 0 && step_ % eval_every_ == 0) {
     // The evaluation should see this step's update.
     RETURN_IF_ERROR(step_runner_->Flush());
     background_.Start(step_);
@@ -217,6 +230,12 @@ absl::Status TrainLoop::Checkpoint(bool final) {
   // Every push completes, and the pipeline's position is right after the last trained batch
   // (there is no read-ahead batch at a checkpoint).
   RETURN_IF_ERROR(step_runner_->Flush());
+  if (keep_best_) {
+    // The running evaluation's checkpoint may be the best: know it before this commit's
+    // retention could remove it.
+    background_.Wait();
+    RETURN_IF_ERROR(DrainEval(/*may_stop=*/!final));
+  }
   WorkerState ws;
   ws.set_step(step_);
   ws.set_examples(examples_);
@@ -226,7 +245,11 @@ absl::Status TrainLoop::Checkpoint(bool final) {
   ws.set_max_steps_reached(final && max_steps_ > 0 && step_ - pass_first_step_ >= max_steps_);
   ws.set_pass_first_step(pass_first_step_);
   ws.set_pass_first_examples(pass_first_examples_);
+  if (stopper_) *ws.mutable_early_stopping() = stopper_->state();
   ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
+  if (!dir.empty() && keep_best_ && !final && !Stopped() && background_.Start(step_)) {
+    eval_checkpoint_ = dir;
+  }
   if (!dir.empty()) {
     summary_.checkpoint = dir;
     last_checkpoint_ = dir;
@@ -238,11 +261,43 @@ absl::Status TrainLoop::Checkpoint(bool final) {
   return absl::OkStatus();
 }
 
-absl::Status TrainLoop::DrainEval() {
+absl::Status TrainLoop::DrainEval(bool may_stop) {
   if (auto r = background_.Take()) {
     if (!r->ok()) return Annotate(r->status(), "evaluation");
     progress_->Eval((*r)->step, (*r)->auc, (*r)->logloss, (*r)->examples, false);
+    RETURN_IF_ERROR(ObserveEval(**r, may_stop));
   }
+  return absl::OkStatus();
+}
+
+absl::Status TrainLoop::ObserveEval(const EvalResult& result, bool may_stop) {
+  const std::string evaluated = std::exchange(eval_checkpoint_, "");
+  if (!stopper_) return absl::OkStatus();
+  const EarlyStopper::Outcome out = stopper_->Observe(result);
+  if (out.improved && !evaluated.empty()) {
+    const size_t slash = evaluated.rfind('/');
+    const std::string root = slash == std::string::npos ? "." : evaluated.substr(0, slash);
+    const std::optional<int64_t> step = ParseCheckpointName(evaluated.substr(slash + 1));
+    PSTRAIN_CHECK(step.has_value()) << "not a checkpoint directory: " << evaluated;
+    RETURN_IF_ERROR(Annotate(WriteBest(root, *step), "marking the best checkpoint"));
+    summary_.best_checkpoint = evaluated;
+    progress_->Message(absl::StrFormat("best checkpoint: %s (%s %.6f at step %d)", evaluated,
+                                       stopper_->metric_name(), stopper_->Value(result),
+                                       result.step));
+  }
+  if (!out.stop || !may_stop || end_pass_asked_) return absl::OkStatus();
+  const EarlyStoppingState& st = stopper_->state();
+  progress_->Message(absl::StrFormat(
+      "early stopping at step %d: %s has not improved by more than %g in %d evaluations (best "
+      "%.6f at step %d); ending the training pass",
+      step_, stopper_->metric_name(), config_.train().early_stopping().min_delta(),
+      st.evals_since_best(), st.best(), st.best_step()));
+  end_pass_asked_ = true;
+  bool handled = false;
+  if (checkpointer_ != nullptr) {
+    ASSIGN_OR_RETURN(handled, checkpointer_->EndPass(step_));
+  }
+  end_pass_local_ = !handled;
   return absl::OkStatus();
 }
 
@@ -264,7 +319,12 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
   RETURN_IF_ERROR(step_runner_->Flush());
   const double train_seconds = Now() - t_start_;
   background_.Wait();
-  RETURN_IF_ERROR(DrainEval());
+  RETURN_IF_ERROR(DrainEval(/*may_stop=*/false));
+  if (stopper_ && stopper_->state().evals() > 0) {
+    summary_.early_stopping_metric = stopper_->metric_name();
+    summary_.best_value = stopper_->state().best();
+    summary_.best_step = stopper_->state().best_step();
+  }
 
   summary_.steps = step_ - pass_first_step_;
   summary_.pass_first_step = pass_first_step_;
@@ -286,7 +346,9 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
     // A PS worker's final state is committed by the job's chief once every worker is done
     // (worker/ps_client/ps_checkpoint.h): no path to name here.
     progress_->Message(absl::StrCat(
-        summary_.preempted ? "stopped by SIGTERM; " : "",
+        summary_.preempted        ? "stopped by SIGTERM; "
+        : summary_.stopped_early ? "stopped early; "
+                                 : "",
         summary_.checkpoint.empty() ? "final state handed to the job's checkpoint (the chief "
                                       "commits it)"
                                     : absl::StrCat("checkpoint written: ", summary_.checkpoint)));

@@ -23,6 +23,16 @@
 // checkpoint, and Checkpoint refuses from then on. LATEST keeps naming the last checkpoint
 // written before the divergence; a resume starts from it.
 //
+// Early stopping and the best checkpoint (train.early_stopping, checkpoint.keep_best; the chief
+// only, worker/train/early_stopping.h). Each periodic evaluation's result, taken at a step
+// boundary, goes to the EarlyStopper. When it says stop, the chief asks the checkpointer to end
+// the pass (Checkpointer::EndPass): every worker then stops at one common point and ends as at
+// the end of its input (summary().stopped_early), with the final checkpoint and the pass's end.
+// With keep_best, the chief evaluates after every checkpoint it writes (not every
+// eval_every_steps), and an evaluation that improves names that checkpoint in <dir>/BEST; before
+// the next checkpoint it waits for the running evaluation, so that the candidate is still there
+// (retention runs only in a commit) when its result is known.
+//
 // Memory: two batches (the one training and the one read ahead), TrainStep's buffers and the
 // pipeline's prefetch queue. Threading: not thread-safe; the trainer thread calls Resume, Run and
 // Finish, in that order, once each. The background evaluator runs on its own thread.
@@ -30,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -41,6 +52,7 @@
 #include "worker/model/model.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/early_stopping.h"
 #include "worker/train/progress.h"
 #include "worker/train/train_step.h"
 #include "worker/train/trainer.h"
@@ -112,7 +124,10 @@ class TrainLoop {
   absl::Status RunStep();
   // Flushes the pushes and saves the worker's state (refused after a divergence).
   absl::Status Checkpoint(bool final);
-  absl::Status DrainEval();
+  // Takes a finished evaluation's result: logs it, feeds the EarlyStopper (marks BEST; with
+  // `may_stop`, ends the pass when patience runs out).
+  absl::Status DrainEval(bool may_stop = true);
+  absl::Status ObserveEval(const EvalResult& result, bool may_stop);
   // The divergence error of step step_ with `loss`; remembered, so that nothing is saved after.
   absl::Status Diverged(double loss);
 
@@ -127,6 +142,7 @@ class TrainLoop {
   const int64_t max_steps_, log_every_, eval_every_, ckpt_every_;
   const double ckpt_seconds_;
   const bool have_eval_;  // the chief with an eval channel evaluates
+  const bool keep_best_;  // the chief evaluates each checkpoint and marks the best
 
   WorkerState restored_;  // the state resumed from (empty for a fresh start)
   // The pass this run trains: the data it reads, where it began, whether it had finished.
@@ -145,6 +161,12 @@ class TrainLoop {
   bool checkpoint_owed_ = false;  // a checkpoint is due at the next boundary without read-ahead
   bool stop_seen_ = false;        // a stop was seen: no more reading ahead
   absl::Status diverged_;         // set by Diverged: no checkpoint after it
+  // Early stopping (the chief with early_stopping or keep_best): the bookkeeping, whether the
+  // pass end was asked for, and whether this trainer stops by itself (Checkpointer::EndPass
+  // returned false).
+  std::optional<EarlyStopper> stopper_;
+  bool end_pass_asked_ = false, end_pass_local_ = false;
+  std::string eval_checkpoint_;  // keep_best: the checkpoint the running evaluation evaluates
 
   int64_t step_ = 0, examples_ = 0, first_step_ = 0;
   int64_t unique_rows_ = 0;  // this run's steps only (not restored)

@@ -62,6 +62,15 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
     }
     j.Add("restarts", static_cast<int64_t>(s.restart_log.size())).AddRaw("restart_log", list + "]");
   }
+  if (config.train().has_early_stopping() || config.checkpoint().keep_best()) {
+    j.Add("stopped_early", s.stopped_early);
+    if (!s.early_stopping_metric.empty()) {
+      j.Add("best_metric", s.early_stopping_metric)
+          .Add("best_value", s.best_value)
+          .Add("best_step", s.best_step);
+    }
+    if (!s.best_checkpoint.empty()) j.Add("best_checkpoint", s.best_checkpoint);
+  }
   return WriteFileAtomic(path, j.str() + "\n");
 }
 
@@ -158,7 +167,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (opts.chief && !summary.preempted && summary.examples == 0) {
     return NoExamplesError(loop.pass_spec());
   }
-  if (opts.chief && config.data().eval_size() > 0 && !summary.preempted) {
+  if (opts.chief && HasPeriodicEvalData(config.data()) && !summary.preempted) {
     ASSIGN_OR_RETURN(EvalResult e, Evaluate(config, spec, *model, params, step, T * I));
     summary.test_auc = e.auc;
     summary.test_logloss = e.logloss;

@@ -39,6 +39,15 @@ struct TrainSummary {
   int row_dim = 0;
   int64_t dense_params = 0;
   bool preempted = false;  // stopped by SIGTERM after writing a checkpoint
+  // train.early_stopping ended the pass (every worker; the pass is finished, not preempted).
+  bool stopped_early = false;
+  // The chief's periodic evaluations by train.early_stopping.metric (when there was one): the
+  // best value, the step of its evaluation, and with checkpoint.keep_best the checkpoint marked
+  // BEST by this run ("" if none).
+  std::string early_stopping_metric;
+  double best_value = 0;
+  int64_t best_step = 0;
+  std::string best_checkpoint;
   std::string checkpoint;  // path of the last checkpoint written, if any
   // PS training: steps ahead of the slowest worker seen by the training pulls (PsClient
   // staleness), over all workers. Written to summary.json when staleness_pulls > 0.

@@ -918,3 +918,74 @@ TEST(OptionsFromConfig, TrainShufflesEvalDoesNot) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// The validation split (data.validation_fraction): the training part and the held-out part
+// partition the records, the same under any sharding, shuffle and epoch, and a training pipeline
+// restored from a position mid-epoch delivers exactly what the uninterrupted one would have.
+TEST_F(PipelineTest, ValidationSplitPartitionsTheRecordsAndSurvivesAResume) {
+  const std::vector<int> all = Sorted(WriteFiles("v", {300, 250, 450}));
+  PipelineOptions held = Options({MakeChannel("train", dir_ + "/v")});
+  held.batch_size = 64;
+  held.validation_fraction = 0.2;
+  held.validation_part = true;
+  const std::vector<int> validation = Sorted(Flatten(RunAll(held)));
+  // About a fifth is held out (1000 records: well inside 0.2 +- 0.05).
+  EXPECT_GT(validation.size(), 150u);
+  EXPECT_LT(validation.size(), 250u);
+
+  for (bool shuffle : {false, true}) {
+    for (int shards : {1, 3}) {
+      SCOPED_TRACE(absl::StrCat("shuffle ", shuffle, " shards ", shards));
+      std::vector<int> trained;
+      for (int s = 0; s < shards; ++s) {
+        PipelineOptions o = Options({MakeChannel("train", dir_ + "/v", SHARD_BY_RECORD)});
+        o.batch_size = 32;
+        o.epochs = 2;
+        o.shuffle_files = shuffle;
+        o.shuffle_buffer = shuffle ? 50 : 0;
+        o.shard_index = s;
+        o.num_shards = shards;
+        o.validation_fraction = 0.2;
+        const std::vector<Delivered> got = RunAll(o);
+        for (int64_t epoch : {0, 1}) {
+          const std::vector<int> e = Flatten(got, epoch);
+          if (epoch == 0) trained.insert(trained.end(), e.begin(), e.end());
+        }
+      }
+      std::vector<int> both = Sorted(trained);
+      both.insert(both.end(), validation.begin(), validation.end());
+      EXPECT_EQ(Sorted(both), all);  // disjoint, and together every record once
+    }
+  }
+
+  // Resume mid-epoch: the training part after the position is the uninterrupted run's.
+  PipelineOptions o = Options({MakeChannel("train", dir_ + "/v")});
+  o.batch_size = 32;
+  o.epochs = 2;
+  o.shuffle_buffer = 40;
+  o.validation_fraction = 0.2;
+  const std::vector<Delivered> whole = RunAll(o);
+  std::vector<Delivered> first;
+  PipelinePosition pos;
+  {
+    auto p = MustCreate(o);
+    ASSERT_NE(p, nullptr);
+    ASSERT_TRUE(Drain(p.get(), &first, 11).ok());
+    pos = p->position();
+  }
+  PipelineOptions r = o;
+  r.start = pos;
+  std::vector<Delivered> rest = RunAll(r);
+  first.insert(first.end(), rest.begin(), rest.end());
+  EXPECT_EQ(first, whole);
+
+  // Out of range: refused.
+  o.validation_fraction = 1;
+  EXPECT_EQ(Pipeline::Create(o, spec_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain
