@@ -279,6 +279,11 @@ absl::StatusOr<int64_t> ReadBest(const std::string& dir) {
   return ReadPointer(dir, kBestFileName);
 }
 
+std::string LatestPathOr(const std::string& dir, const std::string& none) {
+  absl::StatusOr<int64_t> latest = ReadLatest(dir);
+  return latest.ok() ? CheckpointPath(dir, *latest) : none;
+}
+
 std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir) {
   std::vector<CheckpointEntry> out;
   DIR* d = opendir(dir.c_str());

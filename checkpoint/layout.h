@@ -115,6 +115,9 @@ absl::Status WriteLatest(const std::string& dir, int64_t step);
 // The step <dir>/LATEST names. NOT_FOUND when there is none; DATA_LOSS naming the file when it
 // holds anything else than a checkpoint name (surrounding whitespace aside).
 absl::StatusOr<int64_t> ReadLatest(const std::string& dir);
+// The path LATEST names (what a restart resumes from), or `none` when LATEST is missing or bad:
+// for messages.
+std::string LatestPathOr(const std::string& dir, const std::string& none);
 
 // ---- BEST (checkpoint.keep_best; docs/CHECKPOINT.md "The best checkpoint") ----
 

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status.h"
@@ -219,6 +220,24 @@ absl::StatusOr<std::vector<std::string>> ShardByRecordWhenTooFewFiles(Config* co
         "].shard_policy to choose)"));
   }
   return notes;
+}
+
+std::vector<std::string> ForwardedArgs(int argc, char** argv, const std::vector<std::string>& own) {
+  std::vector<std::string> out;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    bool skip = false;
+    for (const std::string& name : own) {
+      if (a == "--" + name) {
+        skip = true;
+        ++i;  // its value
+      } else if (absl::StartsWith(a, "--" + name + "=")) {
+        skip = true;
+      }
+    }
+    if (!skip) out.push_back(a);
+  }
+  return out;
 }
 
 std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,

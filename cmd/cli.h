@@ -70,6 +70,11 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags);
 // channels, hyperparameters; `train` refuses a multi-host job), builds *config. Returns the
 // exit code when the command should stop here (0 after --help, 2 after an error printed as
 // "pstrain <command>: <message>"), nullopt to go on.
+// A command's arguments argv[2..] for a child process it starts (`local` its hosts, `host` its
+// supervised worker), without the flags named in `own` ("--name value" or "--name=value": each
+// must take a value).
+std::vector<std::string> ForwardedArgs(int argc, char** argv, const std::vector<std::string>& own);
+
 std::optional<int> ParseTrainingCommand(const char* command, int argc, char** argv,
                                         FlagSet* flags, const TrainingFlags& training,
                                         Config* config);

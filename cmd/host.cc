@@ -15,8 +15,10 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/cluster_security.h"
@@ -27,6 +29,7 @@
 #include "cmd/sagemaker.h"
 #include "cmd/served_shard.h"
 #include "cmd/stop_signal.h"
+#include "cmd/worker_supervisor.h"
 #include "common/file.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -42,6 +45,12 @@ namespace {
 // Exit code of a host whose shard could not listen on its port (`pstrain local` then retries
 // the whole cluster on fresh ports).
 constexpr int kExitCannotListen = 3;
+
+// The flags of `pstrain host` that its supervised `pstrain worker` does not take (the metrics
+// endpoint stays with the host's shard).
+const std::vector<std::string> kHostOnlyFlags = {
+    "cluster", "index", "resource_config", "default_port", "bind", "ps_threads", "max_restarts",
+    "metrics_port", "metrics_bind"};
 
 }  // namespace
 
@@ -62,7 +71,12 @@ int RunHost(int argc, char** argv) {
   std::string cluster, bind = "127.0.0.1", resource_config = SageMakerPath(kSageMakerResourceConfig);
   int default_port = kDefaultPsPort;
   int index = -1, ps_threads = 1, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
-  int stop_grace_s = 300;
+  int stop_grace_s = 300, max_restarts = 0;
+  flags.Int("max_restarts", &max_restarts,
+            "ASYNC: run the worker as a child process and restart it up to this many times when "
+            "it dies, while the shard (and the other hosts) go on; it resumes from the job's "
+            "last checkpoint (docs/PS.md \"Recovery\"). BOUNDED / SYNC cannot wait for a "
+            "restarted worker: there the worker runs in this process and its failure ends the host");
   flags.String("cluster", &cluster, "PS shard addresses host:port of hosts 0..N-1, comma-separated");
   flags.Int("index", &index, "this host's index in --cluster (-1 = from the environment)");
   flags.String("resource_config", &resource_config,
@@ -158,28 +172,55 @@ int RunHost(int argc, char** argv) {
   wo.barrier_timeout = absl::Seconds(barrier_timeout_s);
   if (*choice) wo.restored = **choice;
   wo.stop = &signals.stop;
+  wo.on_failure = [](const absl::Status& why) { ExitSoonAfterFailure("host", why); };
   wo.training = &signals.served;
   wo.local_shard = me;
   ServedShard served(server->get());
   wo.local_server = &served;
   wo.security = *security;
   wo.worker_hosts = spec->hosts;
-  auto summary = RunPsWorker(config, wo);
-  if (!summary.ok()) {
-    (*server)->Shutdown(absl::Seconds(1));
-    return fail(summary.status().ToString(), 1);
-  }
-  if (summary->preempted) {
-    std::fprintf(stderr,
-                 "pstrain host: host %d stopped by a signal at step %lld; checkpoint %s; run the "
-                 "same command to resume\n",
-                 me, static_cast<long long>(summary->steps),
-                 summary->checkpoint.empty() ? "(written by the chief)"
-                                             : summary->checkpoint.c_str());
+  ShardRpc shard_zero(spec->hosts[0], *security);
+  bool preempted = false;
+  if (max_restarts > 0 && config.cluster().consistency() == ASYNC) {
+    // The worker as a supervised child process (cmd/worker_supervisor.h): the shard stays up
+    // while a dead worker is restarted. Its calls to this shard go over loopback TCP.
+    std::vector<std::string> args = ForwardedArgs(argc, argv, kHostOnlyFlags);
+    args.push_back("--ps=" + absl::StrJoin(spec->hosts, ","));
+    args.push_back(absl::StrCat("--index=", me));
+    args.push_back(absl::StrCat("--num_workers=", N));
+    args.push_back("--log_dir_prefix=host");
+    if (!Succeeded(SuperviseWorker("host", me, max_restarts, args, JobCheckpointDir(config),
+                                   &signals, &shard_zero))) {
+      (*server)->Shutdown(absl::Seconds(1));
+      return fail(absl::StrCat("host ", me, ": its worker failed; last good checkpoint: ",
+                               LatestPathOr(JobCheckpointDir(config), "none")),
+                  1);
+    }
+    preempted = signals.stop.load();
+  } else {
+    if (max_restarts > 0) {
+      PSTRAIN_LOG(INFO) << "host " << me << ": --max_restarts restarts the worker in ASYNC only: "
+                        << Consistency_Name(config.cluster().consistency())
+                        << " cannot wait for a restarted worker (its failure ends this host; "
+                        << "`pstrain local --max_restarts` restarts the whole job)";
+    }
+    auto summary = RunPsWorker(config, wo);
+    if (!summary.ok()) {
+      (*server)->Shutdown(absl::Seconds(1));
+      return fail(summary.status().ToString(), 1);
+    }
+    preempted = summary->preempted;
+    if (preempted) {
+      std::fprintf(stderr,
+                   "pstrain host: host %d stopped by a signal at step %lld; checkpoint %s; run "
+                   "the same command to resume\n",
+                   me, static_cast<long long>(summary->steps),
+                   summary->checkpoint.empty() ? "(written by the chief)"
+                                               : summary->checkpoint.c_str());
+    }
   }
 
   // Keep every shard up until no worker needs it: the chief's evaluation reads them all.
-  ShardRpc shard_zero(spec->hosts[0], *security);
   ReportRequest seen;
   seen.set_worker_id(me);
   seen.set_phase(FINISH_SEEN);
@@ -191,16 +232,20 @@ int RunHost(int argc, char** argv) {
     }
   } else {
     // A preempted host has seen its checkpoint written; the chief waits for this report.
-    auto finished = summary->preempted
+    auto finished = preempted
                         ? absl::StatusOr<InfoResponse>(InfoResponse())
                         : shard_zero.WaitForInfo(
                               [](const InfoResponse& i) { return i.job_finished(); },
                               absl::Seconds(barrier_timeout_s),
                               "the end of the job (the chief's evaluation; see "
-                              "--barrier_timeout_s)");
+                              "--barrier_timeout_s)",
+                              // Shard 0 down or cut off: it counts this host as lost.
+                              absl::Milliseconds(config.cluster().lease_ms()));
     if (!finished.ok()) {
       (*server)->Shutdown(absl::Seconds(1));
-      return fail(finished.status().ToString(), 1);
+      return fail(absl::StrCat(finished.status().ToString(), "; last good checkpoint: ",
+                               LatestPathOr(JobCheckpointDir(config), "none")),
+                  1);
     }
     if (!finished->job_error().empty()) {
       (*server)->Shutdown(absl::Seconds(1));

@@ -233,8 +233,9 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
   return 0;
 }
 
-// summary.json gets "restarts" (how many times the job was restarted) and "restart_log" (why,
-// and from which checkpoint).
+// summary.json gets "restarts" and "restart_log" (why, and from which checkpoint): the chief
+// wrote its workers' restarts by their hosts there (cmd/worker_supervisor.h); the restarts of the
+// whole job are added to them.
 void AddRestartsToSummary(const std::string& model_dir, int restarts,
                           const std::vector<std::string>& log) {
   const std::string path = model_dir + "/summary.json";
@@ -245,7 +246,8 @@ void AddRestartsToSummary(const std::string& model_dir, int restarts,
                  path.c_str());
     return;
   }
-  (*summary.mutable_fields())["restarts"].set_number_value(restarts);
+  auto& count = (*summary.mutable_fields())["restarts"];
+  count.set_number_value(count.number_value() + restarts);
   auto* list = (*summary.mutable_fields())["restart_log"].mutable_list_value();
   for (const std::string& line : log) list->add_values()->set_string_value(line);
   std::string json;
@@ -316,20 +318,11 @@ int RunLocal(int argc, char** argv) {
     return 2;
   }
   // Forward every flag but the launcher's own.
-  std::vector<std::string> base_args;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    bool own = false;
-    for (const char* name : {"--hosts", "--kill_timeout_s", "--max_restarts", "--metrics_port"}) {
-      if (a == name) {
-        own = true;
-        ++i;  // its value
-      } else if (absl::StartsWith(a, std::string(name) + "=")) {
-        own = true;
-      }
-    }
-    if (!own) base_args.push_back(a);
-  }
+  std::vector<std::string> base_args =
+      ForwardedArgs(argc, argv, {"hosts", "kill_timeout_s", "max_restarts", "metrics_port"});
+  // ASYNC: each host restarts its own dead worker while the others train on (docs/PS.md
+  // "Recovery"); a dead host (its shard) restarts the whole job here.
+  if (max_restarts > 0) base_args.push_back(absl::StrCat("--max_restarts=", max_restarts));
   // Fewer train files than hosts (Kaggle's train.txt is one file): record sharding.
   {
     Config sharded = config;
@@ -392,9 +385,7 @@ int RunLocal(int argc, char** argv) {
       break;
     }
     ++restarts;
-    auto latest = ReadLatest(JobCheckpointDir(config));
-    const std::string from =
-        latest.ok() ? CheckpointPath(JobCheckpointDir(config), *latest) : "the beginning";
+    const std::string from = LatestPathOr(JobCheckpointDir(config), "the beginning");
     restart_log.push_back(absl::StrCat(outcome.failure, "; restarted from ", from));
     std::fprintf(stderr, "pstrain local: %s; restart %d of %d: the job resumes from %s\n",
                  outcome.failure.c_str(), restarts, max_restarts, from.c_str());

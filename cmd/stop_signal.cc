@@ -3,7 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace pstrain {
 namespace {
@@ -26,6 +31,7 @@ void OnStopSignal(int sig) {
     raise(sig);
     return;
   }
+  if (const int child = g_signals.forward_to.load(); child > 0) kill(child, SIGTERM);
   alarm(static_cast<unsigned>(g_grace_seconds.load()));
 }
 
@@ -43,5 +49,21 @@ StopSignals& InstallStopSignals() {
 }
 
 void SetStopGrace(int seconds) { g_grace_seconds = seconds < 1 ? 1 : seconds; }
+
+void ExitWithin(absl::Duration limit, int code, std::string message) {
+  std::thread([limit, code, message = std::move(message)] {
+    absl::Notification never;  // a deadline, not a poll: nothing notifies it
+    never.WaitForNotificationWithTimeout(limit);
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    _exit(code);
+  }).detach();
+}
+
+void ExitSoonAfterFailure(const char* command, const absl::Status& why) {
+  ExitWithin(kFailedExitLimit, 1,
+             absl::StrCat("pstrain ", command, ": ", why.message(), " (the process had not ended ",
+                          absl::FormatDuration(kFailedExitLimit), " after it: exiting)"));
+}
 
 }  // namespace pstrain

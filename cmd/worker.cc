@@ -2,7 +2,9 @@
 // (`pstrain ps`, one per PS host, or the shards of `pstrain host` processes). It trains its share
 // of the data against all the shards; worker 0 is the chief (checkpoints, evaluation,
 // summary.json). docs/PS.md "Separate PS and worker processes".
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,8 +19,10 @@
 #include "cmd/ps_setup.h"
 #include "cmd/launcher.h"
 #include "cmd/stop_signal.h"
+#include "cmd/worker_supervisor.h"
 #include "common/flags.h"
 #include "worker/ps_client/ps_worker.h"
+#include "worker/ps_client/shard_rpc.h"
 
 namespace pstrain {
 int RunWorker(int argc, char** argv) {
@@ -37,7 +41,15 @@ int RunWorker(int argc, char** argv) {
   AddTrainingFlags(&flags, &tf);
   std::string ps;
   int index = -1, num_workers = 0, connect_timeout_s = 120, barrier_timeout_s = 3600, cores = 0;
-  int stop_grace_s = 300;
+  int stop_grace_s = 300, max_restarts = 0;
+  std::string log_dir_prefix = "worker";
+  flags.Int("max_restarts", &max_restarts,
+            "ASYNC: run the worker as a child process and restart it up to this many times when "
+            "it dies (as torchrun's agent); it resumes from the job's last checkpoint and rejoins "
+            "while the other workers train on (docs/PS.md \"Recovery\")");
+  flags.String("log_dir_prefix", &log_dir_prefix,
+               "worker j > 0 logs to <model_dir>/<log_dir_prefix>-<j>/ (`pstrain host` passes "
+               "\"host\" for the worker it supervises)");
   flags.Int("stop_grace_s", &stop_grace_s,
             "after SIGTERM / SIGINT, seconds the worker may take to checkpoint and stop before it "
             "exits anyway (code 124)");
@@ -95,7 +107,10 @@ int RunWorker(int argc, char** argv) {
   wo.index = index;
   wo.num_workers = num_workers;
   wo.shards = absl::StrSplit(ps, ',');
-  wo.log_dir_prefix = "worker";
+  wo.log_dir_prefix = log_dir_prefix;
+  if (const char* log = std::getenv(kRestartLogEnv); log != nullptr) {
+    wo.restart_log = absl::StrSplit(log, '\n', absl::SkipEmpty());
+  }
   wo.cores = cores;
   wo.omp_num_threads = Launch().omp_num_threads;
   wo.connect_timeout = absl::Seconds(connect_timeout_s);
@@ -105,7 +120,17 @@ int RunWorker(int argc, char** argv) {
   SetStopGrace(stop_grace_s);
   StopSignals& signals = InstallStopSignals();
   signals.served = true;  // a stop while connecting is served at the first step boundary
+  if (max_restarts > 0 && config.cluster().consistency() == ASYNC) {
+    // This process becomes the worker's agent: the worker runs (and is restarted) as its child.
+    ShardRpc shard_zero(wo.shards[0], *security);
+    const WorkerSupervisor::Result run = SuperviseWorker(
+        "worker", index, max_restarts,
+        ForwardedArgs(argc, argv, {"max_restarts", "metrics_port", "metrics_bind"}),
+        JobCheckpointDir(config), &signals, &shard_zero);
+    return Succeeded(run) ? 0 : 1;
+  }
   wo.stop = &signals.stop;
+  wo.on_failure = [](const absl::Status& why) { ExitSoonAfterFailure("worker", why); };
   wo.training = &signals.served;
   auto summary = RunPsWorker(config, wo);
   if (!summary.ok()) return fail(summary.status().ToString(), 1);

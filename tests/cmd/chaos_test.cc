@@ -11,9 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,7 +29,7 @@ namespace pstrain {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::PidsMentioning;
+using testing::Cmdline;
 using testing::ProcessesMentioning;
 using testing::RunToExit;
 using testing::ReadSummary;
@@ -43,25 +41,9 @@ constexpr int kKills = 3;
 
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/chaos_", getpid()); }
 
-std::string Cmdline(int pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
-  std::stringstream s;
-  s << in.rdbuf();
-  std::string text = s.str();
-  for (char& c : text) c = c == '\0' ? ' ' : c;
-  return text;
-}
-
 // The `pstrain host` processes of the job in `model_dir` (not the launcher).
 std::vector<int> Hosts(const std::string& model_dir) {
-  std::vector<int> out;
-  for (int pid : PidsMentioning(model_dir)) {
-    const std::string cmd = Cmdline(pid);
-    if (cmd.find(" host ") != std::string::npos && cmd.find("--index=") != std::string::npos) {
-      out.push_back(pid);
-    }
-  }
-  return out;
+  return testing::JobProcesses(model_dir, " host ");
 }
 
 std::string Latest(const std::string& dir) {

@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <csignal>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,6 +105,31 @@ inline void RunLocalUntilSigterm(const std::vector<std::string>& args, int run_m
   const int status = local.WaitExit(120000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit";
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// /proc/<pid>/cmdline with spaces between the arguments ("" once the process is gone).
+inline std::string Cmdline(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string text = s.str();
+  for (char& c : text) c = c == '\0' ? ' ' : c;
+  return text;
+}
+
+// The processes of the job in `model_dir` running `pstrain <command>` (" host ", " worker ")
+// with --index=<index> (-1: any index), as `pstrain local` and `pstrain host` start them.
+inline std::vector<int> JobProcesses(const std::string& model_dir, const std::string& command,
+                                     int index = -1) {
+  std::vector<int> out;
+  for (int pid : PidsMentioning(model_dir)) {
+    const std::string cmd = Cmdline(pid);
+    const std::string want = index < 0 ? "--index=" : absl::StrCat("--index=", index, " ");
+    if (cmd.find(command) != std::string::npos && (cmd + " ").find(want) != std::string::npos) {
+      out.push_back(pid);
+    }
+  }
+  return out;
 }
 
 }  // namespace testing

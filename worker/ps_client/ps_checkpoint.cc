@@ -62,15 +62,18 @@ void PsCheckpointer::Fail(const std::string& why) {
   failed_ = true;
   const absl::Status status = FailureStatus();
   PSTRAIN_LOG(ERROR) << status.message();
-  // A trainer blocked in a pull or push (e.g. on the lost worker's shard) returns now.
+  if (opt_.on_failure) opt_.on_failure(status);
+  // A trainer blocked in a pull or push (e.g. on the lost worker's shard) returns now, and so
+  // does one in a checkpoint round's call (a shard's WRITE waits for the whole round's timeout):
+  // Save then returns FailureStatus().
   if (opt_.client != nullptr) opt_.client->Abort(status);
+  for (const std::unique_ptr<ShardRpc>& shard : shards_) shard->Cancel();
 }
 
 absl::Status PsCheckpointer::FailureStatus() const {
-  absl::StatusOr<int64_t> latest = ReadLatest(opt_.dir);
   return absl::FailedPreconditionError(absl::StrCat(
       "worker ", opt_.worker, " stops: ", failure(), "; last good checkpoint: ",
-      latest.ok() ? CheckpointPath(opt_.dir, *latest) : std::string("none"),
+      LatestPathOr(opt_.dir, "none"),
       " (run the same command to resume from it, or use --max_restarts)"));
 }
 
@@ -92,11 +95,16 @@ void PsCheckpointer::Watch() {
   // A third of the lease: a renewal is never further apart than that plus a round trip.
   const absl::Duration hold = std::min(absl::Seconds(10), opt_.lease / 3);
   absl::Time heard = absl::Now();
+  // The lease is armed by shard 0's first answer: before it, a slow start (shard 0's host still
+  // restoring, a loaded machine) is not a lost worker.
+  bool answered = false;
   bool job_finished = false;  // shard 0 said so: its going away is the end of the job
   while (true) {
-    absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, opt_.lease);
+    const absl::Duration limit = answered ? opt_.lease : std::max(opt_.lease, opt_.first_contact);
+    absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, limit);
     if (info.ok()) {
       heard = absl::Now();
+      answered = true;
       version = info->job_version();
       job_finished = info->job_finished();
       NoteJobHealth(*info);
@@ -107,10 +115,11 @@ void PsCheckpointer::Watch() {
     }
     if (info.status().code() == absl::StatusCode::kCancelled) return;
     const absl::Duration silent = absl::Now() - heard;
-    if (!job_finished && silent > opt_.lease) {
+    if (!job_finished && silent > limit) {
       Fail(absl::StrCat("shard 0 (", opt_.shards[0], ") not reached for ",
                         absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
-                        ", longer than the lease (", absl::FormatDuration(opt_.lease),
+                        answered ? ", longer than the lease (" : ", since this worker started (",
+                        absl::FormatDuration(limit),
                         "): this worker counts as lost (cut off, or shard 0 is down): ",
                         info.status().message()));
       return;
@@ -216,6 +225,13 @@ absl::StatusOr<bool> PsCheckpointer::EndPass(int64_t step) {
 }
 
 absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
+  absl::StatusOr<std::string> dir = SaveOrJoin(state, final);
+  // A call that Fail() cancelled says only that: the reason is the failure.
+  if (!dir.ok() && failed_.load()) return FailureStatus();
+  return dir;
+}
+
+absl::StatusOr<std::string> PsCheckpointer::SaveOrJoin(const WorkerState& state, bool final) {
   if (final) {
     final_state_ = state.SerializeAsString();
     return std::string();
@@ -281,8 +297,10 @@ absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool 
 }
 
 absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
-  ASSIGN_OR_RETURN(const int64_t round, Request(false, 0));
-  return RunRound(round);
+  absl::StatusOr<int64_t> round = Request(false, 0);
+  absl::StatusOr<std::string> dir = round.ok() ? RunRound(*round) : round.status();
+  if (!dir.ok() && failed_.load()) return FailureStatus();
+  return dir;
 }
 
 absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {

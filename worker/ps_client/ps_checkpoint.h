@@ -36,6 +36,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,8 +79,15 @@ class PsCheckpointer final : public Checkpointer {
     // at most a third of it, renews this worker's. Shard 0 not answering for longer than the
     // lease fails this worker (failure()): it has been counted lost.
     absl::Duration lease = absl::Seconds(30);
+    // The lease counts from shard 0's first answer to the watcher; until then (a busy shard 0
+    // at start-up, its peers still starting) the watcher waits up to this long for it.
+    absl::Duration first_contact = absl::Seconds(120);
     // Worker i's host, for messages (`pstrain host`: the cluster spec); empty = unknown.
     std::vector<std::string> worker_hosts;
+    // Called once, on the thread that found it, when this worker must stop (failure()), with
+    // FailureStatus(): the command bounds the process's remaining life with it (cmd/
+    // stop_signal.h ExitWithin). May be empty.
+    std::function<void(const absl::Status&)> on_failure;
   };
 
   explicit PsCheckpointer(Options options);
@@ -116,6 +124,8 @@ class PsCheckpointer final : public Checkpointer {
 
  private:
   bool chief() const { return opt_.worker == 0; }
+  // Save's work: the final state, a request for a round, or this worker's part in one.
+  absl::StatusOr<std::string> SaveOrJoin(const WorkerState& state, bool final);
   // BOUNDED / SYNC: every worker pauses at the round's target step, checked before every step.
   bool lockstep() const;
   int64_t TargetAfter(int64_t step) const;
@@ -134,8 +144,9 @@ class PsCheckpointer final : public Checkpointer {
   void Watch();
   // Notes what shard 0's job state says of lost workers and the job's failure.
   void NoteJobHealth(const InfoResponse& info);
-  // The first failure sticks: failure() becomes `why`, and the PS client's calls in flight end
-  // with FailureStatus() (a trainer blocked in a pull or push returns at once).
+  // The first failure sticks: failure() becomes `why`, the PS client's calls in flight end
+  // with FailureStatus() (a trainer blocked in a pull or push returns at once), and so do this
+  // checkpointer's calls to the shards (a round's waits and writes).
   void Fail(const std::string& why);
   // "worker 2 (host h2:2223)".
   std::string DescribeWorker(int worker) const;

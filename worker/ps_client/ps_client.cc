@@ -338,9 +338,9 @@ PsClient::~PsClient() {
   shutting_down_ = true;
   {
     absl::MutexLock lock(&mu_);
-    for (Call* call : calls_) call->Cancel();
     cv_.SignalAll();
   }
+  CancelCalls();
   timer_->Stop();
   {
     absl::MutexLock lock(&mu_);
@@ -436,8 +436,20 @@ void PsClient::Abort(absl::Status reason) {
     abort_ = std::move(reason);
   }
   aborting_ = true;
-  absl::MutexLock lock(&mu_);
-  for (Call* call : calls_) call->Cancel();
+  CancelCalls();
+}
+
+void PsClient::CancelCalls() {
+  // Cancelled outside mu_: a cancelled call may complete inline, on this thread, and its
+  // completion takes mu_ (Call::Finish). A call in calls_ is alive (its completion holds it and
+  // takes it off the list under mu_ first), so taking a reference under mu_ keeps it alive.
+  std::vector<std::shared_ptr<Call>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    live.reserve(calls_.size());
+    for (Call* call : calls_) live.push_back(call->shared_from_this());
+  }
+  for (const std::shared_ptr<Call>& call : live) call->Cancel();
 }
 
 absl::Status PsClient::aborted() const {

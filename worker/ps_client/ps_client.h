@@ -273,6 +273,8 @@ class PsClient final : public ParameterAccess {
   void PullPartDone(PullOp* op, int64_t staleness, absl::Status st);
   void PushOpPartDone(PushOp* op, absl::Status st);
   void NoteIncarnation(int shard, uint64_t incarnation);
+  // Cancels every call in progress (Abort, the destructor); never under mu_.
+  void CancelCalls() ABSL_LOCKS_EXCLUDED(mu_);
   void OpStarted();
   void OpFinished();
 

@@ -73,6 +73,8 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   ASSIGN_OR_RETURN(co.model, DescribeModel(config));
   co.security = security;
   co.lease = absl::Milliseconds(cc->lease_ms());
+  co.first_contact = o.connect_timeout;
+  co.on_failure = o.on_failure;
   co.worker_hosts = o.worker_hosts;
   PsCheckpointer checkpointer(std::move(co));
   const absl::Time t_start = absl::Now();
@@ -118,6 +120,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     done.set_staleness_sum(st.sum);
     done.set_worker_state(checkpointer.final_state());
     done.set_examples_this_run(summary->examples_this_run);
+    for (const std::string& line : o.restart_log) done.add_restart_log(line);
     RETURN_IF_ERROR(shard_zero.Report(done, o.barrier_timeout));
     if (!chief) return absl::OkStatus();
     PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
@@ -134,6 +137,8 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
       summary->staleness_pulls += r.training_pulls();
       summary->staleness_max = std::max(summary->staleness_max, r.staleness_max());
       staleness_sum += r.staleness_sum();
+      summary->restart_log.insert(summary->restart_log.end(), r.restart_log().begin(),
+                                  r.restart_log().end());
     }
     summary->staleness_mean = staleness_sum / std::max<int64_t>(1, summary->staleness_pulls);
     summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,11 @@ struct PsWorkerOptions {
   RpcSecurity security;
   // Worker i's host for messages (`pstrain host`: host i of the cluster spec), or empty.
   std::vector<std::string> worker_hosts;
+  // PsCheckpointer::Options::on_failure: this worker must stop (a lost peer, an unreachable
+  // shard 0, the job failed).
+  std::function<void(const absl::Status&)> on_failure;
+  // This worker's restarts so far (cmd/worker_supervisor.h), reported with TRAINING_DONE.
+  std::vector<std::string> restart_log;
 };
 
 // Runs the worker role. `config` is validated, with the job's model dir (this function derives

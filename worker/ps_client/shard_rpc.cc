@@ -163,19 +163,35 @@ absl::StatusOr<SaveShardResponse> ShardRpc::SaveShard(const SaveShardRequest& re
 
 absl::StatusOr<InfoResponse> ShardRpc::WaitForInfo(
     const std::function<bool(const InfoResponse&)>& done, absl::Duration timeout,
-    const std::string& what) {
+    const std::string& what, absl::Duration unreachable_after) {
   const absl::Time end = absl::Now() + timeout;
+  absl::Time heard = absl::Now();
   int64_t version = 0;  // job versions start at 1: the first call is answered at once
   while (true) {
     const absl::Duration left = end - absl::Now();
     if (left <= absl::ZeroDuration()) break;
     bool last = false;
-    const absl::Duration hold = HoldFor(left, &last);
-    absl::StatusOr<InfoResponse> info = WatchInfo(version, hold, left);
+    // Held at most a third of `unreachable_after`, so that a live shard answers well within it.
+    absl::Duration hold = HoldFor(left, &last);
+    if (hold > unreachable_after / 3) {
+      hold = unreachable_after / 3;
+      last = false;  // a shorter hold does not reach the end of the wait
+    }
+    absl::StatusOr<InfoResponse> info =
+        WatchInfo(version, hold, std::min(left, unreachable_after));
     if (!info.ok()) {
+      const absl::Duration silent = absl::Now() - heard;
+      if (silent > unreachable_after) {
+        return absl::UnavailableError(absl::StrCat(
+            "shard ", address_, " not reached for ",
+            absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
+            ", longer than ", absl::FormatDuration(unreachable_after), ", while waiting for ",
+            what, ": ", info.status().message()));
+      }
       if (info.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
       return info.status();
     }
+    heard = absl::Now();
     if (done(*info)) return info;
     if (!info->job_error().empty()) {
       return absl::AbortedError(absl::StrCat("waiting for ", what, ": the job failed: ",

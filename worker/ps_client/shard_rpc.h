@@ -56,9 +56,13 @@ class ShardRpc {
   absl::StatusOr<InfoResponse> WatchInfo(int64_t version, absl::Duration hold,
                                          absl::Duration timeout);
   // Long-polls Info until `done(info)` or `timeout`; DEADLINE_EXCEEDED with
-  // "shard <address>: <what> did not happen within <timeout>" then.
-  absl::StatusOr<InfoResponse> WaitForInfo(const std::function<bool(const InfoResponse&)>& done,
-                                           absl::Duration timeout, const std::string& what);
+  // "shard <address>: <what> did not happen within <timeout>" then. `unreachable_after` (e.g.
+  // the lease): when the shard has not answered for that long (since the wait began or its last
+  // answer), UNAVAILABLE "shard <address> not reached for <d> ... while waiting for <what>" at
+  // once, instead of waiting out `timeout` for a shard that is down or cut off.
+  absl::StatusOr<InfoResponse> WaitForInfo(
+      const std::function<bool(const InfoResponse&)>& done, absl::Duration timeout,
+      const std::string& what, absl::Duration unreachable_after = absl::InfiniteDuration());
   // Shard 0: long-polls Coordinate COLLECT until every worker 0..n-1 has a state in checkpoint
   // `round` (returns them by worker), or REPORTS until workers 0..n-1 all reported `phase`
   // (returns the reports by worker). DEADLINE_EXCEEDED naming the missing workers.

@@ -73,6 +73,14 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
   }
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   if (!s.memory.empty()) j.AddRaw("memory", MemoryJson(s.memory_per, s.memory));
+  if (!s.restart_log.empty()) {
+    std::string list = "[";
+    for (const std::string& line : s.restart_log) {
+      if (list.size() > 1) list += ", ";
+      JsonObject::Quote(line, &list);
+    }
+    j.Add("restarts", static_cast<int64_t>(s.restart_log.size())).AddRaw("restart_log", list + "]");
+  }
   if (config.train().has_early_stopping() || config.checkpoint().keep_best()) {
     j.Add("stopped_early", s.stopped_early);
     if (!s.early_stopping_metric.empty()) {

@@ -64,6 +64,9 @@ struct TrainSummary {
   // allreduce rank ("rank", each a full replica). summary.json "memory"; empty: omitted.
   std::string memory_per;
   std::vector<StoreMemory> memory;
+  // PS training: the workers' restarts by their hosts' supervisors (`--max_restarts`), one line
+  // each; written to summary.json as "restarts" and "restart_log" when there were any.
+  std::vector<std::string> restart_log;
 };
 
 struct TrainerOptions {

@@ -420,6 +420,32 @@ TEST(LongPoll, ShardRpcCancelEndsAWaitAtOnce) {
   EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
 }
 
+// A wait bounded by the lease (a host waiting for the end of the job): a live shard 0 answers
+// within it (its holds are shortened to a third of it), so the wait runs to its own end; a shard
+// 0 that is gone ends the wait once it has been silent for longer than the lease, naming it,
+// long before the wait's timeout.
+TEST(LongPoll, ShardRpcWaitEndsWhenTheShardIsSilentLongerThanTheLease) {
+  Shard0 job;
+  ShardRpc rpc(job.addresses[0]);
+  const absl::Duration lease = absl::Milliseconds(1500);
+  auto live = rpc.WaitForInfo([](const InfoResponse& i) { return i.job_finished(); },
+                              absl::Seconds(4), "the end of the job", lease);
+  EXPECT_EQ(live.status().code(), absl::StatusCode::kDeadlineExceeded) << live.status();
+  EXPECT_THAT(live.status().message(), HasSubstr("the end of the job did not happen within"));
+
+  job.s0().Shutdown(absl::Seconds(1));
+  const absl::Time start = absl::Now();
+  auto gone = rpc.WaitForInfo([](const InfoResponse& i) { return i.job_finished(); },
+                              absl::Seconds(120), "the end of the job", lease);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable) << gone.status();
+  EXPECT_THAT(gone.status().message(),
+              HasSubstr(absl::StrCat("shard ", job.addresses[0], " not reached for ")));
+  EXPECT_THAT(gone.status().message(), HasSubstr("while waiting for the end of the job"));
+  EXPECT_GE(took, lease);
+  EXPECT_LT(took, absl::Seconds(15));
+}
+
 // SYNC: shard 0's answer to a training pull carries its job state, also for a worker that has no
 // rows and no dense slice there; PsCheckpointer::Requested reads it, with no RPC.
 TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
