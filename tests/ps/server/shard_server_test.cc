@@ -105,6 +105,12 @@ struct Cluster {
     return std::move(c).value();
   }
   std::unique_ptr<PsClient> Client() const { return Client(ClientOptions()); }
+  // A client of worker `id` (of num_workers).
+  std::unique_ptr<PsClient> Worker(int id) const {
+    PsClient::Options o = ClientOptions();
+    o.worker_id = id;
+    return Client(std::move(o));
+  }
 
   Table table;
   std::vector<std::unique_ptr<ShardServer>> servers;
@@ -259,11 +265,8 @@ TEST(PsClient, PipelinedPullsAndPushesMatchLocalStoresAfterFlush) {
 TEST(PsClient, StaleDensePushesAreCountedAndTheirLearningRateScaled) {
   const Table t;
   Cluster cluster(2, t, SGD, "", /*num_workers=*/2, SCALE_DENSE_LR);
-  PsClient::Options oa = cluster.ClientOptions(), ob = cluster.ClientOptions();
-  oa.worker_id = 0;
-  ob.worker_id = 1;
-  auto a = cluster.Client(oa);
-  auto b = cluster.Client(ob);
+  auto a = cluster.Worker(0);
+  auto b = cluster.Worker(1);
   Rng rng(5);
   const std::vector<int64_t> ids = UniqueIds(&rng, t.rows, 100);
   std::vector<float> rows(ids.size() * t.row_dim), dense(t.dense_size);
@@ -298,11 +301,8 @@ TEST(PsClient, StaleDensePushesAreCountedAndTheirLearningRateScaled) {
 TEST(PsClient, StaleRowPushesAreCountedAndTheirLearningRateScaledPerRow) {
   const Table t;
   Cluster cluster(2, t, SGD, "", /*num_workers=*/2, SCALE_ROW_LR);
-  PsClient::Options oa = cluster.ClientOptions(), ob = cluster.ClientOptions();
-  oa.worker_id = 0;
-  ob.worker_id = 1;
-  auto a = cluster.Client(oa);
-  auto b = cluster.Client(ob);
+  auto a = cluster.Worker(0);
+  auto b = cluster.Worker(1);
   Rng rng(6);
   const std::vector<int64_t> all = UniqueIds(&rng, t.rows, 200);
   const std::vector<int64_t> shared(all.begin(), all.begin() + 100);  // B pushes these too
