@@ -21,6 +21,7 @@
 #include "cmd/stop_signal.h"
 #include "cmd/worker_supervisor.h"
 #include "common/flags.h"
+#include "common/rpc/security.h"
 #include "worker/ps_client/ps_worker.h"
 #include "worker/ps_client/shard_rpc.h"
 
@@ -122,7 +123,11 @@ int RunWorker(int argc, char** argv) {
   signals.served = true;  // a stop while connecting is served at the first step boundary
   if (max_restarts > 0 && config.cluster().consistency() == ASYNC) {
     // This process becomes the worker's agent: the worker runs (and is restarted) as its child.
-    ShardRpc shard_zero(wo.shards[0], *security);
+    // It only asks shard 0 for the job's state: small answers, while `security` leaves the
+    // message cap (0) to RunPsWorker, which computes it from the model.
+    RpcSecurity agent_security = *security;
+    agent_security.max_message_bytes = kDefaultMaxMessageBytes;
+    ShardRpc shard_zero(wo.shards[0], agent_security);
     const WorkerSupervisor::Result run = SuperviseWorker(
         "worker", index, max_restarts,
         ForwardedArgs(argc, argv, {"max_restarts", "metrics_port", "metrics_bind"}),

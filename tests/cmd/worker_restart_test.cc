@@ -14,6 +14,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -137,6 +138,96 @@ TEST(WorkerRestartTest, AKilledWorkerIsRestartedAndRejoinsWhileTheOthersTrainOn)
   EXPECT_THAT(*log1, HasSubstr(entry));
   EXPECT_THAT(*log1, HasSubstr("resumed from " + model + "/ckpt-"));
   EXPECT_EQ(ProcessesMentioning(model), 0);
+  std::system(("rm -rf " + Dir()).c_str());
+}
+
+
+// `pstrain worker --max_restarts` (separate PS and worker processes, as a cluster manager runs
+// them): the worker process is its own worker's agent. Its child is SIGKILLed after the first
+// checkpoint; the agent starts another, which resumes and rejoins; both workers' agents end
+// with 0, the restart is counted, and every record is trained by the checkpoints' accounting.
+TEST(WorkerRestartTest, AWorkerProcessRestartsItsOwnWorker) {
+  ASSERT_EQ(std::system(("rm -rf " + Dir()).c_str()), 0);
+  ASSERT_EQ(testing::Datagen(kTrainRows, 2, 1, Dir() + "/train"), 0);
+  ASSERT_EQ(testing::Datagen(2000, 0, 2, Dir() + "/test"), 0);
+  const std::string model = Dir() + "/model_worker";
+  const std::vector<std::string> job = {
+      "--train", Dir() + "/train/part-*", "--eval", Dir() + "/test/part-*", "--epochs",
+      absl::StrCat(kEpochs), "--model_dir", model, "--set", "model.hidden=[16]", "--set",
+      "features.categorical_vocab_size=5000", "--set", "threads.towers=1", "--set",
+      "threads.intra_op_threads=1", "--set", "checkpoint.every_steps=100", "--set",
+      "cluster.lease_ms=30000"};
+  std::vector<std::unique_ptr<Subprocess>> shards;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::string> argv = {PSTRAIN_BINARY, "ps", "--shard", absl::StrCat(s),
+                                     "--num_shards", "2", "--num_workers", "2", "--port", "0",
+                                     "--bind", "127.0.0.1"};
+    argv.insert(argv.end(), job.begin(), job.end());
+    shards.push_back(std::make_unique<Subprocess>());
+    std::string error;
+    ASSERT_TRUE(shards.back()->Start(argv, &error)) << error;
+    const std::string line = shards.back()->ReadLineContaining("listening on", 60000);
+    ASSERT_FALSE(line.empty()) << "shard " << s << " did not start";
+    addresses.push_back(line.substr(line.rfind(' ') + 1));
+  }
+  std::vector<std::unique_ptr<Subprocess>> agents;
+  for (int w = 0; w < 2; ++w) {
+    std::vector<std::string> argv = {PSTRAIN_BINARY, "worker", "--ps",
+                                     absl::StrCat(addresses[0], ",", addresses[1]), "--index",
+                                     absl::StrCat(w), "--num_workers", "2", "--cores", "1",
+                                     "--max_restarts", "1"};
+    argv.insert(argv.end(), job.begin(), job.end());
+    agents.push_back(std::make_unique<Subprocess>());
+    std::string error;
+    ASSERT_TRUE(agents.back()->Start(argv, &error)) << error;
+  }
+  // The supervised child of worker 1: a `pstrain worker --index 1` without --max_restarts.
+  auto child_of_worker_1 = [&] {
+    std::vector<int> out;
+    for (int pid : testing::PidsMentioning(model)) {
+      const std::string cmd = testing::Cmdline(pid);
+      if (cmd.find(" worker ") != std::string::npos &&
+          cmd.find("--index 1 ") != std::string::npos &&
+          cmd.find("--max_restarts") == std::string::npos) {
+        out.push_back(pid);
+      }
+    }
+    return out;
+  };
+  std::vector<int> victim;
+  const bool started = WaitFor(
+      [&] {
+        victim = child_of_worker_1();
+        return victim.size() == 1 && PathExists(model + "/LATEST");
+      },
+      std::chrono::seconds(240));
+  ASSERT_TRUE(started) << "worker 1's child and a checkpoint did not appear within 240 s";
+  ASSERT_EQ(kill(victim[0], SIGKILL), 0);
+  std::vector<int> again;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        again = child_of_worker_1();
+        return again.size() == 1 && again[0] != victim[0];
+      },
+      std::chrono::seconds(60)))
+      << "worker 1's agent did not start another child within 60 s";
+  for (auto& agent : agents) {
+    const int status = agent->WaitExit(300000);
+    EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  for (auto& shard : shards) {
+    shard->Signal(SIGTERM);
+    const int status = shard->WaitExit(30000);
+    EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  const auto summary = testing::ReadSummary(model).fields();
+  EXPECT_EQ(summary.at("examples").number_value(), kTrainRows * kEpochs);
+  EXPECT_EQ(summary.at("restarts").number_value(), 1);
+  ASSERT_EQ(summary.at("restart_log").list_value().values_size(), 1);
+  EXPECT_THAT(summary.at("restart_log").list_value().values(0).string_value(),
+              HasSubstr("worker 1 failed (signal 9); restart 1 of 1"));
+  EXPECT_EQ(testing::ProcessesLeft(model), 0);
   std::system(("rm -rf " + Dir()).c_str());
 }
 
