@@ -753,17 +753,13 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     char* id_out = &(*packed_ids)[0];
     char* grad_out = &(*packed_grads)[0];
     const size_t row_bytes = dim * sizeof(float);
-    uint64_t fingerprint = 0;
     for (int64_t j = 0; j < n; ++j) {
       const int32_t pos = order[bounds[s] + j];
       std::memcpy(id_out + j * sizeof(int64_t), &ids[pos], sizeof(int64_t));
       std::memcpy(grad_out + j * row_bytes, row_grads + int64_t{pos} * dim, row_bytes);
-      fingerprint = PullVersions::Fingerprint(fingerprint, ids[pos]);
     }
-    if (n > 0) {
-      const std::vector<uint32_t> versions = pull_versions_.RowsForPush(s, step, fingerprint);
-      if (!versions.empty()) PackArray(versions.data(), n, req.mutable_row_versions());
-    }
+    const std::vector<uint32_t> versions = RowVersionsForPush(s, step, ids, order, bounds);
+    if (!versions.empty()) PackArray(versions.data(), n, req.mutable_row_versions());
     if (slice > 0) {
       PackArray(dense_grad + dense_map_.PartitionBegin(s), slice, req.mutable_dense_grad());
       if (const int64_t v = pull_versions_.DenseForPush(s, step); v >= 0) req.set_dense_version(v);
@@ -802,15 +798,12 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     const int64_t n = bounds[s + 1] - bounds[s];
     std::vector<int64_t> local_ids(n);
     std::vector<float> local_grads(n * dim);
-    uint64_t fingerprint = 0;
     for (int64_t j = 0; j < n; ++j) {
       const int32_t pos = order[bounds[s] + j];
       local_ids[j] = ids[pos];
       std::memcpy(&local_grads[j * dim], row_grads + int64_t{pos} * dim, dim * sizeof(float));
-      fingerprint = PullVersions::Fingerprint(fingerprint, ids[pos]);
     }
-    const std::vector<uint32_t> row_versions =
-        n > 0 ? pull_versions_.RowsForPush(s, step, fingerprint) : std::vector<uint32_t>();
+    const std::vector<uint32_t> row_versions = RowVersionsForPush(s, step, ids, order, bounds);
     const float* local_dense = dense_grad != nullptr && dense_map_.PartitionSize(s) > 0
                                    ? dense_grad + dense_map_.PartitionBegin(s)
                                    : nullptr;
@@ -823,6 +816,18 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
                             absl::StrCat("shard ", s, " (in this process)")));
   }
   return op->future;
+}
+
+std::vector<uint32_t> PsClient::RowVersionsForPush(int shard, int64_t step,
+                                                   absl::Span<const int64_t> ids,
+                                                   const std::vector<int32_t>& order,
+                                                   const std::vector<int64_t>& bounds) {
+  if (!pull_versions_.rows_seen() || bounds[shard] == bounds[shard + 1]) return {};
+  uint64_t fingerprint = 0;
+  for (int64_t j = bounds[shard]; j < bounds[shard + 1]; ++j) {
+    fingerprint = PullVersions::Fingerprint(fingerprint, ids[order[j]]);
+  }
+  return pull_versions_.RowsForPush(shard, step, fingerprint);
 }
 
 void PsClient::PushOpPartDone(PushOp* op, absl::Status st) {

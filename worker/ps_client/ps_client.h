@@ -271,6 +271,11 @@ class PsClient final : public ParameterAccess {
   // One part of a pull / push finished with `st` (a pull part's staleness with it); the last part
   // completes the operation.
   void PullPartDone(PullOp* op, int64_t staleness, absl::Status st);
+  // The row versions a push of step `step` names for shard `shard`'s ids (ids[order[j]] for j in
+  // [bounds[shard], bounds[shard + 1])): those its pull answered (PullVersions), or none.
+  std::vector<uint32_t> RowVersionsForPush(int shard, int64_t step, absl::Span<const int64_t> ids,
+                                           const std::vector<int32_t>& order,
+                                           const std::vector<int64_t>& bounds);
   void PushOpPartDone(PushOp* op, absl::Status st);
   void NoteIncarnation(int shard, uint64_t incarnation);
   // Cancels every call in progress (Abort, the destructor); never under mu_.

@@ -13,6 +13,7 @@
 // Thread-safety: every method may be called concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -42,6 +43,7 @@ class PullVersions {
   }
   // ... and `versions` of the rows whose ids have `fingerprint`.
   void PulledRows(int shard, int64_t step, uint64_t fingerprint, std::vector<uint32_t> versions) {
+    rows_seen_.store(true, std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     Keep(&rows_[shard], step, Rows{fingerprint, std::move(versions)});
   }
@@ -58,6 +60,10 @@ class PullVersions {
     m.erase(m.begin(), it);  // pushes come in step order: older pulls are not needed again
     return version;
   }
+
+  // Whether any shard answered row versions (per-row staleness is on): until then a push need
+  // not fingerprint its ids (the default, no compensation, costs the hot path nothing).
+  bool rows_seen() const { return rows_seen_.load(std::memory_order_relaxed); }
 
   // The versions of the rows pulled at `step` from `shard`, if the push's ids have the pulled
   // ids' fingerprint; else empty. Forgets that pull and older ones.
@@ -84,6 +90,7 @@ class PullVersions {
     while (m->size() > kKept) m->erase(m->begin());
   }
 
+  std::atomic<bool> rows_seen_{false};
   absl::Mutex mu_;
   std::vector<std::map<int64_t, int64_t>> dense_ ABSL_GUARDED_BY(mu_);
   std::vector<std::map<int64_t, Rows>> rows_ ABSL_GUARDED_BY(mu_);
