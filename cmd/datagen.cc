@@ -44,6 +44,16 @@ int RunDatagen(int argc, char** argv) {
                "--teacher_seed's by d x acos(1 - drift), so consecutive days' teacher weights "
                "have correlation 1 - drift");
   flags.Int("day", &options.day, "the day of the drifting teacher (0 = the plain teacher)");
+  std::string high_cardinality_fields;
+  flags.String("high_cardinality_fields", &high_cardinality_fields,
+               "categorical fields that take --high_cardinality ids each, e.g. C3,C4,C12 "
+               "(a model whose touched rows grow with the data: docs/DATAGEN.md)");
+  flags.Uint64("high_cardinality", &options.high_cardinality,
+               "distinct values of each --high_cardinality_fields field, up to 4294967296 "
+               "(2^32; beyond --max_cardinality and Criteo's)");
+  flags.Double("high_cardinality_zipf_exponent", &options.high_cardinality_zipf_exponent,
+               "popularity skew of the high-cardinality fields' values (flatter than "
+               "--zipf_exponent: most values are new)");
   flags.Bool("fill_missing", &options.fill_missing,
              "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
              "which cannot express a missing value)");
@@ -66,6 +76,13 @@ int RunDatagen(int argc, char** argv) {
     return 2;
   }
   out.format = *parsed;
+  auto fields = ParseCategoricalFields(high_cardinality_fields);
+  if (!fields.ok()) {
+    std::fprintf(stderr, "pstrain datagen: --high_cardinality_fields: %s\n",
+                 std::string(fields.status().message()).c_str());
+    return 2;
+  }
+  options.high_cardinality_fields = *std::move(fields);
   if (out.format == LIBSVM) options.fill_missing = true;
   auto data = SyntheticData::Create(options);
   if (!data.ok()) {

@@ -12,7 +12,10 @@
 #include <immintrin.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/file.h"
 #include "common/hash.h"
 #include "common/json_writer.h"
@@ -225,7 +228,59 @@ constexpr int kCriteoCardinalities[SyntheticData::kNumCategorical] = {
     1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
     27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
 
+// The high-cardinality options (DatagenOptions): fields in range and distinct, a cardinality the
+// 32-bit keys can hold, an exponent the sampler takes.
+absl::Status CheckHighCardinality(const DatagenOptions& o) {
+  const auto& fields = o.high_cardinality_fields;
+  if (fields.empty()) {
+    if (o.high_cardinality != 0) {
+      return absl::InvalidArgumentError(
+          "datagen: high_cardinality is set but no high_cardinality_fields name the fields "
+          "that take it (e.g. C3,C12)");
+    }
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (fields[i] < 0 || fields[i] >= SyntheticData::kNumCategorical) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "datagen: high_cardinality_fields: categorical field index ", fields[i],
+          " is outside 0..", SyntheticData::kNumCategorical - 1, " (C1..C26)"));
+    }
+    if (std::count(fields.begin(), fields.begin() + i, fields[i]) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "datagen: high_cardinality_fields: C", fields[i] + 1, " is listed twice"));
+    }
+  }
+  if (o.high_cardinality < 1 || o.high_cardinality > (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "datagen: high_cardinality must be in [1, 2^32 = 4294967296] (keys are 32-bit) when "
+        "high_cardinality_fields are given, got ",
+        o.high_cardinality));
+  }
+  if (!(o.high_cardinality_zipf_exponent > 0) || o.high_cardinality_zipf_exponent > 10) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("datagen: high_cardinality_zipf_exponent must be in (0, 10], got ",
+                     o.high_cardinality_zipf_exponent));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<int>> ParseCategoricalFields(const std::string& names) {
+  std::vector<int> fields;
+  for (absl::string_view entry : absl::StrSplit(names, ',', absl::SkipEmpty())) {
+    absl::string_view number = entry;
+    int j = 0;
+    if (!absl::ConsumePrefix(&number, "C") || !absl::SimpleAtoi(number, &j) || j < 1 ||
+        j > SyntheticData::kNumCategorical || absl::StrCat(j) != number) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected categorical field names C1..C26 separated by commas, got '", entry, "'"));
+    }
+    fields.push_back(j - 1);
+  }
+  return fields;  // repeats are refused by SyntheticData::Create
+}
 
 std::vector<Batch> DatagenBatches(const SyntheticData& data, const FeatureSpec& spec, int count,
                                   int rows) {
@@ -372,12 +427,18 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   if (o.calibration_rows < 100) {
     return absl::InvalidArgumentError("datagen: calibration_rows must be >= 100");
   }
+  RETURN_IF_ERROR(CheckHighCardinality(o));
 
   SyntheticData d;
   d.options_ = o;
   for (int c = 0; c < kNumCategorical; ++c) {
-    d.cardinalities_.push_back(std::min<uint64_t>(kCriteoCardinalities[c], o.max_cardinality));
-    d.zipf_.emplace_back(d.cardinalities_.back(), o.zipf_exponent);
+    const bool high = std::count(o.high_cardinality_fields.begin(),
+                                 o.high_cardinality_fields.end(), c) > 0;
+    d.cardinalities_.push_back(
+        high ? o.high_cardinality
+             : std::min<uint64_t>(kCriteoCardinalities[c], o.max_cardinality));
+    d.zipf_.emplace_back(d.cardinalities_.back(),
+                         high ? o.high_cardinality_zipf_exponent : o.zipf_exponent);
   }
 
   // Everything below depends on teacher_seed only (plus the feature distribution), so that two
@@ -762,8 +823,8 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
     JsonObject::Quote(result.files[i].substr(slash + 1), &files);
   }
   files += "]";
-  return JsonObject()
-      .Add("generator", "pstrain datagen v1")
+  JsonObject json;
+  json.Add("generator", "pstrain datagen v1")
       .Add("rows", out.rows)
       .Add("format", DataFormatName(out.format))
       .AddRaw("files", files)
@@ -783,8 +844,19 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
       .Add("calibration_rows", o.calibration_rows)
       .Add("fill_missing", o.fill_missing)
       .Add("bias", data.bias())
-      .AddRaw("cardinalities", cards)
-      .str();
+      .AddRaw("cardinalities", cards);
+  // Only when used, so that teacher.json stays byte for byte what it was without them.
+  if (!o.high_cardinality_fields.empty()) {
+    std::string fields = "[";
+    for (size_t i = 0; i < o.high_cardinality_fields.size(); ++i) {
+      absl::StrAppend(&fields, i ? "," : "", "\"C", o.high_cardinality_fields[i] + 1, "\"");
+    }
+    fields += "]";
+    json.AddRaw("high_cardinality_fields", fields)
+        .Add("high_cardinality", o.high_cardinality)
+        .Add("high_cardinality_zipf_exponent", o.high_cardinality_zipf_exponent);
+  }
+  return json.str();
 }
 
 }  // namespace pstrain

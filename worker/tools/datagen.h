@@ -9,6 +9,10 @@
 //     (1 = most popular) is drawn from a Zipf law, P(r) ~ r^-zipf_exponent, by an exact sampler
 //     (ZipfSampler below). The rank becomes a 32-bit key through a per-field bijection, so keys
 //     look like Criteo's 8-hex-digit values and distinct ranks never collide.
+//   - High-cardinality fields (DatagenOptions::high_cardinality_fields) instead take
+//     `high_cardinality` ids each (up to 2^32, beyond any Criteo field) with their own, flatter
+//     Zipf exponent, so that most draws are ids never seen before: a model whose touched rows
+//     grow with the data (the "model larger than one host" runs, docs/DATAGEN.md).
 //   - Numeric fields follow the empirical distribution of the first 10,000 rows of Kaggle's
 //     train.txt: 40 quantiles per field, interpolated in sign(x)·ln(1 + |x|) space and rounded to
 //     integers (I2 takes -1 and, rarely, -2).
@@ -25,7 +29,9 @@
 //                + a3 · MLP(concat_f e(f, id_f))             (4 dims a field, 156-16-1, ReLU)
 //   label ~ Bernoulli(sigmoid(logit)).
 // w, v and e of (field, id) are not stored: they are bytes of a hash of (teacher_seed, field, id)
-// times a per-field importance. The MLP's dense weights are drawn once from teacher_seed.
+// times a per-field importance. The MLP's dense weights are drawn once from teacher_seed. So the
+// teacher's memory does not depend on the cardinalities: any id of any field has its parameters
+// in O(1) memory, also at billions of ids.
 // Calibration (at Create, on rows drawn from a seed derived from teacher_seed only): a1, a2, a3
 // give the three terms standard deviations in the ratio 2:1:1 (variance 60/20/20%) with a total
 // logit spread of `logit_std`, and the bias is bisected so that the mean teacher probability is
@@ -140,7 +146,20 @@ struct DatagenOptions {
   // drift 0 or day 0 is the plain teacher, exactly.
   double drift = 0;
   int day = 0;
+  // High cardinality (docs/DATAGEN.md "High-cardinality fields"): the categorical fields listed
+  // (0-based: 0 is C1; each at most once) take `high_cardinality` ids each, in [1, 2^32], drawn
+  // with `high_cardinality_zipf_exponent` (in (0, 10]), instead of min(Criteo's cardinality,
+  // max_cardinality) ids drawn with zipf_exponent. Empty (the default): every field as above, and
+  // the data are bit for bit those of the other options alone.
+  std::vector<int> high_cardinality_fields;
+  uint64_t high_cardinality = 0;
+  double high_cardinality_zipf_exponent = 0.5;
 };
+
+// Parses "C3,C12" (categorical field names of the CRITEO preset) into 0-based categorical field
+// indices (2, 11) for DatagenOptions::high_cardinality_fields. INVALID_ARGUMENT naming an entry
+// that is not C1..C26 (a repeated name is SyntheticData::Create's to refuse).
+absl::StatusOr<std::vector<int>> ParseCategoricalFields(const std::string& names);
 
 // The three terms of the teacher's logit for one row (already scaled by a1, a2, a3).
 struct TeacherTerms {
@@ -171,7 +190,8 @@ class SyntheticData {
   static std::string FieldName(int f);
 
   const DatagenOptions& options() const { return options_; }
-  // Ids per categorical field after the cap (26 entries, C1..C26).
+  // Ids per categorical field after the cap, or high_cardinality for the high-cardinality fields
+  // (26 entries, C1..C26).
   const std::vector<uint64_t>& cardinalities() const { return cardinalities_; }
   double bias() const { return bias_; }
 
@@ -191,7 +211,8 @@ class SyntheticData {
   TeacherTerms Terms(const RawRows& rows, int r) const;
 
   // The key of rank r (1-based) of categorical field c (0-based: 0 is C1). A bijection of
-  // [1, 2^32] onto the 32-bit keys, so distinct ranks never collide.
+  // [1, 2^32] onto the 32-bit keys, so distinct ranks never collide (hence the 2^32 bound on
+  // high_cardinality).
   uint32_t RankToKey(int categorical_field, uint64_t rank) const;
 
   // 16 floats (GCC/Clang vector extension: two AVX2 registers, the build's baseline).

@@ -169,6 +169,36 @@ TEST(DatagenCommandTest, WritesFilesAndTeacherJson) {
   EXPECT_FALSE(ReadAll(dir.File("test/part-00000.tfrecords")).empty());
 }
 
+TEST(DatagenCommandTest, HighCardinalityFieldsAreRecordedInTeacherJson) {
+  TempDir dir;
+  std::string output;
+  ASSERT_EQ(RunPstrain("datagen --rows 2000 --high_cardinality_fields C3,C9 --high_cardinality "
+                       "4294967296 --high_cardinality_zipf_exponent 0.7 --out " +
+                           dir.File("wide"),
+                       dir, &output),
+            0)
+      << output;
+  const std::string json = ReadAll(dir.File("wide/teacher.json"));
+  EXPECT_NE(json.find("\"high_cardinality_fields\":[\"C3\",\"C9\"]"), std::string::npos) << json;
+  EXPECT_EQ(JsonValue(json, "high_cardinality"), "4294967296");
+  EXPECT_EQ(JsonValue(json, "high_cardinality_zipf_exponent"), "0.69999999999999996");
+  EXPECT_EQ(JsonValue(json, "C3"), "4294967296");  // in "cardinalities"
+  EXPECT_EQ(JsonValue(json, "C4"), "100000");
+  // Without the option teacher.json has none of these keys.
+  ASSERT_EQ(RunPstrain("datagen --rows 10 --out " + dir.File("plain"), dir, &output), 0) << output;
+  EXPECT_EQ(ReadAll(dir.File("plain/teacher.json")).find("high_cardinality"), std::string::npos);
+  // Bad values: exit 2 naming the flag or option.
+  for (const std::string& bad : {std::string("--high_cardinality_fields C27 --high_cardinality 9"),
+                                 std::string("--high_cardinality_fields C3 --high_cardinality "
+                                             "4294967297"),
+                                 std::string("--high_cardinality 1000")}) {
+    EXPECT_EQ(RunPstrain("datagen --rows 10 " + bad + " --out " + dir.File("bad"), dir, &output),
+              2)
+        << bad;
+    EXPECT_NE(output.find("high_cardinality"), std::string::npos) << bad << ": " << output;
+  }
+}
+
 TEST(DatagenCommandTest, HelpAndBadFlags) {
   TempDir dir;
   std::string output;

@@ -360,7 +360,125 @@ TEST(ZipfSamplerTest, BothMethodsFollowTheExactLaw) {
     CheckZipfLaw(1000, 0.7, m);
     CheckZipfLaw(1000, 1.0, m);
     CheckZipfLaw(200, 2.5, m);
+    CheckZipfLaw(1000, 0.5, m);  // the high-cardinality fields' default exponent
   }
+}
+
+// Distinct present keys of categorical field c in rows.
+std::set<uint64_t> DistinctKeys(const RawRows& rows, int c) {
+  std::set<uint64_t> keys;
+  for (int r = 0; r < rows.size(); ++r) {
+    const size_t i = static_cast<size_t>(r) * kF + kN + c;
+    if (rows.present[i]) keys.insert(rows.key[i]);
+  }
+  return keys;
+}
+
+DatagenOptions HighCardinality() {
+  DatagenOptions o;
+  o.seed = 3;
+  o.chunk_rows = 1000;
+  o.high_cardinality_fields = {8, 2};  // C9 (3 values in Criteo) and C3 (10,131,227)
+  o.high_cardinality = 500000000;
+  return o;
+}
+
+TEST(DatagenTest, HighCardinalityFieldsHaveMoreDistinctIdsThanAnyCap) {
+  const SyntheticData d = Make(HighCardinality());
+  EXPECT_EQ(d.cardinalities()[8], 500000000u);
+  EXPECT_EQ(d.cardinalities()[2], 500000000u);
+  EXPECT_EQ(d.cardinalities()[0], 1460u);  // the other fields keep their caps
+  EXPECT_EQ(d.cardinalities()[3], 100000u);
+  const int n = 20000;
+  const All a = GenerateAll(d, n, 2);
+  // C9 alone: never missing, so n draws; from 5e8 ids with exponent 0.5 nearly all are new
+  // (the most popular id has probability ~2e-5): far beyond Criteo's 3 and the 100k cap.
+  const std::set<uint64_t> c9 = DistinctKeys(a.rows, 8);
+  EXPECT_GT(c9.size(), 0.97 * n);
+  EXPECT_LE(c9.size(), static_cast<size_t>(n));
+  // C3 is missing in ~3.4% of rows.
+  EXPECT_GT(DistinctKeys(a.rows, 2).size(), 0.93 * n);
+  // Keys stay 32-bit and the teacher takes them: finite probabilities, a realistic label rate.
+  double prob_sum = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_LT(a.rows.key[static_cast<size_t>(r) * kF + kN + 8], uint64_t{1} << 32);
+    ASSERT_TRUE(std::isfinite(a.probs[r])) << r;
+    prob_sum += a.probs[r];
+  }
+  EXPECT_NEAR(prob_sum / n, 0.25, 0.03);
+  // The ordinary fields are still Zipf(1.1) over their caps: C1's 1460 values nearly all seen.
+  EXPECT_GT(DistinctKeys(a.rows, 0).size(), 1000u);
+  EXPECT_LE(DistinctKeys(a.rows, 0).size(), 1460u);
+}
+
+TEST(DatagenTest, HighCardinalityDataAreDeterministicAndIndependentOfThreads) {
+  const SyntheticData d = Make(HighCardinality()), again = Make(HighCardinality());
+  const All a = GenerateAll(d, 5500, 1), b = GenerateAll(again, 5500, 3);
+  EXPECT_EQ(a.rows.key, b.rows.key);
+  EXPECT_EQ(a.rows.labels, b.rows.labels);
+  EXPECT_EQ(a.probs, b.probs);
+  // Another seed, the same teacher: other ids, the same calibrated bias.
+  DatagenOptions o = HighCardinality();
+  o.seed = 4;
+  const SyntheticData other = Make(o);
+  EXPECT_EQ(other.bias(), d.bias());
+  const All c = GenerateAll(other, 5500, 1);
+  EXPECT_NE(a.rows.key, c.rows.key);
+}
+
+// Without the option, the data are those of main before it existed: golden values of seed 1's
+// first chunk (from main's `pstrain datagen --rows 4096` before this option), so recorded
+// results made with the old flags stay reproducible.
+TEST(DatagenTest, DefaultDataAreUnchangedByTheHighCardinalityOption) {
+  const SyntheticData d = Make(DatagenOptions());
+  RawRows rows;
+  std::vector<float> probs;
+  d.GenerateChunk(0, 4096, &rows, &probs);
+  uint64_t key_sum = 0;
+  double label_sum = 0;
+  for (uint64_t k : rows.key) key_sum += k;
+  for (float l : rows.labels) label_sum += l;
+  EXPECT_EQ(key_sum, uint64_t{210903861072060});
+  EXPECT_EQ(label_sum, 1034.0);
+  EXPECT_EQ(rows.key[kN + 2], uint64_t{0x709768a4});  // row 0's C3
+}
+
+TEST(DatagenTest, ParsesCategoricalFieldNames) {
+  auto fields = ParseCategoricalFields("C3,C26,C1");
+  ASSERT_TRUE(fields.ok()) << fields.status();
+  EXPECT_EQ(*fields, (std::vector<int>{2, 25, 0}));
+  EXPECT_TRUE(ParseCategoricalFields("")->empty());
+  for (const char* bad : {"C0", "C27", "I3", "C3,x", "C03", "C3x", "3"}) {
+    auto parsed = ParseCategoricalFields(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(std::string(ParseCategoricalFields("C3,C27").status().message()).find("'C27'"),
+            std::string::npos);
+}
+
+TEST(DatagenTest, RejectsBadHighCardinalityOptions) {
+  auto code = [](const DatagenOptions& o) { return SyntheticData::Create(o).status().code(); };
+  DatagenOptions o = HighCardinality();
+  EXPECT_EQ(code(o), absl::StatusCode::kOk);
+  o.high_cardinality = (uint64_t{1} << 32) + 1;  // the 32-bit keys cannot hold it
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.high_cardinality = uint64_t{1} << 32;
+  EXPECT_EQ(code(o), absl::StatusCode::kOk);
+  o.high_cardinality = 0;
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HighCardinality();
+  o.high_cardinality_fields = {2, 2};
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.high_cardinality_fields = {26};
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.high_cardinality_fields = {-1};
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HighCardinality();
+  o.high_cardinality_zipf_exponent = 0;
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = DatagenOptions();
+  o.high_cardinality = 1000;  // no fields to take it
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DatagenTest, BayesAucIsRealisticAndBeatsWeakerPredictors) {
