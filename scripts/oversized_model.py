@@ -69,6 +69,9 @@ def parse_args(argv):
     p.add_argument("--timeout_s", type=int, default=3600, help="bound on each job")
     p.add_argument("--set", action="append", default=[], metavar="A.B=V",
                    help="more config overrides for every run (e.g. cluster.consistency=BOUNDED)")
+    p.add_argument("--keep_checkpoints", action="store_true",
+                   help="keep the PS runs' checkpoints (a chain of ~100 deltas: 4-7 GB each at the "
+                        "default size); by default they are removed once the run's summary is read")
     p.add_argument("--skip_data", action="store_true", help="reuse WORK/train and WORK/test")
     p.add_argument("--skip_single", action="store_true", help="reuse WORK/single's summary")
     return p.parse_args(argv)
@@ -212,6 +215,10 @@ def emulated(args, n, cap_mb, mode, run_dir, flags):
     with open(os.path.join(run_dir, "emulate_hosts.log"), errors="replace") as f:
         logs += f.read()
     hosts = read_json(os.path.join(work, "hosts.json")) or {}
+    if not args.keep_checkpoints and os.path.isdir(model):
+        for name in os.listdir(model):
+            if name.startswith("ckpt-"):
+                shutil.rmtree(os.path.join(model, name), ignore_errors=True)
     return {"code": code, "seconds": secs, "summary": read_json(os.path.join(model, "summary.json")),
             "hosts": hosts.get("hosts") or [], "memory_cap": hosts.get("memory_cap"),
             "anon_peaks_mb": peaks.peaks,
