@@ -66,7 +66,10 @@ def parse_args(argv):
                    help="PS runs: an incremental checkpoint every K chief steps (see below)")
     p.add_argument("--tag", default="ovm", help="namespace prefix (emulate_hosts --tag ovm<N>)")
     p.add_argument("--subnet", default="10.78.0")
-    p.add_argument("--timeout_s", type=int, default=3600, help="bound on each job")
+    p.add_argument("--timeout_s", type=int, default=3600, help="bound on each PS job")
+    p.add_argument("--allreduce_timeout_s", type=int, default=300,
+                   help="bound on the allreduce job, which must refuse within seconds; a launch "
+                        "that hangs (an orted that never reports, seen under load) is retried once")
     p.add_argument("--set", action="append", default=[], metavar="A.B=V",
                    help="more config overrides for every run (e.g. cluster.consistency=BOUNDED)")
     p.add_argument("--keep_checkpoints", action="store_true",
@@ -196,17 +199,17 @@ def memory_parts(summary):
     return [(p + s, t) for p, s, t in zip(params, slots, total)]
 
 
-def emulated(args, n, cap_mb, mode, run_dir, flags):
+def emulated(args, n, cap_mb, mode, run_dir, flags, timeout_s):
     os.makedirs(run_dir, exist_ok=True)
     model = os.path.join(run_dir, "model")
     work = os.path.join(run_dir, "hosts")
     shutil.rmtree(model, ignore_errors=True)
     cmd = ["bash", os.path.join(SOURCE_ROOT, "scripts/emulate_hosts.sh"), "--hosts", str(n),
            "--memory_mb", str(cap_mb), "--tag", f"{args.tag}{n}{mode[0]}", "--subnet", args.subnet,
-           "--binary", args.binary, "--work", work, "--timeout_s", str(args.timeout_s),
+           "--binary", args.binary, "--work", work, "--timeout_s", str(timeout_s),
            "run", mode, "--"] + flags + ["--model_dir", model]
     peaks = AnonPeaks(os.path.join(run_dir, "emulate_hosts.log"), n)
-    code, secs = run(cmd, os.path.join(run_dir, "emulate_hosts.log"), args.timeout_s, peaks)
+    code, secs = run(cmd, os.path.join(run_dir, "emulate_hosts.log"), timeout_s, peaks)
     logs = ""
     for name in sorted(os.listdir(work)) if os.path.isdir(work) else []:
         if name.endswith(".log"):
@@ -230,7 +233,7 @@ def main(argv):
     args.work = os.path.abspath(args.work)
     os.makedirs(args.work, exist_ok=True)
     ensure_binary(args)
-    hosts = [int(h) for h in args.hosts.split(",")]
+    hosts = [int(h) for h in args.hosts.split(",") if h]  # "": allreduce only
     if any(args.files % n for n in hosts):
         sys.exit(f"oversized_model: --files {args.files} must be a multiple of every --hosts")
     if not args.skip_data:
@@ -271,7 +274,8 @@ def main(argv):
         # ranges are few and large: 64 spread them (shard imbalance 1.02 against 1.8 at 4 hosts).
         "--set", "cluster.num_partitions=64"]
     for n in hosts:
-        r = emulated(args, n, cap_mb, "ps", os.path.join(args.work, f"ps{n}"), flags)
+        r = emulated(args, n, cap_mb, "ps", os.path.join(args.work, f"ps{n}"), flags,
+                     args.timeout_s)
         s = r["summary"] or {}
         status = "ok" if r["code"] == 0 and r["summary"] else (
             "OOM-killed" if r["oom_killed"] else f"failed ({r['code']})")
@@ -288,14 +292,18 @@ def main(argv):
                      "wall_seconds": s.get("wall_seconds"), "memory_cap": r["memory_cap"]})
 
     # Allreduce under the same cap: must refuse at startup.
-    r = emulated(args, 2, cap_mb, "allreduce", os.path.join(args.work, "allreduce2"),
-                 training_flags(args, fragment, 1))
-    refused = "the model does not fit" in r["logs"]
+    for attempt in (1, 2):
+        r = emulated(args, 2, cap_mb, "allreduce", os.path.join(args.work, "allreduce2"),
+                     training_flags(args, fragment, 1), args.allreduce_timeout_s)
+        refused = "the model does not fit" in r["logs"]
+        if refused or r["code"] != 124:
+            break
+        log(f"allreduce: no answer within {args.allreduce_timeout_s} s (attempt {attempt})")
     ok = ok and refused and r["code"] != 0 and not r["oom_killed"]
     estimate = re.search(r"each rank's replica: about (\d+) MB expected", r["logs"])
     rows.append({"run": "allreduce on 2 hosts", "hosts": 2,
                  "status": ("refused at startup" if refused else "OOM-killed" if r["oom_killed"]
-                            else f"exit {r['code']}"),
+                            else "timed out" if r["code"] == 124 else f"exit {r['code']}"),
                  "test_auc": None, "parts_mb": [], "store_mb": [],
                  "replica_estimate_mb": int(estimate.group(1)) if estimate else None,
                  "peaks_mb": [h.get("peak_memory_mb") for h in r["hosts"]],
