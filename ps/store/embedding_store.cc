@@ -1,5 +1,6 @@
 #include "ps/store/embedding_store.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -186,7 +187,7 @@ absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out,
                   float* dst = out + i * dim;
                   bool stored;
                   {
-                    std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                    std::lock_guard<std::mutex> lock(StripeOf(ids[i]).mu);
                     const float* row = FindRow(ids[i]);
                     stored = row != nullptr;
                     if (stored) std::memcpy(dst, row, dim * sizeof(float));
@@ -220,7 +221,8 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                 int64_t updates = 0, sum = 0, max = 0;
                 for (int64_t i = b; i < e; ++i) {
                   Prefetch(ids, i, e, stride_ * sizeof(float));
-                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                  Stripe& stripe = StripeOf(ids[i]);
+                  std::lock_guard<std::mutex> lock(stripe.mu);
                   bool fresh;
                   float* row = ClaimRow(ids[i], &fresh);
                   if (fresh) {
@@ -249,7 +251,10 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                   optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, row_lr);
                   // Read under the row's lock: a snapshot that raised the generation before it
                   // copied this row either holds this update or sees the new stamp next time.
-                  SetStamp(row, generation_.load());
+                  // A fresh row's stamp is not written yet: it is a change of this generation.
+                  const uint32_t generation = generation_.load();
+                  if (fresh || StampOf(row) < generation) LogChange(stripe, ids[i], generation);
+                  SetStamp(row, generation);
                 }
                 if (updates > 0) {
                   stale_updates_.fetch_add(updates, std::memory_order_relaxed);
@@ -270,6 +275,113 @@ EmbeddingStore::Staleness EmbeddingStore::staleness() const {
   return s;
 }
 
+void EmbeddingStore::LogChange(Stripe& stripe, int64_t row, uint32_t generation) const {
+  if (stripe.logs.empty() || stripe.logs.back().generation != generation) {
+    stripe.logs.push_back(GenerationLog{generation, {}});
+  }
+  stripe.logs.back().rows.push_back(static_cast<uint32_t>(row - opt_.begin));
+}
+
+void EmbeddingStore::BeginGeneration(uint32_t g, uint32_t keep_from) {
+  PSTRAIN_CHECK(g > generation() && keep_from <= g)
+      << "BeginGeneration(" << g << ", " << keep_from << ") at generation " << generation();
+  std::lock_guard<std::mutex> lock(log_mu_);
+  generation_.store(g);
+  if (keep_from <= oldest_logged_) return;
+  oldest_logged_ = keep_from;
+  for (int s = 0; s < kStripes; ++s) {
+    std::lock_guard<std::mutex> stripe_lock(stripes_[s].mu);
+    std::vector<GenerationLog>& logs = stripes_[s].logs;
+    size_t old = 0;
+    while (old < logs.size() && logs[old].generation < keep_from) ++old;
+    logs.erase(logs.begin(), logs.begin() + old);
+  }
+}
+
+uint32_t EmbeddingStore::oldest_logged_generation() const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return oldest_logged_;
+}
+
+int64_t EmbeddingStore::change_log_entries() const {
+  int64_t n = 0;
+  for (int s = 0; s < kStripes; ++s) {
+    std::lock_guard<std::mutex> lock(stripes_[s].mu);
+    for (const GenerationLog& log : stripes_[s].logs) n += static_cast<int64_t>(log.rows.size());
+  }
+  return n;
+}
+
+std::vector<int64_t> EmbeddingStore::StoredRows(int64_t from, int64_t to) const {
+  // A row stored after its entry was read is simply not part of the answer; an entry never goes
+  // back to 0, and its row is complete once the caller holds the row's lock.
+  std::vector<int64_t> rows;
+  for (int64_t row = from; row < to;) {
+    const int64_t local = row - opt_.begin;
+    const std::atomic<uint32_t>* page =
+        index_[local >> kIndexShift].load(std::memory_order_acquire);
+    const int64_t page_end =
+        std::min(to, opt_.begin + ((local >> kIndexShift) + 1) * kIndexPageRows);
+    if (page != nullptr) {
+      for (int64_t r = row; r < page_end; ++r) {
+        if (page[(r - opt_.begin) & (kIndexPageRows - 1)].load(std::memory_order_relaxed) != 0) {
+          rows.push_back(r);
+        }
+      }
+    }
+    row = page_end;
+  }
+  return rows;
+}
+
+bool EmbeddingStore::LoggedRows(int64_t from, int64_t to, uint32_t changed_since,
+                                std::vector<int64_t>* rows) const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  if (changed_since < oldest_logged_) return false;
+  // Offsets, not ids: half the bytes to sort. A row logged after its stripe was read is stamped
+  // with the raised generation, so the next delta has it.
+  const uint32_t lo = static_cast<uint32_t>(from - opt_.begin);
+  const uint32_t hi = static_cast<uint32_t>(to - opt_.begin);
+  std::vector<uint32_t> offsets;
+  for (int s = 0; s < kStripes; ++s) {
+    std::lock_guard<std::mutex> stripe_lock(stripes_[s].mu);
+    for (const GenerationLog& log : stripes_[s].logs) {
+      if (log.generation < changed_since) continue;
+      for (uint32_t r : log.rows) {
+        if (r >= lo && r < hi) offsets.push_back(r);
+      }
+    }
+  }
+  // A row updated in several kept generations (or restored and updated again) is logged more
+  // than once.
+  std::sort(offsets.begin(), offsets.end());
+  offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
+  rows->resize(offsets.size());
+  for (size_t i = 0; i < offsets.size(); ++i) (*rows)[i] = opt_.begin + offsets[i];
+  return true;
+}
+
+void EmbeddingStore::KeepStampedSince(uint32_t changed_since, std::vector<int64_t>* ids) const {
+  // The stamps are read without the rows' locks (a row's entry never goes back to 0): a row
+  // whose update races with this pass is stamped with the raised generation, so if this pass
+  // misses it, the next delta has it. The pass is bound by memory latency (one cache line per
+  // row), hence the prefetch.
+  std::vector<uint8_t> keep(ids->size());
+  const int64_t n = static_cast<int64_t>(ids->size());
+  const int64_t stamp_end = stride_ * sizeof(float);
+  ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Prefetch(*ids, i, e, stamp_end);
+      keep[i] = StampOf(FindRow((*ids)[i])) >= changed_since;
+    }
+  });
+  size_t kept = 0;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    if (keep[i]) (*ids)[kept++] = (*ids)[i];
+  }
+  ids->resize(kept);
+}
+
 EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
                                            uint32_t changed_since) const {
   EmbeddingSnapshot snap;
@@ -283,60 +395,51 @@ EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
   to = std::min(to, opt_.end);
   if (from >= to) return snap;
 
-  // Enumerate the stored rows from the index. A row stored after its entry was read is simply
-  // not part of this snapshot; an entry never goes back to 0, and its row is complete once we
-  // hold the row's lock.
-  for (int64_t row = from; row < to;) {
-    const int64_t local = row - opt_.begin;
-    const std::atomic<uint32_t>* page =
-        index_[local >> kIndexShift].load(std::memory_order_acquire);
-    const int64_t page_end =
-        std::min(to, opt_.begin + ((local >> kIndexShift) + 1) * kIndexPageRows);
-    if (page != nullptr) {
-      for (int64_t r = row; r < page_end; ++r) {
-        if (page[(r - opt_.begin) & (kIndexPageRows - 1)].load(std::memory_order_relaxed) != 0) {
-          snap.ids.push_back(r);
-        }
-      }
-    }
-    row = page_end;
-  }
-
-  if (changed_since > 0) {
-    // Keep the rows stamped >= changed_since, then compact, so that a delta allocates and copies
-    // only the rows it writes. The stamps are read without the rows' locks (a row's entry never
-    // goes back to 0): a row whose update races with this pass is stamped with the raised
-    // generation, so if this pass misses it, the next delta has it. The pass is bound by memory
-    // latency (one cache line per row), hence the prefetch.
-    std::vector<uint8_t> keep(snap.ids.size());
-    const int64_t stamp_end = stride_ * sizeof(float);
-    ParallelFor(snap.rows(), ThreadsFor(snap.rows(), opt_.threads),
-                [&](int, int, int64_t b, int64_t e) {
-                  for (int64_t i = b; i < e; ++i) {
-                    Prefetch(snap.ids, i, e, stamp_end);
-                    keep[i] = StampOf(FindRow(snap.ids[i])) >= changed_since;
-                  }
-                });
-    size_t kept = 0;
-    for (size_t i = 0; i < snap.ids.size(); ++i) {
-      if (keep[i]) snap.ids[kept++] = snap.ids[i];
-    }
-    snap.ids.resize(kept);
+  // A logged row is stored (its entry was set before it was logged) and was stamped >=
+  // changed_since when logged; one restored since (stamped 0) is dropped by the copy below.
+  const bool logged = changed_since > 0 && LoggedRows(from, to, changed_since, &snap.ids);
+  if (!logged) {
+    snap.ids = StoredRows(from, to);
+    if (changed_since > 0) KeepStampedSince(changed_since, &snap.ids);
   }
 
   const int64_t n = snap.rows();
   const int dim = opt_.dim, sf = state_floats_;
   snap.weights.resize(n * dim);
   snap.state.resize(n * sf);
+  std::vector<uint8_t> restored(logged ? n : 0);  // logged, but stamped below changed_since now
+  std::atomic<bool> any_restored{false};
   ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Prefetch(snap.ids, i, e, stride_ * sizeof(float));
-      std::lock_guard<std::mutex> lock(StripeOf(snap.ids[i]));
+      std::lock_guard<std::mutex> lock(StripeOf(snap.ids[i]).mu);
       const float* row = FindRow(snap.ids[i]);
+      if (logged && StampOf(row) < changed_since) {
+        restored[i] = 1;
+        any_restored.store(true, std::memory_order_relaxed);
+        continue;
+      }
       std::memcpy(snap.weights.data() + i * dim, row, dim * sizeof(float));
       if (sf > 0) std::memcpy(snap.state.data() + i * sf, row + dim, sf * sizeof(float));
     }
   });
+  if (any_restored.load()) {
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (restored[i]) continue;
+      snap.ids[kept] = snap.ids[i];
+      std::memmove(snap.weights.data() + kept * dim, snap.weights.data() + i * dim,
+                   dim * sizeof(float));
+      if (sf > 0) {
+        std::memmove(snap.state.data() + kept * sf, snap.state.data() + i * sf,
+                     sf * sizeof(float));
+      }
+      ++kept;
+    }
+    snap.ids.resize(kept);
+    snap.weights.resize(kept * dim);
+    snap.state.resize(kept * sf);
+  }
   return snap;
 }
 
@@ -347,7 +450,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
-                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]).mu);
                   bool fresh;
                   float* row = ClaimRow(ids[i], &fresh);
                   std::memcpy(row, weights + i * dim, dim * sizeof(float));
