@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/parallel.h"
@@ -225,6 +226,17 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                   std::lock_guard<std::mutex> lock(stripe.mu);
                   bool fresh;
                   float* row = ClaimRow(ids[i], &fresh);
+                  // The stamp first, so that its load overlaps the update. The generation is
+                  // read under the row's lock: a snapshot that raised it before it copied this
+                  // row either holds this update or sees the new stamp next time. A fresh row's
+                  // stamp is not written yet: it is a change of this generation. A row already
+                  // stamped with it (the common case) costs a load and a compare.
+                  const uint32_t generation = generation_.load();
+                  const uint32_t stamp = fresh ? 0 : StampOf(row);
+                  if (ABSL_PREDICT_FALSE(stamp != generation)) {
+                    if (stamp < generation) LogChange(stripe, ids[i], generation);
+                    SetStamp(row, generation);
+                  }
                   if (fresh) {
                     if (opt_.row_init) {
                       opt_.row_init(ids[i], row);
@@ -249,12 +261,6 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                     StoreVersion(row + version_at, now + 1);
                   }
                   optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, row_lr);
-                  // Read under the row's lock: a snapshot that raised the generation before it
-                  // copied this row either holds this update or sees the new stamp next time.
-                  // A fresh row's stamp is not written yet: it is a change of this generation.
-                  const uint32_t generation = generation_.load();
-                  if (fresh || StampOf(row) < generation) LogChange(stripe, ids[i], generation);
-                  SetStamp(row, generation);
                 }
                 if (updates > 0) {
                   stale_updates_.fetch_add(updates, std::memory_order_relaxed);
