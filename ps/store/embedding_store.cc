@@ -340,10 +340,12 @@ std::vector<int64_t> EmbeddingStore::StoredRows(int64_t from, int64_t to) const 
   return rows;
 }
 
-bool EmbeddingStore::LoggedRows(int64_t from, int64_t to, uint32_t changed_since,
-                                std::vector<int64_t>* rows) const {
+std::optional<std::vector<int64_t>> EmbeddingStore::ChangedRows(int64_t from, int64_t to,
+                                                                uint32_t changed_since) const {
   std::lock_guard<std::mutex> lock(log_mu_);
-  if (changed_since < oldest_logged_) return false;
+  if (changed_since == 0 || changed_since < oldest_logged_) return std::nullopt;
+  from = std::max(from, opt_.begin);
+  to = std::max(from, std::min(to, opt_.end));
   // Offsets, not ids: half the bytes to sort. A row logged after its stripe was read is stamped
   // with the raised generation, so the next delta has it.
   const uint32_t lo = static_cast<uint32_t>(from - opt_.begin);
@@ -362,9 +364,9 @@ bool EmbeddingStore::LoggedRows(int64_t from, int64_t to, uint32_t changed_since
   // than once.
   std::sort(offsets.begin(), offsets.end());
   offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
-  rows->resize(offsets.size());
-  for (size_t i = 0; i < offsets.size(); ++i) (*rows)[i] = opt_.begin + offsets[i];
-  return true;
+  std::vector<int64_t> rows(offsets.size());
+  for (size_t i = 0; i < offsets.size(); ++i) rows[i] = opt_.begin + offsets[i];
+  return rows;
 }
 
 void EmbeddingStore::KeepStampedSince(uint32_t changed_since, std::vector<int64_t>* ids) const {
@@ -388,8 +390,7 @@ void EmbeddingStore::KeepStampedSince(uint32_t changed_since, std::vector<int64_
   ids->resize(kept);
 }
 
-EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
-                                           uint32_t changed_since) const {
+EmbeddingSnapshot EmbeddingStore::EmptySnapshot() const {
   EmbeddingSnapshot snap;
   snap.begin = opt_.begin;
   snap.end = opt_.end;
@@ -397,56 +398,74 @@ EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
   snap.optimizer = opt_.optimizer->type();
   snap.state_floats = state_floats_;
   snap.last_step = last_step();
+  return snap;
+}
+
+EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
+                                           uint32_t changed_since) const {
+  if (changed_since > 0) {
+    if (std::optional<std::vector<int64_t>> rows = ChangedRows(from, to, changed_since)) {
+      return SnapshotRows(*rows, changed_since);
+    }
+  }
+  EmbeddingSnapshot snap = EmptySnapshot();
   from = std::max(from, opt_.begin);
   to = std::min(to, opt_.end);
   if (from >= to) return snap;
+  snap.ids = StoredRows(from, to);
+  if (changed_since > 0) KeepStampedSince(changed_since, &snap.ids);
+  CopyRows(changed_since, /*recheck=*/false, &snap);
+  return snap;
+}
 
-  // A logged row is stored (its entry was set before it was logged) and was stamped >=
-  // changed_since when logged; one restored since (stamped 0) is dropped by the copy below.
-  const bool logged = changed_since > 0 && LoggedRows(from, to, changed_since, &snap.ids);
-  if (!logged) {
-    snap.ids = StoredRows(from, to);
-    if (changed_since > 0) KeepStampedSince(changed_since, &snap.ids);
+EmbeddingSnapshot EmbeddingStore::SnapshotRows(absl::Span<const int64_t> ids,
+                                               uint32_t changed_since) const {
+  EmbeddingSnapshot snap = EmptySnapshot();
+  snap.ids.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (Owns(id)) snap.ids.push_back(id);
   }
+  // A listed row may have been restored since it was logged (stamped 0 now), or not be stored.
+  CopyRows(changed_since, /*recheck=*/true, &snap);
+  return snap;
+}
 
-  const int64_t n = snap.rows();
+void EmbeddingStore::CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const {
+  const int64_t n = snap->rows();
   const int dim = opt_.dim, sf = state_floats_;
-  snap.weights.resize(n * dim);
-  snap.state.resize(n * sf);
-  std::vector<uint8_t> restored(logged ? n : 0);  // logged, but stamped below changed_since now
-  std::atomic<bool> any_restored{false};
+  snap->weights.resize(n * dim);
+  snap->state.resize(n * sf);
+  std::vector<uint8_t> dropped(recheck ? n : 0);
+  std::atomic<bool> any_dropped{false};
   ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      Prefetch(snap.ids, i, e, stride_ * sizeof(float));
-      std::lock_guard<std::mutex> lock(StripeOf(snap.ids[i]).mu);
-      const float* row = FindRow(snap.ids[i]);
-      if (logged && StampOf(row) < changed_since) {
-        restored[i] = 1;
-        any_restored.store(true, std::memory_order_relaxed);
+      Prefetch(snap->ids, i, e, stride_ * sizeof(float));
+      std::lock_guard<std::mutex> lock(StripeOf(snap->ids[i]).mu);
+      const float* row = FindRow(snap->ids[i]);
+      if (recheck && (row == nullptr || StampOf(row) < changed_since)) {
+        dropped[i] = 1;
+        any_dropped.store(true, std::memory_order_relaxed);
         continue;
       }
-      std::memcpy(snap.weights.data() + i * dim, row, dim * sizeof(float));
-      if (sf > 0) std::memcpy(snap.state.data() + i * sf, row + dim, sf * sizeof(float));
+      std::memcpy(snap->weights.data() + i * dim, row, dim * sizeof(float));
+      if (sf > 0) std::memcpy(snap->state.data() + i * sf, row + dim, sf * sizeof(float));
     }
   });
-  if (any_restored.load()) {
-    int64_t kept = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (restored[i]) continue;
-      snap.ids[kept] = snap.ids[i];
-      std::memmove(snap.weights.data() + kept * dim, snap.weights.data() + i * dim,
-                   dim * sizeof(float));
-      if (sf > 0) {
-        std::memmove(snap.state.data() + kept * sf, snap.state.data() + i * sf,
-                     sf * sizeof(float));
-      }
-      ++kept;
+  if (!any_dropped.load()) return;
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (dropped[i]) continue;
+    snap->ids[kept] = snap->ids[i];
+    std::memmove(snap->weights.data() + kept * dim, snap->weights.data() + i * dim,
+                 dim * sizeof(float));
+    if (sf > 0) {
+      std::memmove(snap->state.data() + kept * sf, snap->state.data() + i * sf, sf * sizeof(float));
     }
-    snap.ids.resize(kept);
-    snap.weights.resize(kept * dim);
-    snap.state.resize(kept * sf);
+    ++kept;
   }
-  return snap;
+  snap->ids.resize(kept);
+  snap->weights.resize(kept * dim);
+  snap->state.resize(kept * sf);
 }
 
 absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const float* weights,

@@ -23,7 +23,8 @@
 // reads under the row's lock; RestoreRows stamps 0. Snapshot(from, to, changed_since) captures
 // only the rows stamped >= changed_since. A checkpointer begins generation g right before it
 // snapshots, and the next delta asks for changed_since = g: exactly the rows updated after that
-// snapshot's copy of them. The stamp costs one store into the row Apply writes anyway.
+// snapshot's copy of them. The stamp costs Apply a load and a compare in a cache line it writes
+// anyway, and a store when the generation changed.
 //
 // Change log: so that a delta costs what it writes, not what is stored, the store also keeps,
 // per stripe and per generation, the rows first stamped in that generation (an Apply that finds
@@ -54,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "absl/base/attributes.h"
@@ -112,7 +114,9 @@ class EmbeddingStore {
 
   struct Stats {
     int64_t rows_initialized = 0;  // rows with stored values
-    int64_t bytes = 0;             // memory held: arena chunks, index pages and bookkeeping
+    // Memory held: arena chunks, index pages and bookkeeping; not the change logs (their
+    // entries: change_log_entries()).
+    int64_t bytes = 0;
     // Of `bytes`: the index pages allocated so far, the most they can take (every page), and
     // one page (a new row's first touch of its page allocates it).
     int64_t index_bytes = 0;
@@ -162,10 +166,21 @@ class EmbeddingStore {
   // can stream it range by range instead. A row updated while the snapshot runs is captured with
   // or without that update, and in the latter case it is stamped with the generation of then:
   // exactness of "changed since" needs the generation raised before the snapshot starts.
-  // Cost: with changed_since in the kept change logs (see the top of this file), the rows those
-  // logs hold since changed_since, sorted; otherwise a pass over every stored row of the range.
+  // Cost: with changed_since in the kept change logs (see the top of this file), a walk of every
+  // kept log entry (whatever the range) and a sort of those in the range; otherwise a pass over
+  // every stored row of the range. Then the copy of the rows captured.
   EmbeddingSnapshot Snapshot(int64_t from, int64_t to, uint32_t changed_since = 0) const;
   EmbeddingSnapshot Snapshot() const { return Snapshot(opt_.begin, opt_.end); }
+
+  // A delta in pieces, for a writer that streams one (SaveEmbeddingStore): ChangedRows is the
+  // rows of [from, to) in the change logs of the generations >= changed_since (> 0), ascending
+  // and unique, from one walk of the logs; nullopt if those logs were dropped (Snapshot then
+  // scans). SnapshotRows(ids, changed_since) captures the rows of `ids` (ascending) that are
+  // stored and still stamped >= changed_since, as Snapshot does; Snapshot(from, to, c) with the
+  // logs kept is SnapshotRows(*ChangedRows(from, to, c), c).
+  std::optional<std::vector<int64_t>> ChangedRows(int64_t from, int64_t to,
+                                                  uint32_t changed_since) const;
+  EmbeddingSnapshot SnapshotRows(absl::Span<const int64_t> ids, uint32_t changed_since) const;
 
   // The generation Apply stamps rows with (see the top of this file).
   uint32_t generation() const { return generation_.load(); }
@@ -196,19 +211,20 @@ class EmbeddingStore {
   Stats stats() const;
 
  private:
-  // std::mutex, not absl::Mutex: Debian's abseil is built with its debug-mode deadlock
-  // detection on, which made each lock/unlock pair cost ~100 ns here (38.6k per batch).
   // The rows a stripe saw first stamped in one generation, as offsets from begin.
   struct GenerationLog {
     uint32_t generation;
     std::vector<uint32_t> rows;
   };
-  // One lock and its change logs (oldest generation first; all generations >= the store's
-  // oldest logged one in which a row of the stripe was updated), on the lock's cache lines.
+  // One lock and its change logs (oldest generation first: the kept generations in which a row
+  // of the stripe was updated), in one cache line.
+  // std::mutex, not absl::Mutex: Debian's abseil is built with its debug-mode deadlock
+  // detection on, which made each lock/unlock pair cost ~100 ns here (38.6k per batch).
   struct alignas(64) Stripe {
     std::mutex mu;
     std::vector<GenerationLog> logs;  // guarded by mu
   };
+  static_assert(sizeof(Stripe) == 64, "a stripe's lock and logs share one cache line");
   static constexpr int kStripes = 1024;
   static constexpr int kIndexShift = 12;  // 4096 rows per index page
   static constexpr int64_t kIndexPageRows = int64_t{1} << kIndexShift;
@@ -221,12 +237,13 @@ class EmbeddingStore {
   ABSL_ATTRIBUTE_NOINLINE void LogChange(Stripe& stripe, int64_t row, uint32_t generation) const;
   // The stored rows of [from, to), ascending, from the index (every page of the range).
   std::vector<int64_t> StoredRows(int64_t from, int64_t to) const;
-  // The rows of [from, to) in the change logs of generations >= changed_since, ascending and
-  // unique; false (and nothing) if the logs of changed_since were dropped.
-  bool LoggedRows(int64_t from, int64_t to, uint32_t changed_since,
-                  std::vector<int64_t>* rows) const;
   // Keeps the rows of `ids` stamped >= changed_since (read without the rows' locks).
   void KeepStampedSince(uint32_t changed_since, std::vector<int64_t>* ids) const;
+  // A snapshot's header fields (no rows).
+  EmbeddingSnapshot EmptySnapshot() const;
+  // Copies the rows of snap->ids (ascending) under their locks into snap; with recheck, drops
+  // those not stored or stamped below changed_since by now.
+  void CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const;
   float* SlotData(uint32_t slot) const;
   // The stored row of `row`, or null if it has none. Caller holds the row's stripe.
   float* FindRow(int64_t row) const;

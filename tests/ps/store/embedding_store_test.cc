@@ -525,6 +525,32 @@ TEST(EmbeddingStoreChangeLog, ARestoredRowLeavesTheDeltaUntilUpdatedAgain) {
   EXPECT_EQ(store->Snapshot(0, 1000, 1).ids, ids);
 }
 
+// A delta in pieces (SaveEmbeddingStore's streaming): ChangedRows lists the logged rows of a
+// range, SnapshotRows copies the listed rows still changed (not one restored since, nor an id not
+// stored or outside the store), and ChangedRows says when the logs cannot answer.
+TEST(EmbeddingStoreChangeLog, ChangedRowsAndSnapshotRowsMakeADeltaInPieces) {
+  auto store = MakeStore(1000, 9000, 2, MakeOptimizer(ADAGRAD, 0.1f));
+  Rng rng(8);
+  std::vector<float> g = RandomGrads(&rng, 8);
+  ASSERT_TRUE(store->Apply({1001, 5000, 8999}, g.data(), 1).ok());
+  store->BeginGeneration(2, 2);
+  ASSERT_TRUE(store->Apply({8999, 1001, 4000}, g.data(), 2).ok());
+  EXPECT_EQ(store->ChangedRows(0, 100000, 2), (std::vector<int64_t>{1001, 4000, 8999}));
+  EXPECT_EQ(store->ChangedRows(1002, 8999, 2), (std::vector<int64_t>{4000}));
+  EXPECT_EQ(store->ChangedRows(0, 100000, 1), std::nullopt);  // generation 1's log was dropped
+  EXPECT_EQ(store->ChangedRows(0, 100000, 0), std::nullopt);  // 0: every row, not a delta
+  const std::vector<float> w = {1, 2};
+  ASSERT_TRUE(store->RestoreRows({4000}, w.data(), nullptr).ok());
+  const EmbeddingSnapshot piece = store->SnapshotRows({7, 1001, 1002, 4000, 5000, 8999}, 2);
+  EXPECT_EQ(piece.ids, (std::vector<int64_t>{1001, 8999}));
+  const EmbeddingSnapshot all = store->Snapshot();
+  ASSERT_EQ(all.ids, (std::vector<int64_t>{1001, 4000, 5000, 8999}));
+  EXPECT_EQ(piece.weights, (std::vector<float>{all.weights[0], all.weights[1], all.weights[6],
+                                               all.weights[7]}));
+  EXPECT_EQ(piece.state.size(), 2u * all.state_floats);
+  EXPECT_EQ(store->Snapshot(0, 100000, 2).ids, piece.ids);
+}
+
 // The log path against its reference twin, the stamp scan: two stores get the same updates over
 // several generations; one keeps every log, the other drops them at each generation (so it
 // scans). Every delta since every generation, whole or in ranges, is identical in ids, weights
