@@ -78,8 +78,9 @@ absl::Status EmbeddingStore::CheckIds(absl::Span<const int64_t> ids) const {
 }
 
 float* EmbeddingStore::SlotData(uint32_t slot) const {
+  // A slot is the stamp, then the row (see the header): the row starts one word in.
   return chunks_[slot >> chunk_shift_].load(std::memory_order_acquire) +
-         (slot & (opt_.chunk_rows - 1)) * stride_;
+         (slot & (opt_.chunk_rows - 1)) * stride_ + 1;
 }
 
 float* EmbeddingStore::FindRow(int64_t row) const {
@@ -150,13 +151,11 @@ void EmbeddingStore::Prefetch(absl::Span<const int64_t> ids, int64_t i, int64_t 
 }
 
 uint32_t EmbeddingStore::StampOf(const float* row) const {
-  return __atomic_load_n(reinterpret_cast<const uint32_t*>(row + opt_.dim + state_floats_),
-                         __ATOMIC_RELAXED);
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(row - 1), __ATOMIC_RELAXED);
 }
 
 void EmbeddingStore::SetStamp(float* row, uint32_t generation) const {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(row + opt_.dim + state_floats_), generation,
-                   __ATOMIC_RELAXED);
+  __atomic_store_n(reinterpret_cast<uint32_t*>(row - 1), generation, __ATOMIC_RELAXED);
 }
 
 void EmbeddingStore::RaiseLastStep(int64_t step) {
@@ -180,11 +179,11 @@ absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out,
   RETURN_IF_ERROR(CheckIds(ids));
   const int dim = opt_.dim;
   const int version_at =
-      opt_.row_versions && versions != nullptr ? dim + state_floats_ + 1 : -1;  // after the stamp
+      opt_.row_versions && versions != nullptr ? dim + state_floats_ : -1;  // after the slots
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
-                  Prefetch(ids, i, e, dim * sizeof(float));
+                  Prefetch(ids, i, e, (1 + dim) * sizeof(float));  // the stamp and weights
                   float* dst = out + i * dim;
                   bool stored;
                   {
@@ -215,7 +214,7 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
   const int dim = opt_.dim;
   const Optimizer& optimizer = *opt_.optimizer;
   const double lr = optimizer.LearningRate(step);
-  const int version_at = opt_.row_versions ? dim + state_floats_ + 1 : -1;  // after the stamp
+  const int version_at = opt_.row_versions ? dim + state_floats_ : -1;  // after the slots
   const bool versioned = version_at >= 0 && computed_from != nullptr;
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
@@ -376,7 +375,7 @@ void EmbeddingStore::KeepStampedSince(uint32_t changed_since, std::vector<int64_
   // row), hence the prefetch.
   std::vector<uint8_t> keep(ids->size());
   const int64_t n = static_cast<int64_t>(ids->size());
-  const int64_t stamp_end = stride_ * sizeof(float);
+  const int64_t stamp_end = sizeof(uint32_t);  // the stamp is a slot's first word
   ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Prefetch(*ids, i, e, stamp_end);
@@ -485,7 +484,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
                     opt_.optimizer->InitState(row + dim, dim);
                   }
                   SetStamp(row, 0);  // as restored: not changed since any checkpoint
-                  if (opt_.row_versions) StoreVersion(row + dim + sf + 1, 0);
+                  if (opt_.row_versions) StoreVersion(row + dim + sf, 0);
                 }
               });
   return absl::OkStatus();

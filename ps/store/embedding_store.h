@@ -13,10 +13,10 @@
 // storing anything, so evaluation traffic costs no memory. row_init must therefore be a pure
 // function of the row id (Model::InitRow is).
 //
-// Each stored row is dim weights followed by StateFloats(dim) optimizer floats, a 4-byte
-// generation stamp (below), and with row_versions one more 4-byte word: the row's version, the
-// count of updates applied to it since it got storage (Gather reports it; a restored row starts
-// again at 0).
+// Each stored row is a 4-byte generation stamp (below; first, so that Apply's read of it shares
+// the weights' cache line), dim weights, StateFloats(dim) optimizer floats, and with row_versions
+// one more 4-byte word: the row's version, the count of updates applied to it since it got
+// storage (Gather reports it; a restored row starts again at 0).
 //
 // Dirty rows (incremental checkpoints, docs/CHECKPOINT.md): the store has a current generation
 // (initially 1; BeginGeneration). Every Apply stamps each row it updates with the generation it
@@ -244,6 +244,7 @@ class EmbeddingStore {
   // Copies the rows of snap->ids (ascending) under their locks into snap; with recheck, drops
   // those not stored or stamped below changed_since by now.
   void CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const;
+  // The row of a slot (one word past the slot's start, the stamp).
   float* SlotData(uint32_t slot) const;
   // The stored row of `row`, or null if it has none. Caller holds the row's stripe.
   float* FindRow(int64_t row) const;
@@ -251,7 +252,7 @@ class EmbeddingStore {
   // must fill the row. Caller holds the row's stripe (exclusively).
   float* ClaimRow(int64_t row, bool* fresh);
   void RaiseLastStep(int64_t step);
-  // The generation stamp of a stored row (after its weights and state floats), read and written
+  // The generation stamp of a stored row (the word before its weights), read and written
   // atomically: Apply writes it under the row's lock, a delta's stamp pass reads it without.
   uint32_t StampOf(const float* row) const;
   void SetStamp(float* row, uint32_t generation) const;
@@ -262,7 +263,7 @@ class EmbeddingStore {
 
   const Options opt_;
   const int state_floats_;
-  const int64_t stride_;  // floats per stored row: dim + state_floats + 1 (the stamp)
+  const int64_t stride_;  // floats per slot: 1 (the stamp) + dim + state_floats (+ 1 version)
   const int chunk_shift_;
   const int64_t num_index_pages_;
   const int64_t max_chunks_;
