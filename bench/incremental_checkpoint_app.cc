@@ -7,12 +7,15 @@
 // --repeats times (each a new full + delta pair); prints every checkpoint's bytes, wall seconds and
 // the CPU seconds of the saving thread (the stores run single-threaded here, so that is all the
 // save's work; the wall time also waits for the disk and, on a shared machine, for a core), then
-// the medians and the ratios. --fill_rows adds rows (random weights, initial slots) spread over
-// the table until the store holds that many, for a table larger than the data trains.
+// the medians and the ratios. A save's time includes its retention (deleting checkpoints no
+// longer kept: --keep): with the default 4, from the third pair on each delta's commit deletes the
+// oldest full checkpoint, whose unlink is a large part of a delta's wall time. --fill_rows adds
+// rows (random weights, initial slots) spread over the table until the store holds that many, for
+// a table larger than the data trains.
 //
 // usage: incremental_checkpoint_app --config configs/deepfm_criteo.textproto
 //            --train '/work/benchdata/train/part-*' --format TFRECORD --model_dir /tmp/incr
-//            [--examples 2000000] [--steps 100] [--repeats 3] [--fill_rows 0]
+//            [--examples 2000000] [--steps 100] [--repeats 3] [--fill_rows 0] [--keep 4]
 #include <sys/stat.h>
 #include <time.h>
 
@@ -69,7 +72,7 @@ double Median(std::vector<double> v) {
 int Main(int argc, char** argv) {
   std::string config_path, train, format = "TFRECORD", model_dir;
   int64_t examples = 2000000, fill_rows = 0;
-  int steps = 100, repeats = 3;
+  int steps = 100, repeats = 3, keep = 4;
   FlagSet flags("incremental_checkpoint_app", "Times a full and an incremental checkpoint.");
   flags.String("config", &config_path, "the training config (required)");
   flags.String("train", &train, "training data paths (required)");
@@ -78,11 +81,14 @@ int Main(int argc, char** argv) {
   flags.Int64("examples", &examples, "examples whose rows are trained before the full checkpoint");
   flags.Int("steps", &steps, "batches trained between the full and the incremental checkpoint");
   flags.Int("repeats", &repeats, "full + delta pairs");
+  flags.Int("keep", &keep,
+            "checkpoint.keep_last: with 4, from the third pair on each delta's commit deletes "
+            "the oldest full checkpoint (retention); with >= 2 x repeats no save deletes any");
   flags.Int64("fill_rows", &fill_rows, "rows the store holds at least before the first save");
   if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   DataFormat data_format;
   if (config_path.empty() || train.empty() || model_dir.empty() ||
-      !DataFormat_Parse(format, &data_format) || repeats < 1 || steps < 1) {
+      !DataFormat_Parse(format, &data_format) || repeats < 1 || steps < 1 || keep < 1) {
     std::fprintf(stderr, "--config, --train, --model_dir are required; --format a DataFormat\n");
     return 2;
   }
@@ -141,7 +147,7 @@ int Main(int argc, char** argv) {
     const auto t = std::chrono::steady_clock::now();
     const double c = ThreadCpuSeconds();
     absl::StatusOr<std::string> saved =
-        SaveCheckpoint(dir, state, **params, /*keep=*/4, *description, &deltas);
+        SaveCheckpoint(dir, state, **params, keep, *description, &deltas);
     if (!saved.ok()) return saved.status();
     cpu->push_back(ThreadCpuSeconds() - c);
     secs->push_back(Seconds(t));

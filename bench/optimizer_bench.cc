@@ -93,13 +93,23 @@ void SetRowCounters(benchmark::State& state, int64_t rows, int64_t bytes_per_row
 
 // Store Apply of one batch's unique rows (all rows already initialized, as in steady state).
 // Bytes: the row and its state read and written, plus the gradient read.
-void BM_StoreApply(benchmark::State& state, OptimizerType type) {
+// With new_generation, the change log's worst case: every Apply in a new generation (as if a
+// checkpoint began between any two pushes), so every row is a first update of its generation
+// and is appended to its stripe's log; the previous generation's log is dropped (BeginGeneration,
+// a full checkpoint's call) outside the timing. Against the plain case: the cost of the appends.
+void BM_StoreApply(benchmark::State& state, OptimizerType type, bool new_generation = false) {
   auto store = MakeStore(type, static_cast<int>(state.range(0)));
   const std::vector<int64_t>& ids = BatchIds();
   const std::vector<float> grads = RandomFloats(ids.size() * kDim, 1);
   int64_t step = 0;
   benchmark::DoNotOptimize(store->Apply(ids, grads.data(), ++step));  // first touch
   for (auto _ : state) {
+    if (new_generation) {
+      state.PauseTiming();
+      const uint32_t g = store->generation() + 1;
+      store->BeginGeneration(g, g);
+      state.ResumeTiming();
+    }
     benchmark::DoNotOptimize(store->Apply(ids, grads.data(), ++step));
   }
   SetRowCounters(state, ids.size(), (2 * (kDim + store->state_floats()) + kDim) * 4);
@@ -192,6 +202,7 @@ void BM_DenseMemcpy(benchmark::State& state) {
 }
 
 BENCHMARK_CAPTURE(BM_StoreApply, adagrad, ADAGRAD)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_StoreApply, adagrad_new_generation, ADAGRAD, true)->Arg(1)->UseRealTime();
 BENCHMARK_CAPTURE(BM_StoreApply, adam, ADAM)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_StoreApply, ftrl, FTRL)->Arg(1)->UseRealTime();
 BENCHMARK_CAPTURE(BM_StoreApply, sgd, SGD)->Arg(1)->UseRealTime();

@@ -202,8 +202,9 @@ class Shard {
   // it; returns the file name and size. FAILED_PRECONDITION when no copy of `round` is held.
   // `delta_parent` (an incremental checkpoint): copy only the rows updated since this shard
   // copied (or restored) checkpoint ckpt-<delta_parent>; every row when it has no record of it.
-  // Every copy starts a new store generation (EmbeddingStore::set_generation), and a successful
-  // WRITE records it under the checkpoint's step for the deltas after it.
+  // Every copy starts a new store generation (EmbeddingStore::BeginGeneration, which drops the
+  // change logs no later delta needs), and a successful WRITE records it under the checkpoint's
+  // step for the deltas after it.
   absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round, std::string header,
                                             std::string consistency,
                                             std::optional<int64_t> delta_parent = std::nullopt);

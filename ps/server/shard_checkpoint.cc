@@ -43,9 +43,13 @@ absl::StatusOr<int64_t> Shard::CopyForCheckpoint(int64_t round, std::string head
                            << "): its delta holds every row";
     }
   }
-  // Updates after this copy are stamped with a new generation: the next delta's rows.
+  // Updates after this copy are stamped with a new generation: the next delta's rows. The chief
+  // names as a delta's parent its last committed checkpoint, so no later copy asks for rows
+  // changed before this one's parent (or, for a full copy, before this copy): older change logs
+  // are dropped.
   snap_generation_ = ++generation_;
-  for (const auto& store : stores_) store->set_generation(snap_generation_);
+  const uint32_t keep_from = changed_since > 0 ? changed_since : snap_generation_;
+  for (const auto& store : stores_) store->BeginGeneration(snap_generation_, keep_from);
   int64_t rows = 0;
   for (const auto& store : stores_) {
     snap_stores_.push_back(store->Snapshot(store->begin(), store->end(), changed_since));

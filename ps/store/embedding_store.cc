@@ -1,8 +1,10 @@
 #include "ps/store/embedding_store.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/parallel.h"
@@ -76,8 +78,9 @@ absl::Status EmbeddingStore::CheckIds(absl::Span<const int64_t> ids) const {
 }
 
 float* EmbeddingStore::SlotData(uint32_t slot) const {
+  // A slot is the stamp, then the row (see the header): the row starts one word in.
   return chunks_[slot >> chunk_shift_].load(std::memory_order_acquire) +
-         (slot & (opt_.chunk_rows - 1)) * stride_;
+         (slot & (opt_.chunk_rows - 1)) * stride_ + 1;
 }
 
 float* EmbeddingStore::FindRow(int64_t row) const {
@@ -148,13 +151,11 @@ void EmbeddingStore::Prefetch(absl::Span<const int64_t> ids, int64_t i, int64_t 
 }
 
 uint32_t EmbeddingStore::StampOf(const float* row) const {
-  return __atomic_load_n(reinterpret_cast<const uint32_t*>(row + opt_.dim + state_floats_),
-                         __ATOMIC_RELAXED);
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(row - 1), __ATOMIC_RELAXED);
 }
 
 void EmbeddingStore::SetStamp(float* row, uint32_t generation) const {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(row + opt_.dim + state_floats_), generation,
-                   __ATOMIC_RELAXED);
+  __atomic_store_n(reinterpret_cast<uint32_t*>(row - 1), generation, __ATOMIC_RELAXED);
 }
 
 void EmbeddingStore::RaiseLastStep(int64_t step) {
@@ -178,15 +179,15 @@ absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out,
   RETURN_IF_ERROR(CheckIds(ids));
   const int dim = opt_.dim;
   const int version_at =
-      opt_.row_versions && versions != nullptr ? dim + state_floats_ + 1 : -1;  // after the stamp
+      opt_.row_versions && versions != nullptr ? dim + state_floats_ : -1;  // after the slots
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
-                  Prefetch(ids, i, e, dim * sizeof(float));
+                  Prefetch(ids, i, e, (1 + dim) * sizeof(float));  // the stamp and weights
                   float* dst = out + i * dim;
                   bool stored;
                   {
-                    std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                    std::lock_guard<std::mutex> lock(StripeOf(ids[i]).mu);
                     const float* row = FindRow(ids[i]);
                     stored = row != nullptr;
                     if (stored) std::memcpy(dst, row, dim * sizeof(float));
@@ -213,16 +214,28 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
   const int dim = opt_.dim;
   const Optimizer& optimizer = *opt_.optimizer;
   const double lr = optimizer.LearningRate(step);
-  const int version_at = opt_.row_versions ? dim + state_floats_ + 1 : -1;  // after the stamp
+  const int version_at = opt_.row_versions ? dim + state_floats_ : -1;  // after the slots
   const bool versioned = version_at >= 0 && computed_from != nullptr;
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 int64_t updates = 0, sum = 0, max = 0;
                 for (int64_t i = b; i < e; ++i) {
                   Prefetch(ids, i, e, stride_ * sizeof(float));
-                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                  Stripe& stripe = StripeOf(ids[i]);
+                  std::lock_guard<std::mutex> lock(stripe.mu);
                   bool fresh;
                   float* row = ClaimRow(ids[i], &fresh);
+                  // The stamp first, so that its load overlaps the update. The generation is
+                  // read under the row's lock: a snapshot that raised it before it copied this
+                  // row either holds this update or sees the new stamp next time. A fresh row's
+                  // stamp is not written yet: it is a change of this generation. A row already
+                  // stamped with it (the common case) costs a load and a compare.
+                  const uint32_t generation = generation_.load();
+                  const uint32_t stamp = fresh ? 0 : StampOf(row);
+                  if (ABSL_PREDICT_FALSE(stamp != generation)) {
+                    if (stamp < generation) LogChange(stripe, ids[i], generation);
+                    SetStamp(row, generation);
+                  }
                   if (fresh) {
                     if (opt_.row_init) {
                       opt_.row_init(ids[i], row);
@@ -247,9 +260,6 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                     StoreVersion(row + version_at, now + 1);
                   }
                   optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, row_lr);
-                  // Read under the row's lock: a snapshot that raised the generation before it
-                  // copied this row either holds this update or sees the new stamp next time.
-                  SetStamp(row, generation_.load());
                 }
                 if (updates > 0) {
                   stale_updates_.fetch_add(updates, std::memory_order_relaxed);
@@ -270,22 +280,47 @@ EmbeddingStore::Staleness EmbeddingStore::staleness() const {
   return s;
 }
 
-EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
-                                           uint32_t changed_since) const {
-  EmbeddingSnapshot snap;
-  snap.begin = opt_.begin;
-  snap.end = opt_.end;
-  snap.dim = opt_.dim;
-  snap.optimizer = opt_.optimizer->type();
-  snap.state_floats = state_floats_;
-  snap.last_step = last_step();
-  from = std::max(from, opt_.begin);
-  to = std::min(to, opt_.end);
-  if (from >= to) return snap;
+void EmbeddingStore::LogChange(Stripe& stripe, int64_t row, uint32_t generation) const {
+  if (stripe.logs.empty() || stripe.logs.back().generation != generation) {
+    stripe.logs.push_back(GenerationLog{generation, {}});
+  }
+  stripe.logs.back().rows.push_back(static_cast<uint32_t>(row - opt_.begin));
+}
 
-  // Enumerate the stored rows from the index. A row stored after its entry was read is simply
-  // not part of this snapshot; an entry never goes back to 0, and its row is complete once we
-  // hold the row's lock.
+void EmbeddingStore::BeginGeneration(uint32_t g, uint32_t keep_from) {
+  PSTRAIN_CHECK(g > generation() && keep_from <= g)
+      << "BeginGeneration(" << g << ", " << keep_from << ") at generation " << generation();
+  std::lock_guard<std::mutex> lock(log_mu_);
+  generation_.store(g);
+  if (keep_from <= oldest_logged_) return;
+  oldest_logged_ = keep_from;
+  for (int s = 0; s < kStripes; ++s) {
+    std::lock_guard<std::mutex> stripe_lock(stripes_[s].mu);
+    std::vector<GenerationLog>& logs = stripes_[s].logs;
+    size_t old = 0;
+    while (old < logs.size() && logs[old].generation < keep_from) ++old;
+    logs.erase(logs.begin(), logs.begin() + old);
+  }
+}
+
+uint32_t EmbeddingStore::oldest_logged_generation() const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return oldest_logged_;
+}
+
+int64_t EmbeddingStore::change_log_entries() const {
+  int64_t n = 0;
+  for (int s = 0; s < kStripes; ++s) {
+    std::lock_guard<std::mutex> lock(stripes_[s].mu);
+    for (const GenerationLog& log : stripes_[s].logs) n += static_cast<int64_t>(log.rows.size());
+  }
+  return n;
+}
+
+std::vector<int64_t> EmbeddingStore::StoredRows(int64_t from, int64_t to) const {
+  // A row stored after its entry was read is simply not part of the answer; an entry never goes
+  // back to 0, and its row is complete once the caller holds the row's lock.
+  std::vector<int64_t> rows;
   for (int64_t row = from; row < to;) {
     const int64_t local = row - opt_.begin;
     const std::atomic<uint32_t>* page =
@@ -295,49 +330,141 @@ EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
     if (page != nullptr) {
       for (int64_t r = row; r < page_end; ++r) {
         if (page[(r - opt_.begin) & (kIndexPageRows - 1)].load(std::memory_order_relaxed) != 0) {
-          snap.ids.push_back(r);
+          rows.push_back(r);
         }
       }
     }
     row = page_end;
   }
+  return rows;
+}
 
-  if (changed_since > 0) {
-    // Keep the rows stamped >= changed_since, then compact, so that a delta allocates and copies
-    // only the rows it writes. The stamps are read without the rows' locks (a row's entry never
-    // goes back to 0): a row whose update races with this pass is stamped with the raised
-    // generation, so if this pass misses it, the next delta has it. The pass is bound by memory
-    // latency (one cache line per row), hence the prefetch.
-    std::vector<uint8_t> keep(snap.ids.size());
-    const int64_t stamp_end = stride_ * sizeof(float);
-    ParallelFor(snap.rows(), ThreadsFor(snap.rows(), opt_.threads),
-                [&](int, int, int64_t b, int64_t e) {
-                  for (int64_t i = b; i < e; ++i) {
-                    Prefetch(snap.ids, i, e, stamp_end);
-                    keep[i] = StampOf(FindRow(snap.ids[i])) >= changed_since;
-                  }
-                });
-    size_t kept = 0;
-    for (size_t i = 0; i < snap.ids.size(); ++i) {
-      if (keep[i]) snap.ids[kept++] = snap.ids[i];
+std::optional<std::vector<int64_t>> EmbeddingStore::ChangedRows(int64_t from, int64_t to,
+                                                                uint32_t changed_since) const {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  if (changed_since == 0 || changed_since < oldest_logged_) return std::nullopt;
+  from = std::max(from, opt_.begin);
+  to = std::max(from, std::min(to, opt_.end));
+  // Offsets, not ids: half the bytes to sort. A row logged after its stripe was read is stamped
+  // with the raised generation, so the next delta has it.
+  const uint32_t lo = static_cast<uint32_t>(from - opt_.begin);
+  const uint32_t hi = static_cast<uint32_t>(to - opt_.begin);
+  std::vector<uint32_t> offsets;
+  for (int s = 0; s < kStripes; ++s) {
+    std::lock_guard<std::mutex> stripe_lock(stripes_[s].mu);
+    for (const GenerationLog& log : stripes_[s].logs) {
+      if (log.generation < changed_since) continue;
+      for (uint32_t r : log.rows) {
+        if (r >= lo && r < hi) offsets.push_back(r);
+      }
     }
-    snap.ids.resize(kept);
   }
+  // A row updated in several kept generations (or restored and updated again) is logged more
+  // than once.
+  std::sort(offsets.begin(), offsets.end());
+  offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
+  std::vector<int64_t> rows(offsets.size());
+  for (size_t i = 0; i < offsets.size(); ++i) rows[i] = opt_.begin + offsets[i];
+  return rows;
+}
 
-  const int64_t n = snap.rows();
-  const int dim = opt_.dim, sf = state_floats_;
-  snap.weights.resize(n * dim);
-  snap.state.resize(n * sf);
+void EmbeddingStore::KeepStampedSince(uint32_t changed_since, std::vector<int64_t>* ids) const {
+  // The stamps are read without the rows' locks (a row's entry never goes back to 0): a row
+  // whose update races with this pass is stamped with the raised generation, so if this pass
+  // misses it, the next delta has it. The pass is bound by memory latency (one cache line per
+  // row), hence the prefetch.
+  std::vector<uint8_t> keep(ids->size());
+  const int64_t n = static_cast<int64_t>(ids->size());
+  const int64_t stamp_end = sizeof(uint32_t);  // the stamp is a slot's first word
   ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      Prefetch(snap.ids, i, e, stride_ * sizeof(float));
-      std::lock_guard<std::mutex> lock(StripeOf(snap.ids[i]));
-      const float* row = FindRow(snap.ids[i]);
-      std::memcpy(snap.weights.data() + i * dim, row, dim * sizeof(float));
-      if (sf > 0) std::memcpy(snap.state.data() + i * sf, row + dim, sf * sizeof(float));
+      Prefetch(*ids, i, e, stamp_end);
+      keep[i] = StampOf(FindRow((*ids)[i])) >= changed_since;
     }
   });
+  size_t kept = 0;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    if (keep[i]) (*ids)[kept++] = (*ids)[i];
+  }
+  ids->resize(kept);
+}
+
+EmbeddingSnapshot EmbeddingStore::EmptySnapshot() const {
+  EmbeddingSnapshot snap;
+  snap.begin = opt_.begin;
+  snap.end = opt_.end;
+  snap.dim = opt_.dim;
+  snap.optimizer = opt_.optimizer->type();
+  snap.state_floats = state_floats_;
+  snap.last_step = last_step();
   return snap;
+}
+
+EmbeddingSnapshot EmbeddingStore::Snapshot(int64_t from, int64_t to,
+                                           uint32_t changed_since) const {
+  if (changed_since > 0) {
+    if (std::optional<std::vector<int64_t>> rows = ChangedRows(from, to, changed_since)) {
+      return SnapshotRows(*rows, changed_since);
+    }
+  }
+  EmbeddingSnapshot snap = EmptySnapshot();
+  from = std::max(from, opt_.begin);
+  to = std::min(to, opt_.end);
+  if (from >= to) return snap;
+  snap.ids = StoredRows(from, to);
+  if (changed_since > 0) KeepStampedSince(changed_since, &snap.ids);
+  CopyRows(changed_since, /*recheck=*/false, &snap);
+  return snap;
+}
+
+EmbeddingSnapshot EmbeddingStore::SnapshotRows(absl::Span<const int64_t> ids,
+                                               uint32_t changed_since) const {
+  EmbeddingSnapshot snap = EmptySnapshot();
+  snap.ids.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (Owns(id)) snap.ids.push_back(id);
+  }
+  // A listed row may have been restored since it was logged (stamped 0 now), or not be stored.
+  CopyRows(changed_since, /*recheck=*/true, &snap);
+  return snap;
+}
+
+void EmbeddingStore::CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const {
+  const int64_t n = snap->rows();
+  const int dim = opt_.dim, sf = state_floats_;
+  snap->weights.resize(n * dim);
+  snap->state.resize(n * sf);
+  std::vector<uint8_t> dropped(recheck ? n : 0);
+  std::atomic<bool> any_dropped{false};
+  ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Prefetch(snap->ids, i, e, stride_ * sizeof(float));
+      std::lock_guard<std::mutex> lock(StripeOf(snap->ids[i]).mu);
+      const float* row = FindRow(snap->ids[i]);
+      if (recheck && (row == nullptr || StampOf(row) < changed_since)) {
+        dropped[i] = 1;
+        any_dropped.store(true, std::memory_order_relaxed);
+        continue;
+      }
+      std::memcpy(snap->weights.data() + i * dim, row, dim * sizeof(float));
+      if (sf > 0) std::memcpy(snap->state.data() + i * sf, row + dim, sf * sizeof(float));
+    }
+  });
+  if (!any_dropped.load()) return;
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (dropped[i]) continue;
+    snap->ids[kept] = snap->ids[i];
+    std::memmove(snap->weights.data() + kept * dim, snap->weights.data() + i * dim,
+                 dim * sizeof(float));
+    if (sf > 0) {
+      std::memmove(snap->state.data() + kept * sf, snap->state.data() + i * sf, sf * sizeof(float));
+    }
+    ++kept;
+  }
+  snap->ids.resize(kept);
+  snap->weights.resize(kept * dim);
+  snap->state.resize(kept * sf);
 }
 
 absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const float* weights,
@@ -347,7 +474,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
   ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
-                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]));
+                  std::lock_guard<std::mutex> lock(StripeOf(ids[i]).mu);
                   bool fresh;
                   float* row = ClaimRow(ids[i], &fresh);
                   std::memcpy(row, weights + i * dim, dim * sizeof(float));
@@ -357,7 +484,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
                     opt_.optimizer->InitState(row + dim, dim);
                   }
                   SetStamp(row, 0);  // as restored: not changed since any checkpoint
-                  if (opt_.row_versions) StoreVersion(row + dim + sf + 1, 0);
+                  if (opt_.row_versions) StoreVersion(row + dim + sf, 0);
                 }
               });
   return absl::OkStatus();

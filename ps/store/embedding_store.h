@@ -13,17 +13,30 @@
 // storing anything, so evaluation traffic costs no memory. row_init must therefore be a pure
 // function of the row id (Model::InitRow is).
 //
-// Each stored row is dim weights followed by StateFloats(dim) optimizer floats, a 4-byte
-// generation stamp (below), and with row_versions one more 4-byte word: the row's version, the
-// count of updates applied to it since it got storage (Gather reports it; a restored row starts
-// again at 0).
+// Each stored row is a 4-byte generation stamp (below; first, so that Apply's read of it shares
+// the weights' cache line), dim weights, StateFloats(dim) optimizer floats, and with row_versions
+// one more 4-byte word: the row's version, the count of updates applied to it since it got
+// storage (Gather reports it; a restored row starts again at 0).
 //
 // Dirty rows (incremental checkpoints, docs/CHECKPOINT.md): the store has a current generation
-// (initially 1; set_generation). Every Apply stamps each row it updates with the generation it
+// (initially 1; BeginGeneration). Every Apply stamps each row it updates with the generation it
 // reads under the row's lock; RestoreRows stamps 0. Snapshot(from, to, changed_since) captures
-// only the rows stamped >= changed_since. A checkpointer raises the generation to g right before
-// it snapshots, and the next delta asks for changed_since = g: exactly the rows updated after
-// that snapshot's copy of them. The stamp costs one store into the row Apply writes anyway.
+// only the rows stamped >= changed_since. A checkpointer begins generation g right before it
+// snapshots, and the next delta asks for changed_since = g: exactly the rows updated after that
+// snapshot's copy of them. The stamp costs Apply a load and a compare in a cache line it writes
+// anyway, and a store when the generation changed.
+//
+// Change log: so that a delta costs what it writes, not what is stored, the store also keeps,
+// per stripe and per generation, the rows first stamped in that generation (an Apply that finds
+// a row new, or stamped below the current generation, appends its id: once per row per
+// generation, under the stripe's lock Apply already holds). A delta walks the logs of the
+// generations >= changed_since instead of every stored row. The logs are complete from
+// generation 1 (construction) on; BeginGeneration(g, keep_from) drops those of generations below
+// keep_from, and a later Snapshot with 0 < changed_since < keep_from scans every stored row's
+// stamp instead (the same rows, slower). Memory: 4 bytes per (row, kept generation) in which the
+// row was updated, vector slack included at most 8: with a checkpointer that keeps only the
+// generations a future delta may ask for, bounded by the rows dirtied since the oldest of them;
+// with no checkpointer at all, 4-8 bytes per trained row (about 3-6% of a k = 16 Adagrad row).
 //
 // Per-row staleness (async PS, Options::row_versions): an Apply that names, for each row, the
 // version its gradient was computed from has per-row staleness tau = (the row's updates since);
@@ -42,8 +55,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -99,7 +114,9 @@ class EmbeddingStore {
 
   struct Stats {
     int64_t rows_initialized = 0;  // rows with stored values
-    int64_t bytes = 0;             // memory held: arena chunks, index pages and bookkeeping
+    // Memory held: arena chunks, index pages and bookkeeping; not the change logs (their
+    // entries: change_log_entries()).
+    int64_t bytes = 0;
     // Of `bytes`: the index pages allocated so far, the most they can take (every page), and
     // one page (a new row's first touch of its page allocates it).
     int64_t index_bytes = 0;
@@ -149,13 +166,36 @@ class EmbeddingStore {
   // can stream it range by range instead. A row updated while the snapshot runs is captured with
   // or without that update, and in the latter case it is stamped with the generation of then:
   // exactness of "changed since" needs the generation raised before the snapshot starts.
+  // Cost: with changed_since in the kept change logs (see the top of this file), a walk of every
+  // kept log entry (whatever the range) and a sort of those in the range; otherwise a pass over
+  // every stored row of the range. Then the copy of the rows captured.
   EmbeddingSnapshot Snapshot(int64_t from, int64_t to, uint32_t changed_since = 0) const;
   EmbeddingSnapshot Snapshot() const { return Snapshot(opt_.begin, opt_.end); }
 
-  // The generation Apply stamps rows with (see the top of this file). set_generation(g) with
-  // g >= 1; later Apply calls stamp g.
+  // A delta in pieces, for a writer that streams one (SaveEmbeddingStore): ChangedRows is the
+  // rows of [from, to) in the change logs of the generations >= changed_since (> 0), ascending
+  // and unique, from one walk of the logs; nullopt if those logs were dropped (Snapshot then
+  // scans). SnapshotRows(ids, changed_since) captures the rows of `ids` (ascending) that are
+  // stored and still stamped >= changed_since, as Snapshot does; Snapshot(from, to, c) with the
+  // logs kept is SnapshotRows(*ChangedRows(from, to, c), c).
+  std::optional<std::vector<int64_t>> ChangedRows(int64_t from, int64_t to,
+                                                  uint32_t changed_since) const;
+  EmbeddingSnapshot SnapshotRows(absl::Span<const int64_t> ids, uint32_t changed_since) const;
+
+  // The generation Apply stamps rows with (see the top of this file).
   uint32_t generation() const { return generation_.load(); }
-  void set_generation(uint32_t g) { generation_.store(g); }
+  // Later Apply calls stamp g (> generation(); a programmer's error otherwise), and the change
+  // logs of the generations below keep_from (<= g) are dropped: the caller promises that no
+  // Snapshot it takes from now on asks for 0 < changed_since < keep_from quickly (it still may,
+  // and gets the slow, exact scan). A checkpointer passes g for a full checkpoint and the
+  // changed_since of its last committed checkpoint for a delta, whose write may fail and be
+  // retried from that generation.
+  void BeginGeneration(uint32_t g, uint32_t keep_from);
+  // The oldest generation whose change log is complete (1 until a BeginGeneration drops logs).
+  uint32_t oldest_logged_generation() const;
+  // Entries in the kept change logs (a row restored and updated again within one generation is
+  // logged twice): the logs' memory is 4 bytes per entry plus vector slack.
+  int64_t change_log_entries() const;
 
   // Writes rows as given (giving them storage as needed): weights is ids.size() x dim, state is
   // ids.size() x state_floats, or null to start the rows from InitState. Rows not listed keep
@@ -171,18 +211,40 @@ class EmbeddingStore {
   Stats stats() const;
 
  private:
+  // The rows a stripe saw first stamped in one generation, as offsets from begin.
+  struct GenerationLog {
+    uint32_t generation;
+    std::vector<uint32_t> rows;
+  };
+  // One lock and its change logs (oldest generation first: the kept generations in which a row
+  // of the stripe was updated), in one cache line.
   // std::mutex, not absl::Mutex: Debian's abseil is built with its debug-mode deadlock
   // detection on, which made each lock/unlock pair cost ~100 ns here (38.6k per batch).
   struct alignas(64) Stripe {
     std::mutex mu;
+    std::vector<GenerationLog> logs;  // guarded by mu
   };
+  static_assert(sizeof(Stripe) == 64, "a stripe's lock and logs share one cache line");
   static constexpr int kStripes = 1024;
   static constexpr int kIndexShift = 12;  // 4096 rows per index page
   static constexpr int64_t kIndexPageRows = int64_t{1} << kIndexShift;
 
   explicit EmbeddingStore(Options options);
   absl::Status CheckIds(absl::Span<const int64_t> ids) const;
-  std::mutex& StripeOf(int64_t row) const { return stripes_[row & (kStripes - 1)].mu; }
+  Stripe& StripeOf(int64_t row) const { return stripes_[row & (kStripes - 1)]; }
+  // Appends `row` to its stripe's log of `generation` (the newest). Caller holds the stripe.
+  // Out of line and cold: Apply's loop stays as tight as without the log.
+  ABSL_ATTRIBUTE_NOINLINE void LogChange(Stripe& stripe, int64_t row, uint32_t generation) const;
+  // The stored rows of [from, to), ascending, from the index (every page of the range).
+  std::vector<int64_t> StoredRows(int64_t from, int64_t to) const;
+  // Keeps the rows of `ids` stamped >= changed_since (read without the rows' locks).
+  void KeepStampedSince(uint32_t changed_since, std::vector<int64_t>* ids) const;
+  // A snapshot's header fields (no rows).
+  EmbeddingSnapshot EmptySnapshot() const;
+  // Copies the rows of snap->ids (ascending) under their locks into snap; with recheck, drops
+  // those not stored or stamped below changed_since by now.
+  void CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const;
+  // The row of a slot (one word past the slot's start, the stamp).
   float* SlotData(uint32_t slot) const;
   // The stored row of `row`, or null if it has none. Caller holds the row's stripe.
   float* FindRow(int64_t row) const;
@@ -190,7 +252,7 @@ class EmbeddingStore {
   // must fill the row. Caller holds the row's stripe (exclusively).
   float* ClaimRow(int64_t row, bool* fresh);
   void RaiseLastStep(int64_t step);
-  // The generation stamp of a stored row (after its weights and state floats), read and written
+  // The generation stamp of a stored row (the word before its weights), read and written
   // atomically: Apply writes it under the row's lock, a delta's stamp pass reads it without.
   uint32_t StampOf(const float* row) const;
   void SetStamp(float* row, uint32_t generation) const;
@@ -201,7 +263,7 @@ class EmbeddingStore {
 
   const Options opt_;
   const int state_floats_;
-  const int64_t stride_;  // floats per stored row: dim + state_floats + 1 (the stamp)
+  const int64_t stride_;  // floats per slot: 1 (the stamp) + dim + state_floats (+ 1 version)
   const int chunk_shift_;
   const int64_t num_index_pages_;
   const int64_t max_chunks_;
@@ -216,6 +278,10 @@ class EmbeddingStore {
   std::atomic<int64_t> chunks_allocated_{0};
   std::atomic<int64_t> last_step_{0};
   std::atomic<uint32_t> generation_{1};
+  // Held by BeginGeneration and by a snapshot's walk of the logs (never by Apply), so that the
+  // logs a walk relies on are not dropped under it. Lock order: log_mu_, then a stripe.
+  mutable std::mutex log_mu_;
+  uint32_t oldest_logged_ = 1;  // guarded by log_mu_
   std::atomic<int64_t> stale_updates_{0}, stale_sum_{0}, stale_max_{0};
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,11 @@ absl::Status WriteEmbeddingRows(int64_t n, const int64_t* ids, const float* weig
   return absl::OkStatus();
 }
 
+absl::Status WriteSnapshotRows(const EmbeddingSnapshot& s, BlockWriter* w) {
+  return WriteEmbeddingRows(s.rows(), s.ids.data(), s.weights.data(), s.state.data(), s.dim,
+                            s.state_floats, w);
+}
+
 EmbeddingMeta MetaOf(const EmbeddingSnapshot& s) {
   return EmbeddingMeta{s.begin, s.end, s.dim, s.optimizer, s.state_floats, s.last_step};
 }
@@ -78,8 +84,7 @@ absl::Status ExpectTag(BlockReader* r, const Block& block, bool more, absl::stri
 
 absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& s, BlockWriter* w) {
   RETURN_IF_ERROR(WriteEmbeddingMeta(MetaOf(s), w));
-  return WriteEmbeddingRows(s.rows(), s.ids.data(), s.weights.data(), s.state.data(), s.dim,
-                            s.state_floats, w);
+  return WriteSnapshotRows(s, w);
 }
 
 absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w,
@@ -88,10 +93,21 @@ absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w,
                            store.dim(),          store.optimizer().type(),
                            store.state_floats(), store.last_step()};
   RETURN_IF_ERROR(WriteEmbeddingMeta(meta, w));
+  // A delta from the change logs: one walk of the logs, then the rows in pieces.
+  const std::optional<std::vector<int64_t>> changed =
+      changed_since > 0 ? store.ChangedRows(store.begin(), store.end(), changed_since)
+                        : std::nullopt;
+  if (changed) {
+    const absl::Span<const int64_t> ids(*changed);
+    for (size_t at = 0; at < ids.size(); at += kRowsPerSnapshotRange) {
+      RETURN_IF_ERROR(WriteSnapshotRows(
+          store.SnapshotRows(ids.subspan(at, kRowsPerSnapshotRange), changed_since), w));
+    }
+    return absl::OkStatus();
+  }
   for (int64_t from = store.begin(); from < store.end(); from += kRowsPerSnapshotRange) {
-    const EmbeddingSnapshot s = store.Snapshot(from, from + kRowsPerSnapshotRange, changed_since);
-    RETURN_IF_ERROR(WriteEmbeddingRows(s.rows(), s.ids.data(), s.weights.data(), s.state.data(),
-                                       s.dim, s.state_floats, w));
+    RETURN_IF_ERROR(
+        WriteSnapshotRows(store.Snapshot(from, from + kRowsPerSnapshotRange, changed_since), w));
   }
   return absl::OkStatus();
 }

@@ -38,7 +38,9 @@ absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& snapshot, BlockWriter* 
 // The same for a live store, streamed: snapshots of successive row ranges are written one at a
 // time, so memory stays bounded by a range, not the table. Each row is still consistent.
 // changed_since > 0 (an incremental checkpoint): only the rows stamped >= changed_since
-// (EmbeddingStore::Snapshot); the EMBM block is the same, so readers need not know.
+// (EmbeddingStore::Snapshot); the EMBM block is the same, so readers need not know. With the
+// store's change logs kept since changed_since, the rows come from one walk of the logs
+// (EmbeddingStore::ChangedRows) and are copied in pieces of at most a range's row count.
 absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* writer,
                                 uint32_t changed_since = 0);
 

@@ -46,8 +46,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   if (delta) *manifest.mutable_delta() = *delta;
   // Updates after this copy are stamped with a new generation: the next delta's rows.
   EmbeddingStore& store = *params.embedding();
+  // A delta keeps the change logs since its parent: if its write fails, the next checkpoint is
+  // again a delta from that parent. A full checkpoint drops every older log.
   const uint32_t generation = store.generation() + 1;
-  store.set_generation(generation);
+  store.BeginGeneration(generation, delta ? deltas->changed_since : generation);
   {
     const std::string file = ShardFileName(0, 1);
     ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + file));

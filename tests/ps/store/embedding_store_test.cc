@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/random.h"
@@ -413,7 +415,7 @@ TEST(EmbeddingStore, SnapshotChangedSinceHoldsExactlyTheRowsUpdatedSinceAGenerat
     for (int64_t r = 7; r < 50000; r += 1001) second.push_back(r);   // a few, some in `first`
     EXPECT_EQ(store->generation(), 1u);
     apply(first);
-    store->set_generation(2);
+    store->BeginGeneration(2, /*keep_from=*/1);
     EXPECT_EQ(store->Snapshot(0, 50000, 2).rows(), 0);
     apply(second);
     const EmbeddingSnapshot changed = store->Snapshot(0, 50000, 2);
@@ -440,6 +442,207 @@ TEST(EmbeddingStore, SnapshotChangedSinceHoldsExactlyTheRowsUpdatedSinceAGenerat
     EXPECT_EQ(copy->Snapshot(0, 50000, 1).rows(), 0);
     EXPECT_EQ(copy->Snapshot().rows(), all.rows());
   }
+}
+
+// The change log (incremental checkpoints' fast path): within a generation a row is logged once
+// however often it is updated, a row new to the store counts as changed, and a delta snapshot
+// from the logs holds exactly the rows stamped since.
+TEST(EmbeddingStoreChangeLog, LogsEachRowOncePerGeneration) {
+  auto store = MakeStore(0, 20000, 2, MakeOptimizer(ADAGRAD, 0.1f));
+  Rng rng(3);
+  const std::vector<int64_t> ids = {5, 4099, 8200, 19999};
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<float> g = RandomGrads(&rng, ids.size() * 2);
+    ASSERT_TRUE(store->Apply(ids, g.data(), i).ok());
+  }
+  EXPECT_EQ(store->change_log_entries(), 4);  // created rows, logged once in generation 1
+  store->BeginGeneration(2, /*keep_from=*/1);
+  EXPECT_EQ(store->Snapshot(0, 20000, 2).rows(), 0);
+  const std::vector<int64_t> again = {8200, 5, 7};  // unsorted; 7 is new
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<float> g = RandomGrads(&rng, again.size() * 2);
+    ASSERT_TRUE(store->Apply(again, g.data(), 9).ok());
+  }
+  EXPECT_EQ(store->change_log_entries(), 4 + 3);
+  EXPECT_EQ(store->Snapshot(0, 20000, 2).ids, (std::vector<int64_t>{5, 7, 8200}));
+  // Generations 1 and 2 both logged 5 and 8200: a delta since 1 holds each row once.
+  EXPECT_EQ(store->Snapshot(0, 20000, 1).ids, (std::vector<int64_t>{5, 7, 4099, 8200, 19999}));
+  EXPECT_EQ(store->Snapshot(6, 8201, 2).ids, (std::vector<int64_t>{7, 8200}));
+}
+
+// BeginGeneration drops the logs below keep_from (a full checkpoint's: every older one), and a
+// delta asked for since a dropped generation is still exact: it scans every stored row's stamp.
+TEST(EmbeddingStoreChangeLog, BeginGenerationDropsOlderLogsAndOlderDeltasStillScan) {
+  auto store = MakeStore(0, 50000, 2, MakeOptimizer(SGD, 0.1f));
+  Rng rng(4);
+  auto apply = [&](const std::vector<int64_t>& ids) {
+    const std::vector<float> g = RandomGrads(&rng, ids.size() * 2);
+    ASSERT_TRUE(store->Apply(ids, g.data(), 1).ok());
+  };
+  apply({1, 2, 3});
+  store->BeginGeneration(2, 2);  // a full checkpoint
+  EXPECT_EQ(store->oldest_logged_generation(), 2u);
+  EXPECT_EQ(store->change_log_entries(), 0);
+  apply({3, 40000});
+  store->BeginGeneration(3, 2);  // a delta since 2: keeps generation 2's log
+  EXPECT_EQ(store->oldest_logged_generation(), 2u);
+  EXPECT_EQ(store->change_log_entries(), 2);
+  apply({2});
+  EXPECT_EQ(store->Snapshot(0, 50000, 2).ids, (std::vector<int64_t>{2, 3, 40000}));
+  EXPECT_EQ(store->Snapshot(0, 50000, 3).ids, (std::vector<int64_t>{2}));
+  store->BeginGeneration(4, 4);
+  EXPECT_EQ(store->change_log_entries(), 0);
+  // Generation 2's log is gone; the scan finds the same rows.
+  EXPECT_EQ(store->Snapshot(0, 50000, 2).ids, (std::vector<int64_t>{2, 3, 40000}));
+  EXPECT_EQ(store->Snapshot(0, 50000, 3).ids, (std::vector<int64_t>{2}));
+  EXPECT_EQ(store->Snapshot(0, 50000, 4).rows(), 0);
+  EXPECT_EQ(store->Snapshot(0, 50000, 1).ids, (std::vector<int64_t>{1, 2, 3, 40000}));
+}
+
+// A row restored after it was logged is stamped 0: no delta holds it until it is updated again
+// (then once, though logged twice in its generation).
+TEST(EmbeddingStoreChangeLog, ARestoredRowLeavesTheDeltaUntilUpdatedAgain) {
+  auto store = MakeStore(0, 1000, 2, MakeOptimizer(ADAM, 0.01f));
+  Rng rng(6);
+  const std::vector<int64_t> ids = {10, 11, 12};
+  std::vector<float> g = RandomGrads(&rng, 6);
+  ASSERT_TRUE(store->Apply(ids, g.data(), 1).ok());
+  const std::vector<int64_t> restored = {11};
+  const std::vector<float> w = {0.5f, 0.25f};
+  ASSERT_TRUE(store->RestoreRows(restored, w.data(), nullptr).ok());
+  const EmbeddingSnapshot delta = store->Snapshot(0, 1000, 1);
+  EXPECT_EQ(delta.ids, (std::vector<int64_t>{10, 12}));
+  ASSERT_EQ(delta.weights.size(), 4u);
+  ASSERT_EQ(delta.state.size(), 2u * delta.state_floats);
+  const EmbeddingSnapshot all = store->Snapshot();
+  ASSERT_EQ(all.ids, ids);
+  // The kept rows' values (the compaction after the dropped row moved row 12's down).
+  EXPECT_TRUE(std::equal(delta.weights.begin() + 2, delta.weights.end(), all.weights.begin() + 4));
+  EXPECT_TRUE(std::equal(delta.state.begin() + delta.state_floats, delta.state.end(),
+                         all.state.begin() + 2 * all.state_floats));
+  ASSERT_TRUE(store->Apply(restored, g.data(), 2).ok());
+  EXPECT_EQ(store->change_log_entries(), 4);
+  EXPECT_EQ(store->Snapshot(0, 1000, 1).ids, ids);
+}
+
+// A delta in pieces (SaveEmbeddingStore's streaming): ChangedRows lists the logged rows of a
+// range, SnapshotRows copies the listed rows still changed (not one restored since, nor an id not
+// stored or outside the store), and ChangedRows says when the logs cannot answer.
+TEST(EmbeddingStoreChangeLog, ChangedRowsAndSnapshotRowsMakeADeltaInPieces) {
+  auto store = MakeStore(1000, 9000, 2, MakeOptimizer(ADAGRAD, 0.1f));
+  Rng rng(8);
+  std::vector<float> g = RandomGrads(&rng, 8);
+  ASSERT_TRUE(store->Apply({1001, 5000, 8999}, g.data(), 1).ok());
+  store->BeginGeneration(2, 2);
+  ASSERT_TRUE(store->Apply({8999, 1001, 4000}, g.data(), 2).ok());
+  EXPECT_EQ(store->ChangedRows(0, 100000, 2), (std::vector<int64_t>{1001, 4000, 8999}));
+  EXPECT_EQ(store->ChangedRows(1002, 8999, 2), (std::vector<int64_t>{4000}));
+  EXPECT_EQ(store->ChangedRows(0, 100000, 1), std::nullopt);  // generation 1's log was dropped
+  EXPECT_EQ(store->ChangedRows(0, 100000, 0), std::nullopt);  // 0: every row, not a delta
+  const std::vector<float> w = {1, 2};
+  ASSERT_TRUE(store->RestoreRows({4000}, w.data(), nullptr).ok());
+  const EmbeddingSnapshot piece = store->SnapshotRows({7, 1001, 1002, 4000, 5000, 8999}, 2);
+  EXPECT_EQ(piece.ids, (std::vector<int64_t>{1001, 8999}));
+  const EmbeddingSnapshot all = store->Snapshot();
+  ASSERT_EQ(all.ids, (std::vector<int64_t>{1001, 4000, 5000, 8999}));
+  EXPECT_EQ(piece.weights, (std::vector<float>{all.weights[0], all.weights[1], all.weights[6],
+                                               all.weights[7]}));
+  EXPECT_EQ(piece.state.size(), 2u * all.state_floats);
+  EXPECT_EQ(store->Snapshot(0, 100000, 2).ids, piece.ids);
+}
+
+// The log path against its reference twin, the stamp scan: two stores get the same updates over
+// several generations; one keeps every log, the other drops them at each generation (so it
+// scans). Every delta since every generation, whole or in ranges, is identical in ids, weights
+// and slots, single- and multi-threaded.
+TEST(EmbeddingStoreChangeLog, DeltasFromTheLogsEqualTheStampScan) {
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(threads);
+    auto logged = MakeStore(100, 300000, 3, MakeOptimizer(ADAGRAD, 0.05f), threads);
+    auto scanned = MakeStore(100, 300000, 3, MakeOptimizer(ADAGRAD, 0.05f), threads);
+    Rng rng(11);
+    for (uint32_t generation = 1; generation <= 6; ++generation) {
+      if (generation > 1) {
+        logged->BeginGeneration(generation, 1);
+        scanned->BeginGeneration(generation, generation);
+      }
+      for (int batch = 0; batch < 4; ++batch) {
+        std::set<int64_t> unique;
+        const int n = generation == 1 ? 20000 : 2000;
+        for (int i = 0; i < n; ++i) unique.insert(100 + rng() % 299900);
+        std::vector<int64_t> ids(unique.begin(), unique.end());
+        std::shuffle(ids.begin(), ids.end(), rng);
+        const std::vector<float> g = RandomGrads(&rng, ids.size() * 3);
+        ASSERT_TRUE(logged->Apply(ids, g.data(), generation).ok());
+        ASSERT_TRUE(scanned->Apply(ids, g.data(), generation).ok());
+      }
+    }
+    EXPECT_EQ(scanned->oldest_logged_generation(), 6u);
+    for (uint32_t since = 1; since <= 7; ++since) {
+      SCOPED_TRACE(since);
+      for (auto [from, to] : {std::pair<int64_t, int64_t>{0, 400000}, {4096, 131072},
+                              {299000, 300000}}) {
+        const EmbeddingSnapshot a = logged->Snapshot(from, to, since);
+        const EmbeddingSnapshot b = scanned->Snapshot(from, to, since);
+        EXPECT_EQ(a.ids, b.ids);
+        EXPECT_EQ(a.weights, b.weights);
+        EXPECT_EQ(a.state, b.state);
+        EXPECT_EQ(since == 7, a.rows() == 0) << from << " " << to;
+      }
+    }
+    EXPECT_GT(logged->Snapshot(0, 400000, 6).rows(), 7000);
+  }
+}
+
+// Concurrency: writers apply all the time while a checkpointer takes a full snapshot and then
+// deltas, each after beginning a generation. Restoring the full and then each delta in order,
+// and a last delta taken after the writers stopped, gives the store's final contents exactly:
+// no update is lost between a delta's log walk and its copy.
+TEST(EmbeddingStoreChangeLog, FullPlusDeltasTakenDuringUpdatesRestoreTheFinalStore) {
+  auto store = MakeStore(0, 1 << 18, 2, MakeOptimizer(ADAGRAD, 0.05f), 2);
+  {
+    std::vector<int64_t> ids;
+    for (int64_t r = 0; r < (1 << 18); r += 2) ids.push_back(r);
+    const std::vector<float> g(ids.size() * 2, 0.5f);
+    ASSERT_TRUE(store->Apply(ids, g.data(), 0).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 3; ++t) {
+    writers.emplace_back([&, t] {
+      Rng rng(100 + t);
+      // At least 100 updates each, however the threads are scheduled.
+      for (int step = 0; step < 200000 && (step < 100 || !stop.load()); ++step) {
+        std::vector<int64_t> ids(64);
+        // Skewed: a few hot rows, many cold ones.
+        for (auto& id : ids) id = rng() % 4 == 0 ? rng() % 256 : rng() % (1 << 18);
+        const std::vector<float> g = RandomGrads(&rng, ids.size() * 2);
+        ASSERT_TRUE(store->Apply(ids, g.data(), step).ok());
+      }
+    });
+  }
+  std::vector<EmbeddingSnapshot> chain;
+  uint32_t since = 0;
+  for (uint32_t generation = 2; generation <= 12; ++generation) {
+    store->BeginGeneration(generation, since == 0 ? generation : since);
+    chain.push_back(store->Snapshot(0, 1 << 18, since));
+    since = generation;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the writers run
+  }
+  stop.store(true);
+  for (auto& w : writers) w.join();
+  store->BeginGeneration(13, since);
+  chain.push_back(store->Snapshot(0, 1 << 18, since));
+  EXPECT_GE(chain.front().rows(), 1 << 17);
+  int64_t delta_rows = 0;
+  for (size_t i = 1; i < chain.size(); ++i) delta_rows += chain[i].rows();
+  EXPECT_GT(delta_rows, 0);
+  auto copy = MakeStore(0, 1 << 18, 2, MakeOptimizer(ADAGRAD, 0.05f));
+  for (const EmbeddingSnapshot& s : chain) ASSERT_TRUE(copy->Restore(s).ok());
+  const EmbeddingSnapshot want = store->Snapshot(), got = copy->Snapshot();
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.weights, want.weights);
+  EXPECT_EQ(got.state, want.state);
 }
 
 }  // namespace
