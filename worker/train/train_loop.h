@@ -122,8 +122,11 @@ class TrainLoop {
   // compute unless a boundary without read-ahead must follow; then progress, evaluation and the
   // scheduled checkpoint. FAILED_PRECONDITION if the step's loss is not finite.
   absl::Status RunStep();
-  // Flushes the pushes and saves the worker's state (refused after a divergence).
-  absl::Status Checkpoint(bool final);
+  // Flushes the pushes and saves the worker's state (refused after a divergence). `scheduled`:
+  // the chief's own schedule (every_steps / every_seconds) asked for it, so an uninterrupted job
+  // writes it too: with keep_best its evaluation is owed even when a stop signal came first (the
+  // state says evaluating_step, and the resumed job runs it).
+  absl::Status Checkpoint(bool final, bool scheduled = false);
   // Takes a finished evaluation's result: logs it, feeds the EarlyStopper (marks BEST; with
   // `may_stop`, ends the pass when patience runs out).
   absl::Status DrainEval(bool may_stop = true);
