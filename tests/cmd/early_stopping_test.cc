@@ -151,6 +151,18 @@ class EarlyStoppingTest : public ::testing::Test {
     return state;
   }
 
+  // Runs `pstrain train` with `flags` in `m` (fresh or resumed) until early stopping ends the
+  // pass; checks that its output has `expect`. Returns the state of the pass's last checkpoint.
+  WorkerState TrainToTheStop(const std::string& m, const std::vector<std::string>& flags,
+                             const std::string& expect) {
+    Result r = Pstrain("train", m, flags);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("early stopping at step "));
+    EXPECT_THAT(r.out, HasSubstr(expect));
+    const std::vector<WorkerState> states = FinalStates(m, 1, /*finished=*/false);
+    return states.empty() ? WorkerState() : states[0];
+  }
+
   std::string name_;
   int runs_ = 0;
 };
@@ -184,48 +196,27 @@ void ExpectSameEnd(const WorkerState& whole, const WorkerState& resumed) {
 }
 
 TEST_F(EarlyStoppingTest, TrainResumedAfterSigtermGoesOnCountingItsPatience) {
-  const std::string whole = Dir() + "/patience_whole";
-  Result r = Pstrain("train", whole, kResumeFlags);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("early stopping at step "));
-  const std::vector<WorkerState> w = FinalStates(whole, 1, /*finished=*/false);
-  ASSERT_EQ(w.size(), 1u);
-
+  const WorkerState whole = TrainToTheStop(Dir() + "/patience_whole", kResumeFlags, "");
   const std::string m = Dir() + "/patience_sigterm";
   const WorkerState stopped = Interrupt(m, kResumeFlags, SIGTERM, /*evals=*/1);
   // The stop's checkpoint holds at least the first evaluation, and the pass is not over.
   EXPECT_GE(stopped.early_stopping().evals(), 1);
   EXPECT_LT(stopped.early_stopping().evals(), 31);
   EXPECT_EQ(stopped.early_stopping().best_step(), 4);
-  Result resumed = Pstrain("train", m, kResumeFlags);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  EXPECT_THAT(resumed.out, HasSubstr("resumed from "));
-  EXPECT_THAT(resumed.out, HasSubstr("early stopping at step "));
-  const std::vector<WorkerState> s = FinalStates(m, 1, /*finished=*/false);
-  ASSERT_EQ(s.size(), 1u);
-  ExpectSameEnd(w[0], s[0]);
+  ExpectSameEnd(whole, TrainToTheStop(m, kResumeFlags, "resumed from "));
 }
 
 // Killed after the third evaluation (no stop checkpoint): the newest checkpoint was written
 // before its own evaluation reported; the resumed job goes on counting from the checkpoint's
 // state and runs that evaluation first, as the uninterrupted job did.
 TEST_F(EarlyStoppingTest, TrainResumedAfterAKillRunsTheLostEvaluation) {
-  const std::string whole = Dir() + "/patience_whole_kill";
-  Result r = Pstrain("train", whole, kResumeFlags);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const std::vector<WorkerState> w = FinalStates(whole, 1, /*finished=*/false);
-  ASSERT_EQ(w.size(), 1u);
-
+  const WorkerState whole = TrainToTheStop(Dir() + "/patience_whole_kill", kResumeFlags, "");
   const std::string m = Dir() + "/patience_kill";
   const WorkerState killed = Interrupt(m, kResumeFlags, SIGKILL, /*evals=*/3);
   EXPECT_EQ(killed.early_stopping().evaluating_step(), killed.step());
   EXPECT_GE(killed.early_stopping().evals(), 1);  // counted evaluations that must carry on
-  Result resumed = Pstrain("train", m, kResumeFlags);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  EXPECT_THAT(resumed.out, HasSubstr("(its evaluation was not in the checkpoint)"));
-  const std::vector<WorkerState> s = FinalStates(m, 1, /*finished=*/false);
-  ASSERT_EQ(s.size(), 1u);
-  ExpectSameEnd(w[0], s[0]);
+  ExpectSameEnd(whole,
+                TrainToTheStop(m, kResumeFlags, "(its evaluation was not in the checkpoint)"));
 }
 
 TEST_F(EarlyStoppingTest, TrainStopsEarlyAndEndsThePass) {
