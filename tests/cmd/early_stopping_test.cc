@@ -9,7 +9,9 @@
 //     checkpoint.keep = 1, and `predict --checkpoint best` reads it;
 //   - a `pstrain train` stopped by SIGTERM (or killed) after its first evaluation and resumed by
 //     the same command goes on counting its patience: it stops after the same evaluation, in the
-//     same checkpoint interval, with the same early-stopping state as an uninterrupted run.
+//     same checkpoint interval, with the same early-stopping state as an uninterrupted run; a
+//     `pstrain local --hosts 2` (SYNC) job stopped and resumed stops at the same chief step with
+//     the same best step.
 // The data: `pstrain datagen` (2 files of 1000 rows), 100 records a step, 100 epochs: 2000 steps
 // of one worker. Early stopping with min_delta 1 (no AUC improves by more than 1) and patience 1
 // stops after the second evaluation's result, long before that. (Evaluations run beside training
@@ -129,21 +131,21 @@ class EarlyStoppingTest : public ::testing::Test {
     return {"/bin/sh", "-c", line + " 2>&1"};
   }
 
-  // Starts `pstrain train` with `flags`, waits for the report of its `evals`-th periodic
-  // evaluation, sends `sig` and waits for the process to end. Returns the state the newest
-  // checkpoint saved for the resumed job.
-  WorkerState Interrupt(const std::string& m, const std::vector<std::string>& flags, int sig,
-                        int evals) {
+  // Starts `pstrain <command>` (train, local) with `flags`, waits for the report of its
+  // `evals`-th periodic evaluation, sends `sig` and waits for the process to end. Returns the
+  // state the newest checkpoint saved for the chief (worker 0) of the resumed job.
+  WorkerState Interrupt(const std::string& command, const std::string& m,
+                        const std::vector<std::string>& flags, int sig, int evals) {
     WorkerState state;
     testing::Subprocess train;
     std::string error;
-    EXPECT_TRUE(train.Start(ShellArgs("train", m, flags), &error)) << error;
+    EXPECT_TRUE(train.Start(ShellArgs(command, m, flags), &error)) << error;
     for (int i = 0; i < evals; ++i) {
       EXPECT_THAT(train.ReadLineContaining("eval at step ", 120000), HasSubstr(": auc "));
     }
     EXPECT_TRUE(train.Signal(sig));
     const int status = train.WaitExit(120000);
-    EXPECT_NE(status, -1) << "pstrain train did not end after signal " << sig;
+    EXPECT_NE(status, -1) << "pstrain " << command << " did not end after signal " << sig;
     absl::StatusOr<int64_t> latest = ReadLatest(m);
     EXPECT_TRUE(latest.ok()) << latest.status();
     if (latest.ok()) EXPECT_TRUE(ReadWorkerState(CheckpointPath(m, *latest), 0, &state).ok());
@@ -151,15 +153,17 @@ class EarlyStoppingTest : public ::testing::Test {
     return state;
   }
 
-  // Runs `pstrain train` with `flags` in `m` (fresh or resumed) until early stopping ends the
-  // pass; checks that its output has `expect`. Returns the state of the pass's last checkpoint.
-  WorkerState TrainToTheStop(const std::string& m, const std::vector<std::string>& flags,
-                             const std::string& expect) {
-    Result r = Pstrain("train", m, flags);
+  // Runs `pstrain <command>` with `flags` in `m` (fresh or resumed) until early stopping ends
+  // the pass; checks that its output has `expect`. Returns the chief's (worker 0's) state in the
+  // pass's last checkpoint, of `workers`.
+  WorkerState TrainToTheStop(const std::string& command, const std::string& m,
+                             const std::vector<std::string>& flags, const std::string& expect,
+                             int workers = 1) {
+    Result r = Pstrain(command, m, flags);
     EXPECT_EQ(r.exit_code, 0) << r.out;
     EXPECT_THAT(r.out, HasSubstr("early stopping at step "));
     EXPECT_THAT(r.out, HasSubstr(expect));
-    const std::vector<WorkerState> states = FinalStates(m, 1, /*finished=*/false);
+    const std::vector<WorkerState> states = FinalStates(m, workers, /*finished=*/false);
     return states.empty() ? WorkerState() : states[0];
   }
 
@@ -196,27 +200,53 @@ void ExpectSameEnd(const WorkerState& whole, const WorkerState& resumed) {
 }
 
 TEST_F(EarlyStoppingTest, TrainResumedAfterSigtermGoesOnCountingItsPatience) {
-  const WorkerState whole = TrainToTheStop(Dir() + "/patience_whole", kResumeFlags, "");
+  const WorkerState whole = TrainToTheStop("train", Dir() + "/patience_whole", kResumeFlags, "");
   const std::string m = Dir() + "/patience_sigterm";
-  const WorkerState stopped = Interrupt(m, kResumeFlags, SIGTERM, /*evals=*/1);
+  const WorkerState stopped = Interrupt("train", m, kResumeFlags, SIGTERM, /*evals=*/1);
   // The stop's checkpoint holds at least the first evaluation, and the pass is not over.
   EXPECT_GE(stopped.early_stopping().evals(), 1);
   EXPECT_LT(stopped.early_stopping().evals(), 31);
   EXPECT_EQ(stopped.early_stopping().best_step(), 4);
-  ExpectSameEnd(whole, TrainToTheStop(m, kResumeFlags, "resumed from "));
+  ExpectSameEnd(whole, TrainToTheStop("train", m, kResumeFlags, "resumed from "));
 }
 
 // Killed after the third evaluation (no stop checkpoint): the newest checkpoint was written
 // before its own evaluation reported; the resumed job goes on counting from the checkpoint's
 // state and runs that evaluation first, as the uninterrupted job did.
 TEST_F(EarlyStoppingTest, TrainResumedAfterAKillRunsTheLostEvaluation) {
-  const WorkerState whole = TrainToTheStop(Dir() + "/patience_whole_kill", kResumeFlags, "");
+  const WorkerState whole = TrainToTheStop("train", Dir() + "/patience_whole_kill", kResumeFlags, "");
   const std::string m = Dir() + "/patience_kill";
-  const WorkerState killed = Interrupt(m, kResumeFlags, SIGKILL, /*evals=*/3);
+  const WorkerState killed = Interrupt("train", m, kResumeFlags, SIGKILL, /*evals=*/3);
   EXPECT_EQ(killed.early_stopping().evaluating_step(), killed.step());
   EXPECT_GE(killed.early_stopping().evals(), 1);  // counted evaluations that must carry on
-  ExpectSameEnd(whole,
-                TrainToTheStop(m, kResumeFlags, "(its evaluation was not in the checkpoint)"));
+  ExpectSameEnd(whole, TrainToTheStop("train", m, kResumeFlags,
+                                      "(its evaluation was not in the checkpoint)"));
+}
+
+// The same in a PS job (`pstrain local --hosts 2`, SYNC), where the chief's state is committed
+// in the job's checkpoint rounds: stopped by SIGTERM after the first evaluation and resumed, it
+// ends with the uninterrupted job's best step at the same chief step. (The stop's round stands
+// for the scheduled round it came before, whose evaluation the resumed job runs: without that
+// the resumed job evaluated one round fewer and stopped 4 steps later.) A job that forgot its
+// patience would have its best after the resume and stop about 30 rounds later.
+TEST_F(EarlyStoppingTest, PsResumedAfterSigtermGoesOnCountingItsPatience) {
+  std::vector<std::string> flags = kResumeFlags;
+  flags.insert(flags.end(), {"--hosts", "2", "--kill_timeout_s", "20", "--set",
+                             "cluster.consistency=SYNC"});
+  const WorkerState whole = TrainToTheStop("local", Dir() + "/ps_patience_whole", flags, "", 2);
+  EXPECT_EQ(whole.early_stopping().evals(), 31);
+  const std::string m = Dir() + "/ps_patience_sigterm";
+  const WorkerState stopped = Interrupt("local", m, flags, SIGTERM, /*evals=*/1);
+  EXPECT_LT(stopped.early_stopping().evals() + stopped.early_stopping().has_evaluating_step(),
+            31);
+  EXPECT_GE(stopped.early_stopping().evals() + stopped.early_stopping().has_evaluating_step(),
+            1);
+  const WorkerState resumed = TrainToTheStop("local", m, flags, "resumed from ", 2);
+  EXPECT_EQ(resumed.early_stopping().evals(), whole.early_stopping().evals());
+  EXPECT_EQ(resumed.early_stopping().evals_since_best(), whole.early_stopping().evals_since_best());
+  EXPECT_EQ(resumed.early_stopping().best_step(), whole.early_stopping().best_step());
+  EXPECT_EQ(resumed.step(), whole.step());
+  EXPECT_EQ(ProcessesLeft(m), 0);
 }
 
 TEST_F(EarlyStoppingTest, TrainStopsEarlyAndEndsThePass) {

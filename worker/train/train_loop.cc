@@ -248,8 +248,11 @@ absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
   }
   // keep_best evaluates each checkpoint the chief writes on the way (not the final or a stop's).
   // A scheduled one a signal came before is not evaluated now, but the state says it is owed.
+  // A PS chief answers its schedule by arranging a round a few steps later (Save returns "");
+  // the next round it commits stands for that scheduled one, even a stop's.
   const bool evaluate = keep_best_ && !final && !Stopped();
-  const bool owed = evaluate || (keep_best_ && !final && scheduled && !end_pass_asked_);
+  const bool owed = evaluate || (keep_best_ && !final && !end_pass_asked_ &&
+                                 (scheduled || scheduled_round_owed_));
   WorkerState ws;
   ws.set_step(step_);
   ws.set_examples(examples_);
@@ -268,6 +271,11 @@ absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
     }
   }
   ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
+  if (!dir.empty()) {
+    scheduled_round_owed_ = false;
+  } else if (scheduled) {
+    scheduled_round_owed_ = true;
+  }
   if (!dir.empty() && evaluate && background_.Start(step_)) eval_checkpoint_ = dir;
   if (!dir.empty()) {
     summary_.checkpoint = dir;
