@@ -546,6 +546,11 @@ set autoscale x
 set xlabel 's'
 plot for [i=0:{len(ok) - 1}] '{curves}' index i using 1:2 with linespoints title columnheader(1)
 """
+    return run_gnuplot(script)
+
+
+def run_gnuplot(script):
+    """Runs a gnuplot script; None, or why no plot was made."""
     if not shutil.which("gnuplot"):
         return "gnuplot not found (scripts/install_bench_deps.sh installs it)"
     p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)

@@ -12,7 +12,9 @@ with the given training flags, then prints one table (and writes scaling.json / 
             bytes / the link's rate: the network term alone, with the CPU sharing measured;
 the bytes a host's link carried per step (its eth0 counters) against the modelled bytes, and
 the share of the link rate each strategy reached (modelled network time / the capped run's step
-time beyond the uncapped run's).
+time beyond the uncapped run's). Also writes scaling.png (measured examples/s with their ranges
+against both predictions, one panel per link speed; needs gnuplot) and, in scaling.md, which
+strategy the measurements say wins at each host count and link speed.
 Needs root (scripts/emulate_hosts.sh). Only the Python standard library.
 """
 
@@ -23,6 +25,91 @@ import subprocess
 import sys
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SOURCE_ROOT, "bench"))
+from compare import run_gnuplot  # noqa: E402
+
+
+def link_name(mbit):
+    return "uncapped" if mbit == 0 else f"{mbit:g} Mbit/s"
+
+
+def recommendation(points):
+    """One line per (link, hosts): which strategy the measured examples/s favour, by how much,
+    and what each holds per host. Measured points only: the models are not consulted."""
+    lines = []
+    for mbit in sorted({pt["mbit"] for pt in points}, reverse=True):
+        for n in sorted({pt["hosts"] for pt in points}):
+            ps = next((p for p in points if p["hosts"] == n and p["mbit"] == mbit and
+                       p["mode"] == "ps-async" and p["examples_per_sec"]), None)
+            ar = next((p for p in points if p["hosts"] == n and p["mbit"] == mbit and
+                       p["mode"] == "allreduce" and p["examples_per_sec"]), None)
+            if not ps or not ar:
+                lines.append(f"- {n} hosts, {link_name(mbit)}: not compared (a strategy has no "
+                             "measurement)")
+                continue
+            win, lose = (ps, ar) if ps["examples_per_sec"] >= ar["examples_per_sec"] else (ar, ps)
+            # A lead inside the other's range over the repeats is not a lead.
+            lo = (win.get("examples_per_sec_range") or [win["examples_per_sec"]])[0]
+            hi = (lose.get("examples_per_sec_range") or [lose["examples_per_sec"]])[-1]
+            verdict = (f"{win['mode']} wins, {win['examples_per_sec'] / lose['examples_per_sec']:.1f}x"
+                       if lo > hi else "a tie within the ranges")
+            mem = ""
+            if ps.get("param_memory_mb_per_host") and ar.get("param_memory_mb_per_host"):
+                mem = (f"; params + slots per host: PS {ps['param_memory_mb_per_host']:.1f} MB, "
+                       f"allreduce {ar['param_memory_mb_per_host']:.1f} MB")
+            lines.append(f"- {n} hosts, {link_name(mbit)}: {verdict} "
+                         f"({ps['examples_per_sec']:.0f} against {ar['examples_per_sec']:.0f} "
+                         f"ex/s){mem}")
+    return lines
+
+
+def plot(points, out_dir):
+    """scaling.png: per link speed, measured ex/s (bars: range over the repeats) of both
+    strategies against the uncapped-step + bytes / rate prediction and the paper model."""
+    mbits = sorted({pt["mbit"] for pt in points})
+    dat = os.path.join(out_dir, "scaling.dat")
+    # One gnuplot index per (link, strategy): hosts, measured, lo, hi, measured-compute, paper.
+    blocks = []
+    with open(dat, "w") as f:
+        for mbit in mbits:
+            for mode in ("ps-async", "allreduce"):
+                pts = sorted((p for p in points if p["mbit"] == mbit and p["mode"] == mode),
+                             key=lambda p: p["hosts"])
+                for p in pts:
+                    e = p["examples_per_sec"] or float("nan")
+                    lo, hi = p.get("examples_per_sec_range") or (e, e)
+                    m = p["measured_compute_examples_per_sec"] or float("nan")
+                    a = p["paper_examples_per_sec"] or float("nan")
+                    f.write(f"{p['hosts']} {e} {lo} {hi} {m} {a}\n")
+                f.write("\n\n")
+                blocks.append((mbit, mode))
+    panels = []
+    for mbit in mbits:
+        parts = []
+        for i, (bm, mode) in enumerate(blocks):
+            if bm != mbit:
+                continue
+            color = "'#1f77b4'" if mode == "ps-async" else "'#d62728'"
+            parts.append(f"'{dat}' index {i} using 1:2:3:4 with yerrorlines lc rgb {color} lw 2 "
+                         f"pt 7 title '{mode} measured'")
+            if mbit:
+                parts.append(f"'{dat}' index {i} using 1:5 with linespoints lc rgb {color} dt 2 "
+                             f"pt 6 title '{mode}: uncapped step + bytes/rate'")
+            parts.append(f"'{dat}' index {i} using 1:6 with linespoints lc rgb {color} dt 3 "
+                         f"pt 4 title '{mode}: paper model'")
+        panels.append(f"set title 'link {link_name(mbit)}'\nplot " + ", ".join(parts))
+    script = f"""set terminal pngcairo size {560 * len(mbits)},520
+set output '{os.path.join(out_dir, 'scaling.png')}'
+set multiplot layout 1,{len(mbits)}
+set xlabel 'emulated hosts'
+set ylabel 'examples/s'
+set logscale x 2
+set xtics (2, 4, 8)
+set xrange [1.6:10]
+set yrange [0:*]
+set key below font ',9' maxrows 3
+""" + "\n".join(panels) + "\n"
+    return run_gnuplot(script)
 
 
 def main(argv):
@@ -108,11 +195,16 @@ def main(argv):
             f"{f(pt['link_efficiency'], '.2f')} | "
             f"{f(pt['host_peak_memory_mb'])} | {f(pt['param_memory_mb_per_host'], '.1f')} |")
     table = "\n".join(lines)
+    verdict = "\n".join(["", "Measured winner at each point (ex/s medians; a lead inside the "
+                                "ranges over the repeats is called a tie):"] + recommendation(points))
     with open(os.path.join(args.results, "scaling.json"), "w") as fh:
         json.dump(points, fh, indent=1)
     with open(os.path.join(args.results, "scaling.md"), "w") as fh:
-        fh.write(table + "\n")
-    print(table)
+        fh.write(table + "\n" + verdict + "\n")
+    print(table + "\n" + verdict)
+    why = plot(points, args.results)
+    print(f"[emulated_scaling] no plot: {why}" if why else
+          f"[emulated_scaling] plot: {os.path.join(args.results, 'scaling.png')}")
     return 0 if all(pt["status"] == "ok" for pt in points) else 1
 
 

@@ -225,7 +225,11 @@ int RunHost(int argc, char** argv) {
   seen.set_worker_id(me);
   seen.set_phase(FINISH_SEEN);
   if (chief) {
-    (*server)->Report(seen);
+    // Its own shard: a refusal means the job's state disagrees with this host (a bug, or a phase
+    // the chief already passed); the wait below then reports the missing acknowledgement.
+    if (absl::Status s = (*server)->Report(seen); !s.ok()) {
+      PSTRAIN_LOG(WARNING) << "host " << me << ": its own FINISH_SEEN report was refused: " << s;
+    }
     // Not fatal: the job is done, a host that does not acknowledge only loses its shard early.
     if (auto s = shard_zero.WaitForReports(FINISH_SEEN, N, absl::Seconds(60)); !s.ok()) {
       PSTRAIN_LOG(WARNING) << s.status();

@@ -16,10 +16,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <google/protobuf/struct.pb.h>
@@ -47,6 +45,7 @@
 #include "cmd/launcher.h"
 #include "common/file.h"
 #include "common/flags.h"
+#include "common/spawn.h"
 
 namespace pstrain {
 namespace {
@@ -117,7 +116,6 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
   std::printf("pstrain local: starting %d hosts on %s; host 0 prints here, host i > 0 logs to "
               "%s/host-<i>/output.log\n", n, cluster.c_str(), model_dir.c_str());
   std::fflush(stdout);
-  const pid_t parent = getpid();
   std::vector<Child> children(n);
   for (int i = 1; i < n; ++i) {
     const std::string dir = absl::StrCat(model_dir, "/host-", i);
@@ -138,32 +136,18 @@ int RunCluster(const std::vector<std::string>& base_args, int n, const std::stri
     // its share of the cores, not all of them.
     args.push_back(absl::StrCat(
         "--cores=", std::max(1, Launch().cpus.cpus / n)));
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::fprintf(stderr, "pstrain local: fork: %s\n", std::strerror(errno));
+    SpawnOptions so;
+    so.argv = std::move(args);
+    if (i > 0) so.output_file = children[i].log;
+    const absl::StatusOr<pid_t> pid = Spawn(so);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "pstrain local: host %d: %s\n", i,
+                   std::string(pid.status().message()).c_str());
       for (int j = 0; j < i; ++j) kill(children[j].pid, SIGKILL);
       for (int j = 0; j < i; ++j) waitpid(children[j].pid, nullptr, 0);
       return 1;
     }
-    if (pid == 0) {
-      // Only async-signal-safe calls until exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      if (i > 0) {
-        const int fd = open(children[i].log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) _exit(126);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        close(fd);
-      }
-      sigprocmask(SIG_UNBLOCK, &signals, nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    children[i].pid = pid;
+    children[i].pid = *pid;
   }
 
   int alive = n, code = 0;

@@ -1,9 +1,7 @@
 #include "cmd/worker_supervisor.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/layout.h"
+#include "common/spawn.h"
 
 extern char** environ;
 
@@ -25,39 +24,18 @@ std::string DescribeStatus(int status) {
 
 }  // namespace
 
-int WorkerSupervisor::Spawn(const std::vector<std::string>& log, std::string* error) const {
-  // Everything the child needs is built before fork: only async-signal-safe calls after it.
-  std::vector<std::string> env_strings;
+absl::StatusOr<pid_t> WorkerSupervisor::Spawn(const std::vector<std::string>& log) const {
+  // The worker reads its restart log from the environment (kRestartLogEnv).
+  SpawnOptions so;
+  so.argv = opt_.argv;
+  so.env.emplace();
   const std::string prefix = absl::StrCat(kRestartLogEnv, "=");
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) env_strings.push_back(*e);
+    if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) so.env->push_back(*e);
   }
-  if (!log.empty()) env_strings.push_back(prefix + absl::StrJoin(log, "\n"));
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = opt_.argv;
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    *error = absl::StrCat("fork: ", std::strerror(errno));
-    return -1;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    setpgid(0, 0);
-    // The host's handlers do not survive exec, but its blocked signals would.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  return pid;
+  if (!log.empty()) so.env->push_back(prefix + absl::StrJoin(log, "\n"));
+  so.new_process_group = true;
+  return pstrain::Spawn(so);
 }
 
 std::string WorkerSupervisor::NoRestart(int status, int restarts) const {
@@ -82,12 +60,13 @@ WorkerSupervisor::Result WorkerSupervisor::Run() {
   const int w = opt_.worker;
   const char* cmd = opt_.command.c_str();
   while (true) {
-    std::string error;
-    const int pid = Spawn(result.restart_log, &error);
-    if (pid < 0) {
-      std::fprintf(stderr, "pstrain %s: cannot start worker %d: %s\n", cmd, w, error.c_str());
+    const absl::StatusOr<pid_t> spawned = Spawn(result.restart_log);
+    if (!spawned.ok()) {
+      std::fprintf(stderr, "pstrain %s: cannot start worker %d: %s\n", cmd, w,
+                   std::string(spawned.status().message()).c_str());
       return result;
     }
+    const pid_t pid = *spawned;
     if (opt_.forward_to != nullptr) *opt_.forward_to = pid;
     // A stop that came before forward_to was set is forwarded here.
     if (opt_.stop != nullptr && opt_.stop->load()) kill(pid, SIGTERM);

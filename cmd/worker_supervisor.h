@@ -20,10 +20,13 @@
 // Thread-safety: Run() blocks the calling thread until the worker is done; one call at a time.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "cmd/stop_signal.h"
 #include "worker/ps_client/shard_rpc.h"
 
@@ -55,8 +58,8 @@ class WorkerSupervisor {
   Result Run();
 
  private:
-  // Starts a child with `log` in its environment; its pid, or -1 with *error set.
-  int Spawn(const std::vector<std::string>& log, std::string* error) const;
+  // Starts a child with `log` in its environment, in its own process group.
+  absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& log) const;
   // Why a child that ended with `status` is not restarted, or "" to restart it.
   std::string NoRestart(int status, int restarts) const;
 

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "common/spawn.h"
 
 namespace pstrain {
 namespace testing {
@@ -49,45 +50,17 @@ class Subprocess {
   bool Start(const std::vector<std::string>& argv, std::string* error) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return Fail("pipe2", error);
-    int exec_fds[2];  // the child writes errno here when exec fails; closed on exec otherwise
-    if (pipe2(exec_fds, O_CLOEXEC) != 0) {
-      close(fds[0]);
-      close(fds[1]);
-      return Fail("pipe2", error);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Only async-signal-safe calls until exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);  // the test died before prctl
-      dup2(fds[1], STDOUT_FILENO);          // dup2 clears O_CLOEXEC on the copy
-      execv(args[0], args.data());
-      const int e = errno;
-      (void)!write(exec_fds[1], &e, sizeof(e));
-      _exit(127);
-    }
-    const int fork_errno = errno;
+    SpawnOptions so;
+    so.argv = argv;
+    so.stdout_fd = fds[1];
+    const absl::StatusOr<pid_t> pid = Spawn(so);
     close(fds[1]);
-    close(exec_fds[1]);
     out_fd_ = fds[0];
-    if (pid_ < 0) {
-      close(exec_fds[0]);
-      errno = fork_errno;
-      return Fail("fork", error);
+    if (!pid.ok()) {
+      *error = std::string(pid.status().message());
+      return false;
     }
-    int exec_errno = 0;
-    const ssize_t n = read(exec_fds[0], &exec_errno, sizeof(exec_errno));  // 0: exec succeeded
-    close(exec_fds[0]);
-    if (n == sizeof(exec_errno)) {
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-      errno = exec_errno;
-      return Fail("exec " + argv[0], error);
-    }
+    pid_ = *pid;
     pid_fd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
     if (pid_fd_ < 0) return Fail("pidfd_open", error);
     return true;
