@@ -16,8 +16,9 @@ start).
 
     python3 scripts/small_data_cv.py --pstrain build/release/pstrain --out /tmp/cv [--folds 5]
 
-prints one line per variant: mean test AUC over the folds, its min and max, and the per-fold
-values; docs/PERFORMANCE.md "Quality on real data" records a run.
+prints one line per variant: mean test AUC over the folds, its min and max, the per-fold values
+and the paired difference to the hashed LR at C = 0.1 (mean over the folds +- its standard
+error); docs/PERFORMANCE.md "Small real data" records a run.
 """
 
 import argparse
@@ -42,12 +43,16 @@ EARLY = ["--epochs", "20", "--set", "data.validation_fraction=0.1",
          "--set", "train.early_stopping.patience_evals=3",
          "--set", "checkpoint.keep_best=true", "--set", "checkpoint.every_steps=7",
          "--set", "checkpoint.every_seconds=0", "--set", "checkpoint.keep=1"]
-SMALL = ["--config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
-                                  "criteo_kaggle_small.textproto")]
+# Candidate small-data settings on top of EARLY (--only picks among them).
 VARIANTS = {
-    "criteo_kaggle_small.textproto (3 epochs)": SMALL,
     "defaults, 1 epoch": [],
     "defaults + early stopping": EARLY,
+    "defaults + early stopping, sparse lr 0.02": EARLY + ["--set",
+                                                         "sparse_optimizer.learning_rate=0.02"],
+    "defaults + early stopping, embedding_l2 0.01": EARLY + ["--set", "model.embedding_l2=0.01"],
+    "defaults + early stopping, embedding_l2 0.1": EARLY + ["--set", "model.embedding_l2=0.1"],
+    "defaults + early stopping, patience 1": EARLY + ["--set",
+                                                      "train.early_stopping.patience_evals=1"],
     "model.type=LR, 1 epoch": ["--set", "model.type=LR"],
     "model.type=LR + early stopping": ["--set", "model.type=LR"] + EARLY,
 }
@@ -166,21 +171,30 @@ def main():
         if a.only and a.only not in name:
             continue
         results[name] = [run_pstrain(a.pstrain, a.out, k, name, flags) for k in range(a.folds)]
-    if not a.only or "hashed" in a.only:
-        for c in (1.0, 0.1):  # sklearn's default C, and 10x its L2
-            results["hashed LR (NumPy, C = %g)" % c] = [
-                {"final": hashed_lr(tr, te, c=c)} for tr, te in data]
+    # The baselines run every time (the paired differences below need them), cached per fold.
+    for c in (1.0, 0.1):  # sklearn's default C, and 10x its L2
+        cache = os.path.join(a.out, "hashed_lr_c%g_%dfolds.json" % (c, a.folds))
+        if not os.path.exists(cache):
+            with open(cache, "w") as f:
+                json.dump([hashed_lr(tr, te, c=c) for tr, te in data], f)
+        with open(cache) as f:
+            results["hashed LR (NumPy, C = %g)" % c] = [{"final": v} for v in json.load(f)]
+    baseline = [r["final"] for r in results["hashed LR (NumPy, C = 0.1)"]]
     for name, rs in results.items():
         for key in ("final", "best"):
             v = [r[key] for r in rs if key in r]
             if not v:
                 continue
             steps = [r["steps"] for r in rs if "steps" in r]
-            print("%-45s %-5s mean %.4f  min %.4f  max %.4f  folds %s%s" % (
-                name, key, sum(v) / len(v), min(v), max(v), " ".join("%.4f" % x for x in v),
-                "  steps %s" % steps if steps and key == "final" else ""))
+            # Paired with the hashed LR at C = 0.1 on the same folds: the mean difference and its
+            # standard error (sample standard deviation of the K differences / sqrt(K)).
+            d = [x - y for x, y in zip(v, baseline)]
+            mean_d = sum(d) / len(d)
+            se = math.sqrt(sum((x - mean_d) ** 2 for x in d) / (len(d) - 1) / len(d))
+            print("%-45s %-5s mean %.4f  min %.4f  max %.4f  folds %s  vs LR C=0.1 %+.4f +- %.4f%s"
+                  % (name, key, sum(v) / len(v), min(v), max(v), " ".join("%.4f" % x for x in v),
+                     mean_d, se, "  steps %s" % steps if steps and key == "final" else ""))
             sys.stdout.flush()
-
 
 if __name__ == "__main__":
     main()

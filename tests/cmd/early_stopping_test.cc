@@ -6,7 +6,12 @@
 //     same checkpoint round (SYNC: at one common step), each ending its pass;
 //   - `mpirun -np 2 pstrain allreduce`: every rank stops after the same step;
 //   - checkpoint.keep_best with a validation split: BEST names a kept, complete checkpoint beside
-//     checkpoint.keep = 1, and `predict --checkpoint best` reads it.
+//     checkpoint.keep = 1, and `predict --checkpoint best` reads it;
+//   - a `pstrain train` stopped by SIGTERM (or killed) after its first evaluation and resumed by
+//     the same command goes on counting its patience: it stops after the same evaluation, in the
+//     same checkpoint interval, with the same early-stopping state as an uninterrupted run; a
+//     `pstrain local --hosts 2` (SYNC) job stopped and resumed stops at the same chief step with
+//     the same best step.
 // The data: `pstrain datagen` (2 files of 1000 rows), 100 records a step, 100 epochs: 2000 steps
 // of one worker. Early stopping with min_delta 1 (no AUC improves by more than 1) and patience 1
 // stops after the second evaluation's result, long before that. (Evaluations run beside training
@@ -16,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -115,9 +121,133 @@ class EarlyStoppingTest : public ::testing::Test {
     EXPECT_GT(s.fields().at("test_auc").number_value(), 0);  // the final evaluation ran
   }
 
+  // The command line of Pstrain, as one string for `sh -c` (no argument has a quote or a space).
+  std::vector<std::string> ShellArgs(const std::string& command, const std::string& model_dir,
+                                     const std::vector<std::string>& more) {
+    std::string line = absl::StrCat("exec ", PSTRAIN_BINARY, " ", command, " --config ", Dir(),
+                                    "/config.textproto --train '", Dir(), "/train/part-*' --eval '",
+                                    Dir(), "/test/part-*' --model_dir ", model_dir);
+    for (const std::string& a : more) absl::StrAppend(&line, " ", a);
+    return {"/bin/sh", "-c", line + " 2>&1"};
+  }
+
+  // Starts `pstrain <command>` (train, local) with `flags`, waits for the report of its
+  // `evals`-th periodic evaluation, sends `sig` and waits for the process to end. Returns the
+  // state the newest checkpoint saved for the chief (worker 0) of the resumed job.
+  WorkerState Interrupt(const std::string& command, const std::string& m,
+                        const std::vector<std::string>& flags, int sig, int evals) {
+    WorkerState state;
+    testing::Subprocess train;
+    std::string error;
+    EXPECT_TRUE(train.Start(ShellArgs(command, m, flags), &error)) << error;
+    for (int i = 0; i < evals; ++i) {
+      EXPECT_THAT(train.ReadLineContaining("eval at step ", 120000), HasSubstr(": auc "));
+    }
+    EXPECT_TRUE(train.Signal(sig));
+    const int status = train.WaitExit(120000);
+    EXPECT_NE(status, -1) << "pstrain " << command << " did not end after signal " << sig;
+    absl::StatusOr<int64_t> latest = ReadLatest(m);
+    EXPECT_TRUE(latest.ok()) << latest.status();
+    if (latest.ok()) EXPECT_TRUE(ReadWorkerState(CheckpointPath(m, *latest), 0, &state).ok());
+    EXPECT_FALSE(state.finished()) << "the job ended before the signal: make it longer";
+    return state;
+  }
+
+  // Runs `pstrain <command>` with `flags` in `m` (fresh or resumed) until early stopping ends
+  // the pass; checks that its output has `expect`. Returns the chief's (worker 0's) state in the
+  // pass's last checkpoint, of `workers`.
+  WorkerState TrainToTheStop(const std::string& command, const std::string& m,
+                             const std::vector<std::string>& flags, const std::string& expect,
+                             int workers = 1) {
+    Result r = Pstrain(command, m, flags);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("early stopping at step "));
+    EXPECT_THAT(r.out, HasSubstr(expect));
+    const std::vector<WorkerState> states = FinalStates(m, workers, /*finished=*/false);
+    return states.empty() ? WorkerState() : states[0];
+  }
+
   std::string name_;
   int runs_ = 0;
 };
+
+// The resume tests' flags: keep_best evaluates every checkpoint (every 4 steps) before the next
+// one is written, so which evaluations a job makes is fixed by its steps, not by timing. No AUC
+// improves by more than min_delta 1 after the first, so patience 30 ends the pass after the 31st
+// evaluation, of checkpoint 124, at a step boundary in (124, 128] (when its result arrives).
+const std::vector<std::string> kResumeFlags = {
+    "--set", "train.early_stopping.patience_evals=30", "--set", "checkpoint.keep_best=true",
+    "--set", "checkpoint.every_steps=4",               "--set", "checkpoint.keep=2"};
+
+// The early-stopping state a resumed job ends with equals the uninterrupted job's: the same
+// count of evaluations, the same best (the first, at step 4), and the stop in the same
+// checkpoint interval. A job that forgot its patience on resume (or lost an evaluation) would
+// count on from the resume and stop checkpoints later, with a later best step.
+void ExpectSameEnd(const WorkerState& whole, const WorkerState& resumed) {
+  const EarlyStoppingState& w = whole.early_stopping();
+  const EarlyStoppingState& r = resumed.early_stopping();
+  EXPECT_EQ(w.evals(), 31);
+  EXPECT_EQ(w.evals_since_best(), 30);
+  EXPECT_EQ(w.best_step(), 4);
+  EXPECT_EQ(r.evals(), w.evals());
+  EXPECT_EQ(r.evals_since_best(), w.evals_since_best());
+  EXPECT_EQ(r.best_step(), w.best_step());
+  for (const WorkerState* s : {&whole, &resumed}) {
+    SCOPED_TRACE(s == &whole ? "uninterrupted" : "resumed");
+    EXPECT_GT(s->step(), 124);
+    EXPECT_LE(s->step(), 128);
+  }
+}
+
+TEST_F(EarlyStoppingTest, TrainResumedAfterSigtermGoesOnCountingItsPatience) {
+  const WorkerState whole = TrainToTheStop("train", Dir() + "/patience_whole", kResumeFlags, "");
+  const std::string m = Dir() + "/patience_sigterm";
+  const WorkerState stopped = Interrupt("train", m, kResumeFlags, SIGTERM, /*evals=*/1);
+  // The stop's checkpoint holds at least the first evaluation, and the pass is not over.
+  EXPECT_GE(stopped.early_stopping().evals(), 1);
+  EXPECT_LT(stopped.early_stopping().evals(), 31);
+  EXPECT_EQ(stopped.early_stopping().best_step(), 4);
+  ExpectSameEnd(whole, TrainToTheStop("train", m, kResumeFlags, "resumed from "));
+}
+
+// Killed after the third evaluation (no stop checkpoint): the newest checkpoint was written
+// before its own evaluation reported; the resumed job goes on counting from the checkpoint's
+// state and runs that evaluation first, as the uninterrupted job did.
+TEST_F(EarlyStoppingTest, TrainResumedAfterAKillRunsTheLostEvaluation) {
+  const WorkerState whole = TrainToTheStop("train", Dir() + "/patience_whole_kill", kResumeFlags, "");
+  const std::string m = Dir() + "/patience_kill";
+  const WorkerState killed = Interrupt("train", m, kResumeFlags, SIGKILL, /*evals=*/3);
+  EXPECT_EQ(killed.early_stopping().evaluating_step(), killed.step());
+  EXPECT_GE(killed.early_stopping().evals(), 1);  // counted evaluations that must carry on
+  ExpectSameEnd(whole, TrainToTheStop("train", m, kResumeFlags,
+                                      "(its evaluation was not in the checkpoint)"));
+}
+
+// The same in a PS job (`pstrain local --hosts 2`, SYNC), where the chief's state is committed
+// in the job's checkpoint rounds: stopped by SIGTERM after the first evaluation and resumed, it
+// ends with the uninterrupted job's best step at the same chief step. (The stop's round stands
+// for the scheduled round it came before, whose evaluation the resumed job runs: without that
+// the resumed job evaluated one round fewer and stopped 4 steps later.) A job that forgot its
+// patience would have its best after the resume and stop about 30 rounds later.
+TEST_F(EarlyStoppingTest, PsResumedAfterSigtermGoesOnCountingItsPatience) {
+  std::vector<std::string> flags = kResumeFlags;
+  flags.insert(flags.end(), {"--hosts", "2", "--kill_timeout_s", "20", "--set",
+                             "cluster.consistency=SYNC"});
+  const WorkerState whole = TrainToTheStop("local", Dir() + "/ps_patience_whole", flags, "", 2);
+  EXPECT_EQ(whole.early_stopping().evals(), 31);
+  const std::string m = Dir() + "/ps_patience_sigterm";
+  const WorkerState stopped = Interrupt("local", m, flags, SIGTERM, /*evals=*/1);
+  EXPECT_LT(stopped.early_stopping().evals() + stopped.early_stopping().has_evaluating_step(),
+            31);
+  EXPECT_GE(stopped.early_stopping().evals() + stopped.early_stopping().has_evaluating_step(),
+            1);
+  const WorkerState resumed = TrainToTheStop("local", m, flags, "resumed from ", 2);
+  EXPECT_EQ(resumed.early_stopping().evals(), whole.early_stopping().evals());
+  EXPECT_EQ(resumed.early_stopping().evals_since_best(), whole.early_stopping().evals_since_best());
+  EXPECT_EQ(resumed.early_stopping().best_step(), whole.early_stopping().best_step());
+  EXPECT_EQ(resumed.step(), whole.step());
+  EXPECT_EQ(ProcessesLeft(m), 0);
+}
 
 TEST_F(EarlyStoppingTest, TrainStopsEarlyAndEndsThePass) {
   const std::string m = Dir() + "/train";

@@ -99,6 +99,15 @@ absl::Status TrainLoop::Resume() {
   step_ = first_step_ = restored_.step();
   examples_ = restored_.examples();
   total_steps_estimate_ = max_steps_ > 0 ? pass_first_step_ + max_steps_ : 0;
+  if (keep_best_ && stopper_ && pass.action == PassAction::kResume &&
+      restored_.early_stopping().has_evaluating_step() &&
+      restored_.early_stopping().evaluating_step() == step_ && background_.Start(step_)) {
+    // The evaluation of the checkpoint resumed from never reported (the job crashed, or stopped
+    // at that checkpoint's step): run it now, as the uninterrupted job did.
+    eval_checkpoint_ = *restored;
+    progress_->Message(absl::StrCat("evaluating ", *restored,
+                                    " (its evaluation was not in the checkpoint)"));
+  }
   t_start_ = t_last_log_ = t_last_ckpt_ = Now();
   return absl::OkStatus();
 }
@@ -219,23 +228,31 @@ absl::Status TrainLoop::RunStep() {
     RETURN_IF_ERROR(step_runner_->Flush());
     background_.Start(step_);
   }
-  if (ckpt_due) RETURN_IF_ERROR(Checkpoint(/*final=*/false));
+  if (ckpt_due) RETURN_IF_ERROR(Checkpoint(/*final=*/false, /*scheduled=*/true));
   return absl::OkStatus();
 }
 
-absl::Status TrainLoop::Checkpoint(bool final) {
+absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
   // The divergence's update was pushed: a checkpoint now would capture it.
   if (!diverged_.ok()) return diverged_;
   if (checkpointer_ == nullptr) return absl::OkStatus();
   // Every push completes, and the pipeline's position is right after the last trained batch
   // (there is no read-ahead batch at a checkpoint).
   RETURN_IF_ERROR(step_runner_->Flush());
-  if (keep_best_) {
-    // The running evaluation's checkpoint may be the best: know it before this commit's
-    // retention could remove it.
+  if (keep_best_ || (stopper_ && (final || Stopped()))) {
+    // keep_best: the running evaluation's checkpoint may be the best: know it before this
+    // commit's retention could remove it. A stop: the running evaluation's result belongs in the
+    // state a resumed job goes on counting from.
     background_.Wait();
     RETURN_IF_ERROR(DrainEval(/*may_stop=*/!final));
   }
+  // keep_best evaluates each checkpoint the chief writes on the way (not the final or a stop's).
+  // A scheduled one a signal came before is not evaluated now, but the state says it is owed.
+  // A PS chief answers its schedule by arranging a round a few steps later (Save returns "");
+  // the next round it commits stands for that scheduled one, even a stop's.
+  const bool evaluate = keep_best_ && !final && !Stopped();
+  const bool owed = evaluate || (keep_best_ && !final && !end_pass_asked_ &&
+                                 (scheduled || scheduled_round_owed_));
   WorkerState ws;
   ws.set_step(step_);
   ws.set_examples(examples_);
@@ -245,11 +262,21 @@ absl::Status TrainLoop::Checkpoint(bool final) {
   ws.set_max_steps_reached(final && max_steps_ > 0 && step_ - pass_first_step_ >= max_steps_);
   ws.set_pass_first_step(pass_first_step_);
   ws.set_pass_first_examples(pass_first_examples_);
-  if (stopper_) *ws.mutable_early_stopping() = stopper_->state();
-  ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
-  if (!dir.empty() && keep_best_ && !final && !Stopped() && background_.Start(step_)) {
-    eval_checkpoint_ = dir;
+  if (stopper_) {
+    *ws.mutable_early_stopping() = stopper_->state();
+    if (owed) {
+      ws.mutable_early_stopping()->set_evaluating_step(step_);
+    } else {
+      ws.mutable_early_stopping()->clear_evaluating_step();
+    }
   }
+  ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
+  if (!dir.empty()) {
+    scheduled_round_owed_ = false;
+  } else if (scheduled) {
+    scheduled_round_owed_ = true;
+  }
+  if (!dir.empty() && evaluate && background_.Start(step_)) eval_checkpoint_ = dir;
   if (!dir.empty()) {
     summary_.checkpoint = dir;
     last_checkpoint_ = dir;

@@ -122,8 +122,12 @@ class TrainLoop {
   // compute unless a boundary without read-ahead must follow; then progress, evaluation and the
   // scheduled checkpoint. FAILED_PRECONDITION if the step's loss is not finite.
   absl::Status RunStep();
-  // Flushes the pushes and saves the worker's state (refused after a divergence).
-  absl::Status Checkpoint(bool final);
+  // Flushes the pushes and saves the worker's state (refused after a divergence). `scheduled`:
+  // the chief's own schedule (every_steps / every_seconds) asked for it, so an uninterrupted job
+  // writes it too: with keep_best its evaluation is owed even when a stop signal came first (the
+  // state says evaluating_step, and the resumed job runs it). The same holds for the next
+  // checkpoint committed after a scheduled one the checkpointer put off (a PS round).
+  absl::Status Checkpoint(bool final, bool scheduled = false);
   // Takes a finished evaluation's result: logs it, feeds the EarlyStopper (marks BEST; with
   // `may_stop`, ends the pass when patience runs out).
   absl::Status DrainEval(bool may_stop = true);
@@ -167,6 +171,9 @@ class TrainLoop {
   std::optional<EarlyStopper> stopper_;
   bool end_pass_asked_ = false, end_pass_local_ = false;
   std::string eval_checkpoint_;  // keep_best: the checkpoint the running evaluation evaluates
+  // The chief's schedule asked for a checkpoint that the checkpointer arranged for later (PS):
+  // the next one committed stands for it (keep_best evaluates it, or says it is owed).
+  bool scheduled_round_owed_ = false;
 
   int64_t step_ = 0, examples_ = 0, first_step_ = 0;
   int64_t unique_rows_ = 0;  // this run's steps only (not restored)

@@ -66,20 +66,20 @@ Config BaseConfig(const std::string& train, const std::string& eval, const std::
   return config;
 }
 
-// The quality bar: train on the first 8,000 rows of Kaggle's train.txt, evaluate on the
-// last 2,000. A hashed logistic regression reaches about 0.747 there.
+// The quality bar: train the shipped config (one epoch) on the first 8,000 rows of
+// Kaggle's train.txt, evaluate on the last 2,000. A hashed logistic regression reaches about
+// 0.747 there; this config 0.741 (docs/PERFORMANCE.md "Small real data" cross-validates it).
 TEST(Trainer, LearnsRealKaggleCriteo) {
   ASSERT_SHARED_DATA(src, "criteo/kaggle_train_head10k.tsv");
   const std::string dir = FreshDir("trainer_kaggle");  // no checkpoint to resume from
   CopyLines(src, dir + "/train.tsv", 0, 8000);
   CopyLines(src, dir + "/test.tsv", 8000, 10000);
-  Config config = BaseConfig(dir + "/train.tsv", dir + "/test.tsv", dir + "/model",
-                             "criteo_kaggle_small.textproto");
+  Config config = BaseConfig(dir + "/train.tsv", dir + "/test.tsv", dir + "/model");
   TrainerOptions opts;
   opts.cores = 2;
   auto summary = RunTraining(config, opts);
   ASSERT_TRUE(summary.ok()) << summary.status();
-  EXPECT_EQ(summary->examples, 3 * 8000);
+  EXPECT_EQ(summary->examples, 8000);
   EXPECT_EQ(summary->eval_examples, 2000);
   EXPECT_GE(summary->test_auc, 0.73);
   EXPECT_LT(summary->test_logloss, 0.50);  // the base rate's logloss is ~0.52 here
@@ -109,9 +109,11 @@ TEST(Trainer, LearnsRealKaggleCriteo) {
 }
 
 // train.async_local_updates (one step stale, pushes on a background thread) still learns the
-// real data, and is deterministic: two runs end with the same AUC to the last bit. The staleness
-// costs AUC with this config's large steps (Adagrad lr 0.3, 32 steps an epoch): 0.719 here, where
-// the synchronous run reaches 0.743.
+// real data, and is deterministic: two runs end with the same AUC to the last bit. With the
+// shipped config's 16 steps an epoch (Adam on the MLP) one step of staleness does not converge
+// here (AUC 0.674, logloss 1.30), so this trains 3 epochs of 64 steps with Adagrad on both sides
+// (the settings of the retired configs/criteo_kaggle_small.textproto): 0.719, where the
+// synchronous run reaches 0.743.
 TEST(Trainer, AsyncLocalUpdatesLearnAndAreDeterministic) {
   ASSERT_SHARED_DATA(src, "criteo/kaggle_train_head10k.tsv");
   const std::string dir = FreshDir("trainer_async");
@@ -120,8 +122,14 @@ TEST(Trainer, AsyncLocalUpdatesLearnAndAreDeterministic) {
   double auc[2];
   for (int run = 0; run < 2; ++run) {
     Config config = BaseConfig(dir + "/train.tsv", dir + "/test.tsv",
-                               dir + "/model" + std::to_string(run),
-                               "criteo_kaggle_small.textproto");
+                               dir + "/model" + std::to_string(run));
+    for (const char* set :
+         {"features.categorical_vocab_size=100000", "train.batch_size=128", "train.epochs=3",
+          "sparse_optimizer.learning_rate=0.3", "sparse_optimizer.initial_accumulator=0.1",
+          "dense_optimizer.type=ADAGRAD", "dense_optimizer.learning_rate=0.05",
+          "dense_optimizer.initial_accumulator=0.1"}) {
+      ASSERT_TRUE(ApplyOverride(set, &config).ok()) << set;
+    }
     config.mutable_train()->set_async_local_updates(true);
     TrainerOptions opts;
     opts.cores = 2;
