@@ -106,7 +106,9 @@ class EarlyStoppingTest : public ::testing::Test {
     EXPECT_TRUE(PathExists(ckpt + "/" + kPassEndFileName)) << ckpt << " does not end the pass";
     for (int j = 0; j < workers; ++j) {
       EXPECT_TRUE(ReadWorkerState(ckpt, j, &states[j]).ok()) << ckpt << " worker " << j;
-      if (finished) EXPECT_TRUE(states[j].finished()) << "worker " << j;
+      if (finished) {
+        EXPECT_TRUE(states[j].finished()) << "worker " << j;
+      }
     }
     return states;
   }
@@ -148,7 +150,9 @@ class EarlyStoppingTest : public ::testing::Test {
     EXPECT_NE(status, -1) << "pstrain " << command << " did not end after signal " << sig;
     absl::StatusOr<int64_t> latest = ReadLatest(m);
     EXPECT_TRUE(latest.ok()) << latest.status();
-    if (latest.ok()) EXPECT_TRUE(ReadWorkerState(CheckpointPath(m, *latest), 0, &state).ok());
+    if (latest.ok()) {
+      EXPECT_TRUE(ReadWorkerState(CheckpointPath(m, *latest), 0, &state).ok());
+    }
     EXPECT_FALSE(state.finished()) << "the job ended before the signal: make it longer";
     return state;
   }
@@ -281,7 +285,9 @@ TEST_F(EarlyStoppingTest, PsStopsEveryWorkerInOneRound) {
     ExpectStoppedEarly(m);
     const std::vector<WorkerState> states = FinalStates(m, 2, /*finished=*/false);
     ASSERT_EQ(states.size(), 2u);
-    if (std::string(consistency) == "SYNC") EXPECT_EQ(states[0].step(), states[1].step());
+    if (std::string(consistency) == "SYNC") {
+      EXPECT_EQ(states[0].step(), states[1].step());
+    }
     // Each worker reads half the data: 30 steps would be the whole pass.
     EXPECT_LT(states[0].step(), kFullSteps / 2);
     EXPECT_LT(states[1].step(), kFullSteps / 2);
