@@ -218,6 +218,9 @@ int RunAllreduce(int argc, char** argv) {
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   MPI_Comm_size(local, &local_ranks);
   MPI_Comm_free(&local);
+  // The first line of a job: scripts/emulate_hosts.sh takes a log still empty long after the
+  // launch for a launch that hung before MPI_Init returned.
+  if (rank == 0) std::fprintf(stderr, "pstrain allreduce: %d ranks up\n", size);
   absl::Status s;
   if (rank != 0) {
     // One progress line per step on the terminal (rank 0's), the others' in their log files.

@@ -181,6 +181,30 @@ TEST_F(EmulateHostsTest, AllreduceRefusesAReplicaLargerThanAHostsMemory) {
   EXPECT_FALSE(hosts_.Exists());
 }
 
+// A launch that hangs before any rank prints (a stand-in for pstrain that never returns from
+// MPI_Init: it prints nothing and sleeps) is ended after --launch_timeout_s and started again,
+// --launch_attempts times in all;
+// the script then fails in bounded time and leaves no process behind.
+TEST_F(EmulateHostsTest, AHungAllreduceLaunchIsEndedAndStartedAgain) {
+  const std::string work = Dir() + "/hung_work", fake = Dir() + "/hung_rank.sh";
+  std::string out;
+  ASSERT_EQ(RunShell(absl::StrCat("printf '#!/bin/sh\\nexec sleep 617\\n' > ", fake,
+                                  " && chmod +x ", fake),
+                     30, &out),
+            0)
+      << out;
+  const int code = RunShell(
+      absl::StrCat(hosts_.Script(), " --binary ", fake, " --work ", work,
+                   " --timeout_s 120 --launch_timeout_s 5 --launch_attempts 2 run allreduce -- --train x 2>&1"),
+      180, &out);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("no rank started within --launch_timeout_s 5 (attempt 1 of 2)"));
+  EXPECT_THAT(out, HasSubstr("no rank started within --launch_timeout_s 5 (attempt 2 of 2)"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("ran out of --timeout_s")));
+  EXPECT_FALSE(hosts_.Exists());
+  EXPECT_EQ(testing::ProcessesLeft("sleep 617"), 0);
+}
+
 TEST_F(EmulateHostsTest, CtrlCInTheMiddleOfAJobRemovesEverything) {
   const std::string model = Dir() + "/int_model", work = Dir() + "/int_work";
   testing::Subprocess script;
