@@ -194,20 +194,22 @@ class Shard {
   void FillInfo(InfoResponse* info) const;
 
   // ---- The checkpoint file (ps/server/shard_checkpoint.cc, docs/CHECKPOINT.md "PS mode") ----
-  // CopyForCheckpoint snapshots the stores and the dense slice into memory (each row
-  // consistent; the caller pauses the writers for a cluster-wide instant), keeping `header` (the
-  // shard's InfoResponse, serialized) and `consistency` (its ConsistencyState, serialized) to
-  // write with them; returns the rows copied. WriteCheckpoint writes that copy to
-  // <dir>/shard-<s>-of-<S> (block file: SHRD, CONS, then EMBM/EMBR groups, then DNSE) and frees
-  // it; returns the file name and size. FAILED_PRECONDITION when no copy of `round` is held.
-  // `delta_parent` (an incremental checkpoint): copy only the rows updated since this shard
+  // CopyForCheckpoint freezes this instant of the stores (EmbeddingStore::Freeze: a
+  // copy-on-write image, no row copied; the caller pauses the writers for a cluster-wide
+  // instant) and copies the dense slice, keeping `header` (the shard's InfoResponse, serialized)
+  // and `consistency` (its ConsistencyState, serialized) to write with them; a copy of an earlier
+  // round not written yet is dropped. WriteCheckpoint streams that instant to
+  // <dir>/shard-<s>-of-<S> (block file: SHRD, CONS, then EMBM/EMBR groups, then DNSE) while
+  // training goes on, and ends the copy; returns the file's name, size and rows.
+  // FAILED_PRECONDITION when no copy of `round` is held. Memory: the rows updated between COPY
+  // and the end of the WRITE keep a pre-image each (at most the rows stored at the instant).
+  // `delta_parent` (an incremental checkpoint): write only the rows updated since this shard
   // copied (or restored) checkpoint ckpt-<delta_parent>; every row when it has no record of it.
-  // Every copy starts a new store generation (EmbeddingStore::BeginGeneration, which drops the
-  // change logs no later delta needs), and a successful WRITE records it under the checkpoint's
-  // step for the deltas after it.
-  absl::StatusOr<int64_t> CopyForCheckpoint(int64_t round, std::string header,
-                                            std::string consistency,
-                                            std::optional<int64_t> delta_parent = std::nullopt);
+  // Every copy starts a new store generation (which drops the change logs no later delta
+  // needs), and a successful WRITE records it under the checkpoint's step for the deltas after
+  // it.
+  absl::Status CopyForCheckpoint(int64_t round, std::string header, std::string consistency,
+                                 std::optional<int64_t> delta_parent = std::nullopt);
   // `name` must be a checkpoint directory name (ckpt-<step>, checkpoint/layout.h) of a directory
   // that exists under options.checkpoint_dir and is not committed (no MANIFEST, LATEST does not
   // name it): INVALID_ARGUMENT / FAILED_PRECONDITION naming the path otherwise.
@@ -274,7 +276,8 @@ class Shard {
   int64_t snap_round_ ABSL_GUARDED_BY(snap_mu_) = 0;
   std::string snap_header_ ABSL_GUARDED_BY(snap_mu_);       // InfoResponse at the copy
   std::string snap_consistency_ ABSL_GUARDED_BY(snap_mu_);  // ConsistencyState at the copy
-  std::vector<EmbeddingSnapshot> snap_stores_ ABSL_GUARDED_BY(snap_mu_);
+  std::vector<std::unique_ptr<EmbeddingStore::Image>> snap_images_ ABSL_GUARDED_BY(snap_mu_);
+  uint32_t snap_changed_since_ ABSL_GUARDED_BY(snap_mu_) = 0;  // 0: a full checkpoint
   std::unique_ptr<DenseSnapshot> snap_dense_ ABSL_GUARDED_BY(snap_mu_);
   // Remembers that rows stamped >= generation changed after checkpoint ckpt-<step>.
   void RecordDeltaParent(int64_t step, uint32_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(snap_mu_);

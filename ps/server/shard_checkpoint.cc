@@ -23,14 +23,13 @@ constexpr char kConsistencyTag[] = "CONS";
 
 }  // namespace
 
-absl::StatusOr<int64_t> Shard::CopyForCheckpoint(int64_t round, std::string header,
-                                                 std::string consistency,
-                                                 std::optional<int64_t> delta_parent) {
+absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::string consistency,
+                                      std::optional<int64_t> delta_parent) {
   absl::MutexLock lock(&snap_mu_);
   snap_round_ = round;
   snap_header_ = std::move(header);  // shard index, map and step of this instant
   snap_consistency_ = std::move(consistency);
-  snap_stores_.clear();
+  snap_images_.clear();  // an earlier round's instant, never written: its copy-on-write ends
   uint32_t changed_since = 0;  // every row
   if (delta_parent) {
     const auto parent = delta_parents_.find(*delta_parent);
@@ -48,15 +47,14 @@ absl::StatusOr<int64_t> Shard::CopyForCheckpoint(int64_t round, std::string head
   // changed before this one's parent (or, for a full copy, before this copy): older change logs
   // are dropped.
   snap_generation_ = ++generation_;
+  snap_changed_since_ = changed_since;
   const uint32_t keep_from = changed_since > 0 ? changed_since : snap_generation_;
-  for (const auto& store : stores_) store->BeginGeneration(snap_generation_, keep_from);
-  int64_t rows = 0;
   for (const auto& store : stores_) {
-    snap_stores_.push_back(store->Snapshot(store->begin(), store->end(), changed_since));
-    rows += snap_stores_.back().rows();
+    snap_images_.push_back(store->Freeze(snap_generation_, keep_from));
   }
+  // The dense slice is small (the MLP's share): copied.
   snap_dense_.reset(dense_ != nullptr ? new DenseSnapshot(dense_->Snapshot()) : nullptr);
-  return rows;
+  return absl::OkStatus();
 }
 
 void Shard::RecordDeltaParent(int64_t step, uint32_t generation) {
@@ -120,7 +118,7 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
     Shard* s;
     ~Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       s->snap_round_ = 0;
-      s->snap_stores_.clear();
+      s->snap_images_.clear();
       s->snap_dense_.reset();
     }
   } release{this};
@@ -131,10 +129,14 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
   ASSIGN_OR_RETURN(auto w, BlockWriter::Create(path));
   RETURN_IF_ERROR(w->Add(kShardHeaderTag, snap_header_));
   RETURN_IF_ERROR(w->Add(kConsistencyTag, snap_consistency_));
-  for (const EmbeddingSnapshot& s : snap_stores_) RETURN_IF_ERROR(SaveEmbeddingStore(s, w.get()));
+  int64_t rows = 0;
+  for (const auto& image : snap_images_) {
+    RETURN_IF_ERROR(SaveEmbeddingStore(*image, w.get(), snap_changed_since_, &rows));
+  }
   if (snap_dense_) RETURN_IF_ERROR(SaveDenseStore(*snap_dense_, w.get()));
   RETURN_IF_ERROR(w->Finish());
   response.set_bytes(w->bytes());
+  response.set_rows(rows);
   RecordDeltaParent(*ParseCheckpointName(name), snap_generation_);
   return response;
 }

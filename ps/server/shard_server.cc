@@ -157,19 +157,17 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
                                           request->watch_timeout_ms()));
     return held;
   }
-  // COPY is a memory copy and runs on the gRPC thread; WRITE does file I/O for seconds, so it
-  // runs on its own thread and finishes the reactor from there.
+  // COPY freezes an instant (copy-on-write, no row is copied) and runs on the gRPC thread; WRITE
+  // does file I/O for seconds, so it runs on its own thread and finishes the reactor from there.
   grpc::ServerUnaryReactor* SaveShard(grpc::CallbackServerContext* ctx,
                                       const SaveShardRequest* request,
                                       SaveShardResponse* response) override {
     if (auto* refused = Refused(ctx)) return refused;
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (request->phase() == SaveShardRequest::COPY) {
-      auto rows = server_->CopyForCheckpoint(
+      reactor->Finish(ToGrpcStatus(server_->CopyForCheckpoint(
           request->round(), request->delta() ? std::optional<int64_t>(request->delta_parent_step())
-                                             : std::nullopt);
-      if (rows.ok()) response->set_rows(*rows);
-      reactor->Finish(ToGrpcStatus(rows.status()));
+                                             : std::nullopt)));
     } else if (request->phase() == SaveShardRequest::WRITE) {
       // One WRITE thread at a time, and only for the round whose copy is held.
       if (!server_->data_->HoldsCopy(request->round())) {
@@ -489,8 +487,7 @@ absl::Status ShardServer::Report(const ReportRequest& report) {
   return coordinator_->Report(report);
 }
 
-absl::StatusOr<int64_t> ShardServer::CopyForCheckpoint(int64_t round,
-                                                       std::optional<int64_t> delta_parent) {
+absl::Status ShardServer::CopyForCheckpoint(int64_t round, std::optional<int64_t> delta_parent) {
   // The shard file's SHRD header: this shard's Info at the copy, without the coordinator's
   // job_version (a counter of this process's long-polls, meaningless after a restore; leaving it
   // out keeps the header's bytes those of format version 1, tests/checkpoint/fixtures_test.cc).

@@ -233,7 +233,11 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                   const uint32_t generation = generation_.load();
                   const uint32_t stamp = fresh ? 0 : StampOf(row);
                   if (ABSL_PREDICT_FALSE(stamp != generation)) {
-                    if (stamp < generation) LogChange(stripe, ids[i], generation);
+                    if (stamp < generation) {
+                      LogChange(stripe, ids[i], generation);
+                      // The row's first update since an Image's instant: keep the row of then.
+                      if (!fresh && stamp < image_generation_.load()) Preserve(ids[i], row);
+                    }
                     SetStamp(row, generation);
                   }
                   if (fresh) {
@@ -301,6 +305,83 @@ void EmbeddingStore::BeginGeneration(uint32_t g, uint32_t keep_from) {
     while (old < logs.size() && logs[old].generation < keep_from) ++old;
     logs.erase(logs.begin(), logs.begin() + old);
   }
+}
+
+std::unique_ptr<EmbeddingStore::Image> EmbeddingStore::Freeze(uint32_t g, uint32_t keep_from) {
+  PSTRAIN_CHECK(image_generation_.load() == 0) << "EmbeddingStore::Freeze with an Image held";
+  pre_images_.reset(new PreImages[kStripes]);
+  // Before the generation: an Apply that reads g (under a stripe, after generation_) sees it.
+  image_generation_.store(g);
+  BeginGeneration(g, keep_from);
+  return std::unique_ptr<Image>(new Image(this, g, last_step()));
+}
+
+void EmbeddingStore::Preserve(int64_t row, const float* data) {
+  PreImages& pre = pre_images_[row & (kStripes - 1)];
+  const auto [it, added] = pre.at.try_emplace(static_cast<uint32_t>(row - opt_.begin),
+                                              static_cast<uint32_t>(pre.slots.size() / stride_));
+  if (!added) return;  // the first pre-image is the instant's
+  pre.slots.insert(pre.slots.end(), data - 1, data - 1 + stride_);  // the stamp and the row
+  preserved_rows_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void EmbeddingStore::EndImage() {
+  image_generation_.store(0);
+  // An Apply that read the old value holds its stripe until its Preserve is done.
+  for (int s = 0; s < kStripes; ++s) std::lock_guard<std::mutex> lock(stripes_[s].mu);
+  pre_images_.reset();
+  preserved_rows_.store(0);
+}
+
+const float* EmbeddingStore::RowInImage(int64_t row, uint32_t image) const {
+  const float* live = FindRow(row);
+  if (live == nullptr) return nullptr;
+  if (StampOf(live) < image) return live;  // not updated since the instant
+  const PreImages& pre = pre_images_[row & (kStripes - 1)];
+  const auto it = pre.at.find(static_cast<uint32_t>(row - opt_.begin));
+  if (it == pre.at.end()) return nullptr;  // stored since the instant
+  return pre.slots.data() + int64_t{it->second} * stride_ + 1;
+}
+
+EmbeddingStore::Image::~Image() { store_->EndImage(); }
+
+EmbeddingSnapshot EmbeddingStore::Image::Snapshot(int64_t from, int64_t to,
+                                                  uint32_t changed_since) const {
+  EmbeddingSnapshot snap = store_->EmptySnapshot();
+  snap.last_step = last_step_;
+  if (changed_since > 0) {
+    if (std::optional<std::vector<int64_t>> rows = store_->ChangedRows(from, to, changed_since)) {
+      snap.ids = std::move(*rows);
+      store_->CopyRows(changed_since, /*recheck=*/true, &snap, generation_);
+      return snap;
+    }
+  }
+  from = std::max(from, store_->begin());
+  to = std::min(to, store_->end());
+  if (from >= to) return snap;
+  snap.ids = store_->StoredRows(from, to);
+  store_->CopyRows(changed_since, /*recheck=*/true, &snap, generation_);
+  return snap;
+}
+
+EmbeddingSnapshot EmbeddingStore::Image::SnapshotRows(absl::Span<const int64_t> ids,
+                                                      uint32_t changed_since) const {
+  EmbeddingSnapshot snap = store_->EmptySnapshot();
+  snap.last_step = last_step_;
+  snap.ids.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (store_->Owns(id)) snap.ids.push_back(id);
+  }
+  store_->CopyRows(changed_since, /*recheck=*/true, &snap, generation_);
+  return snap;
+}
+
+int64_t EmbeddingStore::Image::preserved_rows() const {
+  return store_->preserved_rows_.load(std::memory_order_relaxed);
+}
+
+int64_t EmbeddingStore::Image::preserved_bytes() const {
+  return preserved_rows() * store_->stride_ * static_cast<int64_t>(sizeof(float));
 }
 
 uint32_t EmbeddingStore::oldest_logged_generation() const {
@@ -429,19 +510,20 @@ EmbeddingSnapshot EmbeddingStore::SnapshotRows(absl::Span<const int64_t> ids,
   return snap;
 }
 
-void EmbeddingStore::CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const {
+void EmbeddingStore::CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap,
+                              uint32_t image) const {
   const int64_t n = snap->rows();
   const int dim = opt_.dim, sf = state_floats_;
   snap->weights.resize(n * dim);
   snap->state.resize(n * sf);
-  std::vector<uint8_t> dropped(recheck ? n : 0);
+  std::vector<uint8_t> dropped(recheck || image > 0 ? n : 0);
   std::atomic<bool> any_dropped{false};
   ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Prefetch(snap->ids, i, e, stride_ * sizeof(float));
       std::lock_guard<std::mutex> lock(StripeOf(snap->ids[i]).mu);
-      const float* row = FindRow(snap->ids[i]);
-      if (recheck && (row == nullptr || StampOf(row) < changed_since)) {
+      const float* row = image > 0 ? RowInImage(snap->ids[i], image) : FindRow(snap->ids[i]);
+      if ((recheck || image > 0) && (row == nullptr || StampOf(row) < changed_since)) {
         dropped[i] = 1;
         any_dropped.store(true, std::memory_order_relaxed);
         continue;

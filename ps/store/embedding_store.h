@@ -38,6 +38,16 @@
 // generations a future delta may ask for, bounded by the rows dirtied since the oldest of them;
 // with no checkpointer at all, 4-8 bytes per trained row (about 3-6% of a k = 16 Adagrad row).
 //
+// Copy-on-write images (a PS checkpoint, docs/CHECKPOINT.md "PS mode"): Freeze(g, keep_from)
+// begins generation g as BeginGeneration does and returns an Image: the store as it was at that
+// instant, readable while training goes on. Until the Image is destroyed, the first update of a
+// row stamped below g saves the row's whole slot first (its pre-image, under the row's lock, in
+// the stripe's pre-image table). A row of the image is then its pre-image if it has one, else the
+// live row if that is stamped below g (not updated since); a row stored since the instant has
+// neither and is not in the image. So a checkpoint of a shard costs the memory of the rows
+// updated while it is written, not a copy of every row. The cost to Apply: none for a row already
+// stamped with the current generation; a row's first update after the freeze copies its slot.
+//
 // Per-row staleness (async PS, Options::row_versions): an Apply that names, for each row, the
 // version its gradient was computed from has per-row staleness tau = (the row's updates since);
 // counted in staleness(), and each row's learning rate is divided by max(1, tau) - the
@@ -59,6 +69,7 @@
 #include <vector>
 
 #include "absl/base/attributes.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -182,6 +193,12 @@ class EmbeddingStore {
                                                   uint32_t changed_since) const;
   EmbeddingSnapshot SnapshotRows(absl::Span<const int64_t> ids, uint32_t changed_since) const;
 
+  // A copy-on-write image of the store at this instant (see the top of this file): begins
+  // generation g as BeginGeneration(g, keep_from) does. At most one Image of a store at a time
+  // (a programmer's error otherwise); the store must outlive it. No RestoreRows while it is held.
+  class Image;
+  std::unique_ptr<Image> Freeze(uint32_t g, uint32_t keep_from);
+
   // The generation Apply stamps rows with (see the top of this file).
   uint32_t generation() const { return generation_.load(); }
   // Later Apply calls stamp g (> generation(); a programmer's error otherwise), and the change
@@ -242,8 +259,18 @@ class EmbeddingStore {
   // A snapshot's header fields (no rows).
   EmbeddingSnapshot EmptySnapshot() const;
   // Copies the rows of snap->ids (ascending) under their locks into snap; with recheck, drops
-  // those not stored or stamped below changed_since by now.
-  void CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap) const;
+  // those not stored or stamped below changed_since by now. With image > 0 (an Image's
+  // generation), the rows as they were at that Image's instant (RowInImage), always rechecked.
+  void CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap,
+                uint32_t image = 0) const;
+  // Under the row's stripe, with an Image of generation `image` held: the row as it was at the
+  // Image's instant (a pre-image or the live row; see the top of this file), or null if it was
+  // not stored then.
+  const float* RowInImage(int64_t row, uint32_t image) const;
+  // Saves the slot of `row` (stored, stamped below the held Image's generation) as its pre-image,
+  // unless it has one. Caller holds the row's stripe. Cold: once per row per Image.
+  ABSL_ATTRIBUTE_NOINLINE void Preserve(int64_t row, const float* data);
+  void EndImage();
   // The row of a slot (one word past the slot's start, the stamp).
   float* SlotData(uint32_t slot) const;
   // The stored row of `row`, or null if it has none. Caller holds the row's stripe.
@@ -283,6 +310,48 @@ class EmbeddingStore {
   mutable std::mutex log_mu_;
   uint32_t oldest_logged_ = 1;  // guarded by log_mu_
   std::atomic<int64_t> stale_updates_{0}, stale_sum_{0}, stale_max_{0};
+
+  // The held Image: its generation (0: none; read by Apply under a stripe, after generation_),
+  // and per stripe the pre-images of its rows (row offset -> index in slots, stride_ floats each,
+  // the stamp first), each guarded by its stripe's mutex; allocated by Freeze, freed by EndImage.
+  struct PreImages {
+    absl::flat_hash_map<uint32_t, uint32_t> at;
+    std::vector<float> slots;
+  };
+  std::atomic<uint32_t> image_generation_{0};
+  std::unique_ptr<PreImages[]> pre_images_;
+  std::atomic<int64_t> preserved_rows_{0};
+};
+
+// The store as it was at Freeze's instant (see the top of the file). Thread-compatible: one
+// reader at a time; training goes on concurrently. Destroying it ends the copy-on-write and
+// frees the pre-images.
+class EmbeddingStore::Image {
+ public:
+  ~Image();
+  Image(const Image&) = delete;
+  Image& operator=(const Image&) = delete;
+
+  const EmbeddingStore& store() const { return *store_; }
+  uint32_t generation() const { return generation_; }
+  // As EmbeddingStore::Snapshot and SnapshotRows, of the rows as they were at the instant (the
+  // snapshot's last_step is the store's then). ChangedRows of the store serves a delta of an
+  // Image too: it lists every row updated since changed_since, and SnapshotRows keeps those whose
+  // instant's stamp is >= changed_since.
+  EmbeddingSnapshot Snapshot(int64_t from, int64_t to, uint32_t changed_since = 0) const;
+  EmbeddingSnapshot SnapshotRows(absl::Span<const int64_t> ids, uint32_t changed_since) const;
+  int64_t last_step() const { return last_step_; }
+  // Rows saved as pre-images so far (updated since the instant), and their bytes.
+  int64_t preserved_rows() const;
+  int64_t preserved_bytes() const;
+
+ private:
+  friend class EmbeddingStore;
+  Image(EmbeddingStore* store, uint32_t generation, int64_t last_step)
+      : store_(store), generation_(generation), last_step_(last_step) {}
+  EmbeddingStore* const store_;
+  const uint32_t generation_;
+  const int64_t last_step_;
 };
 
 }  // namespace pstrain

@@ -87,11 +87,21 @@ absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& s, BlockWriter* w) {
   return WriteSnapshotRows(s, w);
 }
 
-absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w,
-                                uint32_t changed_since) {
-  const EmbeddingMeta meta{store.begin(),        store.end(),
-                           store.dim(),          store.optimizer().type(),
-                           store.state_floats(), store.last_step()};
+namespace {
+
+// A streamed save of `store` (live, or as an Image of it holds it): rows_of(ids, changed_since)
+// and range_of(from, to, changed_since) are the store's or the Image's SnapshotRows / Snapshot.
+template <typename RowsOf, typename RangeOf>
+absl::Status SaveStreamed(const EmbeddingStore& store, int64_t last_step, uint32_t changed_since,
+                          const RowsOf& rows_of, const RangeOf& range_of, BlockWriter* w,
+                          int64_t* rows_written) {
+  int64_t rows = 0;
+  auto write = [&](const EmbeddingSnapshot& snap) {
+    rows += snap.rows();
+    return WriteSnapshotRows(snap, w);
+  };
+  const EmbeddingMeta meta{store.begin(), store.end(),          store.dim(),
+                           store.optimizer().type(), store.state_floats(), last_step};
   RETURN_IF_ERROR(WriteEmbeddingMeta(meta, w));
   // A delta from the change logs: one walk of the logs, then the rows in pieces.
   const std::optional<std::vector<int64_t>> changed =
@@ -100,16 +110,35 @@ absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w,
   if (changed) {
     const absl::Span<const int64_t> ids(*changed);
     for (size_t at = 0; at < ids.size(); at += kRowsPerSnapshotRange) {
-      RETURN_IF_ERROR(WriteSnapshotRows(
-          store.SnapshotRows(ids.subspan(at, kRowsPerSnapshotRange), changed_since), w));
+      RETURN_IF_ERROR(write(rows_of(ids.subspan(at, kRowsPerSnapshotRange), changed_since)));
     }
-    return absl::OkStatus();
+  } else {
+    for (int64_t from = store.begin(); from < store.end(); from += kRowsPerSnapshotRange) {
+      RETURN_IF_ERROR(write(range_of(from, from + kRowsPerSnapshotRange, changed_since)));
+    }
   }
-  for (int64_t from = store.begin(); from < store.end(); from += kRowsPerSnapshotRange) {
-    RETURN_IF_ERROR(
-        WriteSnapshotRows(store.Snapshot(from, from + kRowsPerSnapshotRange, changed_since), w));
-  }
+  if (rows_written != nullptr) *rows_written += rows;
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* w,
+                                uint32_t changed_since) {
+  return SaveStreamed(
+      store, store.last_step(), changed_since,
+      [&](absl::Span<const int64_t> ids, uint32_t c) { return store.SnapshotRows(ids, c); },
+      [&](int64_t from, int64_t to, uint32_t c) { return store.Snapshot(from, to, c); }, w,
+      /*rows_written=*/nullptr);
+}
+
+absl::Status SaveEmbeddingStore(const EmbeddingStore::Image& image, BlockWriter* w,
+                                uint32_t changed_since, int64_t* rows_written) {
+  return SaveStreamed(
+      image.store(), image.last_step(), changed_since,
+      [&](absl::Span<const int64_t> ids, uint32_t c) { return image.SnapshotRows(ids, c); },
+      [&](int64_t from, int64_t to, uint32_t c) { return image.Snapshot(from, to, c); }, w,
+      rows_written);
 }
 
 absl::StatusOr<EmbeddingMeta> LoadEmbeddingRows(BlockReader* r, const EmbeddingRowsFn& fn) {

@@ -43,6 +43,11 @@ absl::Status SaveEmbeddingStore(const EmbeddingSnapshot& snapshot, BlockWriter* 
 // (EmbeddingStore::ChangedRows) and are copied in pieces of at most a range's row count.
 absl::Status SaveEmbeddingStore(const EmbeddingStore& store, BlockWriter* writer,
                                 uint32_t changed_since = 0);
+// The same for the store as an Image holds it (a copy-on-write instant, EmbeddingStore::Freeze),
+// while training goes on: the rows of the instant, and its last_step. Adds the rows written to
+// *rows_written when it is not null.
+absl::Status SaveEmbeddingStore(const EmbeddingStore::Image& image, BlockWriter* writer,
+                                uint32_t changed_since = 0, int64_t* rows_written = nullptr);
 
 // Called for each EMBR block: ids[n] (ascending), weights n x dim, state n x state_floats.
 using EmbeddingRowsFn =

@@ -389,15 +389,20 @@ absl::StatusOr<std::optional<std::string>> AllreduceParams::Restore(WorkerState*
 }
 
 uint32_t AllreduceParams::ReplicaChecksum() const {
-  const EmbeddingSnapshot rows = replica_->embedding()->Snapshot();
-  const DenseSnapshot dense = replica_->dense()->Snapshot();
   uint32_t crc = 0;
   auto add = [&crc](const auto& v) {
     crc = crc32c::Extend(crc, v.data(), v.size() * sizeof(v[0]));
   };
-  add(rows.ids);
-  add(rows.weights);
-  add(rows.state);
+  // Range by range: a copy of the whole replica would double a rank's memory at its end.
+  const EmbeddingStore& store = *replica_->embedding();
+  constexpr int64_t kRange = int64_t{1} << 20;
+  for (int64_t from = store.begin(); from < store.end(); from += kRange) {
+    const EmbeddingSnapshot rows = store.Snapshot(from, from + kRange);
+    add(rows.ids);
+    add(rows.weights);
+    add(rows.state);
+  }
+  const DenseSnapshot dense = replica_->dense()->Snapshot();
   add(dense.weights);
   add(dense.state);
   return crc;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -660,8 +661,11 @@ std::string TestDir(const std::string& name) {
 
 // Writes a checkpoint of `cluster` under dir the way the chief does: COPY every shard, WRITE
 // every shard, then the MANIFEST and LATEST. With `deltas`, a delta when the chain says so.
+// `between` runs after the COPYs and before the WRITEs (training goes on then); the rows the
+// shards wrote are added to *rows_written when it is not null.
 void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t round,
-                 DeltaChain* deltas = nullptr) {
+                 DeltaChain* deltas = nullptr, const std::function<void()>& between = nullptr,
+                 int64_t* rows_written = nullptr) {
   auto ckpt = PrepareCheckpointDir(dir, step);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   CheckpointManifest manifest;
@@ -680,9 +684,11 @@ void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, int64_t
                                                      : std::nullopt)
                     .ok());
   }
+  if (between) between();
   for (auto& server : cluster->servers) {
     auto written = server->WriteCheckpoint(round, CheckpointName(step));
     ASSERT_TRUE(written.ok()) << written.status();
+    if (rows_written != nullptr) *rows_written += written->rows();
     auto* f = manifest.add_file();
     f->set_name(written->file());
     f->set_bytes(written->bytes());
@@ -709,14 +715,16 @@ void PushStep(PsClient* client, Reference* ref, Rng* rng, const Table& t, int st
 // Restores the chosen checkpoint onto new clusters of 2, 3 and 4 shards and expects every row and
 // optimizer slot to match the twin bit for bit; then one more update of 500 `touched` rows at
 // `next_step` (the optimizer state came along: it matches too). `touched` must be sorted and
-// unique. Returns the restored clusters (2, 3, 4 shards) and the 500 rows updated.
+// unique. Returns the restored clusters (2, 3, 4 shards, writing checkpoints under
+// checkpoint_dir) and the 500 rows updated.
 std::vector<std::unique_ptr<Cluster>> ExpectRestoresOntoAnyShardCount(
     const CheckpointChoice& choice, const Table& t, OptimizerType type, Reference* ref, Rng* rng,
-    const std::vector<int64_t>& touched, int64_t next_step) {
+    const std::vector<int64_t>& touched, int64_t next_step,
+    const std::string& checkpoint_dir = "") {
   std::vector<std::unique_ptr<Cluster>> restored;
   std::vector<std::unique_ptr<PsClient>> clients;
   for (int shards : {2, 3, 4}) {
-    restored.push_back(std::make_unique<Cluster>(shards, t, type));
+    restored.push_back(std::make_unique<Cluster>(shards, t, type, checkpoint_dir));
     for (auto& server : restored.back()->servers) {
       EXPECT_TRUE(server->RestoreCheckpoint(choice.chain).ok());
       EXPECT_EQ(server->Info().restored_from(), choice.dir);
@@ -763,6 +771,60 @@ TEST(ShardCheckpoint, RestoresOntoAnyShardCount) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// A checkpoint is the instant of its COPY, not of its WRITE: pushes that land between them (the
+// workers train while the shards write) stay out of the files, full and delta alike (the shards
+// keep those rows' values of the instant: copy-on-write), and a restore matches the twin as of
+// the COPY.
+TEST(ShardCheckpoint, PushesBetweenCopyAndWriteStayOutOfTheCheckpoint) {
+  const Table t;
+  const std::string dir = TestDir("instant");
+  Cluster three(3, t, ADAGRAD, dir);
+  Reference ref(t, ADAGRAD);
+  auto client = three.Client();
+  Rng rng(97);
+  std::vector<int64_t> touched;
+  for (int step = 1; step <= 3; ++step) PushStep(client.get(), &ref, &rng, t, step, 800, &touched);
+  SortUnique(&touched);
+  // Pushed to the cluster only, between a COPY and its WRITE; the twin gets them afterwards, in
+  // the same order relative to the other steps.
+  std::vector<int64_t> late_ids;
+  std::vector<float> late_grads, late_dense;
+  auto push_late = [&](int step) {
+    late_ids = UniqueIds(&rng, t.rows, 600);  // rows of the instant and rows new to it
+    late_grads = RandomValues(&rng, late_ids.size() * t.row_dim);
+    late_dense = RandomValues(&rng, t.dense_size);
+    EXPECT_TRUE(client->Push(late_ids, late_grads.data(), late_dense.data(), step).ok());
+  };
+  auto expect_restores = [&](const std::vector<int64_t>& rows) {
+    auto choice = ChooseCheckpoint(dir);
+    ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+    Cluster two(2, t, ADAGRAD);
+    for (auto& server : two.servers) ASSERT_TRUE(server->RestoreCheckpoint((*choice)->chain).ok());
+    ExpectSameAsReference(two.Client().get(), &ref, rows, t);
+  };
+  DeltaChain deltas(11);
+  int64_t full_rows = 0;
+  SaveCluster(&three, dir, 3, 1, &deltas, [&] { push_late(4); }, &full_rows);
+  EXPECT_EQ(full_rows, static_cast<int64_t>(touched.size()));  // not the late pushes' new rows
+  expect_restores(touched);
+
+  // The twin catches up; then a delta whose WRITE also races with pushes.
+  ASSERT_TRUE(ref.rows->Apply(late_ids, late_grads.data(), 4).ok());
+  ref.dense->Apply(late_dense.data(), 4);
+  std::vector<int64_t> since_full = late_ids;
+  for (int step = 5; step <= 6; ++step) {
+    PushStep(client.get(), &ref, &rng, t, step, 300, &since_full);
+  }
+  SortUnique(&since_full);
+  touched.insert(touched.end(), since_full.begin(), since_full.end());
+  SortUnique(&touched);
+  int64_t delta_rows = 0;
+  SaveCluster(&three, dir, 6, 2, &deltas, [&] { push_late(7); }, &delta_rows);
+  EXPECT_EQ(delta_rows, static_cast<int64_t>(since_full.size()));
+  expect_restores(touched);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // Incremental checkpoints of a 3-shard cluster: a full checkpoint and 10 deltas (each shard's
 // file holds only the rows updated since the round before), restored as a chain onto 2, 3 or 4
 // shards: every row and optimizer slot and the dense vector match the single-store twin bit for
@@ -790,24 +852,27 @@ TEST(ShardCheckpoint, FullPlusTenDeltasRestoreOntoAnyShardCount) {
   for (int s = 0; s < 3; ++s) {  // 100 rows of 3000
     EXPECT_LT((*choice)->manifest.file(s).bytes() * 5, full.file(s).bytes()) << s;
   }
+  const std::string after = TestDir("deltas_after");
   std::vector<std::unique_ptr<Cluster>> restored =
-      ExpectRestoresOntoAnyShardCount(**choice, t, ADAGRAD, &ref, &rng, touched, 12);
+      ExpectRestoresOntoAnyShardCount(**choice, t, ADAGRAD, &ref, &rng, touched, 12, after);
 
   // A restored shard's delta after the restored checkpoint (ckpt-11) holds the rows updated
   // since the restore (the 500 of step 12); a parent it has no record of gets every row (a
   // superset is still a correct delta).
-  int64_t since_restore = 0, unknown_parent = 0;
-  for (auto& server : restored.front()->servers) {
-    auto rows = server->CopyForCheckpoint(100, int64_t{11});
-    ASSERT_TRUE(rows.ok()) << rows.status();
-    since_restore += *rows;
-    rows = server->CopyForCheckpoint(101, int64_t{5});
-    ASSERT_TRUE(rows.ok()) << rows.status();
-    unknown_parent += *rows;
-  }
-  EXPECT_EQ(since_restore, 500);
-  EXPECT_EQ(unknown_parent, static_cast<int64_t>(touched.size()));
-  std::system(("rm -rf " + dir).c_str());
+  auto rows_written = [&](int64_t round, int64_t parent) {
+    EXPECT_TRUE(PrepareCheckpointDir(after, round).ok());
+    int64_t rows = 0;
+    for (auto& server : restored.front()->servers) {
+      EXPECT_TRUE(server->CopyForCheckpoint(round, parent).ok());
+      auto written = server->WriteCheckpoint(round, CheckpointName(round));
+      EXPECT_TRUE(written.ok()) << written.status();
+      if (written.ok()) rows += written->rows();
+    }
+    return rows;
+  };
+  EXPECT_EQ(rows_written(100, 11), 500);
+  EXPECT_EQ(rows_written(101, 5), static_cast<int64_t>(touched.size()));
+  std::system(("rm -rf " + dir + " " + after).c_str());
 }
 
 // Writes `ref` as `pstrain train` does: ckpt-<step>/shard-0-of-1 (store blocks only, no SHRD),

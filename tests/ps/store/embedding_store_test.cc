@@ -444,6 +444,147 @@ TEST(EmbeddingStore, SnapshotChangedSinceHoldsExactlyTheRowsUpdatedSinceAGenerat
   }
 }
 
+void ExpectSameSnapshot(const EmbeddingSnapshot& a, const EmbeddingSnapshot& b) {
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_EQ(a.last_step, b.last_step);
+}
+
+// Every id in [from, to) with step `every`.
+std::vector<int64_t> Ids(int64_t from, int64_t to, int64_t every) {
+  std::vector<int64_t> ids;
+  for (int64_t r = from; r < to; r += every) ids.push_back(r);
+  return ids;
+}
+
+// The image's rows [0, rows), read range by range as a checkpoint writer streams them.
+EmbeddingSnapshot ReadInRanges(const EmbeddingStore::Image& image, int64_t rows, int64_t range) {
+  EmbeddingSnapshot all;
+  for (int64_t from = 0; from < rows; from += range) {
+    const EmbeddingSnapshot piece = image.Snapshot(from, from + range);
+    all.ids.insert(all.ids.end(), piece.ids.begin(), piece.ids.end());
+    all.weights.insert(all.weights.end(), piece.weights.begin(), piece.weights.end());
+    all.state.insert(all.state.end(), piece.state.begin(), piece.state.end());
+    all.last_step = piece.last_step;
+  }
+  return all;
+}
+
+// A copy-on-write Image (a PS checkpoint's instant) reads as the store did at Freeze while the
+// store goes on: rows updated since are their pre-images, rows stored since are absent, and only
+// the updated rows cost memory. Destroying it ends the copy-on-write.
+TEST(EmbeddingStoreImage, HoldsTheInstantWhileUpdatesGoOn) {
+  for (int threads : {1, 4}) {
+    SCOPED_TRACE(threads);
+    auto store = MakeStore(0, 100000, 4, MakeOptimizer(ADAM, 0.01f), threads);
+    Rng rng(11);
+    auto apply = [&](const std::vector<int64_t>& ids, int64_t step) {
+      const std::vector<float> g = RandomGrads(&rng, ids.size() * 4);
+      ASSERT_TRUE(store->Apply(ids, g.data(), step).ok());
+    };
+    const std::vector<int64_t> before = Ids(0, 60000, 3);
+    apply(before, 1);
+    const EmbeddingSnapshot at_freeze = store->Snapshot();
+    {
+      std::unique_ptr<EmbeddingStore::Image> image = store->Freeze(2, 2);
+      EXPECT_EQ(store->generation(), 2u);
+      ExpectSameSnapshot(image->Snapshot(0, 100000), at_freeze);
+      EXPECT_EQ(image->preserved_rows(), 0);
+      const std::vector<int64_t> again = Ids(0, 60000, 9);      // a third of `before`
+      const std::vector<int64_t> fresh = Ids(60000, 100000, 7);  // stored since the instant
+      apply(again, 2);
+      apply(again, 3);  // a second update keeps the first pre-image
+      apply(fresh, 3);
+      EXPECT_EQ(image->preserved_rows(), static_cast<int64_t>(again.size()));
+      EXPECT_EQ(image->preserved_bytes(),
+                static_cast<int64_t>(again.size()) * (1 + 4 + store->state_floats()) * 4);
+      ExpectSameSnapshot(image->Snapshot(0, 100000), at_freeze);
+      // In ranges, as a writer streams it; and by rows.
+      ExpectSameSnapshot(ReadInRanges(*image, 100000, 12345), at_freeze);
+      std::vector<int64_t> listed = before;
+      listed.insert(listed.end(), fresh.begin(), fresh.end());
+      ExpectSameSnapshot(image->SnapshotRows(listed, 0), at_freeze);
+      // The live store has moved on.
+      EXPECT_NE(store->Snapshot().weights, at_freeze.weights);
+      EXPECT_EQ(store->Snapshot().rows(), at_freeze.rows() + static_cast<int64_t>(fresh.size()));
+    }
+    // Ended: the next update of a row frozen before keeps no pre-image, and another Image may
+    // be taken.
+    const EmbeddingSnapshot now = store->Snapshot();
+    std::unique_ptr<EmbeddingStore::Image> next = store->Freeze(3, 3);
+    ExpectSameSnapshot(next->Snapshot(0, 100000), now);
+    apply(Ids(1, 100000, 5), 4);
+    ExpectSameSnapshot(next->Snapshot(0, 100000), now);
+  }
+}
+
+// A delta of an Image holds the rows stamped since `changed_since` at the instant, as they were
+// then: from the change logs, or by the stamp scan when the logs were dropped.
+TEST(EmbeddingStoreImage, DeltaOfAnImageIsTheDeltaOfTheInstant) {
+  for (const uint32_t keep_from : {2u, 3u}) {  // the logs of generation 2 kept / dropped
+    SCOPED_TRACE(keep_from);
+    auto store = MakeStore(0, 50000, 3, MakeOptimizer(ADAGRAD, 0.1f), 2);
+    Rng rng(12);
+    auto apply = [&](const std::vector<int64_t>& ids) {
+      const std::vector<float> g = RandomGrads(&rng, ids.size() * 3);
+      ASSERT_TRUE(store->Apply(ids, g.data(), 1).ok());
+    };
+    apply(Ids(0, 50000, 2));
+    store->Freeze(2, 2).reset();  // a full checkpoint's instant, written
+    apply(Ids(0, 50000, 101));    // generation 2: the delta's rows
+    apply(Ids(1, 50000, 202));    // some of them new to the store
+    const EmbeddingSnapshot delta = store->Snapshot(0, 50000, 2);
+    ASSERT_GT(delta.rows(), 300);
+    std::unique_ptr<EmbeddingStore::Image> image = store->Freeze(3, keep_from);
+    EXPECT_EQ(store->ChangedRows(0, 50000, 2).has_value(), keep_from == 2u);
+    apply(Ids(0, 50000, 303));   // rows of the delta and of the full checkpoint, updated again
+    apply(Ids(3, 50000, 1000));  // and rows new to the store
+    ExpectSameSnapshot(image->Snapshot(0, 50000, 2), delta);
+    if (auto listed = store->ChangedRows(0, 50000, 2)) {
+      ExpectSameSnapshot(image->SnapshotRows(*listed, 2), delta);
+    }
+    EXPECT_EQ(image->Snapshot(0, 50000, 3).rows(), 0);  // nothing at the instant is that new
+  }
+}
+
+// Training threads update the store while the Image is read range by range: every range holds
+// the instant's rows exactly, and no row is torn.
+TEST(EmbeddingStoreImage, ConcurrentUpdatesNeverReachTheImage) {
+  auto store = MakeStore(0, 200000, 8, MakeOptimizer(ADAGRAD, 0.1f), 1);
+  Rng rng(13);
+  {
+    const std::vector<int64_t> ids = Ids(0, 200000, 2);
+    const std::vector<float> g = RandomGrads(&rng, ids.size() * 8);
+    ASSERT_TRUE(store->Apply(ids, g.data(), 1).ok());
+  }
+  const EmbeddingSnapshot at_freeze = store->Snapshot();
+  std::unique_ptr<EmbeddingStore::Image> image = store->Freeze(2, 2);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> trainers;
+  for (int t = 0; t < 3; ++t) {
+    trainers.emplace_back([&, t] {
+      Rng r(100 + t);
+      while (!stop.load()) {
+        std::vector<int64_t> ids(256);
+        for (auto& id : ids) id = static_cast<int64_t>(r.Uniform(200000));
+        const std::vector<float> g = RandomGrads(&r, ids.size() * 8);
+        EXPECT_TRUE(store->Apply(ids, g.data(), 2).ok());
+      }
+    });
+  }
+  // The read starts once training has changed rows of the instant (bounded wait).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (image->preserved_rows() < 1000 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const EmbeddingSnapshot read = ReadInRanges(*image, 200000, 1000);
+  stop = true;
+  for (auto& t : trainers) t.join();
+  EXPECT_GT(image->preserved_rows(), 0);
+  ExpectSameSnapshot(read, at_freeze);
+}
+
 // The change log (incremental checkpoints' fast path): within a generation a row is logged once
 // however often it is updated, a row new to the store counts as changed, and a delta snapshot
 // from the logs holds exactly the rows stamped since.
