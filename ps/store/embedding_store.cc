@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
@@ -61,10 +62,8 @@ EmbeddingStore::EmbeddingStore(Options options)
       chunks_(new std::atomic<float*>[max_chunks_]()),
       stripes_(new Stripe[kStripes]) {}
 
-EmbeddingStore::~EmbeddingStore() {
-  for (int64_t p = 0; p < num_index_pages_; ++p) delete[] index_[p].load(std::memory_order_relaxed);
-  for (int64_t c = 0; c < max_chunks_; ++c) std::free(chunks_[c].load(std::memory_order_relaxed));
-}
+// The index pages and chunks live in slabs_, unmapped with it.
+EmbeddingStore::~EmbeddingStore() = default;
 
 absl::Status EmbeddingStore::CheckIds(absl::Span<const int64_t> ids) const {
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -96,13 +95,15 @@ float* EmbeddingStore::ClaimRow(int64_t row, bool* fresh) {
   std::atomic<std::atomic<uint32_t>*>& page_ptr = index_[local >> kIndexShift];
   std::atomic<uint32_t>* page = page_ptr.load(std::memory_order_acquire);
   if (page == nullptr) {
-    // First touches of one index page from different stripes race; one allocation wins.
-    auto* mine = new std::atomic<uint32_t>[kIndexPageRows]();
-    if (page_ptr.compare_exchange_strong(page, mine, std::memory_order_acq_rel)) {
-      page = mine;
+    // First touches of one index page from different stripes race: the first allocates it.
+    std::lock_guard<std::mutex> lock(grow_mu_);
+    page = page_ptr.load(std::memory_order_acquire);
+    if (page == nullptr) {
+      page = static_cast<std::atomic<uint32_t>*>(
+          slabs_.Allocate(kIndexPageRows * sizeof(std::atomic<uint32_t>)));
+      for (int64_t i = 0; i < kIndexPageRows; ++i) new (&page[i]) std::atomic<uint32_t>(0);
+      page_ptr.store(page, std::memory_order_release);
       index_pages_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      delete[] mine;
     }
   }
   std::atomic<uint32_t>& entry = page[local & (kIndexPageRows - 1)];
@@ -114,14 +115,11 @@ float* EmbeddingStore::ClaimRow(int64_t row, bool* fresh) {
   const int64_t slot = next_slot_.fetch_add(1, std::memory_order_relaxed);
   std::atomic<float*>& chunk = chunks_[slot >> chunk_shift_];
   if (chunk.load(std::memory_order_acquire) == nullptr) {
-    const size_t bytes = (opt_.chunk_rows * stride_ * sizeof(float) + 63) / 64 * 64;
-    auto* mine = static_cast<float*>(std::aligned_alloc(64, bytes));
-    PSTRAIN_CHECK(mine != nullptr) << "out of memory allocating " << bytes << " bytes";
-    float* expected = nullptr;
-    if (chunk.compare_exchange_strong(expected, mine, std::memory_order_acq_rel)) {
+    std::lock_guard<std::mutex> lock(grow_mu_);
+    if (chunk.load(std::memory_order_acquire) == nullptr) {
+      const size_t bytes = (opt_.chunk_rows * stride_ * sizeof(float) + 63) / 64 * 64;
+      chunk.store(static_cast<float*>(slabs_.Allocate(bytes)), std::memory_order_release);
       chunks_allocated_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      std::free(mine);
     }
   }
   entry.store(static_cast<uint32_t>(slot + 1), std::memory_order_release);

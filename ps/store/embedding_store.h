@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ps/store/optimizer.h"
+#include "ps/store/slab_arena.h"
 
 namespace pstrain {
 
@@ -295,8 +296,11 @@ class EmbeddingStore {
   const int64_t num_index_pages_;
   const int64_t max_chunks_;
   // index_[p][i] = 1 + slot of row begin + p * 4096 + i, or 0 if the row has no stored values.
-  // Entries change only under the row's stripe (0 -> slot, once); pages and chunks are
-  // installed once by compare-and-swap and freed at destruction.
+  // Entries change only under the row's stripe (0 -> slot, once); pages and chunks come from
+  // slabs_ (out of malloc's heaps, ps/store/slab_arena.h), each installed once under grow_mu_,
+  // and are unmapped at destruction.
+  SlabArena slabs_;
+  std::mutex grow_mu_;
   std::unique_ptr<std::atomic<std::atomic<uint32_t>*>[]> index_;
   std::unique_ptr<std::atomic<float*>[]> chunks_;  // chunk c holds slots [c, c + 1) x chunk_rows
   std::unique_ptr<Stripe[]> stripes_;
