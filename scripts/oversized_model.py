@@ -19,9 +19,10 @@ One command, from a fresh clone (root; builds pstrain with scripts/build.sh when
    a memory cgroup of C) for each N of --hosts: each shard holds about M / N. Its test AUC
    against the single run's, its bytes per shard (summary.json), each host's peak anonymous
    memory (sampled from its cgroup) and cgroup peak (hosts.json: page cache included). These
-   runs take incremental checkpoints every --checkpoint_every_steps (a full PS checkpoint copies
-   a shard in memory, doubling it) over 64 partitions (the default 4 a shard are contiguous row
-   ranges: the wide fields' rows would land on a few shards).
+   runs take incremental checkpoints every --checkpoint_every_steps (a checkpoint's instant is a
+   copy-on-write image, so only the rows updated while a shard writes cost memory; deltas keep
+   those writes short) over 64 partitions (the default 4 a shard are contiguous row ranges: the
+   wide fields' rows would land on a few shards).
 6. `pstrain allreduce` on 2 emulated hosts with the same cap: every rank would need M, so it
    must refuse at startup (FAILED_PRECONDITION), never be OOM-killed.
 7. A table (Markdown and JSON) in WORK/oversized.md and WORK/oversized.json.

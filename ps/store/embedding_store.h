@@ -7,6 +7,8 @@
 // order, so hashed ids scattered over a huge table cost only their own rows. An index maps each
 // row id to its slot: 4 bytes per row, allocated lazily in pages of 4096 rows (16 KB). In all:
 // touched rows x (dim + StateFloats(dim) + 1) x 4 bytes, plus at most 4 bytes per table row.
+// Chunks and index pages come from mmap'd slabs (ps/store/slab_arena.h), not malloc: among the
+// per-step messages in malloc's heaps they pinned freed memory the process could not give back.
 //
 // A row is initialized on its first Apply with Options::row_init (typically Model::InitRow) and
 // Optimizer::InitState. Gather of a row that was never trained returns row_init's value without
