@@ -2,12 +2,18 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -55,6 +61,85 @@ void RemoveTree(const std::string& path) {
     closedir(d);
   }
   ::rmdir(path.c_str());
+}
+
+// Retention's deletions, off the committing thread (RemoveOldCheckpoints): a queue of renamed
+// directories and one thread, started when there is work and ending when the queue is empty.
+// Never destroyed: WaitForCheckpointRemovals drains it.
+class BackgroundRemover {
+ public:
+  static BackgroundRemover& Get() {
+    static BackgroundRemover* remover = new BackgroundRemover;
+    return *remover;
+  }
+  // Deletes `path` (a renamed checkpoint directory) in the background, unless it is queued or
+  // being deleted already.
+  void Add(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!known_.insert(path).second) return;
+    queue_.push_back(path);
+    if (running_) return;
+    if (thread_.joinable()) thread_.join();  // the previous run's thread, finished
+    running_ = true;
+    thread_ = std::thread([this] { Run(); });
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return !running_; });
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!queue_.empty()) {
+      const std::string path = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      RemoveTree(path);
+      lock.lock();
+      known_.erase(path);
+    }
+    running_ = false;
+    idle_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::deque<std::string> queue_;  // guarded by mu_
+  std::set<std::string> known_;    // guarded by mu_: queued or being deleted
+  bool running_ = false;           // guarded by mu_
+  std::thread thread_;             // guarded by mu_
+};
+
+constexpr char kRemovingPrefix[] = ".removing-";
+
+// Renames the checkpoint directory `path` under `dir` out of the checkpoints' names and queues
+// its deletion; deletes it in place when the rename fails.
+void RemoveInBackground(const std::string& dir, const std::string& path) {
+  static std::atomic<int64_t> renamed{0};
+  const std::string name = path.substr(path.rfind('/') + 1);
+  const std::string trash =
+      absl::StrCat(dir, "/", kRemovingPrefix, name, "-", getpid(), "-", renamed++);
+  if (::rename(path.c_str(), trash.c_str()) != 0) {
+    RemoveTree(path);
+    return;
+  }
+  BackgroundRemover::Get().Add(trash);
+}
+
+// Queues the deletion of every .removing-* directory under `dir` (one a process left behind).
+void SweepRemovals(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> found;
+  while (dirent* e = readdir(d)) {
+    if (absl::StartsWith(e->d_name, kRemovingPrefix)) found.push_back(dir + "/" + e->d_name);
+  }
+  closedir(d);
+  for (const std::string& path : found) {
+    if (IsDirectory(path)) BackgroundRemover::Get().Add(path);
+  }
 }
 
 // A block file holding one block: `tag` with msg's serialization. Small: built in memory, then
@@ -404,9 +489,12 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
       continue;
     }
     if (e.complete && chains.count(e.step) > 0) continue;
-    RemoveTree(e.path);
+    RemoveInBackground(dir, e.path);
   }
+  SweepRemovals(dir);
 }
+
+void WaitForCheckpointRemovals() { BackgroundRemover::Get().Wait(); }
 
 namespace {
 
@@ -487,6 +575,7 @@ absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManif
 }
 
 int RemoveIncompleteCheckpoints(const std::string& dir) {
+  SweepRemovals(dir);
   int removed = 0;
   for (const CheckpointEntry& e : ListCheckpoints(dir)) {
     if (e.complete) continue;

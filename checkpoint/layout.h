@@ -183,7 +183,16 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
 // (a crash while writing, or a job that resumed from an older checkpoint), they are never chosen,
 // and they are deleted once the job commits a newer step. keep < 1 counts as 1.
 // A kept delta also keeps every checkpoint of its chain (ChainSteps), whatever its age.
+// The deletions do not hold up the save that commits: each directory is renamed to
+// <dir>/.removing-<name>-<pid>-<n> (one metadata operation, so it is no checkpoint from then on:
+// ListCheckpoints ignores it) and a background thread of this process deletes it. A rename that
+// fails is a deletion in place. A .removing-* directory a process left behind (it ended before
+// its thread was done) is deleted by the next RemoveOldCheckpoints or RemoveIncompleteCheckpoints
+// of `dir`.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
+// Blocks until every deletion RemoveOldCheckpoints started in this process is done. pstrain's
+// main calls it before it exits, so that a finished job leaves no .removing-* behind.
+void WaitForCheckpointRemovals();
 // The steps of the checkpoints the restore of <dir>/ckpt-<step> reads besides itself (its parent,
 // the parent's parent, ..., its base), by their MANIFESTs without verifying the files; empty for a
 // full checkpoint or one without a readable MANIFEST. Stops at a missing link.

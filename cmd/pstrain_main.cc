@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "checkpoint/layout.h"
 #include "cmd/sagemaker.h"
 #include "common/malloc_tuning.h"
 #include "pstrain_version.h"  // generated: cmake/version.cmake
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
     // In a SageMaker container a failure's reason goes to /opt/ml/output/failure.
     auto failure = pstrain::FailureCapture::Start(pstrain::SageMakerFailureFile());
     const int code = c.run(argc, argv);
+    // Old checkpoints that retention renamed are deleted before the process ends.
+    pstrain::WaitForCheckpointRemovals();
     if (failure) failure->Finish(code);
     return code;
   }

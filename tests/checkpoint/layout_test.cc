@@ -2,6 +2,7 @@
 // retention. (tests/checkpoint/fixtures_test.cc pins the bytes of the files.)
 #include "checkpoint/layout.h"
 
+#include <dirent.h>
 #include <google/protobuf/text_format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -313,6 +314,55 @@ TEST(CheckpointLayout, RetentionKeepsTheNewestCommitted) {
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{4, 3}));
   Save(dir, 5, 0);  // keep < 1 keeps the one just committed
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{5}));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// The entries of dir whose names start with ".removing-".
+std::vector<std::string> Removing(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, ".removing-", 10) == 0) out.push_back(e->d_name);
+  }
+  closedir(d);
+  return out;
+}
+
+// Retention does not delete inside the save that commits: the old directories leave the
+// checkpoints' names at once (renamed) and are deleted by a background thread, which
+// WaitForCheckpointRemovals waits for. The data of a deleted checkpoint is gone then, not moved.
+TEST(CheckpointLayout, RetentionDeletesInTheBackground) {
+  const std::string dir = FreshDir("keep_background");
+  for (int64_t step : {1, 2, 3, 4, 5}) Save(dir, step, 2);
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{5, 4}));  // at once, whatever the thread has done
+  WaitForCheckpointRemovals();
+  EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
+  struct stat st;
+  for (int64_t step : {1, 2, 3}) EXPECT_NE(::stat(CheckpointPath(dir, step).c_str(), &st), 0);
+  ASSERT_EQ(::stat(CheckpointPath(dir, 4).c_str(), &st), 0);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// A process that ended before its deletions were done leaves .removing-* directories; the next
+// retention or start of a committing process (RemoveIncompleteCheckpoints) deletes them, and
+// nothing else.
+TEST(CheckpointLayout, RemovalsLeftByAnEndedProcessAreDeletedLater) {
+  const std::string dir = FreshDir("keep_leftover");
+  Save(dir, 1, 3);
+  for (const char* left : {"/.removing-ckpt-7-123-0", "/.removing-ckpt-8-123-1"}) {
+    ASSERT_TRUE(MakeDirs(dir + left).ok());
+    ASSERT_TRUE(WriteFileAtomic(dir + left + "/shard-0-of-1", "old rows").ok());
+  }
+  EXPECT_EQ(Removing(dir).size(), 2u);
+  EXPECT_EQ(RemoveIncompleteCheckpoints(dir), 0);  // they were no checkpoints
+  WaitForCheckpointRemovals();
+  EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
+  ASSERT_TRUE(MakeDirs(dir + "/.removing-ckpt-9-123-2").ok());
+  Save(dir, 2, 3);  // retention sweeps too
+  WaitForCheckpointRemovals();
+  EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{2, 1}));
   std::system(("rm -rf " + dir).c_str());
 }
 
