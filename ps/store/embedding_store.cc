@@ -343,35 +343,35 @@ const float* EmbeddingStore::RowInImage(int64_t row, uint32_t image) const {
 
 EmbeddingStore::Image::~Image() { store_->EndImage(); }
 
-EmbeddingSnapshot EmbeddingStore::Image::Snapshot(int64_t from, int64_t to,
-                                                  uint32_t changed_since) const {
+EmbeddingSnapshot EmbeddingStore::Image::Read(std::vector<int64_t> ids,
+                                              uint32_t changed_since) const {
   EmbeddingSnapshot snap = store_->EmptySnapshot();
   snap.last_step = last_step_;
-  if (changed_since > 0) {
-    if (std::optional<std::vector<int64_t>> rows = store_->ChangedRows(from, to, changed_since)) {
-      snap.ids = std::move(*rows);
-      store_->CopyRows(changed_since, /*recheck=*/true, &snap, generation_);
-      return snap;
-    }
-  }
-  from = std::max(from, store_->begin());
-  to = std::min(to, store_->end());
-  if (from >= to) return snap;
-  snap.ids = store_->StoredRows(from, to);
+  snap.ids = std::move(ids);
   store_->CopyRows(changed_since, /*recheck=*/true, &snap, generation_);
   return snap;
 }
 
+EmbeddingSnapshot EmbeddingStore::Image::Snapshot(int64_t from, int64_t to,
+                                                  uint32_t changed_since) const {
+  if (changed_since > 0) {
+    if (std::optional<std::vector<int64_t>> rows = store_->ChangedRows(from, to, changed_since)) {
+      return Read(std::move(*rows), changed_since);
+    }
+  }
+  from = std::max(from, store_->begin());
+  to = std::min(to, store_->end());
+  return Read(from < to ? store_->StoredRows(from, to) : std::vector<int64_t>(), changed_since);
+}
+
 EmbeddingSnapshot EmbeddingStore::Image::SnapshotRows(absl::Span<const int64_t> ids,
                                                       uint32_t changed_since) const {
-  EmbeddingSnapshot snap = store_->EmptySnapshot();
-  snap.last_step = last_step_;
-  snap.ids.reserve(ids.size());
+  std::vector<int64_t> owned;
+  owned.reserve(ids.size());
   for (int64_t id : ids) {
-    if (store_->Owns(id)) snap.ids.push_back(id);
+    if (store_->Owns(id)) owned.push_back(id);
   }
-  store_->CopyRows(changed_since, /*recheck=*/true, &snap, generation_);
-  return snap;
+  return Read(std::move(owned), changed_since);
 }
 
 int64_t EmbeddingStore::Image::preserved_rows() const {
@@ -514,14 +514,14 @@ void EmbeddingStore::CopyRows(uint32_t changed_since, bool recheck, EmbeddingSna
   const int dim = opt_.dim, sf = state_floats_;
   snap->weights.resize(n * dim);
   snap->state.resize(n * sf);
-  std::vector<uint8_t> dropped(recheck || image > 0 ? n : 0);
+  std::vector<uint8_t> dropped(recheck ? n : 0);
   std::atomic<bool> any_dropped{false};
   ParallelFor(n, ThreadsFor(n, opt_.threads), [&](int, int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Prefetch(snap->ids, i, e, stride_ * sizeof(float));
       std::lock_guard<std::mutex> lock(StripeOf(snap->ids[i]).mu);
       const float* row = image > 0 ? RowInImage(snap->ids[i], image) : FindRow(snap->ids[i]);
-      if ((recheck || image > 0) && (row == nullptr || StampOf(row) < changed_since)) {
+      if (recheck && (row == nullptr || StampOf(row) < changed_since)) {
         dropped[i] = 1;
         any_dropped.store(true, std::memory_order_relaxed);
         continue;

@@ -263,7 +263,8 @@ class EmbeddingStore {
   EmbeddingSnapshot EmptySnapshot() const;
   // Copies the rows of snap->ids (ascending) under their locks into snap; with recheck, drops
   // those not stored or stamped below changed_since by now. With image > 0 (an Image's
-  // generation), the rows as they were at that Image's instant (RowInImage), always rechecked.
+  // generation), the rows as they were at that Image's instant (RowInImage); an Image's reads
+  // pass recheck, since rows stored after the instant have no image.
   void CopyRows(uint32_t changed_since, bool recheck, EmbeddingSnapshot* snap,
                 uint32_t image = 0) const;
   // Under the row's stripe, with an Image of generation `image` held: the row as it was at the
@@ -355,6 +356,8 @@ class EmbeddingStore::Image {
   friend class EmbeddingStore;
   Image(EmbeddingStore* store, uint32_t generation, int64_t last_step)
       : store_(store), generation_(generation), last_step_(last_step) {}
+  // The rows of `ids` (ascending, in the store's range) as they were at the instant.
+  EmbeddingSnapshot Read(std::vector<int64_t> ids, uint32_t changed_since) const;
   EmbeddingStore* const store_;
   const uint32_t generation_;
   const int64_t last_step_;

@@ -273,15 +273,13 @@ absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
   ASSIGN_OR_RETURN(std::string dir, checkpointer_->Save(ws, final));
   if (!dir.empty()) {
     scheduled_round_owed_ = false;
-  } else if (scheduled) {
-    scheduled_round_owed_ = true;
-  }
-  if (!dir.empty() && evaluate && background_.Start(step_)) eval_checkpoint_ = dir;
-  if (!dir.empty()) {
+    if (evaluate && background_.Start(step_)) eval_checkpoint_ = dir;
     summary_.checkpoint = dir;
     last_checkpoint_ = dir;
     unnamed_checkpoint_ = false;
   } else {
+    // Arranged for later (a PS round): the next committed checkpoint stands for a scheduled one.
+    if (scheduled) scheduled_round_owed_ = true;
     unnamed_checkpoint_ = true;
   }
   t_last_ckpt_ = Now();
