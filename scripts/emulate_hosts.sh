@@ -333,14 +333,17 @@ kill_job_processes() {
 
 run_allreduce() {
   local hostfile="$WORK/hostfile" i attempt
+  ranks_up() { grep -q "pstrain allreduce: [0-9]* ranks up" "$WORK/mpirun.log" 2> /dev/null; }
   : > "$hostfile"
   for ((i = 0; i < HOSTS; i++)); do echo "$(addr "$i") slots=1" >> "$hostfile"; done
   echo "emulate_hosts: allreduce: $HOSTS ranks, one per host; log $WORK/mpirun.log"
   local s=0
   # A launch can hang: one host's orted never comes up (it daemonizes, so its agent exits 0 and
   # mpirun waits for it; orte_startup_timeout does not fire). Seen in about 1 of 3 two-host
-  # launches on 2026-11-24, cause not found. Rank 0 prints a line right after MPI_Init, so a log
-  # still empty after LAUNCH_TIMEOUT_S is a hung launch: it is ended and started again.
+  # launches on 2026-11-24, cause not found. Rank 0 prints "pstrain allreduce: N ranks up" right
+  # after MPI_Init, so a log without that line after LAUNCH_TIMEOUT_S is a hung launch: it is ended
+  # and started again. (Not "a log still empty": the agents' and orteds' own messages land in
+  # the same log before any rank runs, and one such line once made a hung launch look started.)
   for ((attempt = 1; attempt <= LAUNCH_ATTEMPTS; attempt++)); do
     s=0
     # The agent gets this script's settings from the environment.
@@ -354,11 +357,11 @@ run_allreduce() {
         --mca oob_tcp_if_include "$SUBNET.0/24" --bind-to none \
         "$BINARY" allreduce "$@" > "$WORK/mpirun.log" 2>&1 &
     local mp=$! waited=0
-    while kill -0 "$mp" 2> /dev/null && [[ ! -s "$WORK/mpirun.log" ]] && ((waited < LAUNCH_TIMEOUT_S)); do
+    while kill -0 "$mp" 2> /dev/null && ! ranks_up && ((waited < LAUNCH_TIMEOUT_S)); do
       sleep 1
       waited=$((waited + 1))
     done
-    if kill -0 "$mp" 2> /dev/null && [[ ! -s "$WORK/mpirun.log" ]]; then
+    if kill -0 "$mp" 2> /dev/null && ! ranks_up; then
       echo "emulate_hosts: allreduce: no rank started within --launch_timeout_s $LAUNCH_TIMEOUT_S (attempt $attempt of $LAUNCH_ATTEMPTS); ending that launch" >&2
       kill -KILL "$mp" 2> /dev/null || true
       wait "$mp" 2> /dev/null || true
