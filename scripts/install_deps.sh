@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Installs pstrain's build and run dependencies from Debian's packages, and nothing else.
 # Idempotent: when every package is already present it only runs dpkg-query and exits.
+# usage: scripts/install_deps.sh [all|build]
+#   all (default): everything the build, the tests, the fuzzers and the scripts use;
+#   build: only what configuring, building and running pstrain needs (scripts/quickstart.sh);
+#   the test tools (clang, QEMU, Python's NumPy and gRPC, iproute2...) are left out.
 set -euo pipefail
+group="${1:-all}"
+case "$group" in
+  all|build) ;;
+  *) echo "install_deps.sh: unknown group '$group' (expected all or build)" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
@@ -15,6 +24,8 @@ PACKAGES=(
   # gzip input (worker/data/formats/buffered_io.cc); the Prometheus endpoint (common/metrics/).
   zlib1g-dev prometheus-cpp-dev
   python3
+)
+TEST_PACKAGES=(
   # python/pstrain_checkpoint.py (NumPy only) and its tests; the gRPC client example of
   # `pstrain serve` (python/serve_client.py: grpcio, and protobuf for the messages protoc writes).
   # Run them with /usr/bin/python3: a python3 earlier in PATH may not see Debian's packages.
@@ -29,6 +40,8 @@ PACKAGES=(
   # scripts/emulate_hosts.sh and the partition test (ip netns, tc; nsenter and prlimit).
   openssl iproute2 util-linux
 )
+
+if [ "$group" = all ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -16,7 +16,8 @@ epochs="${EPOCHS:-1}"
 hosts="${HOSTS:-2}"
 mode="${MODE:-local}"
 
-bash scripts/build.sh release
+# The binary only, and only the packages it needs; scripts/test.sh builds and installs the rest.
+PSTRAIN_DEPS=build bash scripts/build.sh release pstrain
 bin=build/release/pstrain
 
 if [ ! -f "$out/data/train/teacher.json" ] || [ ! -f "$out/data/test/teacher.json" ]; then
