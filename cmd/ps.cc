@@ -63,6 +63,17 @@ int RunPs(int argc, char** argv) {
   };
   Config config;
   if (auto code = ParseTrainingCommand("ps", argc, argv, &flags, tf, &config)) return *code;
+  // Block the stop signals before any thread exists (gRPC's and OpenMP's threads inherit this
+  // mask) and take them synchronously once the shard serves (sigwait below): no handler, no
+  // polling. Blocked only later, a thread made during set-up (the server's, a restore's) kept
+  // them unblocked, and a SIGTERM arriving while the main thread was not yet in sigwait went to
+  // that thread and killed the process (seen once in a full test run). One arriving during
+  // set-up now waits for it, and the shard then stops cleanly.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   // A Kubeflow PS pod: TF_CONFIG gives the shard, the shard count, the port and the workers when
   // the flags do not (cmd/cluster_spec.h).
   if (!flags.WasSet("shard") && !flags.WasSet("num_shards")) {
@@ -113,14 +124,6 @@ int RunPs(int argc, char** argv) {
       return fail(s.ToString(), 1);
     }
   }
-
-  // Block the stop signals in every thread (gRPC's threads inherit this mask) and take them
-  // synchronously below: no handler, no polling.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   const std::string address = absl::StrCat(bind, ":", port);
   if (absl::Status s = (*server)->Start(address); !s.ok()) return fail(std::string(s.message()), 1);
