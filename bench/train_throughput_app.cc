@@ -10,6 +10,9 @@
 //   sync      Run per step: stage, train, flush (no overlap);
 //   pipelined the trainer's loop: batch t+1 is staged (dedup) while batch t computes; pulls
 //             follow the previous push, so the parameters equal sync's (pstrain train);
+//   pushed    pipelined, but through Pull and Push (the towers' gradients summed, then applied
+//             by the stores' OpenMP teams) as remote parameters are, instead of the in-process
+//             step in which the tower threads pull, sum and apply their shares (TrainStep);
 //   stale     train.async_local_updates: batch t+1's pull starts while batch t computes and
 //             each push is applied on a background thread while the next step computes
 //             (asynchronous SGD with one step of staleness, in one process).
@@ -46,6 +49,24 @@
 namespace pstrain {
 namespace {
 
+// The stores through Pull and Push only (no in_process()): the step of remote parameters.
+class PullPushOnly : public ParameterAccess {
+ public:
+  explicit PullPushOnly(ParameterAccess* inner) : inner_(inner) {}
+  int row_dim() const override { return inner_->row_dim(); }
+  int64_t dense_size() const override { return inner_->dense_size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    return inner_->Pull(ids, rows, dense);
+  }
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
+                    int64_t step) override {
+    return inner_->Push(ids, row_grads, dense_grad, step);
+  }
+
+ private:
+  ParameterAccess* inner_;
+};
+
 struct Result {
   int towers, intra;
   std::string precision;
@@ -67,10 +88,11 @@ int Main(int argc, char** argv) {
   flags.String("precisions", &precisions, "f32, bf16 or both");
   flags.Int("params_threads", &params_threads,
             "threads of the in-process stores' pull/push (0 = towers x intra, 1 with --mode stale)");
-  flags.String("mode", &mode, "sync, pipelined or stale (see the top of the source)");
+  flags.String("mode", &mode, "sync, pipelined, pushed or stale (see the top of the source)");
   if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
-  if (mode != "sync" && mode != "pipelined" && mode != "stale") {
-    std::fprintf(stderr, "--mode must be sync, pipelined or stale, got '%s'\n", mode.c_str());
+  if (mode != "sync" && mode != "pipelined" && mode != "pushed" && mode != "stale") {
+    std::fprintf(stderr, "--mode must be sync, pipelined, pushed or stale, got '%s'\n",
+                 mode.c_str());
     return 2;
   }
   auto env = InitLaunchEnvironment();
@@ -135,7 +157,10 @@ int Main(int argc, char** argv) {
       topt.min_steps = steps;
       topt.pipelined = mode != "sync";
       topt.prefetch_pulls = prefetch;
-      auto timing = TimeTrainSteps(step->get(), params->get(), CycleBatches(&batches), topt,
+      PullPushOnly pull_push(params->get());
+      ParameterAccess* access =
+          mode == "pushed" ? static_cast<ParameterAccess*>(&pull_push) : params->get();
+      auto timing = TimeTrainSteps(step->get(), access, CycleBatches(&batches), topt,
                                    &global_step);
       if (!timing.ok()) { std::fprintf(stderr, "%s\n", timing.status().ToString().c_str()); return 1; }
       const double elapsed = timing->seconds;

@@ -50,6 +50,33 @@ void DenseStore::Apply(const float* grad, int64_t step, int64_t computed_from) {
   ++version_;
 }
 
+void DenseStore::BeginStep(int64_t step) {
+  mu_.Lock();
+  // The per-vector extras (Adam's t) as they were, for an EndStep that applied nothing.
+  const int64_t extras = opt_.optimizer->state_extras();
+  split_extras_.assign(state_.end() - extras, state_.end());
+  split_ = opt_.optimizer->BeginDense(state_.data(), opt_.size, opt_.optimizer->LearningRate(step));
+  split_step_ = step;
+}
+
+void DenseStore::CopyRange(int64_t begin, int64_t end, float* out) const {
+  std::memcpy(out + begin, weights_.data() + begin, (end - begin) * sizeof(float));
+}
+
+void DenseStore::UpdateRange(int64_t begin, int64_t end, const float* grad) {
+  opt_.optimizer->UpdateDense(weights_.data(), state_.data(), grad, opt_.size, begin, end, split_);
+}
+
+void DenseStore::EndStep(bool applied) {
+  if (applied) {
+    last_step_ = std::max(last_step_, split_step_);
+    ++version_;
+  } else {
+    std::copy(split_extras_.begin(), split_extras_.end(), state_.end() - split_extras_.size());
+  }
+  mu_.Unlock();
+}
+
 int64_t DenseStore::version() const {
   absl::ReaderMutexLock lock(&mu_);
   return version_;

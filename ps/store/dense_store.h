@@ -77,6 +77,21 @@ class DenseStore {
   // counted or compensated). A version above the current one (the store was restored since) counts
   // as tau = 0.
   void Apply(const float* grad, int64_t step, int64_t computed_from = -1);
+  // One step's read and update split over the caller's threads (LocalParams' in-process step,
+  // worker/params/params.h InProcessParams): BeginStep takes the store's lock, so readers (Get,
+  // Snapshot) wait for the whole update as they do for Apply, and prepares the update of `step`
+  // (the optimizer's per-vector extras advance: Adam's t). Until EndStep, any threads may call
+  // CopyRange (out[begin, end) = the weights) and UpdateRange (with grad[begin, end); `out` and
+  // `grad` span the whole slice) on disjoint ranges [begin, end) of the slice; ranges starting at
+  // multiples of Optimizer::kDenseChunk update exactly as Apply does. EndStep counts the
+  // update (version, last_step) when `applied` (else it restores the extras: a step whose towers
+  // failed updates nothing), and releases the lock. BeginStep and EndStep come
+  // from one thread, with no other call of this store's writers between them.
+  void BeginStep(int64_t step) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_);
+  void CopyRange(int64_t begin, int64_t end, float* out) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void UpdateRange(int64_t begin, int64_t end, const float* grad) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void EndStep(bool applied) ABSL_UNLOCK_FUNCTION(mu_);
+
   int64_t version() const;
   Staleness staleness() const;
 
@@ -101,6 +116,10 @@ class DenseStore {
   std::vector<float> state_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // The update BeginStep prepared, and its step.
+  Optimizer::Step split_ ABSL_GUARDED_BY(mu_);
+  int64_t split_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<float> split_extras_ ABSL_GUARDED_BY(mu_);
   Staleness staleness_ ABSL_GUARDED_BY(mu_);
 };
 

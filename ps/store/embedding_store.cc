@@ -173,12 +173,12 @@ void StoreVersion(float* word, uint32_t v) { std::memcpy(word, &v, sizeof(v)); }
 }  // namespace
 
 absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out,
-                                    uint32_t* versions) const {
+                                    uint32_t* versions, int threads) const {
   RETURN_IF_ERROR(CheckIds(ids));
   const int dim = opt_.dim;
   const int version_at =
       opt_.row_versions && versions != nullptr ? dim + state_floats_ : -1;  // after the slots
-  ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
+  ParallelFor(ids.size(), ThreadsFor(ids.size(), threads > 0 ? threads : opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
                   Prefetch(ids, i, e, (1 + dim) * sizeof(float));  // the stamp and weights
@@ -206,7 +206,7 @@ absl::Status EmbeddingStore::Gather(absl::Span<const int64_t> ids, float* out,
 }
 
 absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* grads,
-                                   int64_t step, const uint32_t* computed_from) {
+                                   int64_t step, const uint32_t* computed_from, int threads) {
   RETURN_IF_ERROR(CheckIds(ids));
   RaiseLastStep(step);
   const int dim = opt_.dim;
@@ -214,7 +214,7 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
   const double lr = optimizer.LearningRate(step);
   const int version_at = opt_.row_versions ? dim + state_floats_ : -1;  // after the slots
   const bool versioned = version_at >= 0 && computed_from != nullptr;
-  ParallelFor(ids.size(), ThreadsFor(ids.size(), opt_.threads),
+  ParallelFor(ids.size(), ThreadsFor(ids.size(), threads > 0 ? threads : opt_.threads),
               [&](int, int, int64_t b, int64_t e) {
                 int64_t updates = 0, sum = 0, max = 0;
                 for (int64_t i = b; i < e; ++i) {

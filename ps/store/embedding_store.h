@@ -158,8 +158,10 @@ class EmbeddingStore {
   // out[i * dim, (i + 1) * dim) = current weights of ids[i] (row_init's value for a row never
   // trained). INVALID_ARGUMENT naming the first id outside [begin, end); nothing is written then.
   // With row_versions and versions not null, versions[i] = ids[i]'s version (0 if never trained).
-  absl::Status Gather(absl::Span<const int64_t> ids, float* out,
-                      uint32_t* versions = nullptr) const;
+  // `threads`: the OpenMP threads this call splits over; 0: Options::threads. 1 runs it on the
+  // calling thread, for callers that split the work over their own threads (TrainStep).
+  absl::Status Gather(absl::Span<const int64_t> ids, float* out, uint32_t* versions = nullptr,
+                      int threads = 0) const;
 
   // Applies one optimizer update to each row: grads is ids.size() x dim. Rows are initialized on
   // first touch. Callers normally pass unique ids (the worker merges duplicates); a repeated id
@@ -170,8 +172,9 @@ class EmbeddingStore {
   // gradient was computed from (a Gather's answer): per-row staleness (see above). A version
   // ahead of the row's (restored since) counts as tau = 0.
   // INVALID_ARGUMENT naming the first id outside [begin, end); nothing is applied then.
+  // `threads` as for Gather.
   absl::Status Apply(absl::Span<const int64_t> ids, const float* grads, int64_t step,
-                     const uint32_t* computed_from = nullptr);
+                     const uint32_t* computed_from = nullptr, int threads = 0);
   Staleness staleness() const;
 
   // Captures every initialized row in [from, to) (clamped to the store's range) whose generation

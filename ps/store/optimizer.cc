@@ -32,7 +32,7 @@ void Optimizer::ApplyDense(float* w, float* state, const float* g, int64_t n, in
                            double lr) const {
   const Step step = Prepare(state, n, lr);
   // Chunks of at least 16k floats: below that a thread team costs more than it saves.
-  const int64_t kChunk = 16384;
+  const int64_t kChunk = kDenseChunk;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   ParallelFor(chunks, threads, [&](int, int, int64_t cb, int64_t ce) {
     Update(w, state, g, n, cb * kChunk, std::min(n, ce * kChunk), step);

@@ -87,14 +87,25 @@ class Optimizer {
   void ApplyDense(float* w, float* state, const float* g, int64_t n, int threads,
                   double lr) const;
 
- protected:
-  explicit Optimizer(const OptimizerConfig& config) : config_(config) {}
-
   // Per-update coefficients computed once per vector update.
   struct Step {
     double lr = 0;    // the learning rate of this update (Optimizer::LearningRate)
     float alpha = 0;  // Adam: the bias-corrected learning rate of this update.
   };
+  // ApplyDense in parts, for callers that split one update over threads of their own:
+  // BeginDense once (it advances the per-vector extras, Adam's t), then UpdateDense on disjoint
+  // ranges [begin, end) from any threads. Ranges that start at multiples of kDenseChunk give
+  // ApplyDense's result to the bit (each element takes the same vector or tail code).
+  static constexpr int64_t kDenseChunk = 16384;
+  Step BeginDense(float* state, int64_t n, double lr) const { return Prepare(state, n, lr); }
+  void UpdateDense(float* w, float* state, const float* g, int64_t n, int64_t begin, int64_t end,
+                   const Step& step) const {
+    Update(w, state, g, n, begin, end, step);
+  }
+
+ protected:
+  explicit Optimizer(const OptimizerConfig& config) : config_(config) {}
+
   // Called once per vector update before Update(): advances per-vector extras (Adam's t).
   virtual Step Prepare(float* state, int64_t n, double lr) const { return Step{lr, 0}; }
   // Updates elements [begin, end) of a vector of n elements; state slots are arrays of n.

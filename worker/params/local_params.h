@@ -24,7 +24,7 @@ namespace pstrain {
 // Background pushes (train.async_local_updates): StartPush copies the gradients and returns; a
 // background thread applies them while the caller computes the next step. One push at a time:
 // StartPush first waits for the previous one. Push and Pull stay synchronous.
-class LocalParams : public ParameterAccess {
+class LocalParams : public ParameterAccess, private InProcessParams {
  public:
   // One embedding store for rows [0, total_rows) initialized lazily by model.InitRow(row, seed),
   // and one dense store initialized by model.InitDense(seed). `threads` splits each Pull/Push.
@@ -43,6 +43,10 @@ class LocalParams : public ParameterAccess {
                      const float* dense_grad, int64_t step) override;
   // Starts the background thread; call once, before training.
   void EnableBackgroundPush();
+  // This object, until EnableBackgroundPush (background pushes stay with StartPush).
+  InProcessParams* in_process() override {
+    return background_.joinable() ? nullptr : static_cast<InProcessParams*>(this);
+  }
   ~LocalParams() override;
 
   // What the stores hold now: the touched rows, the dense vector and their optimizer slots.
@@ -58,6 +62,24 @@ class LocalParams : public ParameterAccess {
  private:
   std::unique_ptr<EmbeddingStore> rows_;
   std::unique_ptr<DenseStore> dense_;
+
+  // InProcessParams: the stores' calls on the calling thread.
+  void BeginStep(int64_t step) override { dense_->BeginStep(step); }
+  absl::Status GatherRows(absl::Span<const int64_t> ids, float* rows) override {
+    return rows_->Gather(ids, rows, /*versions=*/nullptr, /*threads=*/1);
+  }
+  void CopyDense(int64_t begin, int64_t end, float* out) override {
+    dense_->CopyRange(begin, end, out);
+  }
+  absl::Status ApplyRows(absl::Span<const int64_t> ids, const float* grads,
+                         int64_t step) override {
+    return rows_->Apply(ids, grads, step, /*computed_from=*/nullptr, /*threads=*/1);
+  }
+  void ApplyDense(int64_t begin, int64_t end, const float* grad) override {
+    dense_->UpdateRange(begin, end, grad);
+  }
+  int64_t dense_chunk() const override { return Optimizer::kDenseChunk; }
+  void EndStep(bool applied) override { dense_->EndStep(applied); }
 
   // Background pushes: the one queued or running push and its result.
   void BackgroundLoop();

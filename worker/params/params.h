@@ -36,6 +36,32 @@ class ParamsOp {
   absl::Status status_;
 };
 
+// In-process parameters that a training step reads and updates on its own threads, range by
+// range, instead of through Pull and Push (LocalParams; TrainStep's in-process step). One thread
+// brackets a step with BeginStep and EndStep; between them, any threads call the rest on
+// disjoint ranges, each call running on the calling thread. Pull, Push and the stores'
+// snapshots from other threads wait for EndStep where they read the dense vector, and see rows
+// one by one as always.
+class InProcessParams {
+ public:
+  virtual ~InProcessParams() = default;
+  // Holds the dense vector for the step whose update is `step` (1-based global step).
+  virtual void BeginStep(int64_t step) = 0;
+  // rows[i * row_dim, ...) = the weights of ids[i] (ids unique).
+  virtual absl::Status GatherRows(absl::Span<const int64_t> ids, float* rows) = 0;
+  // out[begin, end) = dense weights [begin, end) (out: the whole vector's buffer).
+  virtual void CopyDense(int64_t begin, int64_t end, float* out) = 0;
+  // One update of the rows `ids` (unique) with grads (ids.size() x row_dim), of step `step`.
+  virtual absl::Status ApplyRows(absl::Span<const int64_t> ids, const float* grads,
+                                 int64_t step) = 0;
+  // The update of dense elements [begin, end) with grad[begin, end) (grad: the whole vector's
+  // gradient). Ranges that start at multiples of dense_chunk() update exactly as one Push would.
+  virtual void ApplyDense(int64_t begin, int64_t end, const float* grad) = 0;
+  virtual int64_t dense_chunk() const = 0;
+  // Ends the step; `applied`: ApplyDense covered the whole vector (else nothing was applied).
+  virtual void EndStep(bool applied) = 0;
+};
+
 // Implementations are thread-safe: the evaluator pulls while the trainer pushes.
 class ParameterAccess {
  public:
@@ -66,6 +92,10 @@ class ParameterAccess {
                              const float* dense_grad, int64_t step) {
     return ParamsOp(Push(ids, row_grads, dense_grad, step));
   }
+
+  // The same parameters for an in-process step (above), or null: remote parameters (PS shards,
+  // allreduce replicas) and pushes on a background thread go through Pull and Push.
+  virtual InProcessParams* in_process() { return nullptr; }
 };
 
 }  // namespace pstrain

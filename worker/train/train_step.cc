@@ -1,11 +1,13 @@
 #include "worker/train/train_step.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
 #include "common/status.h"
+#include "worker/train/step_barrier.h"
 
 namespace pstrain {
 namespace {
@@ -25,6 +27,7 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(const Model& model,
   s->row_grads_.resize(towers);
   s->dense_grads_.resize(towers);
   s->losses_.resize(towers);
+  s->barrier_ = std::make_unique<StepBarrier>(towers);
   return s;
 }
 
@@ -113,7 +116,6 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   --staged_count_;
   const Batch& batch = *st.batch;
   const int T = towers();
-  const int F = batch.num_fields;
   const int n = batch.size;
   if (n == 0) {
     if (overlap) RETURN_IF_ERROR(overlap());
@@ -122,6 +124,12 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   const int D = model_.row_dim();
   const int64_t dsz = model_.dense_size();
   const int64_t U = static_cast<int64_t>(st.unique.size());
+
+  // In-process parameters: the whole step on the tower threads (see the top of this file).
+  if (InProcessParams* local = params->in_process();
+      local != nullptr && !st.pull_started && dense_sync_steps_ == 1) {
+    return TrainInProcess(st, step, local, overlap);
+  }
 
   double t0 = Now();
   if (!st.pull_started) {
@@ -133,26 +141,8 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   double t1 = Now();
   profile_.pull += t1 - t0;
 
-  // Split n examples over the towers as evenly as possible (a short last batch stays balanced).
-  using TowerFn = std::function<absl::Status(int, Tower*)>;
   const TowerFn compute = [&](int t, Tower* tower) -> absl::Status {
-    int64_t b, e;
-    Balance211(n, T, t, &b, &e);
-    auto& rg = row_grads_[t];
-    auto& dg = dense_grads_[t];
-    rg.assign(U * D, 0.0f);
-    dg.assign(dsz, 0.0f);
-    losses_[t] = 0;
-    if (b == e) return absl::OkStatus();
-    Tower::Input in;
-    in.n = static_cast<int>(e - b);
-    in.slots = st.slots.data() + b * F;
-    in.scales = batch.values.data() + b * F;
-    in.labels = batch.labels.data() + b;
-    in.rows = st.rows.data();
-    in.dense = dense_[st.dense].data();
-    ASSIGN_OR_RETURN(losses_[t], tower->ForwardBackward(in, rg.data(), dg.data(), nullptr));
-    return absl::OkStatus();
+    return ComputeTower(t, tower, st, dense_[st.dense].data());
   };
   pool_->Start(compute);
   const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
@@ -207,6 +197,117 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   last_params_ = params;
   profile_.push += Now() - t3;
 
+  StepResult r;
+  for (double l : losses_) r.loss_sum += l;
+  r.examples = n;
+  r.unique_rows = U;
+  return r;
+}
+
+absl::Status TrainStep::ComputeTower(int t, Tower* tower, const Staged& st, const float* dense) {
+  const Batch& batch = *st.batch;
+  const int n = batch.size;
+  const int F = batch.num_fields;
+  const int64_t U = static_cast<int64_t>(st.unique.size());
+  // Split n examples over the towers as evenly as possible (a short last batch stays balanced).
+  int64_t b, e;
+  Balance211(n, towers(), t, &b, &e);
+  auto& rg = row_grads_[t];
+  auto& dg = dense_grads_[t];
+  rg.assign(U * model_.row_dim(), 0.0f);
+  dg.assign(model_.dense_size(), 0.0f);
+  losses_[t] = 0;
+  if (b == e) return absl::OkStatus();
+  Tower::Input in;
+  in.n = static_cast<int>(e - b);
+  in.slots = st.slots.data() + b * F;
+  in.scales = batch.values.data() + b * F;
+  in.labels = batch.labels.data() + b;
+  in.rows = st.rows.data();
+  in.dense = dense;
+  ASSIGN_OR_RETURN(losses_[t], tower->ForwardBackward(in, rg.data(), dg.data(), nullptr));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> TrainStep::TrainInProcess(
+    Staged& st, int64_t step, InProcessParams* params,
+    const std::function<absl::Status()>& overlap) {
+  // Nothing may be in flight: the pull below reads what every earlier update wrote.
+  RETURN_IF_ERROR(WaitPush());
+  const int T = towers();
+  const int D = model_.row_dim();
+  const int n = st.batch->size;
+  const int64_t dsz = model_.dense_size();
+  const int64_t U = static_cast<int64_t>(st.unique.size());
+  const absl::Span<const int64_t> unique(st.unique);
+  dense_[0].resize(dsz);
+  st.dense = dense_latest_ = 0;
+  pulls_since_dense_ = 0;
+  float* dense = dense_[0].data();
+  // Each tower's share of the rows and of the dense vector (whole chunks, so that the update is
+  // the one Push makes, to the bit).
+  const int64_t chunk = params->dense_chunk();
+  const int64_t chunks = (dsz + chunk - 1) / chunk;
+  const float scale = 1.0f / static_cast<float>(n);
+  std::atomic<bool> failed{false};
+  double t_pulled = 0, t_computed = 0, t_updated = 0;
+
+  const TowerFn fn = [&](int t, Tower* tower) -> absl::Status {
+    int64_t ub, ue, cb, ce;
+    Balance211(U, T, t, &ub, &ue);
+    Balance211(chunks, T, t, &cb, &ce);
+    const int64_t db = std::min(dsz, cb * chunk), de = std::min(dsz, ce * chunk);
+    // 1. Pull this tower's share of the step's rows and of the dense vector.
+    absl::Status s =
+        ub < ue ? params->GatherRows(unique.subspan(ub, ue - ub), st.rows.data() + ub * D)
+                : absl::OkStatus();
+    if (db < de) params->CopyDense(db, de, dense);
+    if (!s.ok()) failed.store(true);
+    barrier_->Wait();
+    if (t == 0) t_pulled = Now();
+    // 2. This tower's examples, from the whole step's rows and dense vector.
+    if (!failed.load()) s = ComputeTower(t, tower, st, dense);
+    if (!s.ok()) failed.store(true);
+    barrier_->Wait();
+    if (t == 0) t_computed = Now();
+    if (failed.load()) return s;
+    // 3. Sum the towers' gradients of this tower's share (in tower order, as the summed step
+    // does), average over the batch and apply them.
+    auto sum = [&](std::vector<std::vector<float>>& bufs, int64_t b, int64_t e) {
+      float* out = bufs[0].data();
+      for (int u = 1; u < T; ++u) {
+        const float* in = bufs[u].data();
+        for (int64_t i = b; i < e; ++i) out[i] += in[i];
+      }
+      for (int64_t i = b; i < e; ++i) out[i] *= scale;
+    };
+    if (ub < ue) {
+      sum(row_grads_, ub * D, ue * D);
+      s = params->ApplyRows(unique.subspan(ub, ue - ub), row_grads_[0].data() + ub * D, step);
+    }
+    if (db < de) {
+      sum(dense_grads_, db, de);
+      params->ApplyDense(db, de, dense_grads_[0].data());
+    }
+    if (t == 0) t_updated = Now();
+    return s;
+  };
+
+  const double t0 = Now();
+  params->BeginStep(step);
+  pool_->Start(fn);
+  const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
+  const absl::Status towers_status = pool_->Wait();
+  // The towers either all computed and the whole dense vector was updated, or none applied it.
+  params->EndStep(/*applied=*/!failed.load());
+  const double t1 = Now();
+  RETURN_IF_ERROR(towers_status);
+  RETURN_IF_ERROR(overlap_status);
+  profile_.pull += t_pulled - t0;
+  profile_.push += t_updated - t_computed;
+  profile_.compute += (t1 - t0) - (t_pulled - t0) - (t_updated - t_computed);
+  last_step_ = step;
+  last_params_ = nullptr;  // nothing to flush: the update is applied
   StepResult r;
   for (double l : losses_) r.loss_sum += l;
   r.examples = n;

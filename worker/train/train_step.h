@@ -38,6 +38,7 @@
 #include "worker/model/model.h"
 #include "worker/params/dedup.h"
 #include "worker/params/params.h"
+#include "worker/train/step_barrier.h"
 #include "worker/train/tower_pool.h"
 
 namespace pstrain {
@@ -119,6 +120,13 @@ class TrainStep {
   Staged staged_[2];
   int head_ = 0;    // staged_[head_] is trained next
   int staged_count_ = 0;
+  using TowerFn = std::function<absl::Status(int, Tower*)>;
+  // Tower t's forward and backward over its share of st's batch, with `dense` weights, into
+  // row_grads_[t] (indexed like st.unique) and dense_grads_[t].
+  absl::Status ComputeTower(int t, Tower* tower, const Staged& st, const float* dense);
+  // Train with in-process parameters: pull, compute and update on the tower threads.
+  absl::StatusOr<StepResult> TrainInProcess(Staged& st, int64_t step, InProcessParams* params,
+                                            const std::function<absl::Status()>& overlap);
   // Waits for the last push started by Train.
   absl::Status WaitPush();
   // Starts st's pull: rows, and the dense vector when due (into the dense_ buffer not in use).
@@ -137,6 +145,7 @@ class TrainStep {
   int dense_sum_steps_ = 0;
   std::vector<std::vector<float>> row_grads_, dense_grads_;  // per tower
   std::vector<double> losses_;
+  std::unique_ptr<StepBarrier> barrier_;  // the towers' phases of an in-process step
   StepProfile profile_;
 };
 

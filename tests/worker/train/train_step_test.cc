@@ -137,6 +137,91 @@ TEST_F(TrainStepTest, PipelinedWithoutPrefetchEqualsRun) {
   EXPECT_EQ(logged.log, want);
 }
 
+// In-process parameters forwarded to LocalParams, counting the steps that took the in-process
+// path (BeginStep) and the Pull / Push calls (the other path).
+class CountingInProcess : public ParameterAccess, public InProcessParams {
+ public:
+  explicit CountingInProcess(LocalParams* inner) : inner_(inner), local_(inner->in_process()) {}
+  int row_dim() const override { return inner_->row_dim(); }
+  int64_t dense_size() const override { return inner_->dense_size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    ++pulls;
+    return inner_->Pull(ids, rows, dense);
+  }
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
+                    int64_t step) override {
+    ++pushes;
+    return inner_->Push(ids, row_grads, dense_grad, step);
+  }
+  InProcessParams* in_process() override { return this; }
+  void BeginStep(int64_t step) override {
+    ++steps;
+    local_->BeginStep(step);
+  }
+  absl::Status GatherRows(absl::Span<const int64_t> ids, float* rows) override {
+    return local_->GatherRows(ids, rows);
+  }
+  void CopyDense(int64_t begin, int64_t end, float* out) override {
+    EXPECT_EQ(begin % local_->dense_chunk(), 0);
+    local_->CopyDense(begin, end, out);
+  }
+  absl::Status ApplyRows(absl::Span<const int64_t> ids, const float* grads,
+                         int64_t step) override {
+    return local_->ApplyRows(ids, grads, step);
+  }
+  void ApplyDense(int64_t begin, int64_t end, const float* grad) override {
+    EXPECT_EQ(begin % local_->dense_chunk(), 0);
+    dense_applied += end - begin;
+    local_->ApplyDense(begin, end, grad);
+  }
+  int64_t dense_chunk() const override { return local_->dense_chunk(); }
+  void EndStep(bool applied) override { local_->EndStep(applied); }
+  int steps = 0, pulls = 0, pushes = 0;
+  int64_t dense_applied = 0;
+
+ private:
+  LocalParams* inner_;
+  InProcessParams* local_;
+};
+
+// The in-process step (each tower pulls, sums and applies its share of the rows and of the dense
+// vector) against Pull, the summed gradients and one Push (what remote parameters take), with a
+// dense vector of several optimizer chunks, 3 towers and a short last batch: the same parameters,
+// bit for bit, and the same losses.
+TEST_F(TrainStepTest, InProcessStepEqualsPullAndPush) {
+  config_.mutable_model()->clear_hidden();
+  config_.mutable_model()->add_hidden(200);
+  config_.mutable_model()->add_hidden(150);
+  auto model = Model::Create(config_.model(), spec_->num_fields());
+  ASSERT_TRUE(model.ok()) << model.status();
+  model_ = std::move(*model);
+  ASSERT_GT(model_->dense_size(), 3 * Optimizer::kDenseChunk);
+  auto split_params = NewParams();
+  auto push_params = NewParams();
+  ASSERT_TRUE(split_params && push_params);
+  for (int towers : {1, 3}) {
+    auto split_step = TrainStep::Create(*model_, towers, 2 * kPerTower, 1);
+    auto push_step = TrainStep::Create(*model_, towers, 2 * kPerTower, 1);
+    ASSERT_TRUE(split_step.ok() && push_step.ok());
+    CountingInProcess counting(split_params.get());
+    LoggingParams logged(push_params.get());  // no in_process(): Pull and Push
+    std::vector<StepResult> split_results, push_results;
+    ASSERT_NO_FATAL_FAILURE(TrainPipelined(split_step->get(), &counting, false, &split_results));
+    ASSERT_NO_FATAL_FAILURE(TrainPipelined(push_step->get(), &logged, false, &push_results));
+    EXPECT_EQ(counting.steps, static_cast<int>(batches_.size()));
+    EXPECT_EQ(counting.pulls + counting.pushes, 0);
+    EXPECT_EQ(counting.dense_applied, model_->dense_size() * counting.steps);
+    EXPECT_EQ(logged.log.size(), 2 * batches_.size());
+    ASSERT_EQ(split_results.size(), push_results.size());
+    for (size_t i = 0; i < split_results.size(); ++i) {
+      EXPECT_EQ(split_results[i].loss_sum, push_results[i].loss_sum) << i;
+      EXPECT_EQ(split_results[i].unique_rows, push_results[i].unique_rows) << i;
+    }
+    EXPECT_TRUE(State(split_params.get()) == State(push_params.get())) << towers << " towers";
+    EXPECT_GT((*split_step)->profile().push, 0);
+  }
+}
+
 // Prefetched pulls: batch t+1's pull starts before step t's push (one step of staleness), and
 // step t's push comes before the pull of batch t+2. The result differs from the exact run, as
 // asynchronous SGD does, but training still proceeds (finite loss).
