@@ -365,7 +365,8 @@ def scaling(train, ps, allreduce_row, gbps, ps_hosts, hosts_list=(2, 4, 8, 16, 3
     C cores: compute per step x max(1, N x T / C), links of M Mbit/s (0: no network term).
     """
     s = train["summary"]
-    batch = s["towers"] * s["batch_size_per_tower"]
+    # The examples of a step (train.global_batch_size's share, else towers x batch_size).
+    batch = s.get("step_batch") or s["towers"] * s["batch_size_per_tower"]
     step_s = batch / train["examples_per_sec"]
     U, k, D = s.get("unique_rows_per_step"), s.get("row_dim"), s.get("dense_params")
     if not (U and k and D):

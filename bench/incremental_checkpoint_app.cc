@@ -109,7 +109,9 @@ int Main(int argc, char** argv) {
   if (!params.ok()) return Fail(params.status());
   absl::StatusOr<ModelDescription> description = DescribeModel(config);
   if (!description.ok()) return Fail(description.status());
-  const int batch = config.train().batch_size() * std::max(1, config.threads().towers());
+  const int batch = config.train().global_batch_size() > 0
+                        ? config.train().global_batch_size()
+                        : config.train().batch_size() * std::max(1, config.threads().towers());
   PipelineOptions po = OptionsFromConfig(config.data(), /*train=*/true, batch, 0, 1,
                                          /*epochs=*/0);
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::Create(std::move(po), *spec);

@@ -127,7 +127,7 @@ absl::StatusOr<int64_t> CheckReplicaFits(const Config& config, const FeatureSpec
 absl::Status Train(Config config, int rank, int size, int local_ranks, bool memory_check) {
   const int cores = std::max(1, Launch().cpus.cpus / local_ranks);
   const std::string thread_note =
-      ResolveThreadDefaults(cores, config.mutable_threads(), Launch().omp_num_threads);
+      ResolveThreadDefaults(cores, &config, Launch().omp_num_threads, rank, size);
   if (!thread_note.empty() && rank == 0) std::fprintf(stderr, "pstrain allreduce: %s\n", thread_note.c_str());
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));

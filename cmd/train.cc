@@ -33,6 +33,11 @@ int RunTrain(int argc, char** argv) {
                 "0; the next run with the same --model_dir resumes exactly where it stopped.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
+  int cores = 0;
+  flags.Int("cores", &cores,
+            "cores the automatic thread settings divide (0 = the CPUs this process may use: its "
+            "affinity mask capped by the cgroup CPU quota); another machine's count reproduces "
+            "its defaults, and so its arithmetic, here");
   Config config;
   if (auto code = ParseTrainingCommand("train", argc, argv, &flags, tf, &config)) return *code;
   if (config.data().train_size() == 0) {
@@ -44,7 +49,12 @@ int RunTrain(int argc, char** argv) {
   TrainerOptions opts;
   opts.tty = isatty(STDERR_FILENO);
   opts.stop = &g_stop;
-  opts.cores = Launch().cpus.cpus;
+  if (cores < 0) {
+    std::fprintf(stderr, "pstrain train: --cores: expected >= 0 (0 = the CPUs this process may "
+                         "use), got %d\n", cores);
+    return 2;
+  }
+  opts.cores = cores > 0 ? cores : Launch().cpus.cpus;
   opts.omp_num_threads = Launch().omp_num_threads;
   auto summary = RunTraining(config, opts);
   if (!summary.ok()) {

@@ -9,11 +9,11 @@
 // data, batches come from datagen and are held in memory; inter_op_threads is then not
 // exercised and stays at its default.
 //
-// The global batch (towers x batch_size: what one step, and so one update, trains on) is kept
-// fixed: a candidate with T towers runs batch_size = global / T per tower, so the towers change
-// how fast the model trains but not what it learns. --batch_sizes measures other per-tower sizes
-// at the best threads; a different global batch is written to the fragment only with
-// --allow_batch_change, and its known AUC cost is printed either way.
+// The global batch (what one step, and so one update, trains on: train.global_batch_size, or
+// towers x batch_size when that is 0) is kept fixed: a candidate with T towers splits it over
+// them, so the towers change how fast the model trains but not what it learns. --batch_sizes
+// measures other per-tower sizes at the best threads; a different global batch is written to the
+// fragment only with --allow_batch_change, and its known AUC cost is printed either way.
 //
 // Search: compute threads (towers x intra_op) must fit the cores (OpenMP teams spin, so
 // oversubscribing them only loses); parser threads block when the prefetch queue is full, so
@@ -66,12 +66,20 @@ double Now() {
 }
 
 struct Candidate {
-  int towers, intra, inter, batch;
+  int towers, intra, inter;
+  int step;   // examples a step (the global batch: one update)
+  int batch;  // examples per tower: ceil(step / towers)
   bool operator<(const Candidate& o) const {
-    return std::tie(towers, intra, inter, batch) < std::tie(o.towers, o.intra, o.inter, o.batch);
+    return std::tie(towers, intra, inter, step) < std::tie(o.towers, o.intra, o.inter, o.step);
   }
-  std::string Name() const { return absl::StrFormat("%dx%dx%d@%d", towers, intra, inter, batch); }
+  std::string Name() const { return absl::StrFormat("%dx%dx%d@%d", towers, intra, inter, step); }
 };
+
+// A candidate of `towers` sharing a step of `step` examples.
+Candidate Split(int towers, int intra, int inter, int step) {
+  const int t = std::max(1, towers);
+  return Candidate{towers, intra, inter, step, std::max(1, (step + t - 1) / t)};
+}
 
 struct Measured {
   Candidate c;
@@ -129,10 +137,10 @@ absl::StatusOr<double> Measure(const Candidate& c, const Config& base, const Fea
   int64_t global_step = 0;
   absl::StatusOr<StepTiming> t;
   if (datagen != nullptr) {
-    const std::vector<Batch> pool = DatagenBatches(*datagen, spec, 8, c.towers * c.batch);
+    const std::vector<Batch> pool = DatagenBatches(*datagen, spec, 8, c.step);
     t = TimeTrainSteps(step.get(), params.get(), CycleBatches(&pool), timing, &global_step);
   } else {
-    PipelineOptions po = OptionsFromConfig(config.data(), /*train=*/true, c.towers * c.batch,
+    PipelineOptions po = OptionsFromConfig(config.data(), /*train=*/true, c.step,
                                            /*shard_index=*/0, /*num_shards=*/1, /*epochs=*/0);
     po.reader_threads = c.inter;
     ASSIGN_OR_RETURN(auto pipeline, Pipeline::Create(std::move(po), spec));
@@ -245,9 +253,9 @@ int RunTune(int argc, char** argv) {
     space.intra_cap = std::min(cores, n);
     std::printf("OMP_NUM_THREADS=%d caps intra_op_threads at %d\n", n, space.intra_cap);
   }
-  ThreadConfig defaults;
+  Config defaults;
   ResolveThreadDefaults(cores, &defaults, Launch().omp_num_threads);
-  space.default_inter = defaults.inter_op_threads();
+  space.default_inter = defaults.threads().inter_op_threads();
 
   auto spec = FeatureSpec::Create(config.features());
   if (!spec.ok()) return fail(spec.status());
@@ -267,16 +275,21 @@ int RunTune(int argc, char** argv) {
   }
 
   // The global batch of the config as given (its towers resolved for these cores) stays fixed.
-  ThreadConfig base_threads = config.threads();
-  ResolveThreadDefaults(cores, &base_threads, Launch().omp_num_threads);
-  const int base_towers = base_threads.towers();
-  const int global_batch = base_towers * config.train().batch_size();
-  auto per_tower = [global_batch](int towers) {
-    return towers < 1 ? 1 : std::max(1, (global_batch + towers / 2) / towers);
-  };
-  std::printf("global batch %d (threads.towers %d x train.batch_size %d) is kept: a candidate with "
-              "T towers runs batch_size %d / T\n",
-              global_batch, base_towers, config.train().batch_size(), global_batch);
+  Config resolved = config;
+  ResolveThreadDefaults(cores, &resolved, Launch().omp_num_threads);
+  const bool global_set = config.train().global_batch_size() > 0;
+  const int global_batch = static_cast<int>(StepBatch(resolved.train(), resolved.threads()));
+  if (global_set) {
+    std::printf("global batch %d (train.global_batch_size) is kept: a candidate with T towers "
+                "splits it over them\n",
+                global_batch);
+  } else {
+    std::printf("global batch %d (threads.towers %d x train.batch_size %d, resolved for %d cores) "
+                "is kept: a candidate with T towers runs %d / T a tower. Set "
+                "train.global_batch_size to state it once, whatever the cores\n",
+                global_batch, resolved.threads().towers(), config.train().batch_size(), cores,
+                global_batch);
+  }
   std::vector<Candidate> coarse;
   int skipped = 0;
   const std::vector<int> inter_values =
@@ -284,7 +297,7 @@ int RunTune(int argc, char** argv) {
   for (int t : PowersOfTwo(cores)) {
     for (int i : PowersOfTwo(cores)) {
       for (int j : inter_values) {
-        Candidate c{t, i, j, per_tower(t)};
+        Candidate c = Split(t, i, j, global_batch);
         if (space.Allowed(c)) {
           coarse.push_back(c);
         } else {
@@ -349,7 +362,7 @@ int RunTune(int argc, char** argv) {
     for (int dt : {-1, 0, 1}) {
       for (int di : {-1, 0, 1}) {
         for (int dj : {-1, 0, 1}) {
-          Candidate c{b.towers + dt, b.intra + di, b.inter + dj, per_tower(b.towers + dt)};
+          Candidate c = Split(b.towers + dt, b.intra + di, b.inter + dj, global_batch);
           if (space.Allowed(c)) fine.push_back(c);
         }
       }
@@ -361,13 +374,15 @@ int RunTune(int argc, char** argv) {
   if (!batch_sizes->empty()) {
     const Candidate b = best_fixed.c;
     std::vector<Candidate> by_batch;
-    for (int size : *batch_sizes) by_batch.push_back({b.towers, b.intra, b.inter, size});
+    for (int size : *batch_sizes) {
+      by_batch.push_back(Split(b.towers, b.intra, b.inter, std::min(kMaxBatch, b.towers * size)));
+    }
     if (!run(by_batch)) return 1;
   }
 
   // The table, ratios within this run.
   const Measured fastest = best();
-  const bool batch_changes = fastest.c.towers * fastest.c.batch != global_batch;
+  const bool batch_changes = fastest.c.step != global_batch;
   const Measured top = batch_changes && !allow_batch_change ? best_fixed : fastest;
   std::sort(results.begin(), results.end(), [](const Measured& a, const Measured& b) {
     return a.examples_per_sec > b.examples_per_sec;
@@ -377,13 +392,13 @@ int RunTune(int argc, char** argv) {
   for (const Measured& m : results) {
     const int used = std::min(cores, m.c.towers * m.c.intra);
     std::printf("| %d | %d | %d | %d | %d%s | %.0f | %.0f | %.2f |\n", m.c.towers, m.c.intra,
-                m.c.inter, m.c.batch, m.c.towers * m.c.batch,
-                m.c.towers * m.c.batch != global_batch ? " (changed)" : "", m.examples_per_sec,
+                m.c.inter, m.c.batch, m.c.step,
+                m.c.step != global_batch ? " (changed)" : "", m.examples_per_sec,
                 m.examples_per_sec / used, m.examples_per_sec / fastest.examples_per_sec);
   }
   std::printf("\nbest: towers=%d intra_op_threads=%d inter_op_threads=%d batch_size=%d (global "
               "%d): %.0f ex/s\n",
-              top.c.towers, top.c.intra, top.c.inter, top.c.batch, top.c.towers * top.c.batch,
+              top.c.towers, top.c.intra, top.c.inter, top.c.batch, top.c.step,
               top.examples_per_sec);
   // Why the search ended where it did, and what it did not run.
   if (not_tried.empty()) {
@@ -405,7 +420,7 @@ int RunTune(int argc, char** argv) {
                 space.intra_cap < cores ? ", or intra_op above OMP_NUM_THREADS" : "");
   }
   if (batch_changes) {
-    const int g = fastest.c.towers * fastest.c.batch;
+    const int g = fastest.c.step;
     std::printf("%s: batch_size=%d (global %d) at %.0f ex/s, %.2fx the best at global %d. %s.\n",
                 allow_batch_change ? "chosen (--allow_batch_change)" : "not chosen",
                 fastest.c.batch, g, fastest.examples_per_sec,
@@ -417,9 +432,15 @@ int RunTune(int argc, char** argv) {
   fragment.mutable_threads()->set_towers(top.c.towers);
   fragment.mutable_threads()->set_intra_op_threads(top.c.intra);
   fragment.mutable_threads()->set_inter_op_threads(top.c.inter);
-  // The towers changed the per-tower batch that keeps the global batch (or --allow_batch_change
-  // chose another one): write it whenever it differs from the config's.
-  if (top.c.batch != config.train().batch_size()) fragment.mutable_train()->set_batch_size(top.c.batch);
+  // With train.global_batch_size the towers split it: only a changed global batch
+  // (--allow_batch_change) is written. Without, the towers changed the per-tower batch that keeps
+  // the global batch (or --allow_batch_change chose another one): write it whenever it differs
+  // from the config's.
+  if (global_set) {
+    if (top.c.step != global_batch) fragment.mutable_train()->set_global_batch_size(top.c.step);
+  } else if (top.c.batch != config.train().batch_size()) {
+    fragment.mutable_train()->set_batch_size(top.c.batch);
+  }
   if (out.empty()) {
     std::string dir = config.train().has_model_dir() ? config.train().model_dir() : "";
     if (dir.empty()) {

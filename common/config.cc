@@ -209,13 +209,21 @@ absl::Status ValidateConfig(const Config& c) {
   }
 
   const ThreadConfig& t = c.threads();
-  if (t.towers() < 0) return bad("threads.towers", absl::StrCat("must be >= 0 (0 = auto), got ", t.towers()));
-  if (t.intra_op_threads() < 0) return bad("threads.intra_op_threads", "must be >= 0 (0 = auto)");
-  if (t.inter_op_threads() < 0) return bad("threads.inter_op_threads", "must be >= 0 (0 = auto)");
+  // Each tower and thread is a real thread with its own buffers: a bound turns a typo into an
+  // error rather than thousands of threads.
+  if (t.towers() < 0 || t.towers() > kMaxThreads) return bad("threads.towers", absl::StrCat("must be in [0, ", kMaxThreads, "] (0 = auto), got ", t.towers()));
+  if (t.intra_op_threads() < 0 || t.intra_op_threads() > kMaxThreads) return bad("threads.intra_op_threads", absl::StrCat("must be in [0, ", kMaxThreads, "] (0 = auto), got ", t.intra_op_threads()));
+  if (t.inter_op_threads() < 0 || t.inter_op_threads() > kMaxThreads) return bad("threads.inter_op_threads", absl::StrCat("must be in [0, ", kMaxThreads, "] (0 = auto), got ", t.inter_op_threads()));
 
   const TrainConfig& tr = c.train();
-  if (tr.batch_size() <= 0) return bad("train.batch_size", absl::StrCat("must be > 0, got ", tr.batch_size()));
-  if (tr.eval_batch_size() <= 0) return bad("train.eval_batch_size", "must be > 0");
+  // Batches are allocated whole (examples x fields ids, scores, gradients): a bound keeps a typo
+  // from becoming an allocation failure.
+  if (tr.batch_size() <= 0 || tr.batch_size() > kMaxBatch) return bad("train.batch_size", absl::StrCat("must be in [1, ", kMaxBatch, "], got ", tr.batch_size()));
+  if (tr.global_batch_size() < 0 || tr.global_batch_size() > kMaxBatch) return bad("train.global_batch_size", absl::StrCat("must be in [0, ", kMaxBatch, "] (0: towers x batch_size a worker), got ", tr.global_batch_size()));
+  if (tr.global_batch_size() > 0 && tr.has_batch_size()) {
+    return bad("train.batch_size", absl::StrCat("is derived from train.global_batch_size (", tr.global_batch_size(), " here): set one of them, not both. The global batch is the update batch, split over the towers and workers (--set train.global_batch_size=N); batch_size is per tower, the update batch then growing with the towers (--set train.global_batch_size=0 --set train.batch_size=N)"));
+  }
+  if (tr.eval_batch_size() <= 0 || tr.eval_batch_size() > kMaxBatch) return bad("train.eval_batch_size", absl::StrCat("must be in [1, ", kMaxBatch, "], got ", tr.eval_batch_size()));
   if (tr.epochs() <= 0 && tr.max_steps() <= 0) return bad("train.epochs", "must be > 0 unless train.max_steps is set");
   if (tr.max_steps() < 0) return bad("train.max_steps", "must be >= 0");
 
@@ -326,11 +334,40 @@ absl::Status ValidateConfig(const Config& c) {
   return absl::OkStatus();
 }
 
-std::string ResolveThreadDefaults(int cores, ThreadConfig* t, int omp_num_threads) {
+int64_t StepBatch(const TrainConfig& train, const ThreadConfig& threads, int worker_index,
+                  int num_workers) {
+  if (train.global_batch_size() <= 0) {
+    return int64_t{std::max(1, threads.towers())} * train.batch_size();
+  }
+  const int64_t workers = std::max(1, num_workers);
+  const int64_t global = train.global_batch_size();
+  return std::max<int64_t>(1, global / workers + (worker_index < global % workers ? 1 : 0));
+}
+
+std::string ResolveThreadDefaults(int cores, Config* config, int omp_num_threads,
+                                  int worker_index, int num_workers) {
   if (cores < 1) cores = 1;
-  // Default: one tower per core with one OpenMP thread each, so the towers overlap each other's
-  // serial parts. `pstrain tune` measures the alternatives on the user's machine.
-  if (t->towers() == 0) t->set_towers(cores);
+  ThreadConfig* t = config->mutable_threads();
+  TrainConfig* train = config->mutable_train();
+  const bool global = train->global_batch_size() > 0;
+  if (t->towers() == 0) {
+    if (global) {
+      // As many towers as the share keeps at kMinTowerBatch examples or more; the other cores
+      // go to the towers' intra-op teams.
+      const int64_t share = StepBatch(*train, *t, worker_index, num_workers);
+      t->set_towers(static_cast<int>(
+          std::max<int64_t>(1, std::min<int64_t>(cores, share / kMinTowerBatch))));
+    } else {
+      // One tower per core with one OpenMP thread each, so the towers overlap each other's
+      // serial parts. `pstrain tune` measures the alternatives on the user's machine.
+      t->set_towers(cores);
+    }
+  }
+  if (global) {
+    // The largest tower's share: a step's batch is split evenly (TrainStep).
+    const int64_t share = StepBatch(*train, *t, worker_index, num_workers);
+    train->set_batch_size(static_cast<int>((share + t->towers() - 1) / t->towers()));
+  }
   if (t->intra_op_threads() == 0) {
     int intra = std::max(1, cores / t->towers());
     if (omp_num_threads > 0) intra = std::min(intra, omp_num_threads);

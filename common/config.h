@@ -31,12 +31,38 @@ absl::Status ValidateConfig(const Config& config);
 // `--set dense_optimizer.learning_rate=...` tunes that Adam.
 void ApplyConfigDefaults(Config* config);
 
+// The largest batch a config may ask for (train.batch_size, global_batch_size, eval_batch_size):
+// batches are allocated whole, and a bound turns a typo into a validation error, not a failed
+// allocation.
+inline constexpr int kMaxBatch = 1 << 20;
+// The most threads of one kind (towers, intra-op, inter-op) and the largest core count (--cores)
+// a process takes.
+inline constexpr int kMaxThreads = 1024;
+
+// The smallest per-tower share of a step that the automatic tower count makes (train.global_
+// batch_size): below it a tower's GEMMs and per-step costs outweigh another tower's parallelism,
+// so the remaining cores become intra-op threads (docs/PERFORMANCE.md "Many cores").
+inline constexpr int kMinTowerBatch = 32;
+
+// The examples worker `worker_index` of `num_workers` reads per step: its share of
+// train.global_batch_size (the first global % workers workers one more), or towers x batch_size
+// when that is 0. `threads` must be resolved (towers > 0).
+int64_t StepBatch(const TrainConfig& train, const ThreadConfig& threads, int worker_index = 0,
+                  int num_workers = 1);
+
 // Fills the 0 = "automatic" thread settings from the CPUs this process may use (`cores`: the
-// affinity mask capped by the cgroup quota, common/cpu.h): towers = cores, intra_op = cores /
-// towers, inter_op = min(4, cores / 2). OMP_NUM_THREADS, when set (omp_num_threads > 0), bounds
-// intra_op_threads, the automatic value and a configured one alike, as it bounds every OpenMP
-// team. Returns a note for the log when it lowered a configured value, else "".
-std::string ResolveThreadDefaults(int cores, ThreadConfig* threads, int omp_num_threads = 0);
+// affinity mask capped by the cgroup quota, common/cpu.h), and with train.global_batch_size the
+// per-tower train.batch_size, for worker `worker_index` of `num_workers`:
+//   - towers: with a global batch, min(cores, share / kMinTowerBatch), at least 1 (a share of 512
+//     on 16 cores: 16 towers of 32; on 72 cores: 16 towers of 32 with 4 intra-op threads each);
+//     without, one per core (the update batch then grows with the cores);
+//   - intra_op = cores / towers, inter_op = min(4, cores / 2);
+//   - with a global batch, batch_size = ceil(share / towers), the largest tower's share.
+// OMP_NUM_THREADS, when set (omp_num_threads > 0), bounds intra_op_threads, the automatic value
+// and a configured one alike, as it bounds every OpenMP team. Returns a note for the log when it
+// lowered a configured value, else "".
+std::string ResolveThreadDefaults(int cores, Config* config, int omp_num_threads = 0,
+                                  int worker_index = 0, int num_workers = 1);
 
 // Text-proto rendering, for logs and for `tune` fragments.
 std::string ConfigToText(const google::protobuf::Message& message);

@@ -57,13 +57,14 @@ TEST_F(CommandLineTest, ConfigPrintsTheEffectiveConfigThatConfigAccepts) {
   std::string out;
   ASSERT_EQ(RunShell(kBin + " config --print --config " + PSTRAIN_SOURCE_DIR +
                          "/configs/deepfm_criteo.textproto --train x.tsv --eval y.tsv --set "
-                         "train.batch_size=128 2>/dev/null",
+                         "train.global_batch_size=128 2>/dev/null",
                      30, &out),
             0)
       << out;
   auto c = ParseConfigText(out, "pstrain config output");
   ASSERT_TRUE(c.ok()) << c.status() << out;
-  EXPECT_EQ(c->train().batch_size(), 128);
+  EXPECT_EQ(c->train().global_batch_size(), 128);
+  EXPECT_FALSE(c->train().has_batch_size());  // derived from the global batch: not printed
   EXPECT_EQ(c->data().train(0).path(0), "x.tsv");
   EXPECT_EQ(c->dense_optimizer().type(), ADAM);
   EXPECT_FALSE(c->data().has_shuffle_seed());  // left at its default: not printed

@@ -114,15 +114,111 @@ TEST(Config, ValidationNamesTheField) {
 }
 
 TEST(Config, DefaultsResolveThreadsFromCores) {
-  ThreadConfig t;
+  Config t;
   ResolveThreadDefaults(2, &t);
-  EXPECT_EQ(t.towers(), 2);
-  EXPECT_EQ(t.intra_op_threads(), 1);
-  EXPECT_GE(t.inter_op_threads(), 1);
-  ThreadConfig u;
-  u.set_towers(1);
+  EXPECT_EQ(t.threads().towers(), 2);
+  EXPECT_EQ(t.threads().intra_op_threads(), 1);
+  EXPECT_GE(t.threads().inter_op_threads(), 1);
+  Config u;
+  u.mutable_threads()->set_towers(1);
   ResolveThreadDefaults(8, &u);
-  EXPECT_EQ(u.intra_op_threads(), 8);
+  EXPECT_EQ(u.threads().intra_op_threads(), 8);
+}
+
+// The rules of docs/CONFIG.md "The update batch": with train.global_batch_size, the cores change
+// the towers and threads that compute a step, never the step's examples; without it, the update
+// batch is towers x batch_size and grows with the cores.
+struct Shape {
+  int towers, intra, inter, batch;
+  int64_t step;
+};
+Shape Resolve(int cores, int global, int workers = 1, int worker = 0) {
+  Config c;
+  if (global > 0) c.mutable_train()->set_global_batch_size(global);
+  ResolveThreadDefaults(cores, &c, /*omp_num_threads=*/0, worker, workers);
+  return {c.threads().towers(), c.threads().intra_op_threads(), c.threads().inter_op_threads(),
+          c.train().batch_size(), StepBatch(c.train(), c.threads(), worker, workers)};
+}
+
+TEST(Config, AGlobalBatchKeepsTheStepWhateverTheCores) {
+  // {cores, towers, intra_op, inter_op, per-tower batch} with global_batch_size 512.
+  const int expected[][5] = {{1, 1, 1, 1, 512},   {2, 2, 1, 1, 256},  {4, 4, 1, 2, 128},
+                             {16, 16, 1, 4, 32},  {72, 16, 4, 4, 32}, {96, 16, 6, 4, 32}};
+  for (const auto& e : expected) {
+    const Shape s = Resolve(e[0], 512);
+    SCOPED_TRACE(testing::Message() << e[0] << " cores");
+    EXPECT_EQ(s.step, 512);  // the update batch
+    EXPECT_EQ(s.towers, e[1]);
+    EXPECT_EQ(s.intra, e[2]);
+    EXPECT_EQ(s.inter, e[3]);
+    EXPECT_EQ(s.batch, e[4]);
+    EXPECT_LE(s.towers * s.intra, e[0]);  // never more compute threads than cores
+  }
+  // A share that does not divide: the towers split it, the largest share is the capacity.
+  const Shape odd = Resolve(12, 500);
+  EXPECT_EQ(odd.step, 500);
+  EXPECT_EQ(odd.towers, 12);
+  EXPECT_EQ(odd.batch, 42);  // ceil(500 / 12)
+  // A small global batch: towers of at least 32 examples, the rest intra-op threads.
+  const Shape small = Resolve(16, 64);
+  EXPECT_EQ(small.towers, 2);
+  EXPECT_EQ(small.intra, 8);
+  EXPECT_EQ(small.batch, 32);
+  // Below 32 examples in all: one tower.
+  EXPECT_EQ(Resolve(16, 20).towers, 1);
+}
+
+TEST(Config, AGlobalBatchIsSharedByTheWorkers) {
+  // 4 workers (PS hosts or allreduce ranks) of 4 cores share 512: 128 each, 4 towers of 32.
+  for (int w = 0; w < 4; ++w) {
+    const Shape s = Resolve(4, 512, 4, w);
+    EXPECT_EQ(s.step, 128);
+    EXPECT_EQ(s.towers, 4);
+    EXPECT_EQ(s.batch, 32);
+  }
+  // 3 workers share 512 as 171 + 171 + 170.
+  EXPECT_EQ(Resolve(8, 512, 3, 0).step, 171);
+  EXPECT_EQ(Resolve(8, 512, 3, 1).step, 171);
+  EXPECT_EQ(Resolve(8, 512, 3, 2).step, 170);
+}
+
+TEST(Config, WithoutAGlobalBatchTheUpdateBatchGrowsWithTheCores) {
+  // The schema default (global_batch_size 0): a tower per core of batch_size 256 each.
+  const int cores[] = {1, 2, 16, 72};
+  for (int n : cores) {
+    const Shape s = Resolve(n, 0);
+    EXPECT_EQ(s.towers, n);
+    EXPECT_EQ(s.intra, 1);
+    EXPECT_EQ(s.batch, 256);
+    EXPECT_EQ(s.step, 256 * n);
+  }
+}
+
+TEST(Config, GlobalBatchValidation) {
+  Config c;
+  c.mutable_data()->add_train()->add_path("x");
+  c.mutable_data()->mutable_train(0)->set_format(CRITEO_TSV);
+  c.mutable_features()->set_preset(CRITEO);
+  ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.mutable_train()->set_global_batch_size(512);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.mutable_train()->set_batch_size(256);  // both: which one would the user mean?
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("train.batch_size: is derived from train.global_batch_size (512 here)"));
+  c.mutable_train()->clear_batch_size();
+  c.mutable_train()->set_global_batch_size(-1);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("train.global_batch_size"));
+  // Sizes that would only fail as an allocation are refused by name.
+  c.mutable_train()->set_global_batch_size(2000000000);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("train.global_batch_size: must be in [0, 1048576]"));
+  c.mutable_train()->set_global_batch_size(0);
+  c.mutable_train()->set_eval_batch_size(2000000000);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("train.eval_batch_size"));
+  c.mutable_train()->set_eval_batch_size(4096);
+  c.mutable_threads()->set_towers(20001);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("threads.towers: must be in [0, 1024]"));
 }
 
 // The schema defaults are the tuned values (docs/PERFORMANCE.md "What the tuning found"), and an

@@ -182,18 +182,18 @@ TEST(CpuBudget, AffinityCappedByTheQuotaRoundedDown) {
 }
 
 TEST(CpuBudget, OmpNumThreadsBoundsIntraOpThreads) {
-  ThreadConfig automatic;
+  Config automatic;
   EXPECT_EQ(ResolveThreadDefaults(8, &automatic, /*omp_num_threads=*/0), "");
-  ThreadConfig one_tower;
-  one_tower.set_towers(1);
+  Config one_tower;
+  one_tower.mutable_threads()->set_towers(1);
   EXPECT_EQ(ResolveThreadDefaults(8, &one_tower, 2), "");  // the automatic value, bounded quietly
-  EXPECT_EQ(one_tower.intra_op_threads(), 2);
-  ThreadConfig configured;
-  configured.set_towers(1);
-  configured.set_intra_op_threads(6);
+  EXPECT_EQ(one_tower.threads().intra_op_threads(), 2);
+  Config configured;
+  configured.mutable_threads()->set_towers(1);
+  configured.mutable_threads()->set_intra_op_threads(6);
   EXPECT_THAT(ResolveThreadDefaults(8, &configured, 4),
               HasSubstr("OMP_NUM_THREADS=4 lowers threads.intra_op_threads from 6 to 4"));
-  EXPECT_EQ(configured.intra_op_threads(), 4);
+  EXPECT_EQ(configured.threads().intra_op_threads(), 4);
 }
 
 // ---- The budget as `pstrain train` sees it: taskset and OMP_NUM_THREADS -------------------------

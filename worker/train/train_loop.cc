@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/train/data_pass.h"
@@ -88,8 +89,13 @@ absl::Status TrainLoop::Resume() {
   if (!pass.message.empty()) progress_->Message(pass.message);
   const ThreadConfig& t = config_.threads();
   const int T = t.towers(), B = config_.train().batch_size();
-  PipelineOptions po = OptionsFromConfig(config_.data(), /*train=*/true, T * B, opts_.worker_index,
-                                         opts_.num_workers, config_.train().epochs());
+  // The step's batch: this worker's share of train.global_batch_size, or T x B.
+  const int64_t step_batch =
+      StepBatch(config_.train(), t, opts_.worker_index, opts_.num_workers);
+  PipelineOptions po = OptionsFromConfig(config_.data(), /*train=*/true,
+                                         static_cast<int>(step_batch),
+                                         opts_.worker_index, opts_.num_workers,
+                                         config_.train().epochs());
   po.reader_threads = t.inter_op_threads();
   if (restored_.has_position()) po.start = restored_.position();
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(std::move(po), spec_));

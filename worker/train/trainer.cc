@@ -61,6 +61,8 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
       .Add("intra_op_threads", t.intra_op_threads())
       .Add("inter_op_threads", t.inter_op_threads())
       .Add("batch_size_per_tower", config.train().batch_size())
+      .Add("global_batch_size", config.train().global_batch_size())
+      .Add("step_batch", StepBatch(config.train(), t, opts.worker_index, opts.num_workers))
       .Add("hosts", opts.hosts)
       .Add("bad_records", s.bad_records)
       .Add("unique_rows_per_step", s.unique_rows_per_step)
@@ -97,9 +99,13 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
 
 absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerOptions& opts) {
   Config config = config_in;
+  if (opts.cores > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--cores ", opts.cores, ": expected at most ",
+                                                   kMaxThreads));
+  }
   const int cores = opts.cores > 0 ? opts.cores : DetectCpuBudget().cpus;
-  const std::string thread_note =
-      ResolveThreadDefaults(cores, config.mutable_threads(), opts.omp_num_threads);
+  const std::string thread_note = ResolveThreadDefaults(cores, &config, opts.omp_num_threads,
+                                                        opts.worker_index, opts.num_workers);
   const int T = config.threads().towers();
   const int I = config.threads().intra_op_threads();
   const int J = config.threads().inter_op_threads();
@@ -110,11 +116,15 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
 
   if (opts.chief) {
     // The config this job runs with (thread settings resolved), for `--config` to reproduce it.
+    // A per-tower batch_size derived from global_batch_size is left out: the global batch is
+    // the setting, and the two together are refused.
+    Config effective = config;
+    if (effective.train().global_batch_size() > 0) effective.mutable_train()->clear_batch_size();
     RETURN_IF_ERROR(WriteFileAtomic(
         model_dir + "/config.textproto",
         absl::StrCat("# The effective config of this run (", opts.mode, ", ", cores,
                      " cores; threads resolved). Reproduce: pstrain train --config <this file>\n",
-                     ConfigToText(config))));
+                     ConfigToText(effective))));
   }
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));

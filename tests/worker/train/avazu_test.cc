@@ -66,7 +66,7 @@ TEST(AvazuTest, ShippedConfigTrainsOnAvazuShapedGzipCsv) {
       PSTRAIN_BINARY, " train --config ", PSTRAIN_SOURCE_DIR, "/configs/avazu.textproto",
       " --train ", dir, "/train.csv.gz --eval ", dir, "/test.csv --model_dir ", dir, "/model",
       " --set model.hidden=[32,32] --set threads.towers=1 --set threads.intra_op_threads=1",
-      " --set threads.inter_op_threads=1 --set train.batch_size=128 --epochs 2");
+      " --set threads.inter_op_threads=1 --set train.global_batch_size=128 --epochs 2");
   ASSERT_EQ(testing::RunShell(cmd, 600, &out), 0) << out;
   auto summary = ReadFileToString(dir + "/model/summary.json");
   ASSERT_TRUE(summary.ok()) << summary.status();

@@ -124,7 +124,8 @@ TEST(Trainer, AsyncLocalUpdatesLearnAndAreDeterministic) {
     Config config = BaseConfig(dir + "/train.tsv", dir + "/test.tsv",
                                dir + "/model" + std::to_string(run));
     for (const char* set :
-         {"features.categorical_vocab_size=100000", "train.batch_size=128", "train.epochs=3",
+         {"features.categorical_vocab_size=100000", "train.global_batch_size=0",
+          "train.batch_size=128", "train.epochs=3",
           "sparse_optimizer.learning_rate=0.3", "sparse_optimizer.initial_accumulator=0.1",
           "dense_optimizer.type=ADAGRAD", "dense_optimizer.learning_rate=0.05",
           "dense_optimizer.initial_accumulator=0.1"}) {
@@ -165,7 +166,7 @@ class ResumeTest : public testing::Test {
   Config MakeConfig(const std::string& model_dir) {
     Config c = BaseConfig(dir_ + "/train/part-*", dir_ + "/test/part-*", model_dir);
     for (const char* set : {"data.train[0].format=TFRECORD", "data.eval[0].format=TFRECORD",
-                            "train.epochs=2", "train.batch_size=256", "threads.towers=2",
+                            "train.epochs=2", "train.global_batch_size=512", "threads.towers=2",
                             "threads.intra_op_threads=1", "threads.inter_op_threads=2",
                             "features.categorical_vocab_size=20000", "data.shuffle_buffer=1000",
                             "model.hidden=[64, 32]"}) {
@@ -340,8 +341,9 @@ TEST_F(ResumeTest, RequestAndStopWithReadAheadResumeExactly) {
 
   Config c = MakeConfig(dir_ + "/scripted");
   c.mutable_checkpoint()->set_every_seconds(0);
-  ThreadConfig threads = c.threads();
-  ResolveThreadDefaults(2, &threads);
+  Config resolved = c;
+  ResolveThreadDefaults(2, &resolved);
+  const ThreadConfig& threads = resolved.threads();
   auto spec = FeatureSpec::Create(c.features());
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto model = Model::Create(c.model(), spec->num_fields());
@@ -490,7 +492,7 @@ class TrainerDivergence : public testing::TestWithParam<DivergenceCase> {
 
   static Config MakeConfig(const std::string& model_dir) {
     Config c = BaseConfig(dir_ + "/train.tsv", dir_ + "/test/part-*", model_dir);
-    for (const char* set : {"train.epochs=1", "train.batch_size=32", "threads.towers=2",
+    for (const char* set : {"train.epochs=1", "train.global_batch_size=64", "threads.towers=2",
                             "threads.intra_op_threads=1", "threads.inter_op_threads=1",
                             "features.categorical_vocab_size=20000", "data.shuffle_buffer=0",
                             "model.hidden=[32]", "checkpoint.every_seconds=0",
@@ -507,8 +509,9 @@ class TrainerDivergence : public testing::TestWithParam<DivergenceCase> {
 
   // Fresh in-process parameters for `c`.
   static std::unique_ptr<LocalParams> MakeParams(const Config& c) {
-    ThreadConfig threads = c.threads();
-    ResolveThreadDefaults(2, &threads);
+    Config resolved = c;
+    ResolveThreadDefaults(2, &resolved);
+    const ThreadConfig& threads = resolved.threads();
     auto spec = FeatureSpec::Create(c.features());
     EXPECT_TRUE(spec.ok()) << spec.status();
     auto model = Model::Create(c.model(), spec->num_fields());
