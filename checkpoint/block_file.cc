@@ -152,8 +152,8 @@ BlockReader::~BlockReader() {
 }
 
 absl::StatusOr<std::unique_ptr<BlockReader>> BlockReader::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path);
+  // A checkpoint shard or an export's MODEL: a regular file, never a FIFO to block on.
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     absl::Status s = ErrnoError("stat", path);

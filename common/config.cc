@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/file.h"
 #include "common/status.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -76,11 +77,14 @@ absl::StatusOr<Config> ParseConfigText(absl::string_view text, absl::string_view
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseConfigText(ss.str(), path);
+  // A regular file of at most 16 MiB (a config is a few kB): a FIFO, /dev/zero or a huge file is
+  // an error naming it, not a hang or an allocation failure.
+  absl::StatusOr<std::string> text = ReadFileToString(path, int64_t{16} << 20);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("config file ", path, ": ", text.status().message()));
+  }
+  return ParseConfigText(*text, path);
 }
 
 void ApplyConfigDefaults(Config* config) {
@@ -177,10 +181,20 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", what));
   };
   const ModelConfig& m = c.model();
-  if (m.embedding_dim() <= 0) return bad("model.embedding_dim", absl::StrCat("must be > 0, got ", m.embedding_dim()));
+  // Sizes are bounded before anything is allocated: a typo must be an error naming the field,
+  // not an allocation failure or a multi-gigabyte model. The bounds are far above any CTR model
+  // (the shipped DeepFM: k = 16, 3 layers of 400, 571k dense floats).
+  if (m.embedding_dim() <= 0 || m.embedding_dim() > 1024) return bad("model.embedding_dim", absl::StrCat("must be in [1, 1024], got ", m.embedding_dim()));
+  if (m.hidden_size() > kMaxHiddenLayers) return bad("model.hidden", absl::StrCat("at most ", kMaxHiddenLayers, " layers, got ", m.hidden_size()));
+  int64_t mlp_floats = 0, width = 0;
   for (int i = 0; i < m.hidden_size(); ++i) {
-    if (m.hidden(i) <= 0) return bad(absl::StrCat("model.hidden[", i, "]"), absl::StrCat("must be > 0, got ", m.hidden(i)));
+    if (m.hidden(i) <= 0 || m.hidden(i) > kMaxLayerWidth) return bad(absl::StrCat("model.hidden[", i, "]"), absl::StrCat("must be in [1, ", kMaxLayerWidth, "], got ", m.hidden(i)));
+    // Weights and bias of layer i (its input is the previous width; the first layer's, the
+    // embeddings, is bounded by the fields below and checked with the model).
+    if (i > 0) mlp_floats += (width + 1) * m.hidden(i);
+    width = m.hidden(i);
   }
+  if (mlp_floats > kMaxDenseFloats) return bad("model.hidden", absl::StrCat("the layers after the first hold ", mlp_floats, " floats, more than ", kMaxDenseFloats));
   if (m.embedding_init_stddev() < 0) return bad("model.embedding_init_stddev", "must be >= 0");
   if (m.embedding_l2() < 0) return bad("model.embedding_l2", "must be >= 0");
   if (c.train().has_warm_start() && c.train().warm_start().from().empty()) {

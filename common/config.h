@@ -1,6 +1,7 @@
 // Loading, overriding and validating pstrain::Config (proto/pstrain/config.proto).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -35,6 +36,13 @@ void ApplyConfigDefaults(Config* config);
 // batches are allocated whole, and a bound turns a typo into a validation error, not a failed
 // allocation.
 inline constexpr int kMaxBatch = 1 << 20;
+// Model sizes a config may ask for (ValidateConfig; Model::Create checks the whole dense vector,
+// the first layer included, against kMaxDenseFloats): hidden layers and their widths, and the
+// dense floats (2^28: 1 GiB of weights, 3 with Adam's slots). k is bounded by the FM kernels'
+// 1024 (worker/model/fm.h).
+inline constexpr int kMaxHiddenLayers = 64;
+inline constexpr int kMaxLayerWidth = 1 << 16;
+inline constexpr int64_t kMaxDenseFloats = int64_t{1} << 28;
 // The most threads of one kind (towers, intra-op, inter-op) and the largest core count (--cores)
 // a process takes.
 inline constexpr int kMaxThreads = 1024;

@@ -25,9 +25,37 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<int> OpenRegularFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return ErrnoError("open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    absl::Status s = ErrnoError("stat", path);
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                       : S_ISDIR(st.st_mode) ? "a directory"
+                       : S_ISCHR(st.st_mode) ? "a character device"
+                       : S_ISBLK(st.st_mode) ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a plain file";
+    return absl::FailedPreconditionError(
+        absl::StrCat("open ", path, ": not a regular file (", kind, ")"));
+  }
+  // Blocking reads from here on (a regular file never blocks on open, but its reads should not
+  // return EAGAIN on filesystems that honour the flag).
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<int> opened = OpenRegularFile(path);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   std::string out;
   char buf[1 << 16];
   while (true) {
@@ -39,6 +67,11 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
       return s;
     }
     if (n == 0) break;
+    if (static_cast<int64_t>(out.size()) + n > max_bytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "read ", path, ": longer than ", max_bytes, " bytes, the most this file may hold"));
+    }
     out.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);

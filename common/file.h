@@ -1,6 +1,7 @@
 // Small file helpers shared by the data layer, checkpoints and metrics.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -9,7 +10,22 @@
 
 namespace pstrain {
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// The most ReadFileToString reads by default: every file it reads (configs, LATEST, MANIFEST,
+// JSON specs, secrets, /proc and cgroup files) is small; a larger one is an error, not an
+// allocation of whatever /dev/zero offers.
+inline constexpr int64_t kMaxSmallFileBytes = int64_t{64} << 20;
+
+// Opens `path` for reading if it is a regular file (or a symlink to one), with O_CLOEXEC, and
+// returns the descriptor. Anything else is refused before a byte is read, so that a FIFO cannot
+// block the caller (it is opened with O_NONBLOCK, which a regular file ignores) and a device
+// cannot feed it without end: FAILED_PRECONDITION "open PATH: not a regular file (a FIFO)".
+// Readers of data streams that may legitimately be FIFOs (pipe mode) open their own files.
+absl::StatusOr<int> OpenRegularFile(const std::string& path);
+
+// The whole of a regular file (OpenRegularFile), at most `max_bytes`: a longer file is
+// INVALID_ARGUMENT naming the path and the limit.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path,
+                                             int64_t max_bytes = kMaxSmallFileBytes);
 
 // Writes `contents` to `path` atomically: a temporary file in the same directory is written,
 // fsync'ed and renamed over `path`, then the directory is fsync'ed. A crash leaves either the old

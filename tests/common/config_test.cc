@@ -221,6 +221,37 @@ TEST(Config, GlobalBatchValidation) {
               HasSubstr("threads.towers: must be in [0, 1024]"));
 }
 
+// The configs that aborted the process (issue 26 item 5: std::bad_alloc, std::system_error, a
+// failed check after 5.1 GB) are refused by validation, naming the field, before anything is
+// allocated.
+TEST(Config, ModelSizesAreBoundedBeforeAnyAllocation) {
+  Config c;
+  c.mutable_data()->add_train()->add_path("x");
+  c.mutable_data()->mutable_train(0)->set_format(CRITEO_TSV);
+  c.mutable_features()->set_preset(CRITEO);
+  ASSERT_TRUE(ValidateConfig(c).ok());
+  c.mutable_model()->add_hidden(2000000000);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("model.hidden[0]: must be in [1, 65536], got 2000000000"));
+  c.mutable_model()->clear_hidden();
+  for (int i = 0; i < 20001; ++i) c.mutable_model()->add_hidden(1);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("model.hidden: at most 64 layers, got 20001"));
+  c.mutable_model()->clear_hidden();
+  for (int i = 0; i < 8; ++i) c.mutable_model()->add_hidden(65536);  // 7 x 65536^2 floats
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("more than 268435456"));
+  c.mutable_model()->clear_hidden();
+  c.mutable_model()->set_embedding_dim(5000);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("model.embedding_dim: must be in [1, 1024], got 5000"));
+  c.mutable_model()->set_embedding_dim(16);
+  c.mutable_threads()->set_towers(10000);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("threads.towers"));
+  c.mutable_threads()->set_towers(0);
+  c.mutable_train()->set_batch_size(2000000000);
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("train.batch_size"));
+}
+
 // The schema defaults are the tuned values (docs/PERFORMANCE.md "What the tuning found"), and an
 // absent dense optimizer becomes Adam 1e-3 while an explicit one is kept.
 TEST(Config, SchemaDefaultsAndDenseOptimizerDefault) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/parallel.h"
@@ -234,18 +235,24 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
   if (shape.deep) {
     std::vector<int> widths(config.hidden().begin(), config.hidden().end());
     if (widths.empty()) widths = {400, 400, 400};
-    int in = num_fields * shape.dim;
+    int64_t in = int64_t{num_fields} * shape.dim;
     for (size_t l = 0; l < widths.size(); ++l) {
       const int out = widths[l];
       if (out <= 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("model.hidden[", l, "] is ", out, ", expected > 0"));
       }
+      // Bounded before anything is allocated (every tower holds a gradient of this size).
+      if (offset + in * out + out > kMaxDenseFloats) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.hidden: the MLP would hold more than ", kMaxDenseFloats, " dense floats (layer ",
+            l, ": ", in, " x ", out, "); expected a smaller model"));
+      }
       const std::string name = absl::StrCat("mlp", l);
       model->layout_.push_back({name + "/w", offset, {in, out}});
-      model->layout_.push_back({name + "/b", offset + int64_t{in} * out, {out}});
-      model->hidden_.push_back({in, out, offset, offset + int64_t{in} * out});
-      offset += int64_t{in} * out + out;
+      model->layout_.push_back({name + "/b", offset + in * out, {out}});
+      model->hidden_.push_back({static_cast<int>(in), out, offset, offset + in * out});
+      offset += in * out + out;
       flops += 6.0 * in * out;
       in = out;
     }

@@ -164,6 +164,12 @@ TEST(ModelTest, RejectsBadConfigs) {
   EXPECT_FALSE(Model::Create(Config(DEEPFM, 16, {400, -1}), 39).ok());
   EXPECT_FALSE(Model::Create(Config(FM, 16, {}), 0).ok());
   EXPECT_FALSE(Model::Create(Config(FM, 4096, {}), 3).ok());
+  // A first layer within every per-field bound but too large as a whole (39 x 1024 inputs x
+  // 65536): refused before the layout is allocated, naming the layer.
+  auto huge = Model::Create(Config(DEEPFM, 1024, {65536}), 39);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("layer 0: 39936 x 65536"), absl::string_view::npos)
+      << huge.status();
   auto model = Model::Create(Config(DEEPFM, 4, {4}), 3);
   ASSERT_TRUE(model.ok());
   EXPECT_FALSE((*model)->CreateTower(0, 1).ok());
