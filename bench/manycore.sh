@@ -24,6 +24,14 @@ run t_g1024 120 $P train "${C[@]}" --set train.global_batch_size=1024
 run t_g1024_bf16 120 $P train "${C[@]}" --set train.global_batch_size=1024 --set model.precision=BF16
 run t_old4096 120 $P train "${C[@]}" --set train.global_batch_size=0 --set train.batch_size=256
 run t_2x8 120 $P train "${C[@]}" --set threads.towers=2 --set threads.intra_op_threads=8
+# Towers against the parser threads (the sweep behind the automatic towers).
+for t in 16 14 12 11 10; do
+  run s_t${t} 60 $P train "${C[@]}" --set threads.towers=$t --set threads.intra_op_threads=1
+done
+for t in 16 14 12; do
+  run s_t${t}_j2 60 $P train "${C[@]}" --set threads.towers=$t --set threads.intra_op_threads=1 \
+    --set threads.inter_op_threads=2
+done
 run t_12x1 120 $P train "${C[@]}" --set threads.towers=12 --set threads.intra_op_threads=1
 run ps4 150 $P local --hosts 4 "${C[@]}"
 el allreduce4; rm -rf /tmp/m_ar4

@@ -364,13 +364,20 @@ std::string ResolveThreadDefaults(int cores, Config* config, int omp_num_threads
   ThreadConfig* t = config->mutable_threads();
   TrainConfig* train = config->mutable_train();
   const bool global = train->global_batch_size() > 0;
+  if (t->inter_op_threads() == 0) t->set_inter_op_threads(std::max(1, std::min(4, cores / 2)));
+  // With a global batch, from 8 cores on, half the parser threads' worth of cores is left to the
+  // input pipeline and the trainer thread: a tower that shares its core with them holds up every
+  // step's barrier (16 cores: 14 towers ran 135,582 ex/s, 16 towers 95,405-115,039;
+  // docs/PERFORMANCE.md "Many cores").
+  const int compute_cores =
+      global && cores >= 8 ? std::max(1, cores - t->inter_op_threads() / 2) : cores;
   if (t->towers() == 0) {
     if (global) {
       // As many towers as the share keeps at kMinTowerBatch examples or more; the other cores
       // go to the towers' intra-op teams.
       const int64_t share = StepBatch(*train, *t, worker_index, num_workers);
       t->set_towers(static_cast<int>(
-          std::max<int64_t>(1, std::min<int64_t>(cores, share / kMinTowerBatch))));
+          std::max<int64_t>(1, std::min<int64_t>(compute_cores, share / kMinTowerBatch))));
     } else {
       // One tower per core with one OpenMP thread each, so the towers overlap each other's
       // serial parts. `pstrain tune` measures the alternatives on the user's machine.
@@ -383,11 +390,10 @@ std::string ResolveThreadDefaults(int cores, Config* config, int omp_num_threads
     train->set_batch_size(static_cast<int>((share + t->towers() - 1) / t->towers()));
   }
   if (t->intra_op_threads() == 0) {
-    int intra = std::max(1, cores / t->towers());
+    int intra = std::max(1, compute_cores / t->towers());
     if (omp_num_threads > 0) intra = std::min(intra, omp_num_threads);
     t->set_intra_op_threads(intra);
   }
-  if (t->inter_op_threads() == 0) t->set_inter_op_threads(std::max(1, std::min(4, cores / 2)));
   std::string note;
   if (omp_num_threads > 0 && t->intra_op_threads() > omp_num_threads) {
     note = absl::StrCat("OMP_NUM_THREADS=", omp_num_threads, " lowers threads.intra_op_threads from ",

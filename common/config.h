@@ -61,10 +61,14 @@ int64_t StepBatch(const TrainConfig& train, const ThreadConfig& threads, int wor
 // Fills the 0 = "automatic" thread settings from the CPUs this process may use (`cores`: the
 // affinity mask capped by the cgroup quota, common/cpu.h), and with train.global_batch_size the
 // per-tower train.batch_size, for worker `worker_index` of `num_workers`:
-//   - towers: with a global batch, min(cores, share / kMinTowerBatch), at least 1 (a share of 512
-//     on 16 cores: 16 towers of 32; on 72 cores: 16 towers of 32 with 4 intra-op threads each);
-//     without, one per core (the update batch then grows with the cores);
-//   - intra_op = cores / towers, inter_op = min(4, cores / 2);
+//   - inter_op = min(4, cores / 2), at least 1;
+//   - compute cores: with a global batch and 8 cores or more, cores - inter_op / 2 (left to the
+//     parsers and the trainer thread); else cores;
+//   - towers: with a global batch, min(compute cores, share / kMinTowerBatch), at least 1 (a
+//     share of 512 on 2 cores: 2 towers of 256; on 16: 14 towers of 36-37; on 72: 16 towers of
+//     32 with 4 intra-op threads each); without, one per core (the update batch then grows with
+//     the cores);
+//   - intra_op = compute cores / towers;
 //   - with a global batch, batch_size = ceil(share / towers), the largest tower's share.
 // OMP_NUM_THREADS, when set (omp_num_threads > 0), bounds intra_op_threads, the automatic value
 // and a configured one alike, as it bounds every OpenMP team. Returns a note for the log when it

@@ -141,9 +141,11 @@ Shape Resolve(int cores, int global, int workers = 1, int worker = 0) {
 }
 
 TEST(Config, AGlobalBatchKeepsTheStepWhateverTheCores) {
-  // {cores, towers, intra_op, inter_op, per-tower batch} with global_batch_size 512.
-  const int expected[][5] = {{1, 1, 1, 1, 512},   {2, 2, 1, 1, 256},  {4, 4, 1, 2, 128},
-                             {16, 16, 1, 4, 32},  {72, 16, 4, 4, 32}, {96, 16, 6, 4, 32}};
+  // {cores, towers, intra_op, inter_op, per-tower batch} with global_batch_size 512. From 8
+  // cores on, inter_op / 2 cores are left to the parsers and the trainer thread.
+  const int expected[][5] = {{1, 1, 1, 1, 512},  {2, 2, 1, 1, 256},  {4, 4, 1, 2, 128},
+                             {8, 6, 1, 4, 86},   {16, 14, 1, 4, 37}, {72, 16, 4, 4, 32},
+                             {96, 16, 5, 4, 32}};
   for (const auto& e : expected) {
     const Shape s = Resolve(e[0], 512);
     SCOPED_TRACE(testing::Message() << e[0] << " cores");
@@ -157,12 +159,12 @@ TEST(Config, AGlobalBatchKeepsTheStepWhateverTheCores) {
   // A share that does not divide: the towers split it, the largest share is the capacity.
   const Shape odd = Resolve(12, 500);
   EXPECT_EQ(odd.step, 500);
-  EXPECT_EQ(odd.towers, 12);
-  EXPECT_EQ(odd.batch, 42);  // ceil(500 / 12)
+  EXPECT_EQ(odd.towers, 10);
+  EXPECT_EQ(odd.batch, 50);  // ceil(500 / 10)
   // A small global batch: towers of at least 32 examples, the rest intra-op threads.
   const Shape small = Resolve(16, 64);
   EXPECT_EQ(small.towers, 2);
-  EXPECT_EQ(small.intra, 8);
+  EXPECT_EQ(small.intra, 7);
   EXPECT_EQ(small.batch, 32);
   // Below 32 examples in all: one tower.
   EXPECT_EQ(Resolve(16, 20).towers, 1);
