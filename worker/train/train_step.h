@@ -13,6 +13,13 @@
 //                     waiting for the previous one;
 //   Flush()           waits for the last push (checkpoints, the end of training, evaluation).
 //
+// In-process parameters (ParameterAccess::in_process(), `pstrain train`'s LocalParams), when the
+// batch's pull was not started by Stage and dense_sync_steps is 1: Train runs the pull, the
+// towers and the update on the tower threads, each tower gathering, summing and applying its own
+// share of the rows and of the dense vector between barriers; nothing is left in flight, and the
+// parameters equal those of the Pull / summed gradients / Push path to the bit
+// (docs/ARCHITECTURE.md "The in-process step").
+//
 // Dense sync every k steps (set_dense_sync_steps, PS ASYNC mode's cluster.dense_sync_steps):
 // every pull fetches rows, but only every k-th fetches the dense vector; each step's dense
 // gradient is summed, and every k-th push carries the mean of the k steps (the other pushes carry
