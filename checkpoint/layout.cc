@@ -1,6 +1,7 @@
 #include "checkpoint/layout.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,22 +45,43 @@ std::optional<int64_t> ParseCanonicalInt(absl::string_view s) {
   return v;
 }
 
+// A real directory, not a symlink to one: checkpoints are directories pstrain made. A symlink
+// named like a checkpoint (or a removal) points somewhere pstrain does not own; it is neither
+// read as a checkpoint nor deleted through.
 bool IsDirectory(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  return ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// Deletes a checkpoint directory: its files (a checkpoint has no subdirectories), then itself.
-// Best effort: whatever remains is deleted by a later retention.
+// Deletes a checkpoint directory: its entries (a checkpoint has no subdirectories; an empty one
+// is removed too), then itself.
+// Never through a symlink: `path` is opened with O_NOFOLLOW (a symlink in its place is unlinked
+// itself, its target untouched), and each entry is removed with unlinkat, which removes a
+// symlink, not what it points to. Best effort: whatever remains is deleted by a later retention.
 void RemoveTree(const std::string& path) {
-  DIR* d = opendir(path.c_str());
-  if (d != nullptr) {
-    while (dirent* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") std::remove((path + "/" + name).c_str());
-    }
-    closedir(d);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) ::unlink(path.c_str());
+    return;
   }
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  for (const std::string& name : names) {
+    // An empty subdirectory (a failed write's leftover) goes too; a full one stays.
+    if (::unlinkat(fd, name.c_str(), 0) != 0 && errno == EISDIR) {
+      ::unlinkat(fd, name.c_str(), AT_REMOVEDIR);
+    }
+  }
+  closedir(d);  // closes fd
   ::rmdir(path.c_str());
 }
 
@@ -236,13 +258,37 @@ absl::Status ReadManifest(const std::string& ckpt, CheckpointManifest* manifest)
 }
 
 absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manifest) {
+  // pstrain writes every file of a checkpoint itself: a symlink among them points somewhere it
+  // does not own (issue 26), and is refused like a missing file.
+  auto plain = [](const std::string& path) -> absl::Status {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
+    if (!S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": ", S_ISLNK(st.st_mode) ? "a symlink" : "not a regular file",
+          ", not a file pstrain wrote"));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(plain(absl::StrCat(ckpt, "/", kManifestFileName)));
   RETURN_IF_ERROR(ReadManifest(ckpt, manifest));
+  // The directory's name and the MANIFEST agree on the step (a checkpoint copied or renamed
+  // under another step's name would otherwise resume as that step).
+  std::string base = ckpt;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  base = base.substr(base.rfind('/') + 1);
+  if (const std::optional<int64_t> named = ParseCheckpointName(base);
+      named && *named != manifest->step()) {
+    return absl::DataLossError(absl::StrCat(ckpt, "/", kManifestFileName, ": says step ",
+                                            manifest->step(), ", but the directory is ", base));
+  }
   for (const auto& f : manifest->file()) {
     if (!IsPlainFileName(f.name())) {
       return absl::DataLossError(absl::StrCat(ckpt, "/", kManifestFileName, ": lists '",
                                               f.name(), "', not a file name in the directory"));
     }
     const std::string path = ckpt + "/" + f.name();
+    RETURN_IF_ERROR(plain(path));
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
     if (static_cast<uint64_t>(st.st_size) != f.bytes()) {

@@ -366,6 +366,47 @@ TEST(CheckpointLayout, RemovalsLeftByAnEndedProcessAreDeletedLater) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// Issue 26: symlinks planted in a model dir never make pstrain delete or read outside it.
+// `ckpt-1 -> elsewhere` and `.removing-ckpt-3-1-1 -> elsewhere2` survive retention with their
+// targets' files intact (retention used to delete /elsewhere/precious.txt through them); a
+// checkpoint whose shard file is a symlink, or whose MANIFEST names another step, is refused.
+TEST(CheckpointLayout, SymlinksAreNeitherFollowedByRetentionNorRead) {
+  const std::string dir = FreshDir("symlinks");
+  const std::string elsewhere = FreshDir("symlinks_elsewhere");
+  const std::string elsewhere2 = FreshDir("symlinks_elsewhere2");
+  ASSERT_TRUE(WriteFileAtomic(elsewhere + "/precious.txt", "keep me").ok());
+  ASSERT_TRUE(WriteFileAtomic(elsewhere2 + "/precious.txt", "keep me too").ok());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  ASSERT_EQ(::symlink(elsewhere.c_str(), CheckpointPath(dir, 1).c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere2.c_str(), (dir + "/.removing-ckpt-3-1-1").c_str()), 0);
+  EXPECT_EQ(RemoveIncompleteCheckpoints(dir), 0);  // the symlink is no checkpoint of ours
+  for (int64_t step : {2, 3, 4}) Save(dir, step, 1);
+  WaitForCheckpointRemovals();
+  EXPECT_EQ(Steps(dir), (std::vector<int64_t>{4}));
+  EXPECT_EQ(ReadFileToString(elsewhere + "/precious.txt").value_or(""), "keep me");
+  EXPECT_EQ(ReadFileToString(elsewhere2 + "/precious.txt").value_or(""), "keep me too");
+
+  // A checkpoint whose shard file was replaced by a symlink to a copy of itself: refused.
+  const std::string ckpt = CheckpointPath(dir, 4);
+  CheckpointManifest m;
+  ASSERT_TRUE(VerifyCheckpoint(ckpt, &m).ok());
+  const std::string shard = ckpt + "/" + ShardFileName(0, 1);
+  ASSERT_EQ(std::rename(shard.c_str(), (elsewhere + "/shard").c_str()), 0);
+  ASSERT_EQ(::symlink((elsewhere + "/shard").c_str(), shard.c_str()), 0);
+  absl::Status s = VerifyCheckpoint(ckpt, &m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(shard + ": a symlink"));
+  ASSERT_EQ(::unlink(shard.c_str()), 0);
+  ASSERT_EQ(std::rename((elsewhere + "/shard").c_str(), shard.c_str()), 0);
+  ASSERT_TRUE(VerifyCheckpoint(ckpt, &m).ok());
+  // The same checkpoint under another step's name: its MANIFEST says 4.
+  ASSERT_EQ(std::rename(ckpt.c_str(), CheckpointPath(dir, 9).c_str()), 0);
+  s = VerifyCheckpoint(CheckpointPath(dir, 9), &m);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("says step 4, but the directory is ckpt-9"));
+  std::system(("rm -rf " + dir + " " + elsewhere + " " + elsewhere2).c_str());
+}
+
 // checkpoint.keep_best: the checkpoint BEST names is kept beside the newest `keep`, not counted
 // among them; BEST is written atomically like LATEST, and only for a complete checkpoint.
 TEST(CheckpointLayout, RetentionKeepsTheBestBesideTheNewest) {
