@@ -222,6 +222,7 @@ absl::Status ValidateConfig(const Config& c) {
     if (!(s.min_factor() >= 0 && s.min_factor() <= 1)) return bad(sched + "min_factor", absl::StrCat("must be in [0, 1], got ", s.min_factor()));
   }
 
+  if (!(c.cluster().max_gradient_abs() > 0)) return bad("cluster.max_gradient_abs", absl::StrCat("must be > 0, got ", c.cluster().max_gradient_abs()));
   const ThreadConfig& t = c.threads();
   // Each tower and thread is a real thread with its own buffers: a bound turns a typo into an
   // error rather than thousands of threads.

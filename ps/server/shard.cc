@@ -1,6 +1,7 @@
 #include "ps/server/shard.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -171,11 +172,17 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
 }
 
 absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float* dense_grad) {
-  // One pass with no branch per value: x - x is 0 for finite x and NaN for NaN or +-Inf.
-  auto all_finite = [](const float* p, size_t n) {
-    float acc = 0.f;
-    for (size_t i = 0; i < n; ++i) acc += p[i] - p[i];
-    return acc == 0.f;
+  // One pass with no branch per value: x - x is 0 for finite x and NaN for NaN or +-Inf, and the
+  // largest magnitude must stay within max_gradient_abs (a finite 3.4e38 would overflow the
+  // optimizers' squared-gradient slots to +Inf and freeze what it touched).
+  const float cap = opt_.max_gradient_abs;
+  auto all_finite = [cap](const float* p, size_t n) {
+    float acc = 0.f, largest = 0.f;
+    for (size_t i = 0; i < n; ++i) {
+      acc += p[i] - p[i];
+      largest = std::max(largest, std::fabs(p[i]));
+    }
+    return acc == 0.f && largest <= cap;
   };
   const size_t n = rows * static_cast<size_t>(opt_.row_dim);
   const bool rows_ok = n == 0 || all_finite(row_grads, n);
@@ -184,7 +191,8 @@ absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float
   if (rows_ok && dense_ok) return absl::OkStatus();
   nonfinite_pushes_.fetch_add(1, std::memory_order_relaxed);
   return absl::InvalidArgumentError(absl::StrCat(
-      "shard ", opt_.shard, ": push with a NaN or infinite ", rows_ok ? "dense" : "row",
+      "shard ", opt_.shard, ": push with a NaN, infinite or huge (|g| > cluster.max_gradient_abs ",
+      cap, ") ", rows_ok ? "dense" : "row",
       " gradient refused (nothing applied; the worker's training diverged?)"));
 }
 

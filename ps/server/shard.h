@@ -80,6 +80,8 @@ class Shard {
     bool scale_row_lr_by_staleness = false;
     // The job's checkpoint directory; WriteCheckpoint writes only under it. Empty: no writes.
     std::string checkpoint_dir;
+    // A push with a gradient value of larger magnitude is refused (cluster.max_gradient_abs).
+    float max_gradient_abs = 1e6f;
   };
   // Push states kept per worker id: the newest incarnations' (a restarted worker process is a
   // new incarnation). Older ones are forgotten: only a dead process's retries could need them.

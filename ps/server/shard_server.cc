@@ -234,6 +234,7 @@ ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int sh
                                          : NO_COMPENSATION;
   o.data.scale_dense_lr_by_staleness = comp == SCALE_DENSE_LR || comp == SCALE_LR;
   o.data.scale_row_lr_by_staleness = comp == SCALE_ROW_LR || comp == SCALE_LR;
+  o.data.max_gradient_abs = config.cluster().max_gradient_abs();
   return o;
 }
 

@@ -434,8 +434,32 @@ TEST(Hostile, NonFiniteGradientsAreRefused) {
   const float nan_row[kDim] = {nan, nan, nan};
   const absl::Status s = (*client)->PushAsync({&id, 1}, nan_row, nullptr, 1)->Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(s.message(), HasSubstr("NaN or infinite"));
+  EXPECT_THAT(s.message(), HasSubstr("NaN, infinite or huge"));
   EXPECT_EQ(PullRow(shard.server.get(), 5), row_before);
+}
+
+// Issue 26 item 3: a finite but huge gradient (3.4e38) passed the NaN guard, overflowed the
+// optimizer's slots and froze the row and the dense vector. Above cluster.max_gradient_abs (1e6
+// by default) a push is refused like a NaN one: nothing applied, counted; a large but legal one
+// (1e5) still trains.
+TEST(Hostile, HugeFiniteGradientsAreRefused) {
+  OneShard shard;
+  const std::vector<float> row_before = PullRow(shard.server.get(), 5);
+  PushResponse resp;
+  const float huge = 3.4e38f;
+  absl::Status s = shard.server->Push(MakePush(0, 1, {5}, {huge, 0, 0}), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("|g| > cluster.max_gradient_abs"));
+  EXPECT_EQ(shard.server->Push(MakePush(0, 1, {5}, {0, 0, 0}, {0, 0, 0, 0, -2e6f, 0, 0, 0}), &resp)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PullRow(shard.server.get(), 5), row_before);
+  EXPECT_EQ(shard.server->Stats().nonfinite_pushes(), 2);
+  // Within the cap: applied, and the row moves to a finite value.
+  EXPECT_TRUE(shard.server->Push(MakePush(0, 1, {5}, {1e5f, 0, 0}), &resp).ok());
+  const std::vector<float> row_after = PullRow(shard.server.get(), 5);
+  EXPECT_NE(row_after, row_before);
+  for (float x : row_after) EXPECT_TRUE(std::isfinite(x));
 }
 
 // Messages above the cap are refused by gRPC; a pull whose answer would exceed it (repeated ids)
