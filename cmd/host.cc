@@ -8,17 +8,21 @@
 //      shard 0;
 //   3. every other host long-polls shard 0's Info (bounded) until job_finished, reports
 //      FINISH_SEEN and shuts its shard down; the chief waits (bounded) for those reports before
-//      shutting shard 0 down, so no worker loses a shard while it still needs one.
+//      shutting shard 0 down, so no worker loses a shard while it still needs one. The shutdown
+//      is bounded too (ShutDownShard), on every way out.
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/cluster_security.h"
@@ -51,6 +55,36 @@ constexpr int kExitCannotListen = 3;
 const std::vector<std::string> kHostOnlyFlags = {
     "cluster", "index", "resource_config", "default_port", "bind", "ps_threads", "max_restarts",
     "metrics_port", "metrics_bind"};
+
+// How long the shard's shutdown may take once the host's work is done (ShutDownShard).
+constexpr absl::Duration kShardShutdownLimit = absl::Seconds(30);
+
+// Stops the shard, the host's last wait: its calls get `grace` to finish, then gRPC cancels them.
+// Every other wait of the end of the job has its own bound (the job_finished wait
+// --barrier_timeout_s and, for a silent shard 0, the lease; FINISH_SEEN 60 s; a report the
+// ShardRpc budget), but gRPC 1.51's Server::Shutdown then waits without one: for every callback
+// reactor to be done (UnrefAndWaitLocked) and for the core's shutdown, i.e. every connection gone
+// (the shutdown tag); before HoldCallbackQueue, as the process's last callback-queue user, also
+// for the queue's threads to drain it. A host reaches it also on ways out that no stopped worker
+// bounded (its worker's own error, a job error, a normal end: ExitSoonAfterFailure covers only a
+// worker that must stop). So this wait gets a bound of its own: if the shutdown has not returned
+// after kShardShutdownLimit, the process says so on stderr and exits with `code`, the code it was
+// about to return.
+void ShutDownShard(ShardServer* server, absl::Duration grace, int me, int code) {
+  absl::Notification done;
+  std::thread watchdog([&done, me, code] {
+    if (done.WaitForNotificationWithTimeout(kShardShutdownLimit)) return;
+    std::fprintf(stderr,
+                 "pstrain host: host %d: its shard did not shut down within %s (a call that "
+                 "never ended?); exiting with code %d\n",
+                 me, absl::FormatDuration(kShardShutdownLimit).c_str(), code);
+    std::fflush(stderr);
+    _exit(code);
+  });
+  server->Shutdown(grace);
+  done.Notify();
+  watchdog.join();
+}
 
 }  // namespace
 
@@ -191,7 +225,7 @@ int RunHost(int argc, char** argv) {
     args.push_back("--log_dir_prefix=host");
     if (!Succeeded(SuperviseWorker("host", me, max_restarts, args, JobCheckpointDir(config),
                                    &signals, &shard_zero))) {
-      (*server)->Shutdown(absl::Seconds(1));
+      ShutDownShard(server->get(), absl::Seconds(1), me, 1);
       return fail(absl::StrCat("host ", me, ": its worker failed; last good checkpoint: ",
                                LatestPathOr(JobCheckpointDir(config), "none")),
                   1);
@@ -206,7 +240,7 @@ int RunHost(int argc, char** argv) {
     }
     auto summary = RunPsWorker(config, wo);
     if (!summary.ok()) {
-      (*server)->Shutdown(absl::Seconds(1));
+      ShutDownShard(server->get(), absl::Seconds(1), me, 1);
       return fail(summary.status().ToString(), 1);
     }
     preempted = summary->preempted;
@@ -246,20 +280,20 @@ int RunHost(int argc, char** argv) {
                               // Shard 0 down or cut off: it counts this host as lost.
                               absl::Milliseconds(config.cluster().lease_ms()));
     if (!finished.ok()) {
-      (*server)->Shutdown(absl::Seconds(1));
+      ShutDownShard(server->get(), absl::Seconds(1), me, 1);
       return fail(absl::StrCat(finished.status().ToString(), "; last good checkpoint: ",
                                LatestPathOr(JobCheckpointDir(config), "none")),
                   1);
     }
     if (!finished->job_error().empty()) {
-      (*server)->Shutdown(absl::Seconds(1));
+      ShutDownShard(server->get(), absl::Seconds(1), me, 1);
       return fail(absl::StrCat("the job failed: ", finished->job_error()), 1);
     }
     if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
       PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;
     }
   }
-  (*server)->Shutdown(absl::Seconds(2));
+  ShutDownShard(server->get(), absl::Seconds(2), me, 0);
   PSTRAIN_LOG(INFO) << "host " << me << ": done, shard shut down";
   return 0;
 }

@@ -340,7 +340,12 @@ run_allreduce() {
   local s=0
   # A launch can hang: one host's orted never comes up (it daemonizes, so its agent exits 0 and
   # mpirun waits for it; orte_startup_timeout does not fire). Seen in about 1 of 3 two-host
-  # launches on 2026-11-24, cause not found. Rank 0 prints "pstrain allreduce: N ranks up" right
+  # launches on 2026-11-24, cause not found; not seen in 40 launches on 2026-11-27 (20 one at a
+  # time, 20 two at a time, beside two busy loops). Why it hangs rather than fails (OpenMPI 4.1.4
+  # source): with plm_rsh_no_tree_spawn the orted gets --daemonize (plm_rsh_module.c), so the
+  # agent's exit status, mpirun's only other news of a daemon, is 0 at once, and the daemon's own
+  # errors go nowhere; and orte_startup_timeout's timer is armed in orte_plm_base_launch_apps
+  # (plm_base_launch_support.c), which runs only once every daemon has reported. Rank 0 prints "pstrain allreduce: N ranks up" right
   # after MPI_Init, so a log without that line after LAUNCH_TIMEOUT_S is a hung launch: it is ended
   # and started again. (Not "a log still empty": the agents' and orteds' own messages land in
   # the same log before any rank runs, and one such line once made a hung launch look started.)

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -173,6 +174,27 @@ inline std::vector<int> PidsMentioning(const std::string& needle) {
 }
 inline int ProcessesMentioning(const std::string& needle) {
   return static_cast<int>(PidsMentioning(needle).size());
+}
+
+// One line per process whose command line mentions `needle`: its pid, parent, state (R, S, D,
+// Z, ... from /proc/<pid>/stat) and command line, for a test's message about processes left.
+inline std::string DescribeProcessesMentioning(const std::string& needle) {
+  std::string out;
+  for (int pid : PidsMentioning(needle)) {
+    std::ifstream stat_in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_in)), std::istreambuf_iterator<char>());
+    // "pid (comm) state ppid ...": the fields after the last ')'.
+    const size_t close = stat.rfind(')');
+    std::istringstream fields(close == std::string::npos ? "" : stat.substr(close + 1));
+    std::string state = "?", ppid = "?";
+    fields >> state >> ppid;
+    std::ifstream cmd_in("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(cmd_in)), std::istreambuf_iterator<char>());
+    for (char& c : cmdline) c = c == '\0' ? ' ' : c;
+    out += "pid " + std::to_string(pid) + " (parent " + ppid + ", state " + state + "): " +
+           cmdline + "\n";
+  }
+  return out;
 }
 
 // Waits (10 s at most) until no process mentions `needle`; returns how many are left.

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/callback_queue.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/security.h"
 #include "common/status.h"
@@ -293,6 +294,9 @@ absl::Status ShardServer::Start(const std::string& address) {
   // The standard gRPC health service (grpc.health.v1.Health): SERVING while the shard serves,
   // for Kubernetes' gRPC probes and load balancers.
   grpc::EnableDefaultHealthCheckService(true);
+  // The callback service's reactors run on gRPC's callback queue, which this server's shutdown
+  // must never tear down from one of its threads (common/rpc/callback_queue.h).
+  HoldCallbackQueue();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, MakeServerCredentials(opt_.security), &port);

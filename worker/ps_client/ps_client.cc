@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/random.h"
+#include "common/rpc/callback_queue.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/retry.h"
 #include "common/rpc/security.h"
@@ -143,9 +144,11 @@ class PsClient::Call : public std::enable_shared_from_this<Call> {
 
   void Finish(absl::Status status) {
     // The context holds a reference to the channel. Drop it before `done_` can let ~PsClient
-    // release the channels: otherwise the channel's last reference may go here, on a gRPC
-    // callback thread, and gRPC 1.51 then shuts down and frees that thread's own completion
-    // queue under it (abort "ref_counted.h: assertion failed: prior > 0" in cq_next).
+    // release the channels, so that the channel's last reference does not go here, on a gRPC
+    // callback thread: gRPC 1.51 then tore down and freed the callback queue this thread polls
+    // (abort "ref_counted.h:183 assertion failed: prior > 0" in cq_next; 1 in ~300 runs of
+    // PsProcess.KilledShard... without this order). HoldCallbackQueue (Create) now keeps that
+    // queue for the process's life whatever the order; this order stays as a second guard.
     std::unique_ptr<grpc::ClientContext> ctx;
     {
       absl::MutexLock lock(&mu_);
@@ -311,6 +314,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
   if (o.max_pushes_in_flight < 1) {
     return bad(absl::StrCat("max_pushes_in_flight must be >= 1, got ", o.max_pushes_in_flight));
   }
+  // The calls' completions run on gRPC's callback queue; it must outlive every channel whatever
+  // thread releases the last one (common/rpc/callback_queue.h).
+  HoldCallbackQueue();
   std::unique_ptr<PsClient> c(new PsClient(std::move(o)));
   grpc::ChannelArguments args;
   // A restarted shard should be reached again within our retry schedule, not gRPC's default

@@ -22,6 +22,7 @@ namespace pstrain {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::DescribeProcessesMentioning;
 using testing::PidsMentioning;
 using testing::ProcessesLeft;
 using testing::ProcessesMentioning;
@@ -326,7 +327,10 @@ TEST_F(AllreduceTest, AKilledRankEndsTheJobWithAClearError) {
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
+  // mpirun may exit before the kernel ends its ranks: ProcessesLeft gives them 10 s. What is
+  // left after that is named with its parent and state (issue 23: a rank seen alive after
+  // mpirun's exit, not reproduced in 200 runs under load).
+  EXPECT_EQ(ProcessesLeft(model_dir), 0) << DescribeProcessesMentioning(model_dir);
 }
 
 // Horovod users expect one file to just work: SHARD_BY_FILE over fewer files than ranks falls
@@ -344,7 +348,8 @@ TEST_F(AllreduceTest, OneFileForTwoRanksFallsBackToRecordShardingWithANotice) {
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(SummaryField(model_dir, "examples"), absl::StrCat(kTrainRows));
-  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
+  // mpirun may exit before the kernel ends its ranks
+  EXPECT_EQ(ProcessesLeft(model_dir), 0) << DescribeProcessesMentioning(model_dir);
 }
 
 TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
@@ -360,7 +365,8 @@ TEST_F(AllreduceTest, AnErrorEndsTheJobWithTheRanksMessage) {
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
+  // mpirun may exit before the kernel ends its ranks
+  EXPECT_EQ(ProcessesLeft(model_dir), 0) << DescribeProcessesMentioning(model_dir);
 }
 
 TEST_F(AllreduceTest, AHungRankEndsTheJobAfterTheStopTimeout) {
@@ -382,7 +388,8 @@ TEST_F(AllreduceTest, AHungRankEndsTheJobAfterTheStopTimeout) {
   const int status = p.WaitExit(60000);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "mpirun did not exit";
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(ProcessesLeft(model_dir), 0);  // mpirun may exit before the kernel ends its ranks
+  // mpirun may exit before the kernel ends its ranks
+  EXPECT_EQ(ProcessesLeft(model_dir), 0) << DescribeProcessesMentioning(model_dir);
 }
 
 }  // namespace
