@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/rpc/callback_queue.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status.h"
 #include "pstrain/serving.grpc.pb.h"
@@ -204,6 +205,9 @@ absl::StatusOr<std::unique_ptr<PredictServer>> PredictServer::Start(Options opti
 }
 
 absl::Status PredictServer::Listen() {
+  // A callback service: gRPC's process-wide callback queue must outlive every release of a
+  // channel or server, whatever thread it happens on (common/rpc/callback_queue.h).
+  HoldCallbackQueue();
   grpc::EnableDefaultHealthCheckService(true);
   service_ = std::make_unique<PredictorService>(this);
   grpc::ServerBuilder builder;
