@@ -368,7 +368,7 @@ std::string ResolveThreadDefaults(int cores, Config* config, int omp_num_threads
   if (t->inter_op_threads() == 0) t->set_inter_op_threads(std::max(1, std::min(4, cores / 2)));
   // With a global batch, from 8 cores on, half the parser threads' worth of cores is left to the
   // input pipeline and the trainer thread: a tower that shares its core with them holds up every
-  // step's barrier (16 cores: 14 towers ran 135,582 ex/s, 16 towers 95,405-115,039;
+  // step's barrier (16 cores: 10 to 14 towers ran 122,000-136,000 ex/s, 16 towers 95,000-115,000;
   // docs/PERFORMANCE.md "Many cores").
   const int compute_cores =
       global && cores >= 8 ? std::max(1, cores - t->inter_op_threads() / 2) : cores;
