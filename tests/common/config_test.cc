@@ -196,30 +196,39 @@ TEST(Config, WithoutAGlobalBatchTheUpdateBatchGrowsWithTheCores) {
   }
 }
 
-TEST(Config, GlobalBatchValidation) {
+// A config that validates: one train channel, the Criteo preset.
+Config ValidMinimalConfig() {
   Config c;
   c.mutable_data()->add_train()->add_path("x");
   c.mutable_data()->mutable_train(0)->set_format(CRITEO_TSV);
   c.mutable_features()->set_preset(CRITEO);
+  return c;
+}
+
+// What validation says of `c` ("" when it accepts it).
+std::string Refusal(const Config& c) { return std::string(ValidateConfig(c).message()); }
+
+TEST(Config, GlobalBatchValidation) {
+  Config c = ValidMinimalConfig();
   ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
   c.mutable_train()->set_global_batch_size(512);
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.mutable_train()->set_batch_size(256);  // both: which one would the user mean?
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+  EXPECT_THAT(Refusal(c),
               HasSubstr("train.batch_size: is derived from train.global_batch_size (512 here)"));
   c.mutable_train()->clear_batch_size();
   c.mutable_train()->set_global_batch_size(-1);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("train.global_batch_size"));
+  EXPECT_THAT(Refusal(c), HasSubstr("train.global_batch_size"));
   // Sizes that would only fail as an allocation are refused by name.
   c.mutable_train()->set_global_batch_size(2000000000);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+  EXPECT_THAT(Refusal(c),
               HasSubstr("train.global_batch_size: must be in [0, 1048576]"));
   c.mutable_train()->set_global_batch_size(0);
   c.mutable_train()->set_eval_batch_size(2000000000);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("train.eval_batch_size"));
+  EXPECT_THAT(Refusal(c), HasSubstr("train.eval_batch_size"));
   c.mutable_train()->set_eval_batch_size(4096);
   c.mutable_threads()->set_towers(20001);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+  EXPECT_THAT(Refusal(c),
               HasSubstr("threads.towers: must be in [0, 1024]"));
 }
 
@@ -227,31 +236,28 @@ TEST(Config, GlobalBatchValidation) {
 // failed check after 5.1 GB) are refused by validation, naming the field, before anything is
 // allocated.
 TEST(Config, ModelSizesAreBoundedBeforeAnyAllocation) {
-  Config c;
-  c.mutable_data()->add_train()->add_path("x");
-  c.mutable_data()->mutable_train(0)->set_format(CRITEO_TSV);
-  c.mutable_features()->set_preset(CRITEO);
+  Config c = ValidMinimalConfig();
   ASSERT_TRUE(ValidateConfig(c).ok());
   c.mutable_model()->add_hidden(2000000000);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+  EXPECT_THAT(Refusal(c),
               HasSubstr("model.hidden[0]: must be in [1, 65536], got 2000000000"));
   c.mutable_model()->clear_hidden();
   for (int i = 0; i < 20001; ++i) c.mutable_model()->add_hidden(1);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+  EXPECT_THAT(Refusal(c),
               HasSubstr("model.hidden: at most 64 layers, got 20001"));
   c.mutable_model()->clear_hidden();
   for (int i = 0; i < 8; ++i) c.mutable_model()->add_hidden(65536);  // 7 x 65536^2 floats
-  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("more than 268435456"));
+  EXPECT_THAT(Refusal(c), HasSubstr("more than 268435456"));
   c.mutable_model()->clear_hidden();
   c.mutable_model()->set_embedding_dim(5000);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+  EXPECT_THAT(Refusal(c),
               HasSubstr("model.embedding_dim: must be in [1, 1024], got 5000"));
   c.mutable_model()->set_embedding_dim(16);
   c.mutable_threads()->set_towers(10000);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("threads.towers"));
+  EXPECT_THAT(Refusal(c), HasSubstr("threads.towers"));
   c.mutable_threads()->set_towers(0);
   c.mutable_train()->set_batch_size(2000000000);
-  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("train.batch_size"));
+  EXPECT_THAT(Refusal(c), HasSubstr("train.batch_size"));
 }
 
 // The schema defaults are the tuned values (docs/PERFORMANCE.md "What the tuning found"), and an
