@@ -49,24 +49,6 @@
 namespace pstrain {
 namespace {
 
-// The stores through Pull and Push only (no in_process()): the step of remote parameters.
-class PullPushOnly : public ParameterAccess {
- public:
-  explicit PullPushOnly(ParameterAccess* inner) : inner_(inner) {}
-  int row_dim() const override { return inner_->row_dim(); }
-  int64_t dense_size() const override { return inner_->dense_size(); }
-  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
-    return inner_->Pull(ids, rows, dense);
-  }
-  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
-                    int64_t step) override {
-    return inner_->Push(ids, row_grads, dense_grad, step);
-  }
-
- private:
-  ParameterAccess* inner_;
-};
-
 struct Result {
   int towers, intra;
   std::string precision;
@@ -157,7 +139,7 @@ int Main(int argc, char** argv) {
       topt.min_steps = steps;
       topt.pipelined = mode != "sync";
       topt.prefetch_pulls = prefetch;
-      PullPushOnly pull_push(params->get());
+      ForwardingParams pull_push(params->get());  // the step of remote parameters
       ParameterAccess* access =
           mode == "pushed" ? static_cast<ParameterAccess*>(&pull_push) : params->get();
       auto timing = TimeTrainSteps(step->get(), access, CycleBatches(&batches), topt,

@@ -260,7 +260,8 @@ absl::Status ReadManifest(const std::string& ckpt, CheckpointManifest* manifest)
 absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manifest) {
   // pstrain writes every file of a checkpoint itself: a symlink among them points somewhere it
   // does not own (issue 26), and is refused like a missing file.
-  auto plain = [](const std::string& path) -> absl::Status {
+  // Its size when it is a regular file.
+  auto plain = [](const std::string& path) -> absl::StatusOr<uint64_t> {
     struct stat st;
     if (::lstat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
     if (!S_ISREG(st.st_mode)) {
@@ -268,9 +269,9 @@ absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manif
           path, ": ", S_ISLNK(st.st_mode) ? "a symlink" : "not a regular file",
           ", not a file pstrain wrote"));
     }
-    return absl::OkStatus();
+    return static_cast<uint64_t>(st.st_size);
   };
-  RETURN_IF_ERROR(plain(absl::StrCat(ckpt, "/", kManifestFileName)));
+  RETURN_IF_ERROR(plain(absl::StrCat(ckpt, "/", kManifestFileName)).status());
   RETURN_IF_ERROR(ReadManifest(ckpt, manifest));
   // The directory's name and the MANIFEST agree on the step (a checkpoint copied or renamed
   // under another step's name would otherwise resume as that step).
@@ -288,11 +289,9 @@ absl::Status VerifyCheckpoint(const std::string& ckpt, CheckpointManifest* manif
                                               f.name(), "', not a file name in the directory"));
     }
     const std::string path = ckpt + "/" + f.name();
-    RETURN_IF_ERROR(plain(path));
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": missing"));
-    if (static_cast<uint64_t>(st.st_size) != f.bytes()) {
-      return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, MANIFEST says ",
+    ASSIGN_OR_RETURN(const uint64_t bytes, plain(path));
+    if (bytes != f.bytes()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", bytes, " bytes, MANIFEST says ",
                                               f.bytes()));
     }
     RETURN_IF_ERROR(VerifyBlockFile(path));

@@ -67,19 +67,14 @@ double Now() {
 
 struct Candidate {
   int towers, intra, inter;
-  int step;   // examples a step (the global batch: one update)
-  int batch;  // examples per tower: ceil(step / towers)
+  int step;  // examples a step (the global batch: one update)
+  // Examples per tower: the largest share of the step.
+  int batch() const { return std::max(1, (step + towers - 1) / std::max(1, towers)); }
   bool operator<(const Candidate& o) const {
     return std::tie(towers, intra, inter, step) < std::tie(o.towers, o.intra, o.inter, o.step);
   }
   std::string Name() const { return absl::StrFormat("%dx%dx%d@%d", towers, intra, inter, step); }
 };
-
-// A candidate of `towers` sharing a step of `step` examples.
-Candidate Split(int towers, int intra, int inter, int step) {
-  const int t = std::max(1, towers);
-  return Candidate{towers, intra, inter, step, std::max(1, (step + t - 1) / t)};
-}
 
 struct Measured {
   Candidate c;
@@ -130,10 +125,10 @@ absl::StatusOr<double> Measure(const Candidate& c, const Config& base, const Fea
   config.mutable_threads()->set_towers(c.towers);
   config.mutable_threads()->set_intra_op_threads(c.intra);
   config.mutable_threads()->set_inter_op_threads(c.inter);
-  config.mutable_train()->set_batch_size(c.batch);
+  config.mutable_train()->set_batch_size(c.batch());
   ASSIGN_OR_RETURN(auto params,
                    LocalParams::Create(model, spec.total_rows(), config, c.towers * c.intra));
-  ASSIGN_OR_RETURN(auto step, TrainStep::Create(model, c.towers, c.batch, c.intra));
+  ASSIGN_OR_RETURN(auto step, TrainStep::Create(model, c.towers, c.batch(), c.intra));
   int64_t global_step = 0;
   absl::StatusOr<StepTiming> t;
   if (datagen != nullptr) {
@@ -297,7 +292,7 @@ int RunTune(int argc, char** argv) {
   for (int t : PowersOfTwo(cores)) {
     for (int i : PowersOfTwo(cores)) {
       for (int j : inter_values) {
-        Candidate c = Split(t, i, j, global_batch);
+        const Candidate c{t, i, j, global_batch};
         if (space.Allowed(c)) {
           coarse.push_back(c);
         } else {
@@ -348,7 +343,7 @@ int RunTune(int argc, char** argv) {
       spent_on_candidates += Now() - t0;
       results.push_back({c, *eps});
       std::printf("  towers=%d intra=%d inter=%d batch=%d: %.0f ex/s\n", c.towers, c.intra, c.inter,
-                  c.batch, *eps);
+                  c.batch(), *eps);
       std::fflush(stdout);
     }
     return true;
@@ -362,7 +357,7 @@ int RunTune(int argc, char** argv) {
     for (int dt : {-1, 0, 1}) {
       for (int di : {-1, 0, 1}) {
         for (int dj : {-1, 0, 1}) {
-          Candidate c = Split(b.towers + dt, b.intra + di, b.inter + dj, global_batch);
+          const Candidate c{b.towers + dt, b.intra + di, b.inter + dj, global_batch};
           if (space.Allowed(c)) fine.push_back(c);
         }
       }
@@ -375,7 +370,7 @@ int RunTune(int argc, char** argv) {
     const Candidate b = best_fixed.c;
     std::vector<Candidate> by_batch;
     for (int size : *batch_sizes) {
-      by_batch.push_back(Split(b.towers, b.intra, b.inter, std::min(kMaxBatch, b.towers * size)));
+      by_batch.push_back(Candidate{b.towers, b.intra, b.inter, std::min(kMaxBatch, b.towers * size)});
     }
     if (!run(by_batch)) return 1;
   }
@@ -392,13 +387,13 @@ int RunTune(int argc, char** argv) {
   for (const Measured& m : results) {
     const int used = std::min(cores, m.c.towers * m.c.intra);
     std::printf("| %d | %d | %d | %d | %d%s | %.0f | %.0f | %.2f |\n", m.c.towers, m.c.intra,
-                m.c.inter, m.c.batch, m.c.step,
+                m.c.inter, m.c.batch(), m.c.step,
                 m.c.step != global_batch ? " (changed)" : "", m.examples_per_sec,
                 m.examples_per_sec / used, m.examples_per_sec / fastest.examples_per_sec);
   }
   std::printf("\nbest: towers=%d intra_op_threads=%d inter_op_threads=%d batch_size=%d (global "
               "%d): %.0f ex/s\n",
-              top.c.towers, top.c.intra, top.c.inter, top.c.batch, top.c.step,
+              top.c.towers, top.c.intra, top.c.inter, top.c.batch(), top.c.step,
               top.examples_per_sec);
   // Why the search ended where it did, and what it did not run.
   if (not_tried.empty()) {
@@ -423,7 +418,7 @@ int RunTune(int argc, char** argv) {
     const int g = fastest.c.step;
     std::printf("%s: batch_size=%d (global %d) at %.0f ex/s, %.2fx the best at global %d. %s.\n",
                 allow_batch_change ? "chosen (--allow_batch_change)" : "not chosen",
-                fastest.c.batch, g, fastest.examples_per_sec,
+                fastest.c.batch(), g, fastest.examples_per_sec,
                 fastest.examples_per_sec / best_fixed.examples_per_sec, global_batch,
                 BatchCostNote(global_batch, g).c_str());
   }
@@ -438,8 +433,8 @@ int RunTune(int argc, char** argv) {
   // from the config's.
   if (global_set) {
     if (top.c.step != global_batch) fragment.mutable_train()->set_global_batch_size(top.c.step);
-  } else if (top.c.batch != config.train().batch_size()) {
-    fragment.mutable_train()->set_batch_size(top.c.batch);
+  } else if (top.c.batch() != config.train().batch_size()) {
+    fragment.mutable_train()->set_batch_size(top.c.batch());
   }
   if (out.empty()) {
     std::string dir = config.train().has_model_dir() ? config.train().model_dir() : "";

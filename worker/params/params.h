@@ -98,4 +98,24 @@ class ParameterAccess {
   virtual InProcessParams* in_process() { return nullptr; }
 };
 
+// Another ParameterAccess through Pull and Push only: in_process() stays null, so a TrainStep
+// takes the path of remote parameters over it (for benchmarks and tests that compare the two,
+// or observe the calls by overriding Pull / Push and calling these).
+class ForwardingParams : public ParameterAccess {
+ public:
+  explicit ForwardingParams(ParameterAccess* inner) : inner_(inner) {}
+  int row_dim() const override { return inner_->row_dim(); }
+  int64_t dense_size() const override { return inner_->dense_size(); }
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    return inner_->Pull(ids, rows, dense);
+  }
+  absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
+                    int64_t step) override {
+    return inner_->Push(ids, row_grads, dense_grad, step);
+  }
+
+ private:
+  ParameterAccess* inner_;
+};
+
 }  // namespace pstrain

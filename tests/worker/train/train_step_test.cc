@@ -19,24 +19,19 @@ namespace pstrain {
 namespace {
 
 // LocalParams that logs the order of pulls and pushes ("pull" / "push <step>").
-class LoggingParams : public ParameterAccess {
+class LoggingParams : public ForwardingParams {
  public:
-  explicit LoggingParams(ParameterAccess* inner) : inner_(inner) {}
-  int row_dim() const override { return inner_->row_dim(); }
-  int64_t dense_size() const override { return inner_->dense_size(); }
+  using ForwardingParams::ForwardingParams;
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
     log.push_back("pull");
-    return inner_->Pull(ids, rows, dense);
+    return ForwardingParams::Pull(ids, rows, dense);
   }
   absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
                     int64_t step) override {
     log.push_back(absl::StrCat("push ", step));
-    return inner_->Push(ids, row_grads, dense_grad, step);
+    return ForwardingParams::Push(ids, row_grads, dense_grad, step);
   }
   std::vector<std::string> log;
-
- private:
-  ParameterAccess* inner_;
 };
 
 class TrainStepTest : public testing::Test {
@@ -139,19 +134,18 @@ TEST_F(TrainStepTest, PipelinedWithoutPrefetchEqualsRun) {
 
 // In-process parameters forwarded to LocalParams, counting the steps that took the in-process
 // path (BeginStep) and the Pull / Push calls (the other path).
-class CountingInProcess : public ParameterAccess, public InProcessParams {
+class CountingInProcess : public ForwardingParams, public InProcessParams {
  public:
-  explicit CountingInProcess(LocalParams* inner) : inner_(inner), local_(inner->in_process()) {}
-  int row_dim() const override { return inner_->row_dim(); }
-  int64_t dense_size() const override { return inner_->dense_size(); }
+  explicit CountingInProcess(LocalParams* inner)
+      : ForwardingParams(inner), local_(inner->in_process()) {}
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
     ++pulls;
-    return inner_->Pull(ids, rows, dense);
+    return ForwardingParams::Pull(ids, rows, dense);
   }
   absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
                     int64_t step) override {
     ++pushes;
-    return inner_->Push(ids, row_grads, dense_grad, step);
+    return ForwardingParams::Push(ids, row_grads, dense_grad, step);
   }
   InProcessParams* in_process() override { return this; }
   void BeginStep(int64_t step) override {
@@ -180,7 +174,6 @@ class CountingInProcess : public ParameterAccess, public InProcessParams {
   int64_t dense_applied = 0;
 
  private:
-  LocalParams* inner_;
   InProcessParams* local_;
 };
 
@@ -260,14 +253,12 @@ TEST_F(TrainStepTest, BackgroundPushesEqualSynchronousPushesWithTheSameStaleness
 
 // Parameters that never change: pulls read the inner store, pushes are recorded, not applied.
 // Every step's gradients then depend on its batch only.
-class FrozenParams : public ParameterAccess {
+class FrozenParams : public ForwardingParams {
  public:
-  explicit FrozenParams(ParameterAccess* inner) : inner_(inner) {}
-  int row_dim() const override { return inner_->row_dim(); }
-  int64_t dense_size() const override { return inner_->dense_size(); }
+  using ForwardingParams::ForwardingParams;
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
     dense_pulls.push_back(dense != nullptr);
-    return inner_->Pull(ids, rows, dense);
+    return ForwardingParams::Pull(ids, rows, dense);
   }
   struct Pushed {
     int64_t step;
@@ -282,9 +273,6 @@ class FrozenParams : public ParameterAccess {
   }
   std::vector<bool> dense_pulls;  // per pull: did it fetch the dense vector
   std::vector<Pushed> pushes;
-
- private:
-  ParameterAccess* inner_;
 };
 
 // cluster.dense_sync_steps = 4 over 6 steps: the dense vector is fetched by pulls 1 and 5 only;
