@@ -35,6 +35,7 @@
 #include "ps/server/shard_server.h"
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
+#include "worker/ps_client/shard_balance.h"
 #include "worker/ps_client/ps_client.h"
 
 namespace pstrain {

@@ -1,6 +1,6 @@
 // The checkpoint directory's layout and commit rules, which every mode's checkpointer builds on
 // (`pstrain train` and `pstrain allreduce`: worker/train/checkpoint.h; the PS mode:
-// worker/ps_client/ps_checkpoint.h and ps/server/shard_checkpoint.cc). docs/CHECKPOINT.md is the
+// worker/ps_client/ps_job.h and ps/server/shard_checkpoint.cc). docs/CHECKPOINT.md is the
 // specification; in short:
 //
 //   <dir>/ckpt-<step>/shard-<i>-of-<S>   the parameters shard i of S holds (a block file whose

@@ -149,6 +149,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   if (config.train().has_warm_start()) ao.warm_start = config.train().warm_start();
   ASSIGN_OR_RETURN(auto params, AllreduceParams::Create(std::move(replica), std::move(ao)));
   AllreduceCheckpointer checkpointer(params.get());
+  AllreduceJob job(params.get());
   // The checkpoint schedule is agreed by the ranks inside AllreduceParams, not by the trainer's
   // chief-only schedule.
   config.mutable_checkpoint()->set_every_steps(0);
@@ -165,6 +166,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   opts.stop = params->agreed_stop();
   opts.params = params.get();
   opts.checkpointer = &checkpointer;
+  opts.job = &job;
   opts.worker_index = rank;
   opts.num_workers = size;
   opts.chief = rank == 0;

@@ -39,6 +39,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "ps/server/shard_server.h"
+#include "worker/ps_client/ps_job.h"
 #include "worker/ps_client/ps_worker.h"
 #include "worker/ps_client/shard_rpc.h"
 #include "worker/train/checkpoint.h"
@@ -255,43 +256,16 @@ int RunHost(int argc, char** argv) {
   }
 
   // Keep every shard up until no worker needs it: the chief's evaluation reads them all.
-  ReportRequest seen;
-  seen.set_worker_id(me);
-  seen.set_phase(FINISH_SEEN);
-  if (chief) {
-    // Its own shard: a refusal means the job's state disagrees with this host (a bug, or a phase
-    // the chief already passed); the wait below then reports the missing acknowledgement.
-    if (absl::Status s = (*server)->Report(seen); !s.ok()) {
-      PSTRAIN_LOG(WARNING) << "host " << me << ": its own FINISH_SEEN report was refused: " << s;
-    }
-    // Not fatal: the job is done, a host that does not acknowledge only loses its shard early.
-    if (auto s = shard_zero.WaitForReports(FINISH_SEEN, N, absl::Seconds(60)); !s.ok()) {
-      PSTRAIN_LOG(WARNING) << s.status();
-    }
-  } else {
-    // A preempted host has seen its checkpoint written; the chief waits for this report.
-    auto finished = preempted
-                        ? absl::StatusOr<InfoResponse>(InfoResponse())
-                        : shard_zero.WaitForInfo(
-                              [](const InfoResponse& i) { return i.job_finished(); },
-                              absl::Seconds(barrier_timeout_s),
-                              "the end of the job (the chief's evaluation; see "
-                              "--barrier_timeout_s)",
-                              // Shard 0 down or cut off: it counts this host as lost.
-                              absl::Milliseconds(config.cluster().lease_ms()));
-    if (!finished.ok()) {
-      ShutDownShard(server->get(), absl::Seconds(1), me, 1);
-      return fail(absl::StrCat(finished.status().ToString(), "; last good checkpoint: ",
-                               LatestPathOr(JobCheckpointDir(config), "none")),
-                  1);
-    }
-    if (!finished->job_error().empty()) {
-      ShutDownShard(server->get(), absl::Seconds(1), me, 1);
-      return fail(absl::StrCat("the job failed: ", finished->job_error()), 1);
-    }
-    if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
-      PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;
-    }
+  HostEnd end;
+  end.host = me;
+  end.num_hosts = N;
+  end.preempted = preempted;
+  end.barrier_timeout = absl::Seconds(barrier_timeout_s);
+  end.lease = absl::Milliseconds(config.cluster().lease_ms());
+  end.checkpoint_dir = JobCheckpointDir(config);
+  if (absl::Status s = AwaitJobEnd(shard_zero, end); !s.ok()) {
+    ShutDownShard(server->get(), absl::Seconds(1), me, 1);
+    return fail(std::string(s.message()), 1);
   }
   ShutDownShard(server->get(), absl::Seconds(2), me, 0);
   PSTRAIN_LOG(INFO) << "host " << me << ": done, shard shut down";

@@ -18,6 +18,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "ps/server/shard_server.h"
+#include "worker/ps_client/shard_balance.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/ps_worker.h"
 #include "worker/train/checkpoint.h"

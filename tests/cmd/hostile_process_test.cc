@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "tests/common/metrics/http_scrape.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
 
@@ -234,6 +235,85 @@ TEST_F(HostileProcessTest, AHungWorkerIsFoundWithinTheLeaseAndNamed) {
   ASSERT_TRUE(log.ok());
   EXPECT_THAT(*log, HasSubstr("worker 1 lost"));
   EXPECT_THAT(*log, HasSubstr("last good checkpoint: " + model + "/ckpt-"));
+  EXPECT_EQ(ProcessesMentioning(model), 0);
+}
+
+// A host whose shard 0 stops answering (SIGSTOP of host 0: hung, or cut off) stops its worker on
+// the lost lease and then exits, within the lease plus 10 s of that stop, with exit code 1,
+// naming shard 0 and the last good checkpoint (PsJob's lease watch, then the host's bounded
+// shutdown: cmd/host.cc). Before, its exit could wait for ExitSoonAfterFailure's 20 s.
+TEST_F(HostileProcessTest, AHostExitsWithinTheLeasePlusTenSecondsAfterItsWorkerStopsOnALostLease) {
+  ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "20000", "--files", "2", "--out",
+                       Dir() + "/data"},
+                      120000),
+            0);
+  const std::string model = Dir() + "/model";
+  constexpr int kLeaseMs = 5000;
+  const std::string cluster =
+      absl::StrCat("127.0.0.1:", testing::FreePort(), ",127.0.0.1:", testing::FreePort());
+  std::vector<std::unique_ptr<Subprocess>> hosts;
+  std::vector<std::string> logs;
+  for (int h = 0; h < 2; ++h) {
+    logs.push_back(absl::StrCat(Dir(), "/host", h, ".err"));
+    std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>" + logs.back()};
+    for (const std::string& a :
+         {std::string(PSTRAIN_BINARY), std::string("host"), std::string("--cluster"), cluster,
+          std::string("--index"), absl::StrCat(h), std::string("--train"),
+          Dir() + "/data/part-*", std::string("--model_dir"), model, std::string("--epochs"),
+          std::string("1000"), std::string("--barrier_timeout_s"), std::string("3600"),
+          std::string("--set"), std::string("model.hidden=[16]"), std::string("--set"),
+          std::string("features.categorical_vocab_size=5000"), std::string("--set"),
+          absl::StrCat("cluster.lease_ms=", kLeaseMs), std::string("--set"),
+          std::string("checkpoint.every_steps=20"), std::string("--set"),
+          std::string("threads.towers=1")}) {
+      argv.push_back(a);
+    }
+    hosts.push_back(std::make_unique<Subprocess>());
+    std::string error;
+    ASSERT_TRUE(hosts.back()->Start(argv, &error)) << error;
+  }
+  // Training, with a checkpoint committed.
+  const auto start = std::chrono::steady_clock::now();
+  while (!PathExists(model + "/LATEST") &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(PathExists(model + "/LATEST")) << "no checkpoint within 120 s";
+  ASSERT_TRUE(hosts[0]->Signal(SIGSTOP));
+  const auto sigstop = std::chrono::steady_clock::now();
+  // Host 1's worker stops once shard 0 has been silent for longer than the lease.
+  const auto stopped_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::chrono::steady_clock::time_point stopped;
+  bool stop_seen = false;
+  while (!stop_seen && std::chrono::steady_clock::now() < stopped_by) {
+    auto log = ReadFileToString(logs[1]);
+    stop_seen = log.ok() && log->find("worker 1 stops:") != std::string::npos;
+    stopped = std::chrono::steady_clock::now();
+    if (!stop_seen) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (stop_seen) {
+    std::printf("host 1's worker stopped %.1f s after host 0's SIGSTOP\n",
+                std::chrono::duration<double>(stopped - sigstop).count());
+  }
+  int status = -1;
+  if (stop_seen) status = hosts[1]->WaitExit(60000);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  hosts[0]->Signal(SIGKILL);
+  hosts[1]->Signal(SIGKILL);
+  auto log = ReadFileToString(logs[1]);
+  ASSERT_TRUE(log.ok());
+  ASSERT_TRUE(stop_seen) << "host 1's worker did not stop within 60 s of shard 0's silence:\n"
+                         << *log;
+  ASSERT_TRUE(status >= 0) << "host 1 did not exit within 60 s of its worker's stop:\n" << *log;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  std::printf("host 1 exited %.1f s after its worker stopped\n", seconds);
+  EXPECT_LT(seconds, kLeaseMs / 1000.0 + 10) << *log;
+  EXPECT_THAT(*log, HasSubstr("shard 0 (127.0.0.1:"));
+  EXPECT_THAT(*log, HasSubstr("last good checkpoint: " + model + "/ckpt-"));
+  // It ended by itself, not by the failure's exit deadline (cmd/stop_signal.h ExitWithin).
+  EXPECT_THAT(*log, ::testing::Not(HasSubstr("had not ended")));
+  hosts.clear();
   EXPECT_EQ(ProcessesMentioning(model), 0);
 }
 

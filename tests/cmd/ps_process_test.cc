@@ -19,6 +19,7 @@
 #include "ps/store/embedding_store.h"
 #include "tests/subprocess.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_balance.h"
 
 namespace pstrain {
 namespace {

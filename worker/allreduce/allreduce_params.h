@@ -45,6 +45,7 @@
 #include "worker/params/local_params.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/job_control.h"
 #include "worker/train/trainer.h"
 
 namespace pstrain {
@@ -113,7 +114,7 @@ class AllreduceParams : public ParameterAccess {
   // Raised on every rank after the same step once any rank's local_stop was set, or a rank
   // asked to end the pass.
   const std::atomic<bool>* agreed_stop() const { return &agreed_stop_; }
-  // The chief's early stopping (Checkpointer::EndPass): this rank's next round header asks every
+  // The chief's early stopping (JobControl::EndPass): this rank's next round header asks every
   // rank to stop after that round's step, as a SIGTERM does, but ending the training pass:
   // pass_ended() is then true on every rank, and the ranks end as at the end of their data (the
   // final checkpoint, Finish's checksums).
@@ -175,14 +176,26 @@ class AllreduceCheckpointer : public Checkpointer {
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return params_->Restore(state);
   }
+  absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override {
+    return params_->Save(state, final);
+  }
+
+ private:
+  AllreduceParams* const params_;
+};
+
+// The JobControl of `pstrain allreduce`: the ranks agree on stops, checkpoints and the pass's
+// end in each step's round header (AllreduceParams), so every rank sees them at the same step.
+class AllreduceJob : public JobControl {
+ public:
+  explicit AllreduceJob(AllreduceParams* params) : params_(params) {}
+  // The stop the ranks agreed on (a signal on any rank, or the chief's pass end).
+  bool StopRequested() const override { return params_->agreed_stop()->load(); }
   // Asked before step `step` trains, for the boundary after it: the step schedule is known to
   // every rank in advance; a timed checkpoint is agreed in a step's header and served one
   // boundary later, the same one on every rank.
-  bool Requested(int64_t step) override {
+  bool CheckpointRequested(int64_t step) override {
     return params_->TakeCheckpointRequest() || params_->ScheduledAt(step);
-  }
-  absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override {
-    return params_->Save(state, final);
   }
   absl::StatusOr<bool> EndPass(int64_t /*step*/) override {
     params_->EndPass();

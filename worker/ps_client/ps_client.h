@@ -1,10 +1,12 @@
 // PsClient: a worker's ParameterAccess over the PS shards (the service of
 // proto/pstrain/ps_service.proto, served by ps/server/shard_server.h), by gRPC.
 //
-// A Pull or Push of a step sends ONE RPC per shard, all in flight at once (gRPC callback API):
-// ids are grouped by owning partition (PartitionMap(V, P, S), partition p on shard p mod S) and
-// the rows scattered back into the caller's order. The dense vector is split by size into S
-// slices (slice s on shard s), so a dense pull/push touches every shard.
+// A Pull or Push of a step sends ONE part per shard, all in flight at once: ids are grouped by
+// owning partition (PartitionMap(V, P, S), partition p on shard p mod S) and the rows scattered
+// back into the caller's order. The dense vector is split by size into S slices (slice s on
+// shard s), so a dense pull/push touches every shard. Each shard is a ShardEndpoint
+// (worker/ps_client/shard_endpoint.h): over gRPC, or, for the shard this process serves in
+// ASYNC, direct calls; this class routes, scatters and keeps the versions, once for both.
 //
 // Failures. Every call follows the one retry policy (common/rpc/retry.h): every RPC attempt has a
 // deadline (rpc_deadline_ms); UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential
@@ -15,9 +17,10 @@
 // Other codes (e.g. INVALID_ARGUMENT) fail at once. No RPC outlives its budget; a push queued
 // behind an earlier push to the same shard starts its budget when it is sent.
 // Retried pushes are safe: each push carries (worker_id, incarnation, sequence) and a shard
-// applies each push at most once. A shard that restarted without restoring a checkpoint has
-// fresh rows (initial values); the client notices the shard's new incarnation, logs a warning
-// and counts it in shard_restarts(). (Checkpoint restore of PS shards is later work.)
+// applies each push at most once. A shard that restarted has the rows of the checkpoint it
+// restored (a restarted job's hosts restore the job's: docs/PS.md "Recovery"), or fresh ones
+// (initial values); the client notices the shard's new incarnation, logs a warning and counts it
+// in shard_restarts().
 //
 // Pipelining:
 //   - PullAsync returns at once with a PsFuture; the trainer can pull the next batch's rows while
@@ -74,32 +77,14 @@
 #include "pstrain/ps_service.pb.h"
 #include "worker/params/params.h"
 #include "worker/ps_client/local_shard.h"
+#include "worker/ps_client/ps_future.h"
 #include "worker/ps_client/pull_versions.h"
+#include "worker/ps_client/shard_endpoint.h"
+#include "worker/ps_client/shard_router.h"
 
 namespace pstrain {
 
 class Timer;  // common/rpc/timer.h
-
-// Completion of one asynchronous PsClient operation. Thread-safe.
-class PsFuture {
- public:
-  // Blocks until the operation has finished (bounded by the client's call budget) and returns
-  // its status. May be called any number of times, from any thread.
-  absl::Status Wait();
-  bool done() const;
-
-  // Internal: completes the future once (later calls are ignored).
-  void Complete(absl::Status status);
-
- private:
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
-// A table of per-shard stats and the max/mean imbalance of rows, bytes, pulled rows and traffic,
-// for the user to see a skewed shard at a glance. Several lines, no trailing newline.
-std::string FormatShardBalance(const std::vector<ShardStats>& stats);
 
 class PsClient final : public ParameterAccess {
  public:
@@ -127,6 +112,9 @@ class PsClient final : public ParameterAccess {
     LocalShard* local_server = nullptr;
     // The cluster secret every call carries, TLS, and the message cap (common/rpc/security.h).
     RpcSecurity security;
+
+    // INVALID_ARGUMENT naming the first bad option.
+    absl::Status Validate() const;
   };
 
   // The options of a cluster config: shard addresses, partitions, deadlines, retries, backoff
@@ -136,6 +124,10 @@ class PsClient final : public ParameterAccess {
 
   // Creates the channels (connections are made lazily). INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<PsClient>> Create(Options options);
+  // The same over the given endpoints (shard s = shards[s]), e.g. fakes in a test: the options'
+  // addresses only name the shards, their security and local shard are unused.
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(
+      Options options, std::vector<std::unique_ptr<ShardEndpoint>> shards);
   ~PsClient() override;
   PsClient(const PsClient&) = delete;
   PsClient& operator=(const PsClient&) = delete;
@@ -155,12 +147,16 @@ class PsClient final : public ParameterAccess {
   int row_dim() const override { return opt_.row_dim; }
   int64_t dense_size() const override { return opt_.dense_size; }
   int num_shards() const { return static_cast<int>(opt_.shards.size()); }
-  const PartitionMap& map() const { return map_; }
+  const PartitionMap& map() const { return router_.map(); }
 
   // ParameterAccess: PullAsync(...)->Wait() and PushAsync(...)->Wait().
-  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
+  absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override {
+    return PullAsync(ids, rows, dense)->Wait();
+  }
   absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads, const float* dense_grad,
-                    int64_t step) override;
+                    int64_t step) override {
+    return PushAsync(ids, row_grads, dense_grad, step)->Wait();
+  }
   // ParameterAccess's asynchronous calls (the trainer's pipelining): PullAtStepAsync, every
   // StartPull with ids being a training pull (with or without the dense vector, see
   // cluster.dense_sync_steps), and PushAsync.
@@ -219,13 +215,8 @@ class PsClient final : public ParameterAccess {
   // Each shard's counters, in shard order (see FormatShardBalance above).
   absl::StatusOr<std::vector<ShardStats>> GetStats();
 
-  // Client-side counters since creation.
-  struct Traffic {
-    int64_t rpcs = 0;            // attempts started
-    int64_t retries = 0;         // attempts after the first of a call
-    int64_t bytes_sent = 0;      // serialized request sizes
-    int64_t bytes_received = 0;  // serialized response sizes
-  };
+  // Client-side counters since creation, over every shard.
+  using Traffic = ShardTraffic;
   Traffic traffic() const;
   // Times a shard answered with an incarnation different from the one seen before.
   int64_t shard_restarts() const { return shard_restarts_.load(); }
@@ -234,87 +225,49 @@ class PsClient final : public ParameterAccess {
   JobState job_state() const;
 
  private:
-  class Call;
-  struct Shard;
   struct Parts;
   struct PullOp;
   struct PushOp;
-  struct PushPart;
 
   explicit PsClient(Options options);
-  std::atomic<bool> aborting_{false};
-  mutable absl::Mutex abort_mu_;
-  absl::Status abort_ ABSL_GUARDED_BY(abort_mu_);
-  // The retry policy of a call with this budget (the options' deadline, retries and backoff).
-  RetryPolicy Policy(absl::Duration budget) const;
-  void NoteJobState(uint64_t incarnation, const JobState& job);
-  // Starts one call of `method` to `shard`, retried as documented above; `done` runs once, on a
-  // gRPC or timer thread.
-  template <typename Req, typename Resp, typename Issue>
-  void StartCall(int shard, const char* method, const Req* request, Resp* response,
-                 bool wait_for_ready, absl::Duration budget, Issue issue,
-                 std::function<void(absl::Status)> done);
-  // One call per shard, in parallel, each sending a copy of `request`; waits for all and returns
-  // the first error.
-  template <typename Req, typename Resp, typename Issue>
-  absl::Status CallAllShards(const char* method, const Req& request, bool wait_for_ready,
-                             absl::Duration budget, Issue issue, std::vector<Resp>* responses);
   absl::Duration CallBudget() const;
-  // Orders ids by owning shard, then partition: *order lists the positions of ids so sorted,
-  // shard s's ids being (*order)[bounds[s], bounds[s + 1]). INVALID_ARGUMENT for an id out of
-  // range.
-  absl::Status GroupByShard(absl::Span<const int64_t> ids, std::vector<int32_t>* order,
-                            std::vector<int64_t>* bounds) const;
-  void StartPushPart(std::shared_ptr<PushPart> part);
-  // A push part to `shard` finished: starts the next one queued for it.
-  void PushPartDone(int shard);
-  // One part of a pull / push finished with `st` (a pull part's staleness with it); the last part
-  // completes the operation.
-  void PullPartDone(PullOp* op, int64_t staleness, absl::Status st);
-  // The row versions a push of step `step` names for shard `shard`'s ids (ids[order[j]] for j in
-  // [bounds[shard], bounds[shard + 1])): those its pull answered (PullVersions), or none.
-  std::vector<uint32_t> RowVersionsForPush(int shard, int64_t step, absl::Span<const int64_t> ids,
-                                           const std::vector<int32_t>& order,
-                                           const std::vector<int64_t>& bounds);
-  void PushOpPartDone(PushOp* op, absl::Status st);
+  // A pull part of `op` finished: its answer (on OK) goes to the versions and the caller's rows;
+  // the last part completes the operation.
+  void PullPartDone(PullOp* op, int part, absl::Status st);
+  void PushPartDone(PushOp* op, int part, absl::Status st);
+  // The indexes of an operation's parts (for `shards`), the local shard's last: the other
+  // shards' calls are in flight while its part (done on the calling thread) runs.
+  std::vector<size_t> RemoteFirst(const std::vector<int>& shards) const;
+  // One call of `call(shard, request, response, done)` per shard, in parallel; waits for all and
+  // returns the first error.
+  template <typename Req, typename Resp, typename Call>
+  absl::Status CallAllShards(const Req& request, std::vector<Resp>* responses, Call call);
   void NoteIncarnation(int shard, uint64_t incarnation);
-  // Cancels every call in progress (Abort, the destructor); never under mu_.
-  void CancelCalls() ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteJobState(uint64_t incarnation, const JobState& job);
   void OpStarted();
   void OpFinished();
 
   const Options opt_;
-  const PartitionMap map_;
-  const PartitionMap dense_map_;  // the dense vector's slices: PartitionMap(dense_size, S, S)
-  // Partitions in shard-major order (shard 0's ascending, then shard 1's, ...): the rank of each
-  // partition, and the first rank of each shard (S + 1 entries).
-  std::vector<int> partition_rank_;
-  std::vector<int> shard_rank_begin_;
+  const ShardRouter router_;
   const uint64_t incarnation_;  // random per client instance (push ids)
-  const int direct_shard_;      // pulled and pushed by direct calls (Options::local_server), or -1
   PullVersions pull_versions_;  // what each push was computed from (its staleness)
-  std::vector<std::unique_ptr<Shard>> shards_;
-  std::unique_ptr<Timer> timer_;
-  std::atomic<bool> shutting_down_{false};
-  std::atomic<uint64_t> next_call_id_{0};
-  std::atomic<int64_t> rpcs_{0}, retries_{0}, bytes_sent_{0}, bytes_received_{0};
+  std::unique_ptr<Timer> timer_;  // the endpoints' retry backoffs
+  std::vector<std::unique_ptr<ShardEndpoint>> shards_;
+  std::unique_ptr<std::atomic<uint64_t>[]> incarnations_;  // last seen per shard; 0 = none yet
   std::atomic<int64_t> shard_restarts_{0};
   std::atomic<int64_t> training_pulls_{0};  // PullAsync's count of training pulls
 
-  mutable absl::Mutex job_mu_;
-  JobState job_ ABSL_GUARDED_BY(job_mu_);
-  uint64_t job_incarnation_ ABSL_GUARDED_BY(job_mu_) = 0;
-
-  mutable absl::Mutex staleness_mu_;
-  Staleness staleness_ ABSL_GUARDED_BY(staleness_mu_);
-
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar cv_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
   int64_t ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;     // all operations (for the destructor)
   int64_t pushes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // push operations
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status push_error_ ABSL_GUARDED_BY(mu_);   // first push error since the last Flush
-  std::vector<Call*> calls_ ABSL_GUARDED_BY(mu_);  // attempts in progress, for cancellation
+  absl::Status push_error_ ABSL_GUARDED_BY(mu_);  // first push error since the last Flush
+  Staleness staleness_ ABSL_GUARDED_BY(mu_);
+  JobState job_ ABSL_GUARDED_BY(mu_);
+  uint64_t job_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pstrain

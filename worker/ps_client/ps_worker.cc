@@ -9,12 +9,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "checkpoint/layout.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
-#include "worker/ps_client/ps_checkpoint.h"
+#include "worker/ps_client/ps_job.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_balance.h"
 #include "worker/ps_client/shard_rpc.h"
 
 namespace pstrain {
@@ -53,11 +55,10 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   std::printf("pstrain %s: %s %d/%d ready, training\n", o.log_dir_prefix.c_str(),
               o.log_dir_prefix.c_str(), me, N);
   std::fflush(stdout);
-  ShardRpc shard_zero(o.shards[0], security, me);
   // The chief commits the job's checkpoints: what an interrupted write left goes first.
   if (chief) RemoveIncompleteCheckpoints(ckpt_dir);
 
-  PsCheckpointer::Options co;
+  PsJob::Options co;
   co.dir = ckpt_dir;
   co.worker = me;
   co.num_workers = N;
@@ -76,8 +77,9 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   co.first_contact = o.connect_timeout;
   co.on_failure = o.on_failure;
   co.worker_hosts = o.worker_hosts;
-  PsCheckpointer checkpointer(std::move(co));
-  const absl::Time t_start = absl::Now();
+  PsJob job(std::move(co));
+  Env* const env = Env::Default();
+  const absl::Duration t_start = env->MonotonicNow();
 
   TrainerOptions opts;
   opts.tty = chief && isatty(STDERR_FILENO);
@@ -95,7 +97,8 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
                       << " applies to ASYNC only: " << Consistency_Name(cc->consistency())
                       << " pulls and pushes the dense vector every step";
   }
-  opts.checkpointer = &checkpointer;
+  opts.checkpointer = job.checkpointer();
+  opts.job = &job;
   opts.worker_index = me;
   opts.num_workers = N;
   opts.chief = chief;
@@ -110,22 +113,9 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     PSTRAIN_LOG(INFO) << "worker " << me << ": " << Consistency_Name(cc->consistency())
                       << " staleness over " << st.pulls << " training pulls: max " << st.max
                       << ", mean " << absl::StrFormat("%.3f", st.mean());
-    ReportRequest done;
-    done.set_worker_id(me);
-    done.set_phase(TRAINING_DONE);
-    done.set_examples(summary->examples);
-    done.set_steps(summary->steps);
-    done.set_training_pulls(st.pulls);
-    done.set_staleness_max(st.max);
-    done.set_staleness_sum(st.sum);
-    done.set_worker_state(checkpointer.final_state());
-    done.set_examples_this_run(summary->examples_this_run);
-    for (const std::string& line : o.restart_log) done.add_restart_log(line);
-    RETURN_IF_ERROR(shard_zero.Report(done, o.barrier_timeout));
+    RETURN_IF_ERROR(job.ReportTrainingDone(*summary, st, o.restart_log));
     if (!chief) return absl::OkStatus();
-    PSTRAIN_LOG(INFO) << "chief: waiting for the " << N << " workers to finish";
-    ASSIGN_OR_RETURN(std::vector<ReportRequest> all,
-                     shard_zero.WaitForReports(TRAINING_DONE, N, o.barrier_timeout));
+    ASSIGN_OR_RETURN(std::vector<ReportRequest> all, job.WaitForTrainingDone());
     summary->examples = 0;
     summary->examples_this_run = 0;
     summary->steps = 0;
@@ -141,7 +131,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
                                   r.restart_log().end());
     }
     summary->staleness_mean = staleness_sum / std::max<int64_t>(1, summary->staleness_pulls);
-    summary->wall_seconds = absl::ToDoubleSeconds(absl::Now() - t_start);
+    summary->wall_seconds = absl::ToDoubleSeconds(env->MonotonicNow() - t_start);
     summary->examples_per_sec =
         summary->examples_this_run / std::max(1e-9, summary->wall_seconds);
     // Parameter traffic of the training, every shard's request and response payloads (before
@@ -154,7 +144,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
         summary->memory.push_back({st.parameter_bytes(), st.optimizer_bytes(), st.bytes()});
       }
     }
-    auto final_ckpt = checkpointer.SaveFinal();
+    auto final_ckpt = job.SaveFinal();
     RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
     summary->checkpoint = *final_ckpt;
     PSTRAIN_LOG(INFO) << "chief: final checkpoint " << summary->checkpoint;
@@ -163,16 +153,9 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   if (o.training != nullptr) *o.training = true;
   absl::StatusOr<TrainSummary> summary = RunTraining(config, opts);
   if (o.training != nullptr) *o.training = false;
-  if (!summary.ok() && chief) {
-    // The other workers learn at once that the job failed (their long-polls answer), instead of
-    // waiting for shard 0's calls to time out. Best effort: shard 0 may be what failed.
-    CoordinateRequest failed;
-    failed.set_kind(CoordinateRequest::FINISH_JOB);
-    failed.set_error(std::string(summary.status().message()).substr(0, 4000));
-    if (absl::Status s = shard_zero.Coordinate(failed, absl::Seconds(5)).status(); !s.ok()) {
-      PSTRAIN_LOG(WARNING) << "telling the workers that the job failed: " << s;
-    }
-  }
+  // The other workers learn at once that the job failed (their long-polls answer), instead of
+  // waiting for shard 0's calls to time out. Best effort: shard 0 may be what failed.
+  if (!summary.ok() && chief) job.FailJob(summary.status());
   if (!summary.ok() || !chief) return summary;
   if (!summary->preempted) {
     if (auto stats = client->GetStats(); stats.ok()) {
@@ -181,10 +164,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
       PSTRAIN_LOG(WARNING) << "shard stats: " << stats.status();
     }
   }
-  CoordinateRequest finish;
-  finish.set_kind(CoordinateRequest::FINISH_JOB);
-  RETURN_IF_ERROR(Annotate(shard_zero.Coordinate(finish, o.barrier_timeout).status(),
-                           "marking the job finished"));
+  RETURN_IF_ERROR(job.FinishJob());
   return summary;
 }
 

@@ -1,13 +1,14 @@
 // The worker role of PS training, shared by `pstrain host` (a shard and a worker in one process)
 // and `pstrain worker` (a worker alone, against `pstrain ps` shards): connect a PsClient to the
-// shards, train this worker's share of the data with RunTraining and a PsCheckpointer, and run
-// the worker's half of the end-of-job protocol (docs/PS.md "End of job"):
+// shards, train this worker's share of the data with RunTraining and a PsJob (the job's control
+// and checkpoints, worker/ps_client/ps_job.h), and run the worker's half of the end-of-job
+// protocol (docs/PS.md "End of job"; PsJob's calls):
 //   1. after its last step the worker flushes its pushes and reports TRAINING_DONE (examples,
 //      steps, final WorkerState) to shard 0;
 //   2. the chief (worker 0) waits for all the reports, writes the job's final checkpoint,
 //      evaluates, writes summary.json with the whole job's counts, prints the shards' load
 //      balance and marks the job finished on shard 0.
-// What happens to the shards afterwards is the caller's business.
+// What happens to the shards afterwards is the caller's business (a host's: AwaitJobEnd).
 #pragma once
 
 #include <atomic>
@@ -50,7 +51,7 @@ struct PsWorkerOptions {
   RpcSecurity security;
   // Worker i's host for messages (`pstrain host`: host i of the cluster spec), or empty.
   std::vector<std::string> worker_hosts;
-  // PsCheckpointer::Options::on_failure: this worker must stop (a lost peer, an unreachable
+  // PsJob::Options::on_failure: this worker must stop (a lost peer, an unreachable
   // shard 0, the job failed).
   std::function<void(const absl::Status&)> on_failure;
   // This worker's restarts so far (cmd/worker_supervisor.h), reported with TRAINING_DONE.

@@ -15,12 +15,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 
 namespace pstrain {
 
@@ -61,12 +64,35 @@ class PullVersions {
     return version;
   }
 
+  // PulledRows for the ids packed in `packed_ids` (int64 each, as in PullRequest.ids) and their
+  // versions packed in `versions` (uint32 each, as many).
+  void PulledRows(int shard, int64_t step, const std::string& packed_ids, const char* versions) {
+    const size_t n = packed_ids.size() / sizeof(int64_t);
+    uint64_t fingerprint = 0;
+    for (size_t j = 0; j < n; ++j) {
+      int64_t id;
+      std::memcpy(&id, packed_ids.data() + j * sizeof(int64_t), sizeof(id));
+      fingerprint = Fingerprint(fingerprint, id);
+    }
+    std::vector<uint32_t> copy(n);
+    if (n > 0) std::memcpy(copy.data(), versions, n * sizeof(uint32_t));
+    PulledRows(shard, step, fingerprint, std::move(copy));
+  }
+
   // Whether any shard answered row versions (per-row staleness is on): until then a push need
   // not fingerprint its ids (the default, no compensation, costs the hot path nothing).
   bool rows_seen() const { return rows_seen_.load(std::memory_order_relaxed); }
 
   // The versions of the rows pulled at `step` from `shard`, if the push's ids have the pulled
   // ids' fingerprint; else empty. Forgets that pull and older ones.
+  // RowsForPush for the ids ids[positions[j]] (none when no shard answered row versions).
+  std::vector<uint32_t> RowsForPush(int shard, int64_t step, absl::Span<const int64_t> ids,
+                                    absl::Span<const int32_t> positions) {
+    if (!rows_seen() || positions.empty()) return {};
+    uint64_t fingerprint = 0;
+    for (int32_t pos : positions) fingerprint = Fingerprint(fingerprint, ids[pos]);
+    return RowsForPush(shard, step, fingerprint);
+  }
   std::vector<uint32_t> RowsForPush(int shard, int64_t step, uint64_t fingerprint) {
     absl::MutexLock lock(&mu_);
     std::map<int64_t, Rows>& m = rows_[shard];

@@ -100,21 +100,20 @@ absl::StatusOr<std::optional<std::string>> RestoreOrWarmStart(
     const std::function<absl::StatusOr<std::string>()>& warm_start_params);
 
 // How RunTraining saves and restores the parameters it trains, one implementation per mode:
-// LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards, the allreduce
-// mode's rank-0 writer. The trainer calls, from its training thread only:
+// LocalCheckpointer (below) for `pstrain train`, the PS mode's coordinated shards (PsJob's
+// rounds, worker/ps_client/ps_job.h), the allreduce mode's rank-0 writer. When to checkpoint
+// and when to stop is the job's (JobControl, worker/train/job_control.h). The trainer calls,
+// from its training thread only:
 //   - Restore once before the first step;
-//   - Requested(step) at every step boundary, after `step` steps (it must be cheap);
-//   - StopStep(step) at a step boundary once the stop flag is raised (SIGTERM): the trainer
-//     trains on until the step it returns (a synchronous job must stop at one common step);
-//   - EndPass(step) on the chief when early stopping decides to end the pass (below);
 //   - Save(state, final) at a step boundary when
 //       (a) options.chief and the checkpoint schedule (every_steps / every_seconds) says so,
-//       (b) Requested(step) returned true (another worker asked for a checkpoint),
+//       (b) JobControl::CheckpointRequested(step) returned true (another worker asked for a
+//           checkpoint),
 //       (c) the trainer stops after a stop signal: training ends after this Save, or
 //       (d) training ended (final = true), before after_training and the final evaluation.
 //     `state` is this worker's position after state.step() steps of its own. An implementation
-//     may answer (a) by arranging a checkpoint at a later step (returning "" now) and asking for
-//     it with Requested() then.
+//     may answer (a) by arranging a checkpoint at a later step (returning "" now) and having the
+//     job ask for it with CheckpointRequested() then.
 // In multi-worker modes Save is collective: the implementation makes every worker take part in
 // the same checkpoint (and may block this worker until the others arrive, with a deadline).
 class Checkpointer {
@@ -123,18 +122,6 @@ class Checkpointer {
   // Restores the newest usable checkpoint into the parameters and `state`; returns its
   // directory, or nullopt for a fresh start.
   virtual absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) = 0;
-  virtual bool Requested(int64_t /*step*/) { return false; }
-  virtual absl::StatusOr<int64_t> StopStep(int64_t step) { return step; }
-  // The chief's early stopping ends the job's training pass after `step` steps
-  // (train.early_stopping). true: the implementation stops every worker at one common point, as
-  // a stop signal does (it raises the stop flag the trainers watch, or has the job's next
-  // stopping checkpoint round do so), and PassEnded() is then true on every worker; false (one
-  // worker, the default): the trainer stops at its next step boundary by itself.
-  virtual absl::StatusOr<bool> EndPass(int64_t /*step*/) { return false; }
-  // Whether the stop this worker saw ends the job's training pass (the chief's EndPass): the
-  // worker then ends as at the end of its input (final checkpoint, pass end), not as after
-  // SIGTERM.
-  virtual bool PassEnded() const { return false; }
   // Returns the checkpoint directory written ("" if this worker does not know it).
   virtual absl::StatusOr<std::string> Save(const WorkerState& state, bool final) = 0;
 };

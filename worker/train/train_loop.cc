@@ -1,7 +1,6 @@
 #include "worker/train/train_loop.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -14,13 +13,8 @@
 #include "worker/train/data_pass.h"
 
 namespace pstrain {
-namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+double TrainLoop::Now() const { return env_->MonotonicSeconds(); }
 
 TrainLoop::TrainLoop(const Parts& parts)
     : config_(*parts.config),
@@ -29,6 +23,8 @@ TrainLoop::TrainLoop(const Parts& parts)
       model_(*parts.model),
       params_(parts.params),
       checkpointer_(parts.checkpointer),
+      job_(parts.job),
+      env_(parts.options->env != nullptr ? parts.options->env : Env::Default()),
       progress_(parts.progress),
       prefetch_pulls_(parts.prefetch_pulls),
       max_steps_(config_.train().max_steps()),
@@ -41,7 +37,7 @@ TrainLoop::TrainLoop(const Parts& parts)
       background_(config_, spec_, model_, params_, /*threads=*/1) {}
 
 bool TrainLoop::Stopped() const {
-  return end_pass_local_ || (opts_.stop != nullptr && opts_.stop->load());
+  return end_pass_local_ || job_->StopRequested();
 }
 
 absl::Status TrainLoop::Resume() {
@@ -153,21 +149,20 @@ absl::Status TrainLoop::Run() {
 }
 
 absl::StatusOr<TrainLoop::Boundary> TrainLoop::AtBoundary(bool stop) {
+  // This worker may not go on (a lost lease or peer, a failed job): the job's reason, which
+  // names the last good checkpoint.
+  RETURN_IF_ERROR(job_->Failure());
   if (stop) {
-    // A synchronous job stops at one common step: train on to it (Checkpointer::StopStep).
-    int64_t stop_at = step_;
-    if (checkpointer_ != nullptr) {
-      ASSIGN_OR_RETURN(stop_at, checkpointer_->StopStep(step_));
-    }
+    // A synchronous job stops at one common step: train on to it (JobControl::StopStep).
+    ASSIGN_OR_RETURN(const int64_t stop_at, job_->StopStep(step_));
     if (step_ >= stop_at) {
       // The chief's early stopping ends the pass; a signal preempts it.
-      summary_.stopped_early =
-          end_pass_local_ || (checkpointer_ != nullptr && checkpointer_->PassEnded());
+      summary_.stopped_early = end_pass_local_ || job_->PassEnded();
       summary_.preempted = !summary_.stopped_early;
       return Boundary::kEnd;
     }
   }
-  if (checkpoint_owed_ || (checkpointer_ != nullptr && checkpointer_->Requested(step_))) {
+  if (checkpoint_owed_ || job_->CheckpointRequested(step_)) {
     checkpoint_owed_ = false;
     RETURN_IF_ERROR(Checkpoint(/*final=*/false));
     // A stop raised by the round (it ended the job) or by a signal during it: serve it at this
@@ -198,9 +193,8 @@ absl::Status TrainLoop::RunStep() {
                       (ckpt_seconds_ > 0 && t_step - t_last_ckpt_ > ckpt_seconds_));
   // A checkpoint wanted at the boundary after this step (another worker's round) needs that
   // boundary without a read-ahead batch. Asked before the step trains: with BOUNDED / SYNC the
-  // round's target leaves a step of margin for exactly this (worker/ps_client/ps_checkpoint.h).
-  checkpoint_owed_ =
-      checkpoint_owed_ || (checkpointer_ != nullptr && checkpointer_->Requested(step_));
+  // round's target leaves a step of margin for exactly this (worker/ps_client/ps_job.h).
+  checkpoint_owed_ = checkpoint_owed_ || job_->CheckpointRequested(step_);
   const bool read_ahead =
       !(max_steps_ > 0 && step_ - pass_first_step_ >= max_steps_) && !ckpt_due && !stop_seen_ &&
       !checkpoint_owed_;
@@ -324,10 +318,7 @@ absl::Status TrainLoop::ObserveEval(const EvalResult& result, bool may_stop) {
       step_, stopper_->metric_name(), config_.train().early_stopping().min_delta(),
       st.evals_since_best(), st.best(), st.best_step()));
   end_pass_asked_ = true;
-  bool handled = false;
-  if (checkpointer_ != nullptr) {
-    ASSIGN_OR_RETURN(handled, checkpointer_->EndPass(step_));
-  }
+  ASSIGN_OR_RETURN(const bool handled, job_->EndPass(step_));
   end_pass_local_ = !handled;
   return absl::OkStatus();
 }
@@ -375,7 +366,7 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
   if (nothing_to_do_) return summary_;
   if (checkpointer_ != nullptr) {
     // A PS worker's final state is committed by the job's chief once every worker is done
-    // (worker/ps_client/ps_checkpoint.h): no path to name here.
+    // (worker/ps_client/ps_job.h): no path to name here.
     progress_->Message(absl::StrCat(
         summary_.preempted        ? "stopped by SIGTERM; "
         : summary_.stopped_early ? "stopped early; "

@@ -26,7 +26,7 @@
 // Early stopping and the best checkpoint (train.early_stopping, checkpoint.keep_best; the chief
 // only, worker/train/early_stopping.h). Each periodic evaluation's result, taken at a step
 // boundary, goes to the EarlyStopper. When it says stop, the chief asks the checkpointer to end
-// the pass (Checkpointer::EndPass): every worker then stops at one common point and ends as at
+// the pass (JobControl::EndPass): every worker then stops at one common point and ends as at
 // the end of its input (summary().stopped_early), with the final checkpoint and the pass's end.
 // With keep_best, the chief evaluates after every checkpoint it writes (not every
 // eval_every_steps), and an evaluation that improves names that checkpoint in <dir>/BEST; before
@@ -52,6 +52,8 @@
 #include "worker/model/model.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "common/env.h"
+#include "worker/train/job_control.h"
 #include "worker/train/early_stopping.h"
 #include "worker/train/progress.h"
 #include "worker/train/train_step.h"
@@ -69,6 +71,7 @@ class TrainLoop {
     const Model* model = nullptr;
     ParameterAccess* params = nullptr;
     Checkpointer* checkpointer = nullptr;  // null: no checkpoints are restored or written
+    JobControl* job = nullptr;             // required: stops, requests, the pass's end
     ProgressReporter* progress = nullptr;
     bool prefetch_pulls = false;  // TrainStep::Stage's start_pull
   };
@@ -141,6 +144,9 @@ class TrainLoop {
   const Model& model_;
   ParameterAccess* const params_;
   Checkpointer* const checkpointer_;
+  JobControl* const job_;
+  Env* const env_;  // TrainerOptions::env: the timings' and the checkpoint schedule's clock
+  double Now() const;  // env_'s monotonic seconds
   ProgressReporter* const progress_;
   const bool prefetch_pulls_;
   const int64_t max_steps_, log_every_, eval_every_, ckpt_every_;
@@ -166,7 +172,7 @@ class TrainLoop {
   bool stop_seen_ = false;        // a stop was seen: no more reading ahead
   absl::Status diverged_;         // set by Diverged: no checkpoint after it
   // Early stopping (the chief with early_stopping or keep_best): the bookkeeping, whether the
-  // pass end was asked for, and whether this trainer stops by itself (Checkpointer::EndPass
+  // pass end was asked for, and whether this trainer stops by itself (JobControl::EndPass
   // returned false).
   std::optional<EarlyStopper> stopper_;
   bool end_pass_asked_ = false, end_pass_local_ = false;

@@ -173,6 +173,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   parts.model = model.get();
   parts.params = params;
   parts.checkpointer = checkpointer;
+  LocalJob local_job(opts.stop);
+  parts.job = opts.job != nullptr ? opts.job : &local_job;
   parts.progress = progress.get();
   parts.prefetch_pulls = prefetch_pulls;
   TrainLoop loop(parts);

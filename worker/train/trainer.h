@@ -18,6 +18,8 @@
 #include "pstrain/config.pb.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "common/env.h"
+#include "worker/train/job_control.h"
 
 namespace pstrain {
 
@@ -81,6 +83,11 @@ struct TrainerOptions {
   // How to checkpoint `params` when it is not null (not owned). Null: no checkpoints
   // (summary.checkpoint stays "").
   Checkpointer* checkpointer = nullptr;
+  // The job this worker trains in (not owned): its stops, checkpoint requests and pass end
+  // (worker/train/job_control.h). Null: a LocalJob of `stop`.
+  JobControl* job = nullptr;
+  // The training loop's clock (timings, checkpoint.every_seconds). Null: Env::Default().
+  Env* env = nullptr;
   // Start the next batch's pull while the current step computes, before its push: asynchronous
   // SGD that reads rows one step stale (PS ASYNC mode). False: each pull follows the previous
   // push (read-after-write; `pstrain train` stays bit-exact). Data reading and dedup run ahead

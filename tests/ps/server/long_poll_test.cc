@@ -23,7 +23,7 @@
 #include "ps/server/job_coordinator.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
-#include "worker/ps_client/ps_checkpoint.h"
+#include "worker/ps_client/ps_job.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_rpc.h"
 
@@ -447,7 +447,7 @@ TEST(LongPoll, ShardRpcWaitEndsWhenTheShardIsSilentLongerThanTheLease) {
 }
 
 // SYNC: shard 0's answer to a training pull carries its job state, also for a worker that has no
-// rows and no dense slice there; PsCheckpointer::Requested reads it, with no RPC.
+// rows and no dense slice there; PsJob::CheckpointRequested reads it, with no RPC.
 TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
   Shard0 job(SYNC, /*num_shards=*/2);
   PsClient::Options o;
@@ -462,14 +462,14 @@ TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
   PsClient& c = **client;
-  PsCheckpointer::Options co;
+  PsJob::Options co;
   co.dir = ::testing::TempDir();
   co.worker = 0;
   co.num_workers = 1;
   co.shards = job.addresses;
   co.client = &c;
   co.consistency = SYNC;
-  PsCheckpointer checkpointer(co);
+  PsJob checkpointer(co);
 
   // A row of shard 1 only (partition 1 of 2), no dense vector.
   const PartitionMap& map = job.s0().map();
@@ -487,13 +487,13 @@ TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
   // Another worker asks for a round at step 4: this worker sees it only in the answer to its
   // next training pull (Requested makes no call of its own).
   job.s0().coordinator().RequestCheckpoint(false, /*target_step=*/4);
-  EXPECT_FALSE(checkpointer.Requested(4));
+  EXPECT_FALSE(checkpointer.CheckpointRequested(4));
   ASSERT_TRUE(pull(2).ok());
   EXPECT_EQ(c.job_state().checkpoint_round(), 1);
   EXPECT_EQ(c.job_state().checkpoint_target_step(), 4);
-  EXPECT_FALSE(checkpointer.Requested(3));
-  EXPECT_TRUE(checkpointer.Requested(4));
-  EXPECT_TRUE(checkpointer.Requested(5));
+  EXPECT_FALSE(checkpointer.CheckpointRequested(3));
+  EXPECT_TRUE(checkpointer.CheckpointRequested(4));
+  EXPECT_TRUE(checkpointer.CheckpointRequested(5));
   // An evaluation pull (step 0) does not carry it.
   PullResponse direct;
   PullRequest eval;
@@ -503,7 +503,7 @@ TEST(LongPoll, SyncWorkersReadCheckpointRoundsFromTheirPulls) {
   ASSERT_TRUE(job.s0().coordinator().ReleaseCheckpoint(1).ok());
   ASSERT_TRUE(c.PushAsync({row}, grads.data(), nullptr, 2)->Wait().ok());
   ASSERT_TRUE(pull(3).ok());
-  EXPECT_FALSE(checkpointer.Requested(4));
+  EXPECT_FALSE(checkpointer.CheckpointRequested(4));
 }
 
 // ASYNC: the checkpointer's watcher thread sees a round as soon as it opens (a held Info call
@@ -518,14 +518,14 @@ TEST(LongPoll, AsyncWatcherSeesARoundAtOnceAndStopsAtOnce) {
   o.dense_size = 4;
   auto client = PsClient::Create(o);
   ASSERT_TRUE(client.ok()) << client.status();
-  PsCheckpointer::Options co;
+  PsJob::Options co;
   co.dir = ::testing::TempDir();
   co.worker = 1;
   co.num_workers = 2;
   co.shards = job.addresses;
   co.client = client->get();
-  auto checkpointer = std::make_unique<PsCheckpointer>(co);
-  EXPECT_FALSE(checkpointer->Requested(1));
+  auto checkpointer = std::make_unique<PsJob>(co);
+  EXPECT_FALSE(checkpointer->CheckpointRequested(1));
   // Wait until the watcher holds a call, so that the round is seen through a held one.
   for (int i = 0; i < 250 && job.s0().coordinator().held_watches() == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
@@ -533,10 +533,10 @@ TEST(LongPoll, AsyncWatcherSeesARoundAtOnceAndStopsAtOnce) {
   ASSERT_EQ(job.s0().coordinator().held_watches(), 1);
   const absl::Time opened = absl::Now();
   job.s0().coordinator().RequestCheckpoint(false);
-  while (!checkpointer->Requested(1) && absl::Now() - opened < absl::Seconds(5)) {
+  while (!checkpointer->CheckpointRequested(1) && absl::Now() - opened < absl::Seconds(5)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  EXPECT_TRUE(checkpointer->Requested(1));
+  EXPECT_TRUE(checkpointer->CheckpointRequested(1));
   EXPECT_LT(absl::Now() - opened, absl::Seconds(2));
   const absl::Time start = absl::Now();
   checkpointer.reset();

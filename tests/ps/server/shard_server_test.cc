@@ -25,6 +25,7 @@
 #include "ps/store/store_blocks.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_balance.h"
 #include "worker/ps_client/shard_rpc.h"
 #include "worker/train/checkpoint.h"
 

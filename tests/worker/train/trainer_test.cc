@@ -304,15 +304,19 @@ TEST_F(ResumeTest, ScheduleIsExactAcrossSigtermAndResume) {
 // Checkpointer of in-process parameters that asks for a checkpoint after step `request_at` (once)
 // and raises the stop flag as step `stop_at` - 1 is about to train, when the trainer has already
 // decided to read batch `stop_at` ahead: the stop is served after that batch.
-class ScriptedCheckpointer : public Checkpointer {
+class ScriptedCheckpointer : public Checkpointer, public LocalJob {
  public:
   ScriptedCheckpointer(const std::string& dir, LocalParams* params, const ModelDescription& model,
                        std::atomic<bool>* stop, int request_at, int stop_at)
-      : inner_(dir, params, 3, model), stop_(stop), request_at_(request_at), stop_at_(stop_at) {}
+      : LocalJob(stop),
+        inner_(dir, params, 3, model),
+        stop_(stop),
+        request_at_(request_at),
+        stop_at_(stop_at) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return inner_.Restore(state);
   }
-  bool Requested(int64_t step) override {
+  bool CheckpointRequested(int64_t step) override {
     if (step + 1 == stop_at_) stop_->store(true);
     if (step != request_at_ || requested_) return false;
     requested_ = true;
@@ -357,6 +361,7 @@ TEST_F(ResumeTest, RequestAndStopWithReadAheadResumeExactly) {
   TrainerOptions sopts = opts;
   sopts.params = params->get();
   sopts.checkpointer = &scripted;
+  sopts.job = &scripted;
   sopts.stop = &stop;
   auto first = RunTraining(c, sopts);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -428,17 +433,20 @@ std::string LossWord(const absl::Status& s) {
 // Asks for a checkpoint at the boundary after each step of `requests` (once each) and raises the
 // stop flag while step `stop_before` is about to train (after the trainer decided to read the
 // next batch ahead, so that the stop is served one step later). Records every Save.
-class RecordingCheckpointer : public Checkpointer {
+class RecordingCheckpointer : public Checkpointer, public LocalJob {
  public:
   RecordingCheckpointer(const std::string& dir, LocalParams* params, const ModelDescription& model,
                         std::atomic<bool>* stop, std::vector<int64_t> requests,
                         int64_t stop_before)
-      : inner_(dir, params, 100, model), stop_(stop), requests_(std::move(requests)),
+      : LocalJob(stop),
+        inner_(dir, params, 100, model),
+        stop_(stop),
+        requests_(std::move(requests)),
         stop_before_(stop_before) {}
   absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
     return inner_.Restore(state);
   }
-  bool Requested(int64_t step) override {
+  bool CheckpointRequested(int64_t step) override {
     if (stop_before_ > 0 && step == stop_before_) stop_->store(true);
     auto it = std::find(requests_.begin(), requests_.end(), step);
     if (it == requests_.end()) return false;
@@ -565,6 +573,7 @@ TEST_P(TrainerDivergence, StopsAtTheStepAndSavesNothingAfterIt) {
   opts.cores = 2;
   opts.params = params.get();
   opts.checkpointer = t.checkpointer ? &recording : nullptr;
+  opts.job = &recording;
   opts.stop = &stop;
   testing::internal::CaptureStderr();
   auto summary = RunTraining(c, opts);

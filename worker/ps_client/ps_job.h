@@ -1,5 +1,9 @@
-// PsCheckpointer: the Checkpointer of PS training (`pstrain host`). A checkpoint is a round
-// coordinated by shard 0 (docs/CHECKPOINT.md "PS mode"):
+// PsJob: a worker's side of a PS training job's protocol with shard 0 (`pstrain host`,
+// `pstrain worker`): checkpoint rounds, the lease, stops, the pass's end, the end of the job and
+// failure. It is the job's JobControl (worker/train/job_control.h) and, through checkpointer(),
+// its Checkpointer: in PS training a checkpoint is a round of the whole job.
+//
+// Checkpoint rounds, coordinated by shard 0 (docs/CHECKPOINT.md "PS mode"):
 //   1. a worker asks for a round: the chief on its schedule, any worker on SIGTERM (then the
 //      round ends the job); the other workers learn of the open round at once (ASYNC: a
 //      background thread long-polls shard 0's Info, which shard 0 answers when its job state
@@ -29,9 +33,15 @@
 // The checkpoint is named ckpt-<step> with step = the sum of the workers' steps (TF's
 // global_step in asynchronous training: one per applied update).
 //
-// Thread-safety: Restore/Requested/Save from the trainer thread; SaveFinal from the chief's
-// end-of-job code after training. The ASYNC watcher thread only sets an atomic; the destructor
-// cancels its held call and joins it.
+// The end of the job (docs/PS.md "End of job"): after its last step every worker reports
+// TRAINING_DONE with its counts and final state (ReportTrainingDone); the chief waits for every
+// report (WaitForTrainingDone), writes the job's final checkpoint (SaveFinal) and marks the job
+// finished (FinishJob), or failed (FailJob). A host's shard stays up until no worker needs it
+// (AwaitJobEnd below).
+//
+// Thread-safety: the JobControl methods, Restore and Save from the trainer thread; the end-of-job
+// methods after training. The ASYNC watcher thread only sets an atomic; the destructor cancels
+// its held call and joins it.
 #pragma once
 
 #include <atomic>
@@ -47,13 +57,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_rpc.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/job_control.h"
+#include "worker/train/trainer.h"
 
 namespace pstrain {
 
-class PsCheckpointer final : public Checkpointer {
+class PsJob final : public JobControl {
  public:
   struct Options {
     std::string dir;  // the job's checkpoint directory, shared by every host
@@ -88,16 +101,21 @@ class PsCheckpointer final : public Checkpointer {
     // FailureStatus(): the command bounds the process's remaining life with it (cmd/
     // stop_signal.h ExitWithin). May be empty.
     std::function<void(const absl::Status&)> on_failure;
+    // The lease watch's clock (how long shard 0 has been silent). Null: Env::Default(). The
+    // calls' own deadlines are gRPC's, on the system clock.
+    Env* env = nullptr;
   };
 
-  explicit PsCheckpointer(Options options);
-  ~PsCheckpointer() override;
+  explicit PsJob(Options options);
+  ~PsJob() override;
 
-  // This worker's state from the restored checkpoint. When the checkpoint was written by another
-  // number of workers, the data positions cannot be mapped: the parameters are restored, the
-  // data starts from the beginning, and a warning says so.
-  absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override;
-  bool Requested(int64_t step) override;
+  // The job's checkpoints as RunTraining sees them: Restore and Save below.
+  Checkpointer* checkpointer() { return &checkpoints_; }
+
+  // JobControl.
+  // Options::stop: a stop signal, or a round that ended the job.
+  bool StopRequested() const override { return opt_.stop != nullptr && opt_.stop->load(); }
+  bool CheckpointRequested(int64_t step) override;
   absl::StatusOr<int64_t> StopStep(int64_t step) override;
   // Chief: requests a stopping round that ends the job's pass (CoordinateRequest.end_pass; with
   // BOUNDED / SYNC at a common target step, as StopStep's). Every worker joins it as it joins a
@@ -106,15 +124,35 @@ class PsCheckpointer final : public Checkpointer {
   // round's checkpoint (nothing trained since, so nothing is written again). Returns true.
   absl::StatusOr<bool> EndPass(int64_t step) override;
   bool PassEnded() const override { return pass_ended_; }
-  // final = true records the state for the end-of-job report (final_state()) and writes
-  // nothing: the chief writes the job's last checkpoint with SaveFinal once every worker is done.
-  absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override;
+  // FailureStatus() once failure() is set.
+  absl::Status Failure() const override {
+    return failed_.load() ? FailureStatus() : absl::OkStatus();
+  }
 
-  // The state Save(final = true) recorded, serialized, for the TRAINING_DONE report.
-  const std::string& final_state() const { return final_state_; }
+  // Checkpointer.
+  // This worker's state from the restored checkpoint. When the checkpoint was written by another
+  // number of workers, the data positions cannot be mapped: the parameters are restored, the
+  // data starts from the beginning, and a warning says so.
+  absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state);
+  // final = true records the state for the end-of-job report (ReportTrainingDone) and writes
+  // nothing: the chief writes the job's last checkpoint with SaveFinal once every worker is done.
+  absl::StatusOr<std::string> Save(const WorkerState& state, bool final);
+
+  // The end of the job.
+  // Reports this worker's TRAINING_DONE to shard 0: its counts (of `summary`), staleness, final
+  // state and restarts.
+  absl::Status ReportTrainingDone(const TrainSummary& summary, const PsClient::Staleness& staleness,
+                                  const std::vector<std::string>& restart_log);
+  // Chief: every worker's TRAINING_DONE report (bounded by Options::timeout).
+  absl::StatusOr<std::vector<ReportRequest>> WaitForTrainingDone();
+  // Chief: marks the job finished on shard 0 (the hosts then shut their shards down).
+  absl::Status FinishJob();
+  // Chief: tells shard 0 that the job failed with `error`, so that the other workers learn it at
+  // once (their long-polls answer) instead of when shard 0's calls time out. Best effort.
+  void FailJob(const absl::Status& error);
   // Why this worker must stop, if it must ("" otherwise): the chief learnt that workers were
   // lost, or a worker learnt that the job failed (shard 0's job_error) or that the chief was
-  // lost. Then Requested() is true and Save() returns FAILED_PRECONDITION with this message and
+  // lost. Then CheckpointRequested() is true and Save() returns FAILED_PRECONDITION with this message and
   // the last good checkpoint.
   std::string failure() const;
   // failure() as the error Save returns, naming the last good checkpoint.
@@ -123,6 +161,20 @@ class PsCheckpointer final : public Checkpointer {
   absl::StatusOr<std::string> SaveFinal();
 
  private:
+  class Checkpoints final : public Checkpointer {
+   public:
+    explicit Checkpoints(PsJob* job) : job_(job) {}
+    absl::StatusOr<std::optional<std::string>> Restore(WorkerState* state) override {
+      return job_->Restore(state);
+    }
+    absl::StatusOr<std::string> Save(const WorkerState& state, bool final) override {
+      return job_->Save(state, final);
+    }
+
+   private:
+    PsJob* const job_;
+  };
+
   bool chief() const { return opt_.worker == 0; }
   // Save's work: the final state, a request for a round, or this worker's part in one.
   absl::StatusOr<std::string> SaveOrJoin(const WorkerState& state, bool final);
@@ -152,6 +204,7 @@ class PsCheckpointer final : public Checkpointer {
   std::string DescribeWorker(int worker) const;
 
   const Options opt_;
+  Checkpoints checkpoints_{this};
   std::vector<std::unique_ptr<ShardRpc>> shards_;
   int64_t handled_round_ = 0;  // the last round this worker took part in
   int64_t step_base_ = 0;      // added to the workers' steps in checkpoint names (see Restore)
@@ -165,10 +218,31 @@ class PsCheckpointer final : public Checkpointer {
   // connection to shard 0 (Cancel() ends its held call).
   std::atomic<int64_t> open_round_{0};
   std::unique_ptr<ShardRpc> watch_rpc_;
+  // The end of the job's calls to shard 0: not cancelled by a failure (FailJob must still tell).
+  std::unique_ptr<ShardRpc> end_rpc_;
   std::thread watcher_;
   std::atomic<bool> failed_{false};
   mutable absl::Mutex failure_mu_;
   std::string failure_ ABSL_GUARDED_BY(failure_mu_);
 };
+
+// A host's part of the end of the job once its worker is done (docs/PS.md "End of job"): its
+// shard must stay up until no worker needs it (the chief's evaluation reads every shard).
+//   - The chief (host 0) reports FINISH_SEEN itself and waits (60 s; not fatal: a host that does
+//     not acknowledge only loses its shard early) for every host's report.
+//   - Another host waits for shard 0's job_finished (`barrier_timeout`; a shard 0 silent for
+//     longer than `lease` ends the wait: it counts this host as lost), then reports FINISH_SEEN;
+//     a `preempted` host (it saw its checkpoint written) reports at once.
+// Errors: shard 0 not reached, or the job failed (naming its error), with the last good
+// checkpoint of `checkpoint_dir`; the caller then shuts its shard down and exits 1.
+struct HostEnd {
+  int host = 0;
+  int num_hosts = 1;
+  bool preempted = false;
+  absl::Duration barrier_timeout = absl::Hours(1);
+  absl::Duration lease = absl::Seconds(30);
+  std::string checkpoint_dir;
+};
+absl::Status AwaitJobEnd(ShardRpc& shard_zero, const HostEnd& end);
 
 }  // namespace pstrain

@@ -1,4 +1,4 @@
-#include "worker/ps_client/ps_checkpoint.h"
+#include "worker/ps_client/ps_job.h"
 
 #include <map>
 
@@ -9,7 +9,7 @@
 
 namespace pstrain {
 
-PsCheckpointer::PsCheckpointer(Options options)
+PsJob::PsJob(Options options)
     : opt_(std::move(options)), deltas_(opt_.incremental_every) {
   // Every host restored the same checkpoint (ChooseCheckpoint): a delta may build on it.
   if (opt_.restored) deltas_.Committed(opt_.restored->manifest);
@@ -19,22 +19,23 @@ PsCheckpointer::PsCheckpointer(Options options)
   // Every mode: the watcher's long-poll renews this worker's lease and tells of lost workers.
   // (BOUNDED / SYNC read the job's rounds from their training pulls' answers: Requested.)
   watch_rpc_ = std::make_unique<ShardRpc>(opt_.shards[0], opt_.security, opt_.worker);
+  end_rpc_ = std::make_unique<ShardRpc>(opt_.shards[0], opt_.security, opt_.worker);
   watcher_ = std::thread([this] { Watch(); });
 }
 
-std::string PsCheckpointer::DescribeWorker(int worker) const {
+std::string PsJob::DescribeWorker(int worker) const {
   if (worker >= 0 && worker < static_cast<int>(opt_.worker_hosts.size())) {
     return absl::StrCat("worker ", worker, " (host ", opt_.worker_hosts[worker], ")");
   }
   return absl::StrCat("worker ", worker);
 }
 
-std::string PsCheckpointer::failure() const {
+std::string PsJob::failure() const {
   absl::MutexLock lock(&failure_mu_);
   return failure_;
 }
 
-void PsCheckpointer::NoteJobHealth(const InfoResponse& info) {
+void PsJob::NoteJobHealth(const InfoResponse& info) {
   std::string why;
   if (!info.job_error().empty()) {
     why = absl::StrCat("the job failed: ", info.job_error());
@@ -53,7 +54,7 @@ void PsCheckpointer::NoteJobHealth(const InfoResponse& info) {
   if (!why.empty()) Fail(why);
 }
 
-void PsCheckpointer::Fail(const std::string& why) {
+void PsJob::Fail(const std::string& why) {
   {
     absl::MutexLock lock(&failure_mu_);
     if (!failure_.empty()) return;
@@ -70,14 +71,14 @@ void PsCheckpointer::Fail(const std::string& why) {
   for (const std::unique_ptr<ShardRpc>& shard : shards_) shard->Cancel();
 }
 
-absl::Status PsCheckpointer::FailureStatus() const {
+absl::Status PsJob::FailureStatus() const {
   return absl::FailedPreconditionError(absl::StrCat(
       "worker ", opt_.worker, " stops: ", failure(), "; last good checkpoint: ",
       LatestPathOr(opt_.dir, "none"),
       " (run the same command to resume from it, or use --max_restarts)"));
 }
 
-PsCheckpointer::~PsCheckpointer() {
+PsJob::~PsJob() {
   if (watcher_.joinable()) {
     watch_rpc_->Cancel();  // ends the held call at once
     watcher_.join();
@@ -90,11 +91,12 @@ PsCheckpointer::~PsCheckpointer() {
 // is symmetric: when shard 0 has not answered for longer than the lease (this worker is cut off,
 // or shard 0 is down), shard 0 counts this worker as lost, so the worker stops too, naming shard
 // 0, instead of training on or waiting for a job that has gone on without it.
-void PsCheckpointer::Watch() {
+void PsJob::Watch() {
   int64_t version = 0;  // the first call is answered at once
   // A third of the lease: a renewal is never further apart than that plus a round trip.
   const absl::Duration hold = std::min(absl::Seconds(10), opt_.lease / 3);
-  absl::Time heard = absl::Now();
+  Env* env = opt_.env != nullptr ? opt_.env : Env::Default();
+  absl::Duration heard = env->MonotonicNow();
   // The lease is armed by shard 0's first answer: before it, a slow start (shard 0's host still
   // restoring, a loaded machine) is not a lost worker.
   bool answered = false;
@@ -103,7 +105,7 @@ void PsCheckpointer::Watch() {
     const absl::Duration limit = answered ? opt_.lease : std::max(opt_.lease, opt_.first_contact);
     absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, limit);
     if (info.ok()) {
-      heard = absl::Now();
+      heard = env->MonotonicNow();
       answered = true;
       version = info->job_version();
       job_finished = info->job_finished();
@@ -114,7 +116,7 @@ void PsCheckpointer::Watch() {
       continue;
     }
     if (info.status().code() == absl::StatusCode::kCancelled) return;
-    const absl::Duration silent = absl::Now() - heard;
+    const absl::Duration silent = env->MonotonicNow() - heard;
     if (!job_finished && silent > limit) {
       Fail(absl::StrCat("shard 0 (", opt_.shards[0], ") not reached for ",
                         absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))),
@@ -130,7 +132,7 @@ void PsCheckpointer::Watch() {
   }
 }
 
-absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* state) {
+absl::StatusOr<std::optional<std::string>> PsJob::Restore(WorkerState* state) {
   if (!opt_.restored) return std::optional<std::string>();
   const CheckpointChoice& c = *opt_.restored;
   if (c.manifest.num_workers() == opt_.num_workers) {
@@ -159,20 +161,20 @@ absl::StatusOr<std::optional<std::string>> PsCheckpointer::Restore(WorkerState* 
   return std::optional<std::string>(c.dir);
 }
 
-bool PsCheckpointer::lockstep() const { return opt_.consistency != ASYNC; }
+bool PsJob::lockstep() const { return opt_.consistency != ASYNC; }
 
-int64_t PsCheckpointer::TargetAfter(int64_t step) const {
+int64_t PsJob::TargetAfter(int64_t step) const {
   // Every worker must still be able to reach the target without anyone paused, and must make
   // its check for the target (before training the target step, so that it does not read ahead)
   // only after the request (docs/CHECKPOINT.md "BOUNDED and SYNC").
   return step + 3 + (opt_.consistency == BOUNDED ? opt_.staleness : 0);
 }
 
-bool PsCheckpointer::OpenForMe(int64_t round, int64_t released) const {
+bool PsJob::OpenForMe(int64_t round, int64_t released) const {
   return round > released && round > handled_round_;
 }
 
-absl::StatusOr<InfoResponse> PsCheckpointer::OpenRound() {
+absl::StatusOr<InfoResponse> PsJob::OpenRound() {
   ASSIGN_OR_RETURN(InfoResponse info, shards_[0]->Info(opt_.timeout));
   if (!OpenForMe(info.checkpoint_round(), info.checkpoint_released_round())) {
     info.set_checkpoint_round(0);  // none open for this worker
@@ -180,7 +182,7 @@ absl::StatusOr<InfoResponse> PsCheckpointer::OpenRound() {
   return info;
 }
 
-absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target, bool end_pass) {
+absl::StatusOr<int64_t> PsJob::Request(bool stop, int64_t target, bool end_pass) {
   CoordinateRequest req;
   req.set_kind(CoordinateRequest::REQUEST);
   req.set_worker_id(opt_.worker);
@@ -191,7 +193,7 @@ absl::StatusOr<int64_t> PsCheckpointer::Request(bool stop, int64_t target, bool 
   return r.round();
 }
 
-bool PsCheckpointer::Requested(int64_t step) {
+bool PsJob::CheckpointRequested(int64_t step) {
   if (failed_.load()) return true;  // Save says why
   if (!lockstep()) return open_round_.load() > handled_round_;
   // Checked every step, without an RPC: a worker that learnt of the round late could run past
@@ -203,7 +205,7 @@ bool PsCheckpointer::Requested(int64_t step) {
          step >= job.checkpoint_target_step();
 }
 
-absl::StatusOr<int64_t> PsCheckpointer::StopStep(int64_t step) {
+absl::StatusOr<int64_t> PsJob::StopStep(int64_t step) {
   if (!lockstep() || stopped_) return step;
   ASSIGN_OR_RETURN(InfoResponse info, OpenRound());
   if (info.checkpoint_round() > 0) {
@@ -216,7 +218,7 @@ absl::StatusOr<int64_t> PsCheckpointer::StopStep(int64_t step) {
   return std::max(step, info.checkpoint_round() > 0 ? info.checkpoint_target_step() : target);
 }
 
-absl::StatusOr<bool> PsCheckpointer::EndPass(int64_t step) {
+absl::StatusOr<bool> PsJob::EndPass(int64_t step) {
   // An open round takes the request and keeps its target; else a new round opens at the common
   // target (lockstep) or at each worker's next boundary (ASYNC).
   RETURN_IF_ERROR(Request(/*stop=*/true, lockstep() ? TargetAfter(step) : 0, /*end_pass=*/true)
@@ -224,14 +226,14 @@ absl::StatusOr<bool> PsCheckpointer::EndPass(int64_t step) {
   return true;
 }
 
-absl::StatusOr<std::string> PsCheckpointer::Save(const WorkerState& state, bool final) {
+absl::StatusOr<std::string> PsJob::Save(const WorkerState& state, bool final) {
   absl::StatusOr<std::string> dir = SaveOrJoin(state, final);
   // A call that Fail() cancelled says only that: the reason is the failure.
   if (!dir.ok() && failed_.load()) return FailureStatus();
   return dir;
 }
 
-absl::StatusOr<std::string> PsCheckpointer::SaveOrJoin(const WorkerState& state, bool final) {
+absl::StatusOr<std::string> PsJob::SaveOrJoin(const WorkerState& state, bool final) {
   if (final) {
     final_state_ = state.SerializeAsString();
     return std::string();
@@ -296,14 +298,14 @@ absl::StatusOr<std::string> PsCheckpointer::SaveOrJoin(const WorkerState& state,
   return dir;
 }
 
-absl::StatusOr<std::string> PsCheckpointer::SaveFinal() {
+absl::StatusOr<std::string> PsJob::SaveFinal() {
   absl::StatusOr<int64_t> round = Request(false, 0);
   absl::StatusOr<std::string> dir = round.ok() ? RunRound(*round) : round.status();
   if (!dir.ok() && failed_.load()) return FailureStatus();
   return dir;
 }
 
-absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {
+absl::StatusOr<std::string> PsJob::RunRound(int64_t round) {
   absl::StatusOr<std::string> dir = RunRoundSteps(round);
   // A failed round leaves no half-written directory behind (the chief is the only writer).
   if (!dir.ok()) RemoveIncompleteCheckpoints(opt_.dir);
@@ -321,7 +323,7 @@ absl::StatusOr<std::string> PsCheckpointer::RunRound(int64_t round) {
   return dir;
 }
 
-absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
+absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
   ShardRpc& shard0 = *shards_[0];
   ASSIGN_OR_RETURN(auto arrived, shard0.WaitForArrivals(round, opt_.num_workers, opt_.timeout));
   std::map<int, WorkerState> states;
@@ -397,6 +399,81 @@ absl::StatusOr<std::string> PsCheckpointer::RunRoundSteps(int64_t round) {
   deltas_.Committed(manifest);
   RETURN_IF_ERROR(MarkPassEnd(opt_.dir, step, states));
   return committed;
+}
+
+absl::Status PsJob::ReportTrainingDone(const TrainSummary& summary,
+                                       const PsClient::Staleness& staleness,
+                                       const std::vector<std::string>& restart_log) {
+  ReportRequest done;
+  done.set_worker_id(opt_.worker);
+  done.set_phase(TRAINING_DONE);
+  done.set_examples(summary.examples);
+  done.set_steps(summary.steps);
+  done.set_training_pulls(staleness.pulls);
+  done.set_staleness_max(staleness.max);
+  done.set_staleness_sum(staleness.sum);
+  done.set_worker_state(final_state_);
+  done.set_examples_this_run(summary.examples_this_run);
+  for (const std::string& line : restart_log) done.add_restart_log(line);
+  return end_rpc_->Report(done, opt_.timeout);
+}
+
+absl::StatusOr<std::vector<ReportRequest>> PsJob::WaitForTrainingDone() {
+  PSTRAIN_LOG(INFO) << "chief: waiting for the " << opt_.num_workers << " workers to finish";
+  return end_rpc_->WaitForReports(TRAINING_DONE, opt_.num_workers, opt_.timeout);
+}
+
+absl::Status PsJob::FinishJob() {
+  CoordinateRequest finish;
+  finish.set_kind(CoordinateRequest::FINISH_JOB);
+  return Annotate(end_rpc_->Coordinate(finish, opt_.timeout).status(),
+                  "marking the job finished");
+}
+
+void PsJob::FailJob(const absl::Status& error) {
+  CoordinateRequest failed;
+  failed.set_kind(CoordinateRequest::FINISH_JOB);
+  failed.set_error(std::string(error.message()).substr(0, 4000));
+  if (absl::Status s = end_rpc_->Coordinate(failed, absl::Seconds(5)).status(); !s.ok()) {
+    PSTRAIN_LOG(WARNING) << "telling the workers that the job failed: " << s;
+  }
+}
+
+absl::Status AwaitJobEnd(ShardRpc& shard_zero, const HostEnd& end) {
+  ReportRequest seen;
+  seen.set_worker_id(end.host);
+  seen.set_phase(FINISH_SEEN);
+  if (end.host == 0) {
+    // A refusal of its own report means the job's state disagrees with this host (a bug, or a
+    // phase the chief already passed); the wait below then reports the missing acknowledgement.
+    if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
+      PSTRAIN_LOG(WARNING) << "host 0: its own FINISH_SEEN report was refused: " << s;
+    }
+    if (auto s = shard_zero.WaitForReports(FINISH_SEEN, end.num_hosts, absl::Seconds(60));
+        !s.ok()) {
+      PSTRAIN_LOG(WARNING) << s.status();
+    }
+    return absl::OkStatus();
+  }
+  if (!end.preempted) {
+    absl::StatusOr<InfoResponse> finished = shard_zero.WaitForInfo(
+        [](const InfoResponse& i) { return i.job_finished(); }, end.barrier_timeout,
+        "the end of the job (the chief's evaluation; see --barrier_timeout_s)",
+        // Shard 0 down or cut off: it counts this host as lost.
+        end.lease);
+    if (!finished.ok()) {
+      return absl::Status(finished.status().code(),
+                          absl::StrCat(finished.status().ToString(), "; last good checkpoint: ",
+                                       LatestPathOr(end.checkpoint_dir, "none")));
+    }
+    if (!finished->job_error().empty()) {
+      return absl::AbortedError(absl::StrCat("the job failed: ", finished->job_error()));
+    }
+  }
+  if (absl::Status s = shard_zero.Report(seen, absl::Seconds(10)); !s.ok()) {
+    PSTRAIN_LOG(WARNING) << "reporting FINISH_SEEN: " << s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pstrain

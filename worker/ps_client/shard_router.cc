@@ -1,0 +1,73 @@
+#include "worker/ps_client/shard_router.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace pstrain {
+
+ShardRouter::ShardRouter(int64_t rows, int partitions, int shards, int64_t dense_size)
+    : map_(rows, partitions, shards), dense_(dense_size, shards, shards) {
+  partition_rank_.resize(map_.partitions());
+  int rank = 0;
+  for (int s = 0; s < shards; ++s) {
+    shard_rank_begin_.push_back(rank);
+    for (int p : map_.PartitionsOfShard(s)) partition_rank_[p] = rank++;
+  }
+  shard_rank_begin_.push_back(rank);
+}
+
+absl::Status ShardRouter::GroupByShard(absl::Span<const int64_t> ids, std::vector<int32_t>* order,
+                                    std::vector<int64_t>* bounds) const {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("too many ids in one call: ", n));
+  }
+  // Counting sort by partition rank: shards come out in order, each shard's ids grouped by
+  // partition so that the shard handles each partition's ids in one run.
+  const int R = map_.partitions();
+  std::vector<int32_t> rank(n);
+  std::vector<int64_t> start(R + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= map_.rows()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row id ", id, " (position ", i, ") is outside the table [0, ", map_.rows(), ")"));
+    }
+    rank[i] = partition_rank_[map_.PartitionOf(id)];
+    ++start[rank[i] + 1];
+  }
+  for (int r = 0; r < R; ++r) start[r + 1] += start[r];
+  bounds->resize(shards() + 1);
+  for (int s = 0; s <= shards(); ++s) (*bounds)[s] = start[shard_rank_begin_[s]];
+  order->resize(n);
+  for (int64_t i = 0; i < n; ++i) (*order)[start[rank[i]]++] = static_cast<int32_t>(i);
+  return absl::OkStatus();
+}
+
+absl::Status ShardRouter::CheckShard(int shard, const std::string& address,
+                                     const InfoResponse& info, int row_dim, int worker) const {
+  const ShardMap& m = info.map();
+  if (info.shard() != shard || m.shards() != shards() || m.rows() != map_.rows() ||
+      m.partitions() != map_.partitions() || m.row_dim() != row_dim ||
+      m.dense_size() != dense_.rows()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s serves shard %d of %d with rows=%d partitions=%d row_dim=%d dense_size=%d, but "
+        "this worker expects shard %d of %d with rows=%d partitions=%d row_dim=%d "
+        "dense_size=%d: check the cluster spec and the config",
+        address, info.shard(), m.shards(), m.rows(), m.partitions(), m.row_dim(), m.dense_size(),
+        shard, shards(), map_.rows(), map_.partitions(), row_dim, dense_.rows()));
+  }
+  if (info.num_workers() > 0 && worker >= info.num_workers()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " serves a job of ", info.num_workers(), " workers, but this is worker ", worker,
+        ": start every `pstrain ps` with --num_workers set to the job's workers"));
+  }
+  if (!info.ready()) {
+    return absl::UnavailableError(absl::StrCat("shard ", shard, " (", address, ") is not ready"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain
