@@ -20,6 +20,21 @@
 
 namespace pstrain {
 
+int CommandError(const char* command, absl::string_view message, int code) {
+  std::fprintf(stderr, "pstrain %s: %.*s\n", command, static_cast<int>(message.size()),
+               message.data());
+  return code;
+}
+
+std::optional<int> ParseCommandFlags(const char* command, FlagSet& flags, int argc, char** argv) {
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    return CommandError(command, s.message(), 2);
+  }
+  if (!flags.help_requested()) return std::nullopt;
+  std::printf("%s", flags.Usage().c_str());
+  return 0;
+}
+
 void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
   f->List("config", &o->config,
           "config file (text proto of pstrain.Config; see configs/); repeatable: later files "
@@ -264,8 +279,7 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
     }
     if (!c.ok()) s = c.status();
   }
-  std::fprintf(stderr, "pstrain %s: %s\n", command, std::string(s.message()).c_str());
-  return 2;
+  return CommandError(command, s.message(), 2);
 }
 
 }  // namespace pstrain

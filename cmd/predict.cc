@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "cmd/serving_setup.h"
