@@ -42,7 +42,8 @@ void AddPsFlags(FlagSet* flags, PsFlags* f) {
              "anyway");
   flags->Int("shard", &f->shard, "this shard's index i in [0, num_shards)");
   flags->Int("num_shards", &f->num_shards, "number of PS shards S");
-  flags->Int64("rows", &f->rows, "rows of the embedding table V (0 = the FeatureSpec's total rows)");
+  flags->Int64("rows", &f->rows,
+                "rows of the embedding table V (0 = the FeatureSpec's total rows)");
   flags->Int64("dense_size", &f->dense_size,
                "floats of the flat dense vector (-1 = the model's dense_size)");
   flags->Int("row_dim", &f->row_dim, "floats per row (0 = the model's, 1 + model.embedding_dim)");
@@ -80,7 +81,8 @@ std::optional<int> CreateShard(const Config& config, const TrainingFlags& tf, Ps
   // A shape given by flags (tests and benchmarks of the PS alone) is not the config's model, so
   // only a shard of the config's own shape compares the checkpoint's model description with it.
   const bool own_shape = f->rows == 0 && f->row_dim == 0 && f->dense_size < 0;
-  auto o = ShardOptionsForJob(config, f->shard, f->num_shards, {f->rows, f->row_dim, f->dense_size});
+  auto o =
+      ShardOptionsForJob(config, f->shard, f->num_shards, {f->rows, f->row_dim, f->dense_size});
   if (!o.ok()) return CommandError("ps", o.status().message(), 2);
   if (f->partitions > 0) o->data.partitions = f->partitions;
   auto sec = ClusterSecurity(config, SecretEnvironment(), f->bind, o->security.max_message_bytes);

@@ -39,7 +39,8 @@ struct TuneFlags {
 };
 
 void AddTuneFlags(FlagSet* flags, TuneFlags* f) {
-  flags->Double("budget_s", &f->budget_s, "stop trying candidates when this many seconds are spent");
+  flags->Double("budget_s", &f->budget_s,
+                "stop trying candidates when this many seconds are spent");
   flags->String("batch_sizes", &f->batch_sizes,
                 "also measure these per-tower batch sizes (e.g. 256,1024) at the best threads; "
                 "a size that changes the global batch is written only with --allow_batch_change");

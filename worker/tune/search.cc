@@ -84,8 +84,8 @@ std::vector<TuneCandidate> BatchSizeCandidates(const TuneCandidate& best,
                                                const std::vector<int>& batch_sizes) {
   std::vector<TuneCandidate> out;
   for (int size : batch_sizes) {
-    out.push_back(
-        TuneCandidate{best.towers, best.intra, best.inter, std::min(kMaxBatch, best.towers * size)});
+    const int step = std::min(kMaxBatch, best.towers * size);
+    out.push_back(TuneCandidate{best.towers, best.intra, best.inter, step});
   }
   return out;
 }

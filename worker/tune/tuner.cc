@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<Tuner>> Tuner::Create(const Config& config, Tuner
 
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), spec.num_fields()));
-  std::unique_ptr<Tuner> t(new Tuner(config, std::move(options), std::move(spec), std::move(model)));
+  std::unique_ptr<Tuner> t(
+      new Tuner(config, std::move(options), std::move(spec), std::move(model)));
   t->space_ = space;
   if (space.search_inter) {
     t->Print("input: the train channels through the pipeline (inter_op_threads parser threads), "
@@ -120,7 +121,9 @@ absl::StatusOr<double> Tuner::Measure(const TuneCandidate& c) const {
     auto next = [&]() -> absl::StatusOr<const Batch*> {
       int64_t epoch;
       ASSIGN_OR_RETURN(bool got, pipeline->Next(&batch, &epoch));
-      if (!got || batch.size == 0) return absl::FailedPreconditionError("the training data is empty");
+      if (!got || batch.size == 0) {
+        return absl::FailedPreconditionError("the training data is empty");
+      }
       return &batch;
     };
     t = TimeTrainSteps(step.get(), params.get(), next, options_.timing, &global_step);
