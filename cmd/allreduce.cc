@@ -19,6 +19,7 @@
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "cmd/stop_signal.h"
 #include "common/config.h"
 #include "common/file.h"
 #include "common/flags.h"
@@ -34,8 +35,7 @@
 namespace pstrain {
 namespace {
 
-std::atomic<bool> g_stop{false};
-// Posted by the first stop signal (sem_post is async-signal-safe) and by the end of training.
+// Posted by a stop signal (StopSignals::on_stop) and by the end of training.
 sem_t g_wake;
 std::atomic<bool> g_training_done{false};
 // The terminal's stderr: rank r > 0 sends its own stderr (progress) to <model_dir>/rank-<r>/
@@ -47,15 +47,6 @@ void Report(const std::string& line) {
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
   if (g_console != STDERR_FILENO) dprintf(g_console, "%s\n", line.c_str());
-}
-
-void OnStopSignal(int sig) {
-  if (g_stop.exchange(true)) {
-    // A second signal: the user insists. Leave without the checkpoint.
-    signal(sig, SIG_DFL);
-    raise(sig);
-  }
-  sem_post(&g_wake);
 }
 
 // After a stop signal, the ranks agree to stop at the next step and write a checkpoint. When a
@@ -124,7 +115,8 @@ absl::StatusOr<int64_t> CheckReplicaFits(const Config& config, const FeatureSpec
   return usable;
 }
 
-absl::Status Train(Config config, int rank, int size, int local_ranks, bool memory_check) {
+absl::Status Train(Config config, int rank, int size, int local_ranks, bool memory_check,
+                   std::atomic<bool>* local_stop) {
   const int cores = std::max(1, Launch().cpus.cpus / local_ranks);
   const std::string thread_note =
       ResolveThreadDefaults(cores, &config, Launch().omp_num_threads, rank, size);
@@ -144,7 +136,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   ao.incremental_every = config.checkpoint().incremental_every();
   ao.checkpoint_every_steps = config.checkpoint().every_steps();
   ao.checkpoint_every_seconds = config.checkpoint().every_seconds();
-  ao.local_stop = &g_stop;
+  ao.local_stop = local_stop;
   ASSIGN_OR_RETURN(ao.model, DescribeModel(config));
   if (config.train().has_warm_start()) ao.warm_start = config.train().warm_start();
   ASSIGN_OR_RETURN(auto params, AllreduceParams::Create(std::move(replica), std::move(ao)));
@@ -176,6 +168,53 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   return RunTraining(config, opts).status();
 }
 
+// The process's MPI world: this rank, the ranks, and the ranks on this machine.
+struct MpiWorld {
+  int provided = 0;  // the thread support MPI gave
+  int rank = 0, size = 1, local_ranks = 1;
+};
+
+absl::StatusOr<MpiWorld> InitMpi() {
+  MpiWorld w;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &w.provided) != MPI_SUCCESS) {
+    return absl::InternalError("MPI_Init_thread failed");
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &w.local_ranks);
+  MPI_Comm_free(&local);
+  return w;
+}
+
+// Rank r > 0: one progress line per step on the terminal (rank 0's), the others' in their log
+// files: stderr goes to <model_dir>/rank-<r>/output.log, and g_console keeps the terminal.
+absl::Status RedirectRankStderr(const Config& config, int rank) {
+  const std::string dir = absl::StrCat(config.train().model_dir(), "/rank-", rank);
+  RETURN_IF_ERROR(MakeDirs(dir));
+  const std::string log = dir + "/output.log";
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open", log);
+  std::fflush(stderr);
+  g_console = dup(STDERR_FILENO);
+  dup2(fd, STDERR_FILENO);
+  close(fd);
+  return absl::OkStatus();
+}
+
+// Fewer files than ranks: record sharding (every rank decides alike from the same files).
+absl::Status ShardTheData(Config* config, const MpiWorld& w) {
+  if (w.provided < MPI_THREAD_FUNNELED) {
+    return absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> notes, ShardByRecordWhenTooFewFiles(config, w.size));
+  if (w.rank == 0) {
+    for (const std::string& n : notes) std::fprintf(stderr, "pstrain allreduce: %s\n", n.c_str());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunAllreduce(int argc, char** argv) {
@@ -205,63 +244,31 @@ int RunAllreduce(int argc, char** argv) {
   Config config;
   if (auto code = ParseTrainingCommand("allreduce", argc, argv, &flags, tf, &config)) return *code;
   if (config.data().train_size() == 0) {
-    std::fprintf(stderr, "pstrain allreduce: no training data: pass --train PATH or set data.train\n");
-    return 2;
+    return CommandError("allreduce", "no training data: pass --train PATH or set data.train", 2);
   }
-  int provided = 0;
-  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-    std::fprintf(stderr, "pstrain allreduce: MPI_Init_thread failed\n");
-    return 1;
-  }
-  int rank = 0, size = 1, local_ranks = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  MPI_Comm_size(local, &local_ranks);
-  MPI_Comm_free(&local);
+  absl::StatusOr<MpiWorld> w = InitMpi();
+  if (!w.ok()) return CommandError("allreduce", w.status().message(), 1);
   // The first line of a job: scripts/emulate_hosts.sh takes a log still empty long after the
   // launch for a launch that hung before MPI_Init returned.
-  if (rank == 0) std::fprintf(stderr, "pstrain allreduce: %d ranks up\n", size);
-  absl::Status s;
-  if (rank != 0) {
-    // One progress line per step on the terminal (rank 0's), the others' in their log files.
-    const std::string dir = absl::StrCat(config.train().model_dir(), "/rank-", rank);
-    s = MakeDirs(dir);
-    const std::string log = dir + "/output.log";
-    const int fd = s.ok() ? open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
-    if (s.ok() && fd < 0) s = ErrnoError("open", log);
-    if (s.ok()) {
-      std::fflush(stderr);
-      g_console = dup(STDERR_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
-    }
-  }
+  if (w->rank == 0) std::fprintf(stderr, "pstrain allreduce: %d ranks up\n", w->size);
+  absl::Status s = w->rank != 0 ? RedirectRankStderr(config, w->rank) : absl::OkStatus();
   sem_init(&g_wake, 0, 0);
-  std::thread watchdog(StopWatchdog, rank, size, stop_timeout);
-  signal(SIGTERM, OnStopSignal);
-  signal(SIGINT, OnStopSignal);
-
-  if (s.ok() && provided < MPI_THREAD_FUNNELED) {
-    s = absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
-  }
-  if (s.ok()) {
-    // Fewer files than ranks: record sharding (every rank decides alike from the same files).
-    absl::StatusOr<std::vector<std::string>> notes = ShardByRecordWhenTooFewFiles(&config, size);
-    if (!notes.ok()) s = notes.status();
-    if (notes.ok() && rank == 0) {
-      for (const std::string& n : *notes) std::fprintf(stderr, "pstrain allreduce: %s\n", n.c_str());
-    }
-  }
-  if (s.ok()) s = Train(std::move(config), rank, size, local_ranks, memory_check);
+  std::thread watchdog(StopWatchdog, w->rank, w->size, stop_timeout);
+  // The first stop signal: the ranks agree to stop and checkpoint (and the watchdog bounds it);
+  // a second one (the user insists) ends the process without the checkpoint.
+  StopSignals& signals = InstallStopSignals();
+  signals.on_stop = [](int) { sem_post(&g_wake); };
+  signals.served = true;
+  if (s.ok()) s = ShardTheData(&config, *w);
+  if (s.ok()) s = Train(std::move(config), w->rank, w->size, w->local_ranks, memory_check,
+                        &signals.stop);
   g_training_done = true;
   sem_post(&g_wake);
   watchdog.join();
   if (!s.ok()) {
-    Report(absl::StrCat("pstrain allreduce: rank ", rank, " of ", size, ": ", s.ToString()));
+    Report(absl::StrCat("pstrain allreduce: rank ", w->rank, " of ", w->size, ": ", s.ToString()));
     // The other ranks may be waiting in a collective for this one: end the whole job.
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (w->size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     MPI_Finalize();
     return 1;
   }

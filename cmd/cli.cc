@@ -20,6 +20,21 @@
 
 namespace pstrain {
 
+int CommandError(const char* command, absl::string_view message, int code) {
+  std::fprintf(stderr, "pstrain %s: %.*s\n", command, static_cast<int>(message.size()),
+               message.data());
+  return code;
+}
+
+std::optional<int> ParseCommandFlags(const char* command, FlagSet& flags, int argc, char** argv) {
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    return CommandError(command, s.message(), 2);
+  }
+  if (!flags.help_requested()) return std::nullopt;
+  std::printf("%s", flags.Usage().c_str());
+  return 0;
+}
+
 void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
   f->List("config", &o->config,
           "config file (text proto of pstrain.Config; see configs/); repeatable: later files "
@@ -57,6 +72,77 @@ void AddTrainingFlags(FlagSet* f, TrainingFlags* o) {
       "Kubernetes CPU pinning) capped by its cgroup CPU quota.");
 }
 
+namespace {
+
+// The platform's defaults (TrainingFlags::default_*), where the config leaves the value unset.
+void ApplyPlatformDefaults(const TrainingFlags& flags, Config* config) {
+  if (!flags.default_model_dir.empty() && !config->train().has_model_dir()) {
+    config->mutable_train()->set_model_dir(flags.default_model_dir);
+  }
+  if (!flags.default_checkpoint_dir.empty() && !config->checkpoint().has_dir()) {
+    config->mutable_checkpoint()->set_dir(flags.default_checkpoint_dir);
+  }
+  if (flags.default_channels.empty()) return;
+  auto fill = [&flags](Channel* c) {
+    auto it = flags.default_channels.find(c->name());
+    if (it == flags.default_channels.end() || c->path_size() > 0 || !c->pipe_dir().empty()) return;
+    if (!it->second.pipe_dir.empty()) {
+      c->set_pipe_dir(it->second.pipe_dir);
+    } else {
+      c->add_path(it->second.dir);
+    }
+    if (it->second.sharded && !c->has_shard_policy()) c->set_shard_policy(REPLICATED);
+    if (it->second.gzip && !c->has_compression()) c->set_compression(Channel::GZIP);
+  };
+  auto* data = config->mutable_data();
+  if (data->train_size() == 0 && flags.default_channels.count("train")) {
+    data->add_train()->set_name("train");
+  }
+  if (data->eval_size() == 0) {
+    for (const char* name : {"eval", "validation", "test"}) {
+      if (flags.default_channels.count(name)) {
+        data->add_eval()->set_name(name);
+        break;
+      }
+    }
+  }
+  for (Channel& c : *data->mutable_train()) fill(&c);
+  for (Channel& c : *data->mutable_eval()) fill(&c);
+}
+
+// --train / --eval paths replace the first channel's (made when there is none); --format applies
+// to the channels given paths, or to every channel of the kind when none is.
+void ApplyChannelFlags(const std::vector<std::string>& paths, DataFormat format,
+                       google::protobuf::RepeatedPtrField<Channel>* chans, const char* name) {
+  if (paths.empty()) {
+    if (format != FORMAT_UNSPECIFIED) {
+      for (auto& c : *chans) c.set_format(format);
+    }
+    return;
+  }
+  Channel* c = chans->empty() ? chans->Add() : chans->Mutable(0);
+  if (!c->has_name()) c->set_name(name);
+  c->clear_path();
+  for (const auto& p : paths) c->add_path(p);
+  if (format != FORMAT_UNSPECIFIED) c->set_format(format);
+}
+
+absl::StatusOr<TrainConfig::OnNewData> ParseOnNewData(const std::string& value) {
+  static const std::pair<const char*, TrainConfig::OnNewData> kModes[] = {
+      {"auto", TrainConfig::AUTO},
+      {"continue", TrainConfig::CONTINUE},
+      {"new_pass", TrainConfig::NEW_PASS}};
+  const auto* mode = std::find_if(std::begin(kModes), std::end(kModes),
+                                  [&](const auto& m) { return value == m.first; });
+  if (mode == std::end(kModes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--on_new_data: expected auto, continue or new_pass, got '", value, "'"));
+  }
+  return mode->second;
+}
+
+}  // namespace
+
 absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   Config config;
   for (const std::string& path : flags.config) {
@@ -68,72 +154,15 @@ absl::StatusOr<Config> BuildConfig(const TrainingFlags& flags) {
   if (!flags.format.empty()) {
     ASSIGN_OR_RETURN(format, ParseDataFormat(flags.format));
   }
-  // The platform's defaults, where the config leaves the value unset.
-  if (!flags.default_model_dir.empty() && !config.train().has_model_dir()) {
-    config.mutable_train()->set_model_dir(flags.default_model_dir);
-  }
-  if (!flags.default_checkpoint_dir.empty() && !config.checkpoint().has_dir()) {
-    config.mutable_checkpoint()->set_dir(flags.default_checkpoint_dir);
-  }
-  if (!flags.default_channels.empty()) {
-    auto fill = [&flags](Channel* c) {
-      auto it = flags.default_channels.find(c->name());
-      if (it == flags.default_channels.end() || c->path_size() > 0 || !c->pipe_dir().empty()) return;
-      if (!it->second.pipe_dir.empty()) {
-        c->set_pipe_dir(it->second.pipe_dir);
-      } else {
-        c->add_path(it->second.dir);
-      }
-      if (it->second.sharded && !c->has_shard_policy()) c->set_shard_policy(REPLICATED);
-      if (it->second.gzip && !c->has_compression()) c->set_compression(Channel::GZIP);
-    };
-    auto* data = config.mutable_data();
-    if (data->train_size() == 0 && flags.default_channels.count("train")) {
-      data->add_train()->set_name("train");
-    }
-    if (data->eval_size() == 0) {
-      for (const char* name : {"eval", "validation", "test"}) {
-        if (flags.default_channels.count(name)) {
-          data->add_eval()->set_name(name);
-          break;
-        }
-      }
-    }
-    for (Channel& c : *data->mutable_train()) fill(&c);
-    for (Channel& c : *data->mutable_eval()) fill(&c);
-  }
-  auto set_channel = [&](const std::vector<std::string>& paths,
-                         google::protobuf::RepeatedPtrField<Channel>* chans, const char* name) {
-    if (paths.empty()) {
-      if (format != FORMAT_UNSPECIFIED) {
-        for (auto& c : *chans) c.set_format(format);
-      }
-      return;
-    }
-    Channel* c = chans->empty() ? chans->Add() : chans->Mutable(0);
-    if (!c->has_name()) c->set_name(name);
-    c->clear_path();
-    for (const auto& p : paths) c->add_path(p);
-    if (format != FORMAT_UNSPECIFIED) c->set_format(format);
-  };
-  set_channel(flags.train, config.mutable_data()->mutable_train(), "train");
-  set_channel(flags.eval, config.mutable_data()->mutable_eval(), "eval");
+  ApplyPlatformDefaults(flags, &config);
+  ApplyChannelFlags(flags.train, format, config.mutable_data()->mutable_train(), "train");
+  ApplyChannelFlags(flags.eval, format, config.mutable_data()->mutable_eval(), "eval");
   if (flags.train_only) config.mutable_data()->clear_eval();
   if (!flags.model_dir.empty()) config.mutable_train()->set_model_dir(flags.model_dir);
   if (flags.epochs > 0) config.mutable_train()->set_epochs(flags.epochs);
   if (!flags.on_new_data.empty()) {
-    static const std::pair<const char*, TrainConfig::OnNewData> kModes[] = {
-        {"auto", TrainConfig::AUTO},
-        {"continue", TrainConfig::CONTINUE},
-        {"new_pass", TrainConfig::NEW_PASS}};
-    const auto* mode = std::find_if(std::begin(kModes), std::end(kModes), [&](const auto& m) {
-      return flags.on_new_data == m.first;
-    });
-    if (mode == std::end(kModes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--on_new_data: expected auto, continue or new_pass, got '", flags.on_new_data, "'"));
-    }
-    config.mutable_train()->set_on_new_data(mode->second);
+    ASSIGN_OR_RETURN(TrainConfig::OnNewData mode, ParseOnNewData(flags.on_new_data));
+    config.mutable_train()->set_on_new_data(mode);
   }
   if (!flags.warm_start_from.empty()) {
     config.mutable_train()->mutable_warm_start()->set_from(flags.warm_start_from);
@@ -264,8 +293,7 @@ std::optional<int> ParseTrainingCommand(const char* command, int argc, char** ar
     }
     if (!c.ok()) s = c.status();
   }
-  std::fprintf(stderr, "pstrain %s: %s\n", command, std::string(s.message()).c_str());
-  return 2;
+  return CommandError(command, s.message(), 2);
 }
 
 }  // namespace pstrain

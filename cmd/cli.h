@@ -1,5 +1,6 @@
-// Shared command-line handling of the training subcommands (train, host, local, allreduce, tune):
-// the flag contract users and scripts rely on.
+// Shared command-line handling of the subcommands: the error style of every command
+// (CommandError), and for the training subcommands (train, host, local, allreduce, tune) the flag
+// contract users and scripts rely on.
 #pragma once
 
 #include <map>
@@ -8,10 +9,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/flags.h"
 #include "pstrain/config.pb.h"
 
 namespace pstrain {
+
+// How every command reports an error that ends it: "pstrain <command>: <message>" on stderr
+// (cmd/sagemaker.h's FailureCapture takes that line as the job's failure reason); returns `code`,
+// the exit code (2: the command line or config is wrong, 1: the work failed, others as the
+// command documents).
+int CommandError(const char* command, absl::string_view message, int code);
+
+// Parses argv[2..) into `flags`; returns the exit code when the command stops here: 0 after
+// printing the usage for --help, 2 after CommandError for a bad command line.
+std::optional<int> ParseCommandFlags(const char* command, FlagSet& flags, int argc, char** argv);
 
 struct TrainingFlags {
   // --config FILE (text proto; repeatable: each later file merges over the earlier ones with

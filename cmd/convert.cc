@@ -1,86 +1,83 @@
 // `pstrain convert`: data from one format to another, split into files, optionally shuffled.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "common/config.h"
 #include "common/flags.h"
+#include "common/status.h"
 #include "worker/data/record_io.h"
 #include "worker/tools/convert.h"
 
 namespace pstrain {
+namespace {
+
+struct ConvertFlags {
+  std::string from, to, config, shuffle_seed;
+  double target_mb = 100;
+};
+
+void AddConvertFlags(FlagSet* flags, ConvertFlags* f, ConvertOptions* options) {
+  flags->List("input", &options->inputs, "input path (repeatable)");
+  flags->String("from", &f->from, "input format: criteo_tsv|csv|libsvm|tfrecord|recordio");
+  flags->String("to", &f->to, "output format: criteo_tsv|csv|libsvm|tfrecord|recordio");
+  flags->String("out", &options->out_dir, "output directory");
+  flags->Double("target_file_mb", &f->target_mb, "size of each output file in MB (10^6 bytes)");
+  flags->String("shuffle_seed", &f->shuffle_seed,
+                "shuffle the rows with this seed (unset: keep the order)");
+  flags->String("config", &f->config,
+                "config file whose `features` name the fields (default: the CRITEO preset)");
+  flags->Double("max_bad_record_fraction", &options->max_bad_record_fraction,
+                "bad records tolerated (skipped) as a fraction of those read; 0 = the first one "
+                "fails with its file and line/record");
+}
+
+// Completes `options` from the flags; INVALID_ARGUMENT names what is wrong.
+absl::Status ConvertOptionsFromFlags(const ConvertFlags& f, ConvertOptions* options) {
+  if (options->inputs.empty() || f.from.empty() || f.to.empty() || options->out_dir.empty()) {
+    return absl::InvalidArgumentError("--input, --from, --to and --out are required (see --help)");
+  }
+  ASSIGN_OR_RETURN(options->from, ParseDataFormat(f.from));
+  ASSIGN_OR_RETURN(options->to, ParseDataFormat(f.to));
+  if (!(f.target_mb > 0)) return absl::InvalidArgumentError("--target_file_mb must be > 0");
+  options->target_file_bytes = static_cast<uint64_t>(std::max(1.0, f.target_mb * 1e6));
+  options->shuffle = !f.shuffle_seed.empty();
+  if (options->shuffle && !absl::SimpleAtoi(f.shuffle_seed, &options->shuffle_seed)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shuffle_seed=", f.shuffle_seed, ": expected an unsigned integer"));
+  }
+  if (!f.config.empty()) {
+    ASSIGN_OR_RETURN(Config loaded, LoadConfigFile(f.config));
+    options->features = loaded.features();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int RunConvert(int argc, char** argv) {
   ConvertOptions options;
-  std::string from, to, config, shuffle_seed;
-  double target_mb = 100;
+  ConvertFlags f;
   FlagSet flags("convert",
                 "Reads every record of --input (files, directories, globs or .manifest files) in "
                 "format --from and writes\nthem in format --to as DIR/part-NNNNN<ext> files of "
                 "about --target_file_mb each. With --shuffle_seed the\nrows are shuffled "
                 "uniformly (two passes through bucket files in DIR), like the ~100 MB shuffled\n"
                 "TFRecord files of the usual Criteo preparation; without it their order is kept.");
-  flags.List("input", &options.inputs, "input path (repeatable)");
-  flags.String("from", &from, "input format: criteo_tsv|csv|libsvm|tfrecord|recordio");
-  flags.String("to", &to, "output format: criteo_tsv|csv|libsvm|tfrecord|recordio");
-  flags.String("out", &options.out_dir, "output directory");
-  flags.Double("target_file_mb", &target_mb, "size of each output file in MB (10^6 bytes)");
-  flags.String("shuffle_seed", &shuffle_seed,
-               "shuffle the rows with this seed (unset: keep the order)");
-  flags.String("config", &config,
-               "config file whose `features` name the fields (default: the CRITEO preset)");
-  flags.Double("max_bad_record_fraction", &options.max_bad_record_fraction,
-               "bad records tolerated (skipped) as a fraction of those read; 0 = the first one "
-               "fails with its file and line/record");
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "pstrain convert: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::printf("%s", flags.Usage().c_str());
-    return 0;
-  }
-  if (options.inputs.empty() || from.empty() || to.empty() || options.out_dir.empty()) {
-    std::fprintf(stderr,
-                 "pstrain convert: --input, --from, --to and --out are required (see --help)\n");
-    return 2;
-  }
-  auto from_format = ParseDataFormat(from);
-  auto to_format = ParseDataFormat(to);
-  for (const auto* f : {&from_format, &to_format}) {
-    if (!f->ok()) {
-      std::fprintf(stderr, "pstrain convert: %s\n", std::string(f->status().message()).c_str());
-      return 2;
-    }
-  }
-  options.from = *from_format;
-  options.to = *to_format;
-  if (!(target_mb > 0)) {
-    std::fprintf(stderr, "pstrain convert: --target_file_mb must be > 0\n");
-    return 2;
-  }
-  options.target_file_bytes = static_cast<uint64_t>(std::max(1.0, target_mb * 1e6));
-  options.shuffle = !shuffle_seed.empty();
-  if (options.shuffle && !absl::SimpleAtoi(shuffle_seed, &options.shuffle_seed)) {
-    std::fprintf(stderr, "pstrain convert: --shuffle_seed=%s: expected an unsigned integer\n",
-                 shuffle_seed.c_str());
-    return 2;
-  }
-  if (!config.empty()) {
-    auto loaded = LoadConfigFile(config);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "pstrain convert: %s\n", std::string(loaded.status().message()).c_str());
-      return 2;
-    }
-    options.features = loaded->features();
+  AddConvertFlags(&flags, &f, &options);
+  if (std::optional<int> code = ParseCommandFlags("convert", flags, argc, argv)) return *code;
+  if (absl::Status s = ConvertOptionsFromFlags(f, &options); !s.ok()) {
+    return CommandError("convert", s.message(), 2);
   }
   const auto start = std::chrono::steady_clock::now();
   auto result = Convert(options);
-  if (!result.ok()) {
-    std::fprintf(stderr, "pstrain convert: %s\n", result.status().ToString().c_str());
-    return 1;
-  }
+  if (!result.ok()) return CommandError("convert", result.status().ToString(), 1);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("converted %lld rows (%s -> %s) into %zu file%s (%.1f MB) in %s in %.1f s",

@@ -3,20 +3,69 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "common/flags.h"
 #include "worker/data/record_io.h"
 #include "worker/tools/datagen.h"
 
 namespace pstrain {
+namespace {
 
-int RunDatagen(int argc, char** argv) {
+struct DatagenFlags {
   DatagenOptions options;
   DatagenOutput out;
   std::string format = "criteo_tsv";
-  out.threads = omp_get_max_threads();
+  std::string high_cardinality_fields;
+};
+
+void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
+  DatagenOptions& options = f->options;
+  DatagenOutput& out = f->out;
+  flags->Int64("rows", &out.rows, "rows to write (required)");
+  flags->Uint64("seed", &options.seed, "data seed: which rows");
+  flags->Uint64("teacher_seed", &options.teacher_seed, "teacher seed: which model labels them");
+  flags->String("format", &f->format, "criteo_tsv|csv|libsvm|tfrecord|recordio");
+  flags->String("out", &out.dir,
+                "output directory (required): part-NNNNN<ext> files and teacher.json");
+  flags->Int("files", &out.files, "number of part files (rows split evenly, in order)");
+  flags->Int("threads", &out.threads, "generation threads (the data does not depend on it)");
+  flags->Uint64("max_cardinality", &options.max_cardinality,
+                "cap on each categorical field's distinct values (Criteo's go up to 10,131,227)");
+  flags->Double("zipf_exponent", &options.zipf_exponent, "popularity skew of categorical values");
+  flags->Double("positive_rate", &options.positive_rate,
+                "positive rate the teacher's bias is calibrated to (Kaggle ~0.25, 1TB ~0.03)");
+  flags->Double("logit_std", &options.logit_std,
+                "spread of the teacher's logit; larger is easier (1.4 gives a Bayes AUC ~0.80)");
+  flags->Double("drift", &options.drift,
+                "concept drift between days, in [0, 1]: the teacher of --day d is rotated from "
+                "--teacher_seed's by d x acos(1 - drift), so consecutive days' teacher weights "
+                "have correlation 1 - drift");
+  flags->Int("day", &options.day, "the day of the drifting teacher (0 = the plain teacher)");
+  flags->String("high_cardinality_fields", &f->high_cardinality_fields,
+                "categorical fields that take --high_cardinality ids each, e.g. C3,C4,C12 "
+                "(a model whose touched rows grow with the data: docs/DATAGEN.md)");
+  flags->Uint64("high_cardinality", &options.high_cardinality,
+                "distinct values of each --high_cardinality_fields field, up to 4294967296 "
+                "(2^32; beyond --max_cardinality and Criteo's)");
+  flags->Double("high_cardinality_zipf_exponent", &options.high_cardinality_zipf_exponent,
+                "popularity skew of the high-cardinality fields' values (flatter than "
+                "--zipf_exponent: most values are new)");
+  flags->Bool("fill_missing", &options.fill_missing,
+              "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
+              "which cannot express a missing value)");
+}
+
+}  // namespace
+
+int RunDatagen(int argc, char** argv) {
+  DatagenFlags f;
+  f.out.threads = omp_get_max_threads();
   FlagSet flags(
       "datagen",
       "Writes Criteo-shaped synthetic rows whose labels come from a planted teacher model "
@@ -24,77 +73,30 @@ int RunDatagen(int argc, char** argv) {
       "AUC and logloss on the rows written.\nA train and a test set are two runs with "
       "different --seed and the same --teacher_seed (and the same\ngenerator flags): "
       "they share the teacher, so the test set's Bayes AUC bounds what a model can reach.");
-  flags.Int64("rows", &out.rows, "rows to write (required)");
-  flags.Uint64("seed", &options.seed, "data seed: which rows");
-  flags.Uint64("teacher_seed", &options.teacher_seed, "teacher seed: which model labels them");
-  flags.String("format", &format, "criteo_tsv|csv|libsvm|tfrecord|recordio");
-  flags.String("out", &out.dir,
-               "output directory (required): part-NNNNN<ext> files and teacher.json");
-  flags.Int("files", &out.files, "number of part files (rows split evenly, in order)");
-  flags.Int("threads", &out.threads, "generation threads (the data does not depend on it)");
-  flags.Uint64("max_cardinality", &options.max_cardinality,
-               "cap on each categorical field's distinct values (Criteo's go up to 10,131,227)");
-  flags.Double("zipf_exponent", &options.zipf_exponent, "popularity skew of categorical values");
-  flags.Double("positive_rate", &options.positive_rate,
-               "positive rate the teacher's bias is calibrated to (Kaggle ~0.25, 1TB ~0.03)");
-  flags.Double("logit_std", &options.logit_std,
-               "spread of the teacher's logit; larger is easier (1.4 gives a Bayes AUC ~0.80)");
-  flags.Double("drift", &options.drift,
-               "concept drift between days, in [0, 1]: the teacher of --day d is rotated from "
-               "--teacher_seed's by d x acos(1 - drift), so consecutive days' teacher weights "
-               "have correlation 1 - drift");
-  flags.Int("day", &options.day, "the day of the drifting teacher (0 = the plain teacher)");
-  std::string high_cardinality_fields;
-  flags.String("high_cardinality_fields", &high_cardinality_fields,
-               "categorical fields that take --high_cardinality ids each, e.g. C3,C4,C12 "
-               "(a model whose touched rows grow with the data: docs/DATAGEN.md)");
-  flags.Uint64("high_cardinality", &options.high_cardinality,
-               "distinct values of each --high_cardinality_fields field, up to 4294967296 "
-               "(2^32; beyond --max_cardinality and Criteo's)");
-  flags.Double("high_cardinality_zipf_exponent", &options.high_cardinality_zipf_exponent,
-               "popularity skew of the high-cardinality fields' values (flatter than "
-               "--zipf_exponent: most values are new)");
-  flags.Bool("fill_missing", &options.fill_missing,
-             "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
-             "which cannot express a missing value)");
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "pstrain datagen: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::printf("%s", flags.Usage().c_str());
-    return 0;
-  }
+  AddDatagenFlags(&flags, &f);
+  if (std::optional<int> code = ParseCommandFlags("datagen", flags, argc, argv)) return *code;
+  DatagenOptions& options = f.options;
+  DatagenOutput& out = f.out;
   if (!flags.WasSet("rows") || out.dir.empty()) {
-    std::fprintf(stderr, "pstrain datagen: --rows and --out are required (see --help)\n");
-    return 2;
+    return CommandError("datagen", "--rows and --out are required (see --help)", 2);
   }
-  auto parsed = ParseDataFormat(format);
+  auto parsed = ParseDataFormat(f.format);
   if (!parsed.ok()) {
-    std::fprintf(stderr, "pstrain datagen: --format: %s\n",
-                 std::string(parsed.status().message()).c_str());
-    return 2;
+    return CommandError("datagen", absl::StrCat("--format: ", parsed.status().message()), 2);
   }
   out.format = *parsed;
-  auto fields = ParseCategoricalFields(high_cardinality_fields);
+  auto fields = ParseCategoricalFields(f.high_cardinality_fields);
   if (!fields.ok()) {
-    std::fprintf(stderr, "pstrain datagen: --high_cardinality_fields: %s\n",
-                 std::string(fields.status().message()).c_str());
-    return 2;
+    return CommandError(
+        "datagen", absl::StrCat("--high_cardinality_fields: ", fields.status().message()), 2);
   }
   options.high_cardinality_fields = *std::move(fields);
   if (out.format == LIBSVM) options.fill_missing = true;
   auto data = SyntheticData::Create(options);
-  if (!data.ok()) {
-    std::fprintf(stderr, "pstrain datagen: %s\n", std::string(data.status().message()).c_str());
-    return 2;
-  }
+  if (!data.ok()) return CommandError("datagen", data.status().message(), 2);
   const auto start = std::chrono::steady_clock::now();
   auto result = WriteSyntheticData(*data, out);
-  if (!result.ok()) {
-    std::fprintf(stderr, "pstrain datagen: %s\n", result.status().ToString().c_str());
-    return 1;
-  }
+  if (!result.ok()) return CommandError("datagen", result.status().ToString(), 1);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("wrote %lld rows (%s, %d file%s, %.1f MB) to %s in %.1f s (%.0f rows/s)\n",

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/serving_setup.h"
 #include "common/flags.h"
@@ -27,22 +28,23 @@ int RunExport(int argc, char** argv) {
   flags.String("rows", &rows,
                "row encoding: f32 (exact), bf16 (half the size) or int8 (w exact, the "
                "embedding scaled per row: about a quarter)");
-  auto fail = [](const std::string& msg, int code) { return CommandError("export", msg, code); };
   if (std::optional<int> code = ParseCommandFlags("export", flags, argc, argv)) return *code;
-  if (out.empty()) return fail("--out is required (see --help)", 2);
+  if (out.empty()) return CommandError("export", "--out is required (see --help)", 2);
   absl::StatusOr<RowEncoding> encoding = ParseRowEncoding(rows);
-  if (!encoding.ok()) return fail(absl::StrCat("--rows: ", encoding.status().message()), 2);
+  if (!encoding.ok()) {
+    return CommandError("export", absl::StrCat("--rows: ", encoding.status().message()), 2);
+  }
   eo.encoding = *encoding;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<ServingModel>> model = LoadCheckpointModel(cf);
   if (!model.ok()) {
-    return fail(model.status().ToString(),
+    return CommandError("export", model.status().ToString(),
                 model.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
   }
   const double read_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   absl::StatusOr<ExportInfo> info = WriteExport(**model, out, eo);
-  if (!info.ok()) return fail(info.status().ToString(), 1);
+  if (!info.ok()) return CommandError("export", info.status().ToString(), 1);
   const double total_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   absl::PrintF("pstrain export: version %d of %s (step %d): %d rows (%s), %d bytes, read %.2f s + "

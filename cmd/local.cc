@@ -14,6 +14,7 @@
 // others get SIGTERM. Hosts still running --kill_timeout_s after a SIGTERM get SIGKILL; every
 // child is reaped, and a child dies with the launcher (PR_SET_PDEATHSIG).
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -24,12 +25,14 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,9 +46,11 @@
 #include "common/rpc/security.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "cmd/stop_signal.h"
 #include "common/file.h"
 #include "common/flags.h"
 #include "common/spawn.h"
+#include "common/status.h"
 
 namespace pstrain {
 namespace {
@@ -99,122 +104,162 @@ struct Outcome {
   std::string failure;      // "host 1 failed (signal 9)": the first host that failed
 };
 
-// Runs one cluster attempt; returns the launcher's exit code.
-int RunCluster(const std::vector<std::string>& base_args, int n, const std::string& model_dir,
-               int kill_timeout_s, int metrics_port, const sigset_t& signals, Outcome* outcome) {
-  *outcome = Outcome();
-  bool* retry = &outcome->retry;
+// A stop signal for the cluster loop (StopSignals::on_stop): the signal, 0 once taken.
+std::atomic<int> g_stop_signal{0};
+
+// The cluster's settings for every attempt.
+struct ClusterOptions {
+  std::vector<std::string> base_args;  // every host's flags but its place in the cluster
+  int hosts = 2;
+  std::string model_dir;
+  int kill_timeout_s = 120;
+  int metrics_port = 0;  // host i gets metrics_port + i (0 = off)
+  sigset_t wake;         // SIGCHLD: a host exited, or g_stop_signal was set
+};
+
+// One cluster attempt: N hosts started, reaped as they exit, stopped together.
+class ClusterAttempt {
+ public:
+  ClusterAttempt(const ClusterOptions& options, Outcome* outcome)
+      : o_(options), outcome_(outcome), children_(options.hosts), alive_(options.hosts) {}
+
+  // Starts the hosts on fresh ports; returns the launcher's exit code on failure (printed).
+  std::optional<int> Start();
+  // Until every host exited; returns the launcher's exit code.
+  int Wait();
+
+ private:
+  void ReapExited();
+  // SIGTERM to every host still running, SIGKILL kill_timeout_s later.
+  void BeginStopping();
+  void SignalAll(int sig) {
+    for (const Child& c : children_) {
+      if (c.status < 0) kill(c.pid, sig);
+    }
+  }
+
+  const ClusterOptions& o_;
+  Outcome* const outcome_;
+  std::vector<Child> children_;
+  int alive_;
+  int code_ = 0;
+  bool stopping_ = false;
+  bool signalled_ = false;  // stopped by the user: success if every host saved and exited 0
+  std::chrono::steady_clock::time_point kill_at_;
+};
+
+std::optional<int> ClusterAttempt::Start() {
+  const int n = o_.hosts;
   std::vector<int> ports;
   std::string error;
-  if (!PickPorts(n, &ports, &error)) {
-    std::fprintf(stderr, "pstrain local: %s\n", error.c_str());
-    return 1;
-  }
+  if (!PickPorts(n, &ports, &error)) return CommandError("local", error, 1);
   std::vector<std::string> addresses;
   for (int p : ports) addresses.push_back(absl::StrCat("127.0.0.1:", p));
   const std::string cluster = absl::StrJoin(addresses, ",");
   std::printf("pstrain local: starting %d hosts on %s; host 0 prints here, host i > 0 logs to "
-              "%s/host-<i>/output.log\n", n, cluster.c_str(), model_dir.c_str());
+              "%s/host-<i>/output.log\n", n, cluster.c_str(), o_.model_dir.c_str());
   std::fflush(stdout);
-  std::vector<Child> children(n);
   for (int i = 1; i < n; ++i) {
-    const std::string dir = absl::StrCat(model_dir, "/host-", i);
-    if (absl::Status s = MakeDirs(dir); !s.ok()) {
-      std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
-      return 1;
-    }
-    children[i].log = dir + "/output.log";
+    const std::string dir = absl::StrCat(o_.model_dir, "/host-", i);
+    if (absl::Status s = MakeDirs(dir); !s.ok()) return CommandError("local", s.message(), 1);
+    children_[i].log = dir + "/output.log";
   }
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> args = {"/proc/self/exe", "host"};
-    args.insert(args.end(), base_args.begin(), base_args.end());
+    args.insert(args.end(), o_.base_args.begin(), o_.base_args.end());
     args.push_back("--cluster=" + cluster);
     args.push_back(absl::StrCat("--index=", i));
-    if (metrics_port > 0) args.push_back(absl::StrCat("--metrics_port=", metrics_port + i));
+    if (o_.metrics_port > 0) args.push_back(absl::StrCat("--metrics_port=", o_.metrics_port + i));
     args.push_back("--bind=127.0.0.1");
     // The hosts share this machine: each one's automatic thread settings (threads.* = 0) divide
     // its share of the cores, not all of them.
-    args.push_back(absl::StrCat(
-        "--cores=", std::max(1, Launch().cpus.cpus / n)));
+    args.push_back(absl::StrCat("--cores=", std::max(1, Launch().cpus.cpus / n)));
     SpawnOptions so;
     so.argv = std::move(args);
-    if (i > 0) so.output_file = children[i].log;
+    if (i > 0) so.output_file = children_[i].log;
     const absl::StatusOr<pid_t> pid = Spawn(so);
     if (!pid.ok()) {
-      std::fprintf(stderr, "pstrain local: host %d: %s\n", i,
-                   std::string(pid.status().message()).c_str());
-      for (int j = 0; j < i; ++j) kill(children[j].pid, SIGKILL);
-      for (int j = 0; j < i; ++j) waitpid(children[j].pid, nullptr, 0);
+      CommandError("local", absl::StrCat("host ", i, ": ", pid.status().message()), 1);
+      for (int j = 0; j < i; ++j) kill(children_[j].pid, SIGKILL);
+      for (int j = 0; j < i; ++j) waitpid(children_[j].pid, nullptr, 0);
       return 1;
     }
-    children[i].pid = *pid;
+    children_[i].pid = *pid;
   }
+  return std::nullopt;
+}
 
-  int alive = n, code = 0;
-  bool stopping = false;
-  bool signalled = false;  // stopped by the user: success if every host saved and exited 0
-  auto stop_all = [&](int sig) {
-    for (const Child& c : children) {
-      if (c.status < 0) kill(c.pid, sig);
+void ClusterAttempt::BeginStopping() {
+  stopping_ = true;
+  kill_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(o_.kill_timeout_s);
+  SignalAll(SIGTERM);
+}
+
+void ClusterAttempt::ReapExited() {
+  for (int i = 0; i < o_.hosts; ++i) {
+    Child& c = children_[i];
+    if (c.status >= 0) continue;
+    int status;
+    if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+    c.status = status;
+    --alive_;
+    const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    if (failed && signalled_) code_ = 1;
+    if (failed && !stopping_) {
+      std::fprintf(stderr, "pstrain local: host %d failed (%s)%s; stopping the others\n", i,
+                   Describe(status).c_str(), c.log.empty() ? "" : (" - see " + c.log).c_str());
+      outcome_->retry = ExitCode(status) == kExitCannotListen;
+      outcome_->usage_error = ExitCode(status) == 2;
+      outcome_->failure = absl::StrCat("host ", i, " failed (", Describe(status), ")");
+      code_ = 1;
+      BeginStopping();
     }
-  };
-  std::chrono::steady_clock::time_point kill_at;
-  while (alive > 0) {
+  }
+}
+
+int ClusterAttempt::Wait() {
+  while (alive_ > 0) {
     // Reap whoever exited (SIGCHLD is blocked and merely wakes the wait below).
-    for (int i = 0; i < n; ++i) {
-      Child& c = children[i];
-      if (c.status >= 0) continue;
-      int status;
-      if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
-      c.status = status;
-      --alive;
-      const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-      if (failed && signalled) code = 1;
-      if (failed && !stopping) {
-        std::fprintf(stderr, "pstrain local: host %d failed (%s)%s; stopping the others\n", i,
-                     Describe(status).c_str(),
-                     c.log.empty() ? "" : (" - see " + c.log).c_str());
-        *retry = ExitCode(status) == kExitCannotListen;
-        outcome->usage_error = ExitCode(status) == 2;
-        outcome->failure = absl::StrCat("host ", i, " failed (", Describe(status), ")");
-        code = 1;
-        stopping = true;
-        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
-        stop_all(SIGTERM);
-      }
-    }
-    if (alive == 0) break;
+    ReapExited();
+    if (alive_ == 0) break;
     timespec wait = {3600, 0};
-    if (stopping) {
+    if (stopping_) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            kill_at - std::chrono::steady_clock::now()).count();
+                            kill_at_ - std::chrono::steady_clock::now()).count();
       if (left <= 0) {
         std::fprintf(stderr, "pstrain local: hosts still running %d s after SIGTERM: SIGKILL\n",
-                     kill_timeout_s);
-        stop_all(SIGKILL);
-        for (Child& c : children) {
-          if (c.status < 0 && waitpid(c.pid, &c.status, 0) == c.pid) --alive;
+                     o_.kill_timeout_s);
+        SignalAll(SIGKILL);
+        for (Child& c : children_) {
+          if (c.status < 0 && waitpid(c.pid, &c.status, 0) == c.pid) --alive_;
         }
         break;
       }
       wait = {static_cast<time_t>(left / 1000), static_cast<long>(left % 1000) * 1000000};
     }
-    const int sig = sigtimedwait(&signals, nullptr, &wait);
-    if ((sig == SIGINT || sig == SIGTERM) && !stopping) {
+    sigtimedwait(&o_.wake, nullptr, &wait);
+    const int sig = g_stop_signal.exchange(0);
+    if (sig != 0 && !stopping_) {
       std::fprintf(stderr,
                    "pstrain local: %s: stopping the hosts; they write a checkpoint of the job "
                    "(run the same command to resume)\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
-      signalled = true;
-      outcome->signalled = true;
-      stopping = true;
-      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kill_timeout_s);
-      stop_all(SIGTERM);
+      signalled_ = true;
+      outcome_->signalled = true;
+      BeginStopping();
     }
   }
-  if (code != 0) return code;
-  *retry = false;
+  if (code_ != 0) return code_;
+  outcome_->retry = false;
   return 0;
+}
+
+// Runs one cluster attempt; returns the launcher's exit code.
+int RunCluster(const ClusterOptions& options, Outcome* outcome) {
+  *outcome = Outcome();
+  ClusterAttempt attempt(options, outcome);
+  if (std::optional<int> code = attempt.Start()) return *code;
+  return attempt.Wait();
 }
 
 // summary.json gets "restarts" and "restart_log" (why, and from which checkpoint): the chief
@@ -271,6 +316,86 @@ void PrintSummary(const std::string& model_dir) {
               num("test_logloss"), model_dir.c_str());
 }
 
+// Every host's flags: the launcher's own removed, --max_restarts passed on, and record sharding
+// when the train channels have fewer files than hosts (Kaggle's train.txt is one file).
+absl::StatusOr<std::vector<std::string>> HostArgs(int argc, char** argv, const Config& config,
+                                                  int hosts, int max_restarts) {
+  std::vector<std::string> args =
+      ForwardedArgs(argc, argv, {"hosts", "kill_timeout_s", "max_restarts", "metrics_port"});
+  // ASYNC: each host restarts its own dead worker while the others train on (docs/PS.md
+  // "Recovery"); a dead host (its shard) restarts the whole job here.
+  if (max_restarts > 0) args.push_back(absl::StrCat("--max_restarts=", max_restarts));
+  Config sharded = config;
+  ASSIGN_OR_RETURN(std::vector<std::string> notes, ShardByRecordWhenTooFewFiles(&sharded, hosts));
+  for (const std::string& n : notes) std::fprintf(stderr, "pstrain local: %s\n", n.c_str());
+  for (int i = 0; i < sharded.data().train_size(); ++i) {
+    if (sharded.data().train(i).shard_policy() != config.data().train(i).shard_policy()) {
+      args.push_back(absl::StrCat("--set=data.train[", i, "].shard_policy=SHARD_BY_RECORD"));
+    }
+  }
+  return args;
+}
+
+// The job's calls carry a secret (docs/PS.md "Operations and security"): the user's
+// (cluster.secret_file or PSTRAIN_CLUSTER_SECRET, which the hosts read themselves), else a
+// random one for this job, handed to the hosts in their environment, never on a command line.
+absl::Status EnsureClusterSecret(const Config& config) {
+  if (!config.cluster().secret_file().empty() || std::getenv(kSecretEnvVariable) != nullptr) {
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::string secret, RandomSecret());
+  setenv(kSecretEnvVariable, secret.c_str(), 1);
+  return absl::OkStatus();
+}
+
+// Stop signals wake the cluster loop: SIGCHLD (blocked here, taken by its sigtimedwait) is sent
+// to this thread with the signal in g_stop_signal. Each one is taken; a repeated one does not
+// end the launcher (its hosts are checkpointing).
+void WakeOnStopSignals(ClusterOptions* options) {
+  sigemptyset(&options->wake);
+  sigaddset(&options->wake, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &options->wake, nullptr);
+  StopSignals& signals = InstallStopSignals();
+  signals.repeat_ends_process = false;
+  signals.on_stop = [waiter = pthread_self()](int sig) {
+    g_stop_signal = sig;
+    pthread_kill(waiter, SIGCHLD);
+  };
+  signals.served = true;
+}
+
+// Runs the cluster, on fresh ports when a host could not listen (kAttempts), and again from the
+// last checkpoint after a failure, up to max_restarts times; returns the launcher's exit code.
+int RunWithRestarts(const ClusterOptions& options, const Config& config, int max_restarts) {
+  int port_attempts = 0, restarts = 0;
+  std::vector<std::string> restart_log;
+  while (true) {
+    Outcome outcome;
+    const int code = RunCluster(options, &outcome);
+    if (outcome.retry && ++port_attempts < kAttempts) {
+      std::fprintf(stderr, "pstrain local: a host could not listen on its port; retrying on "
+                   "fresh ports (attempt %d of %d)\n", port_attempts + 1, kAttempts);
+      continue;
+    }
+    if (code == 0 || outcome.signalled || outcome.usage_error || restarts >= max_restarts) {
+      if (code != 0 && !outcome.signalled && max_restarts > 0 && restarts >= max_restarts) {
+        std::fprintf(stderr, "pstrain local: %s; no restart left (--max_restarts %d)\n",
+                     outcome.failure.c_str(), max_restarts);
+      }
+      if (code == 0) {
+        if (max_restarts > 0) AddRestartsToSummary(options.model_dir, restarts, restart_log);
+        PrintSummary(options.model_dir);
+      }
+      return code;
+    }
+    ++restarts;
+    const std::string from = LatestPathOr(JobCheckpointDir(config), "the beginning");
+    restart_log.push_back(absl::StrCat(outcome.failure, "; restarted from ", from));
+    std::fprintf(stderr, "pstrain local: %s; restart %d of %d: the job resumes from %s\n",
+                 outcome.failure.c_str(), restarts, max_restarts, from.c_str());
+  }
+}
+
 }  // namespace
 
 int RunLocal(int argc, char** argv) {
@@ -282,103 +407,40 @@ int RunLocal(int argc, char** argv) {
                 "same command resumes it.");
   TrainingFlags tf;
   AddTrainingFlags(&flags, &tf);
-  int hosts = 2, kill_timeout_s = 120, max_restarts = 0;
-  flags.Int("hosts", &hosts, "number of hosts N (each one PS shard + one worker)");
+  ClusterOptions o;
+  int max_restarts = 0;
+  flags.Int("hosts", &o.hosts, "number of hosts N (each one PS shard + one worker)");
   flags.Int("max_restarts", &max_restarts,
             "restarts of the whole job after a host failed (died, was killed, lost its peers), "
             "as torchrun's --max_restarts: every host is stopped and the job starts again from "
             "its last checkpoint; each restart is logged and counted in summary.json");
-  flags.Int("kill_timeout_s", &kill_timeout_s,
+  flags.Int("kill_timeout_s", &o.kill_timeout_s,
             "seconds between SIGTERM and SIGKILL when stopping the hosts (time to write a "
             "checkpoint)");
   Config config;
   if (auto code = ParseTrainingCommand("local", argc, argv, &flags, tf, &config)) return *code;
-  if (hosts < 1 || hosts > 64) {
-    std::fprintf(stderr, "pstrain local: --hosts must be in [1, 64], got %d\n", hosts);
-    return 2;
+  if (o.hosts < 1 || o.hosts > 64) {
+    return CommandError("local", absl::StrCat("--hosts must be in [1, 64], got ", o.hosts), 2);
   }
   if (config.data().train_size() == 0) {
-    std::fprintf(stderr, "pstrain local: no training data: pass --train PATH or set data.train\n");
-    return 2;
+    return CommandError("local", "no training data: pass --train PATH or set data.train", 2);
   }
-  // Forward every flag but the launcher's own.
-  std::vector<std::string> base_args =
-      ForwardedArgs(argc, argv, {"hosts", "kill_timeout_s", "max_restarts", "metrics_port"});
-  // ASYNC: each host restarts its own dead worker while the others train on (docs/PS.md
-  // "Recovery"); a dead host (its shard) restarts the whole job here.
-  if (max_restarts > 0) base_args.push_back(absl::StrCat("--max_restarts=", max_restarts));
-  // Fewer train files than hosts (Kaggle's train.txt is one file): record sharding.
-  {
-    Config sharded = config;
-    auto notes = ShardByRecordWhenTooFewFiles(&sharded, hosts);
-    if (!notes.ok()) {
-      std::fprintf(stderr, "pstrain local: %s\n", std::string(notes.status().message()).c_str());
-      return 2;
-    }
-    for (const std::string& n : *notes) std::fprintf(stderr, "pstrain local: %s\n", n.c_str());
-    for (int i = 0; i < sharded.data().train_size(); ++i) {
-      if (sharded.data().train(i).shard_policy() != config.data().train(i).shard_policy()) {
-        base_args.push_back(absl::StrCat("--set=data.train[", i, "].shard_policy=SHARD_BY_RECORD"));
-      }
-    }
+  absl::StatusOr<std::vector<std::string>> args =
+      HostArgs(argc, argv, config, o.hosts, max_restarts);
+  if (!args.ok()) return CommandError("local", args.status().message(), 2);
+  o.base_args = *std::move(args);
+  o.model_dir = config.train().model_dir();
+  o.metrics_port = tf.metrics_port;
+  if (absl::Status s = MakeDirs(o.model_dir); !s.ok()) return CommandError("local", s.message(), 1);
+  if (absl::Status s = EnsureClusterSecret(config); !s.ok()) {
+    return CommandError("local", s.ToString(), 1);
   }
-  const std::string model_dir = config.train().model_dir();
-  if (absl::Status s = MakeDirs(model_dir); !s.ok()) {
-    std::fprintf(stderr, "pstrain local: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  // The job's calls carry a secret (docs/PS.md "Operations and security"): the user's
-  // (cluster.secret_file or PSTRAIN_CLUSTER_SECRET, which the hosts read themselves), else a
-  // random one for this job, handed to the hosts in their environment, never on a command line.
-  if (config.cluster().secret_file().empty() && std::getenv(kSecretEnvVariable) == nullptr) {
-    auto secret = RandomSecret();
-    if (!secret.ok()) {
-      std::fprintf(stderr, "pstrain local: %s\n", secret.status().ToString().c_str());
-      return 1;
-    }
-    setenv(kSecretEnvVariable, secret->c_str(), 1);
-  }
-  // Signals are taken synchronously by sigtimedwait in RunCluster; children unblock them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  WakeOnStopSignals(&o);
   if (max_restarts < 0) {
-    std::fprintf(stderr, "pstrain local: --max_restarts must be >= 0, got %d\n", max_restarts);
-    return 2;
+    return CommandError("local", absl::StrCat("--max_restarts must be >= 0, got ", max_restarts),
+                        2);
   }
-  int code = 1;
-  int port_attempts = 0, restarts = 0;
-  std::vector<std::string> restart_log;
-  while (true) {
-    Outcome outcome;
-    code = RunCluster(base_args, hosts, model_dir, kill_timeout_s, tf.metrics_port, signals,
-                      &outcome);
-    if (outcome.retry && ++port_attempts < kAttempts) {
-      std::fprintf(stderr, "pstrain local: a host could not listen on its port; retrying on "
-                   "fresh ports (attempt %d of %d)\n", port_attempts + 1, kAttempts);
-      continue;
-    }
-    if (code == 0 || outcome.signalled || outcome.usage_error || restarts >= max_restarts) {
-      if (code != 0 && !outcome.signalled && max_restarts > 0 && restarts >= max_restarts) {
-        std::fprintf(stderr, "pstrain local: %s; no restart left (--max_restarts %d)\n",
-                     outcome.failure.c_str(), max_restarts);
-      }
-      break;
-    }
-    ++restarts;
-    const std::string from = LatestPathOr(JobCheckpointDir(config), "the beginning");
-    restart_log.push_back(absl::StrCat(outcome.failure, "; restarted from ", from));
-    std::fprintf(stderr, "pstrain local: %s; restart %d of %d: the job resumes from %s\n",
-                 outcome.failure.c_str(), restarts, max_restarts, from.c_str());
-  }
-  if (code == 0) {
-    if (max_restarts > 0) AddRestartsToSummary(model_dir, restarts, restart_log);
-    PrintSummary(model_dir);
-  }
-  return code;
+  return RunWithRestarts(o, config, max_restarts);
 }
 
 }  // namespace pstrain

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
 #include "cmd/serving_setup.h"
@@ -44,15 +45,16 @@ int RunPredict(int argc, char** argv) {
   flags.Int("reader_threads", &po.reader_threads, "parser threads");
   flags.String("summary", &summary,
                "write a JSON summary (examples, auc, logloss, seconds, checkpoint) to this file");
-  auto fail = [](const std::string& msg, int code) { return CommandError("predict", msg, code); };
   if (std::optional<int> code = ParseCommandFlags("predict", flags, argc, argv)) return *code;
-  if (inputs.empty()) return fail("--input is required (see --help)", 2);
+  if (inputs.empty()) return CommandError("predict", "--input is required (see --help)", 2);
   absl::StatusOr<DataFormat> parsed = ParseDataFormat(format);
-  if (!parsed.ok()) return fail(absl::StrCat("--format: ", parsed.status().message()), 2);
-  if (threads < 0) return fail("--threads must be >= 0", 2);
+  if (!parsed.ok()) {
+    return CommandError("predict", absl::StrCat("--format: ", parsed.status().message()), 2);
+  }
+  if (threads < 0) return CommandError("predict", "--threads must be >= 0", 2);
   absl::StatusOr<std::unique_ptr<ServingModel>> loaded = LoadCheckpointModel(cf);
   if (!loaded.ok()) {
-    return fail(loaded.status().ToString(),
+    return CommandError("predict", loaded.status().ToString(),
                 loaded.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
   }
   std::shared_ptr<const ServingModel> model(*std::move(loaded));
@@ -63,7 +65,7 @@ int RunPredict(int argc, char** argv) {
   po.towers = threads > 0 ? threads : Launch().cpus.cpus;
   po.intra_op_threads = 1;
   absl::StatusOr<PredictResult> r = RunPredict(model, po);
-  if (!r.ok()) return fail(r.status().ToString(), 1);
+  if (!r.ok()) return CommandError("predict", r.status().ToString(), 1);
   FILE* info = out == "-" ? stderr : stdout;
   std::string metrics;
   if (r->has_labels) {
@@ -87,7 +89,7 @@ int RunPredict(int argc, char** argv) {
         .Add("checkpoint", model->origin().path)
         .Add("step", model->origin().step);
     if (absl::Status s = WriteFileAtomic(summary, j.str() + "\n"); !s.ok()) {
-      return fail(s.ToString(), 1);
+      return CommandError("predict", s.ToString(), 1);
     }
   }
   return 0;

@@ -8,6 +8,7 @@
 #include "cmd/launcher.h"
 #include "checkpoint/layout.h"
 #include "cmd/sagemaker.h"
+#include "cmd/stop_signal.h"
 #include "common/malloc_tuning.h"
 #include "pstrain_version.h"  // generated: cmake/version.cmake
 
@@ -51,6 +52,8 @@ void PrintUsage() {
 int main(int argc, char** argv) {
   // OMP_WAIT_POLICY=PASSIVE unless the user chose a policy (cmd/launcher.h says why).
   pstrain::ReexecWithPassiveOmpWaitPolicy(argv);
+  // SIGTERM / SIGINT blocked before any thread starts, and taken by one thread (cmd/stop_signal.h).
+  pstrain::InstallStopSignals();
   // Debian's abseil is built with mutex deadlock detection on, which makes every absl::Mutex
   // operation several times slower (measured ~100 ns per lock/unlock pair); pstrain's lock order
   // is fixed by design, so the detector is switched off in the binary.

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/env.h"
 #include "common/file.h"
 #include "common/status.h"
 
@@ -41,14 +42,9 @@ absl::StatusOr<Value> ParseJson(const std::string& text, const std::string& what
   return v;
 }
 
-const char* Env(const char* name) {
+const char* EnvVar(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : nullptr;
-}
-
-bool IsDir(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // A file that may be absent: nullopt when it is, its text otherwise.
@@ -85,7 +81,7 @@ absl::Status ParseInputDataConfig(const std::string& text, const std::string& wh
 }  // namespace
 
 std::string SageMakerPath(absl::string_view path) {
-  const char* root = Env("PSTRAIN_SAGEMAKER_ROOT");
+  const char* root = EnvVar("PSTRAIN_SAGEMAKER_ROOT");
   std::string r = root == nullptr ? "" : root;
   while (!r.empty() && r.back() == '/') r.pop_back();
   return absl::StrCat(r, path);
@@ -130,7 +126,7 @@ absl::Status ParseHyperparameters(const std::string& text, const std::string& wh
 std::string SageMakerFailureFile() {
   struct stat st;
   const bool active =
-      Env("SM_HOSTS") || Env("SM_MODEL_DIR") || Env("SM_TRAINING_ENV") ||
+      EnvVar("SM_HOSTS") || EnvVar("SM_MODEL_DIR") || EnvVar("SM_TRAINING_ENV") ||
       ::stat(SageMakerPath("/opt/ml/input/config/resourceconfig.json").c_str(), &st) == 0;
   return active ? SageMakerPath("/opt/ml/output/failure") : "";
 }
@@ -139,14 +135,15 @@ absl::StatusOr<SageMakerContract> ReadSageMakerContract() {
   SageMakerContract c;
   const std::string resource_config = SageMakerPath("/opt/ml/input/config/resourceconfig.json");
   ASSIGN_OR_RETURN(std::optional<std::string> rc, ReadOptional(resource_config));
-  c.active = Env("SM_HOSTS") || Env("SM_MODEL_DIR") || Env("SM_TRAINING_ENV") || rc.has_value();
+  c.active = EnvVar("SM_HOSTS") || EnvVar("SM_MODEL_DIR") || EnvVar("SM_TRAINING_ENV") ||
+             rc.has_value();
   if (!c.active) return c;
 
   // Hosts: only for the single-host check of `pstrain train`; `host` resolves them itself.
   auto hosts_from = [&c](const Value& v) {
     for (const Value& h : v.list_value().values()) c.hosts.push_back(h.string_value());
   };
-  if (const char* sm = Env("SM_HOSTS")) {
+  if (const char* sm = EnvVar("SM_HOSTS")) {
     ASSIGN_OR_RETURN(Value v, ParseJson(sm, "SM_HOSTS"));
     if (v.kind_case() != Value::kListValue) return Bad("SM_HOSTS", "a JSON list of host names");
     hosts_from(v);
@@ -158,9 +155,9 @@ absl::StatusOr<SageMakerContract> ReadSageMakerContract() {
     }
   }
 
-  c.model_dir = Env("SM_MODEL_DIR") ? Env("SM_MODEL_DIR") : SageMakerPath("/opt/ml/model");
+  c.model_dir = EnvVar("SM_MODEL_DIR") ? EnvVar("SM_MODEL_DIR") : SageMakerPath("/opt/ml/model");
   const std::string checkpoints = SageMakerPath("/opt/ml/checkpoints");
-  if (IsDir(checkpoints)) c.checkpoint_dir = checkpoints;
+  if (Env::Default()->IsDirectory(checkpoints)) c.checkpoint_dir = checkpoints;
   c.failure_file = SageMakerPath("/opt/ml/output/failure");
   c.data_dir = SageMakerPath("/opt/ml/input/data");
 

@@ -25,20 +25,6 @@ void AddCheckpointFlags(FlagSet* f, CheckpointFlags* o) {
   f->List("set", &o->set, "override one field of --config: --set features.hash_seed=7");
 }
 
-int CommandError(const char* command, const std::string& message, int code) {
-  std::fprintf(stderr, "pstrain %s: %s\n", command, message.c_str());
-  return code;
-}
-
-std::optional<int> ParseCommandFlags(const char* command, FlagSet& flags, int argc, char** argv) {
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
-    return CommandError(command, std::string(s.message()), 2);
-  }
-  if (!flags.help_requested()) return std::nullopt;
-  std::printf("%s", flags.Usage().c_str());
-  return 0;
-}
-
 absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const CheckpointFlags& flags) {
   if (flags.model_dir.empty() && flags.checkpoint.empty()) {
     return absl::InvalidArgumentError("--model_dir (or --checkpoint) is required");

@@ -24,13 +24,6 @@ struct CheckpointFlags {
 
 void AddCheckpointFlags(FlagSet* flags, CheckpointFlags* out);
 
-// The front of predict, export and serve: "pstrain <command>: <message>" on stderr; returns
-// `code` (2: the command line is wrong, 1: the work failed).
-int CommandError(const char* command, const std::string& message, int code);
-// Parses argv[2..) into `flags`; returns the exit code when the command stops here: 0 after
-// printing the usage for --help, 2 after CommandError for a bad command line.
-std::optional<int> ParseCommandFlags(const char* command, FlagSet& flags, int argc, char** argv);
-
 // The model of the chosen checkpoint (serving/serving_model.h ChooseCheckpointToRead), loaded;
 // or, when --model_dir holds no LATEST but an export (serving/export.h ResolveExportDir), the
 // export's model. Errors name the checkpoint or export and the field or file at fault.

@@ -1,47 +1,78 @@
 #include "cmd/stop_signal.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 
 namespace pstrain {
 namespace {
 
 StopSignals g_signals;
-std::atomic<int> g_grace_seconds{300};
+std::atomic<int> g_grace_seconds{0};  // 0: no grace timer
 
-void OnGraceExpired(int) {
-  static const char kMessage[] =
-      "pstrain: still running after the stop signal's grace period (a wait that needs a dead "
-      "peer?); exiting\n";
-  ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
-  (void)ignored;
-  _exit(kExitStopGraceExpired);
+sigset_t StopSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+// Ends the process with `sig`'s default action, from the signal thread (which blocks it).
+[[noreturn]] void EndWithDefaultAction(int sig) {
+  ::signal(sig, SIG_DFL);
+  pthread_kill(pthread_self(), sig);  // pending on this thread until unblocked below
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  _exit(128 + sig);  // not reached: the default action ends the process
 }
 
 void OnStopSignal(int sig) {
-  if (!g_signals.served.load() || g_signals.stop.exchange(true)) {
-    signal(sig, SIG_DFL);
-    raise(sig);
+  if (!g_signals.served.load()) EndWithDefaultAction(sig);
+  if (g_signals.stop.exchange(true)) {
+    if (g_signals.repeat_ends_process.load()) EndWithDefaultAction(sig);
+    if (g_signals.on_stop) g_signals.on_stop(sig);
     return;
   }
+  g_signals.signal = sig;
   if (const int child = g_signals.forward_to.load(); child > 0) kill(child, SIGTERM);
-  alarm(static_cast<unsigned>(g_grace_seconds.load()));
+  if (const int grace = g_grace_seconds.load(); grace > 0) {
+    ExitWithin(absl::Seconds(grace), kExitStopGraceExpired,
+               "pstrain: still running after the stop signal's grace period (a wait that needs "
+               "a dead peer?); exiting");
+  }
+  g_signals.stopped.Notify();
+  if (g_signals.on_stop) g_signals.on_stop(sig);
+}
+
+// The signal thread: takes the stop signals one at a time, for the life of the process. Every
+// other signal is blocked here, so that none meant for another thread (a SIGCHLD that a
+// sigtimedwait expects) is taken by this one.
+void TakeStopSignals() {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  const sigset_t stop = StopSet();
+  while (true) {
+    int sig = 0;
+    if (sigwait(&stop, &sig) == 0) OnStopSignal(sig);
+  }
 }
 
 }  // namespace
 
 StopSignals& InstallStopSignals() {
   static const bool installed = [] {
-    signal(SIGALRM, OnGraceExpired);
-    signal(SIGTERM, OnStopSignal);
-    signal(SIGINT, OnStopSignal);
+    const sigset_t stop = StopSet();
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    std::thread(TakeStopSignals).detach();
     return true;
   }();
   (void)installed;

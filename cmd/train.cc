@@ -1,30 +1,15 @@
 // `pstrain train`: single-process training with towers.
-#include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cstdio>
-
+#include "absl/strings/str_cat.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
+#include "cmd/stop_signal.h"
 #include "common/flags.h"
 #include "worker/train/trainer.h"
 
 namespace pstrain {
-namespace {
-
-std::atomic<bool> g_stop{false};
-
-void OnStopSignal(int sig) {
-  if (g_stop.exchange(true)) {
-    // A second signal: the user insists. Leave without the checkpoint.
-    signal(sig, SIG_DFL);
-    raise(sig);
-  }
-}
-
-}  // namespace
 
 int RunTrain(int argc, char** argv) {
   FlagSet flags("train",
@@ -41,26 +26,25 @@ int RunTrain(int argc, char** argv) {
   Config config;
   if (auto code = ParseTrainingCommand("train", argc, argv, &flags, tf, &config)) return *code;
   if (config.data().train_size() == 0) {
-    std::fprintf(stderr, "pstrain train: no training data: pass --train PATH or set data.train\n");
-    return 2;
+    return CommandError("train", "no training data: pass --train PATH or set data.train", 2);
   }
-  signal(SIGTERM, OnStopSignal);
-  signal(SIGINT, OnStopSignal);
+  // The first stop signal checkpoints and stops; a second one (the user insists) ends the
+  // process without the checkpoint.
+  StopSignals& signals = InstallStopSignals();
+  signals.served = true;
   TrainerOptions opts;
   opts.tty = isatty(STDERR_FILENO);
-  opts.stop = &g_stop;
+  opts.stop = &signals.stop;
   if (cores < 0) {
-    std::fprintf(stderr, "pstrain train: --cores: expected >= 0 (0 = the CPUs this process may "
-                         "use), got %d\n", cores);
-    return 2;
+    return CommandError("train",
+                        absl::StrCat("--cores: expected >= 0 (0 = the CPUs this process may use), "
+                                     "got ", cores),
+                        2);
   }
   opts.cores = cores > 0 ? cores : Launch().cpus.cpus;
   opts.omp_num_threads = Launch().omp_num_threads;
   auto summary = RunTraining(config, opts);
-  if (!summary.ok()) {
-    std::fprintf(stderr, "pstrain train: %s\n", summary.status().ToString().c_str());
-    return 1;
-  }
+  if (!summary.ok()) return CommandError("train", summary.status().ToString(), 1);
   return 0;
 }
 

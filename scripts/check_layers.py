@@ -29,6 +29,7 @@ BELOW = {
     "worker/ps_client": ["worker/train", "common/rpc"],
     "worker/allreduce": ["worker/train"],
     "worker/tools": ["worker/eval", "worker/data"],
+    "worker/tune": ["worker/train", "worker/tools"],
     "serving": ["worker/eval", "checkpoint"],
     "serving/server": ["serving", "common/rpc", "common/metrics"],
 }
