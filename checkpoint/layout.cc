@@ -8,13 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -43,14 +38,6 @@ std::optional<int64_t> ParseCanonicalInt(absl::string_view s) {
   int64_t v;
   if (!absl::SimpleAtoi(s, &v)) return std::nullopt;  // out of range
   return v;
-}
-
-// A real directory, not a symlink to one: checkpoints are directories pstrain made. A symlink
-// named like a checkpoint (or a removal) points somewhere pstrain does not own; it is neither
-// read as a checkpoint nor deleted through.
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // Deletes a checkpoint directory: its entries (a checkpoint has no subdirectories; an empty one
@@ -85,60 +72,14 @@ void RemoveTree(const std::string& path) {
   ::rmdir(path.c_str());
 }
 
-// Retention's deletions, off the committing thread (RemoveOldCheckpoints): a queue of renamed
-// directories and one thread, started when there is work and ending when the queue is empty.
-// Never destroyed: WaitForCheckpointRemovals drains it.
-class BackgroundRemover {
- public:
-  static BackgroundRemover& Get() {
-    static BackgroundRemover* remover = new BackgroundRemover;
-    return *remover;
-  }
-  // Deletes `path` (a renamed checkpoint directory) in the background, unless it is queued or
-  // being deleted already.
-  void Add(const std::string& path) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!known_.insert(path).second) return;
-    queue_.push_back(path);
-    if (running_) return;
-    if (thread_.joinable()) thread_.join();  // the previous run's thread, finished
-    running_ = true;
-    thread_ = std::thread([this] { Run(); });
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait(lock, [this] { return !running_; });
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!queue_.empty()) {
-      const std::string path = queue_.front();
-      queue_.pop_front();
-      lock.unlock();
-      RemoveTree(path);
-      lock.lock();
-      known_.erase(path);
-    }
-    running_ = false;
-    idle_.notify_all();
-  }
-
-  std::mutex mu_;
-  std::condition_variable idle_;
-  std::deque<std::string> queue_;  // guarded by mu_
-  std::set<std::string> known_;    // guarded by mu_: queued or being deleted
-  bool running_ = false;           // guarded by mu_
-  std::thread thread_;             // guarded by mu_
-};
-
 constexpr char kRemovingPrefix[] = ".removing-";
 
-// Renames the checkpoint directory `path` under `dir` out of the checkpoints' names and queues
+// Retention's deletions run off the committing thread, as env's background work (Env::Schedule:
+// one at a time, in order), on directories renamed out of the checkpoints' names first.
+
+// Renames the checkpoint directory `path` under `dir` out of the checkpoints' names and schedules
 // its deletion; deletes it in place when the rename fails.
-void RemoveInBackground(const std::string& dir, const std::string& path) {
+void RemoveInBackground(const std::string& dir, const std::string& path, Env* env) {
   static std::atomic<int64_t> renamed{0};
   const std::string name = path.substr(path.rfind('/') + 1);
   const std::string trash =
@@ -147,11 +88,12 @@ void RemoveInBackground(const std::string& dir, const std::string& path) {
     RemoveTree(path);
     return;
   }
-  BackgroundRemover::Get().Add(trash);
+  env->Schedule([trash] { RemoveTree(trash); });
 }
 
-// Queues the deletion of every .removing-* directory under `dir` (one a process left behind).
-void SweepRemovals(const std::string& dir) {
+// Schedules the deletion of every .removing-* directory under `dir` now (one a process left
+// behind, or one whose scheduled deletion has not run yet: the second deletion finds nothing).
+void SweepRemovals(const std::string& dir, Env* env) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return;
   std::vector<std::string> found;
@@ -159,9 +101,14 @@ void SweepRemovals(const std::string& dir) {
     if (absl::StartsWith(e->d_name, kRemovingPrefix)) found.push_back(dir + "/" + e->d_name);
   }
   closedir(d);
-  for (const std::string& path : found) {
-    if (IsDirectory(path)) BackgroundRemover::Get().Add(path);
+  std::vector<std::string> dirs;
+  for (std::string& path : found) {
+    if (env->IsRealDirectory(path)) dirs.push_back(std::move(path));
   }
+  if (dirs.empty()) return;
+  env->Schedule([dirs = std::move(dirs)] {
+    for (const std::string& path : dirs) RemoveTree(path);
+  });
 }
 
 // A block file holding one block: `tag` with msg's serialization. Small: built in memory, then
@@ -414,7 +361,7 @@ std::string LatestPathOr(const std::string& dir, const std::string& none) {
   return latest.ok() ? CheckpointPath(dir, *latest) : none;
 }
 
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir) {
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir, Env* env) {
   std::vector<CheckpointEntry> out;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return out;
@@ -424,7 +371,10 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir) {
     CheckpointEntry entry;
     entry.step = *step;
     entry.path = CheckpointPath(dir, *step);
-    if (!IsDirectory(entry.path)) continue;
+    // A real directory, not a symlink to one: checkpoints are directories pstrain made. A symlink
+    // named like a checkpoint points somewhere pstrain does not own; it is neither read as a
+    // checkpoint nor deleted through.
+    if (!env->IsRealDirectory(entry.path)) continue;
     entry.complete = PathExists(absl::StrCat(entry.path, "/", kManifestFileName));
     out.push_back(std::move(entry));
   }
@@ -452,7 +402,8 @@ bool IsCommittedCheckpoint(const std::string& dir, int64_t step) {
 }
 
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
-                                             const std::map<int, WorkerState>& workers, int keep) {
+                                             const std::map<int, WorkerState>& workers, int keep,
+                                             Env* env) {
   const std::string ckpt = CheckpointPath(dir, manifest.step());
   // Until the MANIFEST is written the directory is incomplete: a failure removes it, so that no
   // half-written directory is left (it would never be chosen, but it takes disk).
@@ -470,11 +421,10 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointM
   manifest.set_num_workers(static_cast<int>(workers.size()));
   if (manifest.has_model()) manifest.set_version(kManifestVersion);
   if (manifest.has_delta()) manifest.set_version(kDeltaManifestVersion);
-  manifest.set_wall_time(
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  manifest.set_wall_time(env->WallSeconds());
   RETURN_IF_ERROR(remove_on_error(WriteManifest(ckpt, manifest)));
   RETURN_IF_ERROR(WriteLatest(dir, manifest.step()));
-  RemoveOldCheckpoints(dir, manifest.step(), keep);
+  RemoveOldCheckpoints(dir, manifest.step(), keep, env);
   return ckpt;
 }
 
@@ -515,7 +465,7 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt) {
   return std::optional<PassEnd>(end);
 }
 
-void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep) {
+void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep, Env* env) {
   // checkpoint.keep_best's checkpoint is kept beside the newest `keep`, not counted among them.
   const absl::StatusOr<int64_t> best = ReadBest(dir);
   int kept = 1;  // the committed checkpoint
@@ -526,7 +476,7 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
   };
   keep_chain(committed_step);
   if (best.ok()) keep_chain(*best);  // a best that is a delta needs its chain too
-  for (const CheckpointEntry& e : ListCheckpoints(dir)) {
+  for (const CheckpointEntry& e : ListCheckpoints(dir, env)) {
     if (e.step >= committed_step || (best.ok() && e.step == *best)) continue;
     if (e.complete && kept < keep) {
       ++kept;
@@ -534,12 +484,12 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
       continue;
     }
     if (e.complete && chains.count(e.step) > 0) continue;
-    RemoveInBackground(dir, e.path);
+    RemoveInBackground(dir, e.path, env);
   }
-  SweepRemovals(dir);
+  SweepRemovals(dir, env);
 }
 
-void WaitForCheckpointRemovals() { BackgroundRemover::Get().Wait(); }
+void WaitForCheckpointRemovals() { Env::Default()->WaitForScheduled(); }
 
 namespace {
 
@@ -619,10 +569,10 @@ absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManif
       "--model_dir to start over."));
 }
 
-int RemoveIncompleteCheckpoints(const std::string& dir) {
-  SweepRemovals(dir);
+int RemoveIncompleteCheckpoints(const std::string& dir, Env* env) {
+  SweepRemovals(dir, env);
   int removed = 0;
-  for (const CheckpointEntry& e : ListCheckpoints(dir)) {
+  for (const CheckpointEntry& e : ListCheckpoints(dir, env)) {
     if (e.complete) continue;
     PSTRAIN_LOG(INFO) << "removing the incomplete checkpoint directory " << e.path;
     RemoveTree(e.path);

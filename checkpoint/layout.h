@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/env.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/state.pb.h"
 
@@ -135,9 +136,10 @@ struct CheckpointEntry {
   std::string path;       // <dir>/ckpt-<step>
   bool complete = false;  // its MANIFEST exists (it may still fail verification)
 };
-// Every ckpt-<step> directory under `dir`, newest first, complete or not. Empty when `dir` does
-// not exist.
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir);
+// Every ckpt-<step> directory under `dir`, newest first, complete or not (real directories only,
+// by env->IsRealDirectory: a symlink named like a checkpoint is none). Empty when `dir` does not
+// exist.
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir, Env* env = Env::Default());
 
 // ---- Writing a checkpoint ----
 
@@ -154,11 +156,13 @@ absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t
 bool IsCommittedCheckpoint(const std::string& dir, int64_t step);
 // Completes ckpt-<manifest.step()> under `dir`, whose data files are written and listed in
 // `manifest` (with the model description the caller sets: every mode does): writes
-// worker-<j>.state for each of `workers` (and lists them), sets num_workers, wall_time (now) and,
-// when the manifest has a model description, version (kManifestVersion; a delta's: 3); writes the
-// MANIFEST, then LATEST; then RemoveOldCheckpoints. Returns the checkpoint directory.
+// worker-<j>.state for each of `workers` (and lists them), sets num_workers, wall_time (now, by
+// env->Now()) and, when the manifest has a model description, version (kManifestVersion; a
+// delta's: 3); writes the MANIFEST, then LATEST; then RemoveOldCheckpoints (with `env`). Returns
+// the checkpoint directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& dir, CheckpointManifest manifest,
-                                             const std::map<int, WorkerState>& workers, int keep);
+                                             const std::map<int, WorkerState>& workers, int keep,
+                                             Env* env = Env::Default());
 // The end of a training pass (worker/train/data_pass.h). After <dir>/ckpt-<step> is committed
 // (or found committed by IsCommittedCheckpoint), its writer calls MarkPassEnd with every worker's
 // state: when each of them says `finished`, it writes ckpt-<step>/PASS_END atomically (a block
@@ -185,13 +189,16 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
 // A kept delta also keeps every checkpoint of its chain (ChainSteps), whatever its age.
 // The deletions do not hold up the save that commits: each directory is renamed to
 // <dir>/.removing-<name>-<pid>-<n> (one metadata operation, so it is no checkpoint from then on:
-// ListCheckpoints ignores it) and a background thread of this process deletes it. A rename that
+// ListCheckpoints ignores it) and env's background work (Env::Schedule) deletes it. A rename that
 // fails is a deletion in place. A .removing-* directory a process left behind (it ended before
-// its thread was done) is deleted by the next RemoveOldCheckpoints or RemoveIncompleteCheckpoints
-// of `dir`.
-void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep);
-// Blocks until every deletion RemoveOldCheckpoints started in this process is done. pstrain's
-// main calls it before it exits, so that a finished job leaves no .removing-* behind.
+// its background work was done) is deleted by the background work that the next
+// RemoveOldCheckpoints or RemoveIncompleteCheckpoints of `dir` schedules.
+void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep,
+                          Env* env = Env::Default());
+// Blocks until every deletion that RemoveOldCheckpoints started in this process with
+// Env::Default() is done: Env::Default()->WaitForScheduled(). pstrain's main calls it before it
+// exits, so that a finished job leaves no .removing-* behind (code that passed another Env waits
+// on that Env's WaitForScheduled()).
 void WaitForCheckpointRemovals();
 // The steps of the checkpoints the restore of <dir>/ckpt-<step> reads besides itself (its parent,
 // the parent's parent, ..., its base), by their MANIFESTs without verifying the files; empty for a
@@ -227,8 +234,9 @@ absl::Status CheckCheckpointModel(const std::string& ckpt, const CheckpointManif
 // Removes every ckpt-<step> directory under `dir` that is incomplete (no MANIFEST), newer or
 // older than LATEST: what an interrupted or failed write left. Call only where no checkpoint of
 // the job is being written: at the start of the process that commits the job's checkpoints
-// (before it writes any), and after one of its writes failed. Returns how many it removed.
-int RemoveIncompleteCheckpoints(const std::string& dir);
+// (before it writes any), and after one of its writes failed. Returns how many it removed. Also
+// schedules on `env` the deletion of the .removing-* directories a process left behind.
+int RemoveIncompleteCheckpoints(const std::string& dir, Env* env = Env::Default());
 
 // ---- Choosing the checkpoint to resume from ----
 

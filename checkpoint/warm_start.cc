@@ -1,7 +1,5 @@
 #include "checkpoint/warm_start.h"
 
-#include <sys/stat.h>
-
 #include <optional>
 #include <tuple>
 
@@ -11,11 +9,6 @@
 
 namespace pstrain {
 namespace {
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 // "a/b/ckpt-7/" -> "ckpt-7".
 std::string BaseName(std::string path) {
@@ -31,9 +24,10 @@ absl::Status Prefixed(const absl::Status& s, const std::string& from) {
 }  // namespace
 
 absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm_start,
-                                                           const ModelDescription& wanted) {
+                                                           const ModelDescription& wanted,
+                                                           Env* env) {
   const std::string& from = warm_start.from();
-  if (!IsDirectory(from)) {
+  if (!env->IsDirectory(from)) {
     return absl::NotFoundError(absl::StrCat(
         "warm start from ", from, ": no such directory (--warm_start_from takes a model dir or "
         "one of its ckpt-<step> directories)"));

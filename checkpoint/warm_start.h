@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/layout.h"
+#include "common/env.h"
 #include "pstrain/config.pb.h"
 #include "pstrain/state.pb.h"
 
@@ -21,8 +22,9 @@ namespace pstrain {
 // MANIFEST (no description) is accepted with a warning: the restore's shape check (rows, row
 // size, dense size) is then all that guards it. Errors name the source: NOT_FOUND for a missing
 // directory or a model dir without a checkpoint, DATA_LOSS for one whose checkpoints are all
-// corrupt.
+// corrupt. `env` checks that the source is a directory (or a symlink to one).
 absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm_start,
-                                                           const ModelDescription& wanted);
+                                                           const ModelDescription& wanted,
+                                                           Env* env = Env::Default());
 
 }  // namespace pstrain

@@ -3,8 +3,12 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace pstrain {
@@ -27,6 +31,40 @@ class PosixEnv final : public Env {
     struct stat st;
     return ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   }
+
+  void Schedule(std::function<void()> work) override {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(work));
+    if (running_) return;
+    if (thread_.joinable()) thread_.join();  // the previous run's thread, finished
+    running_ = true;
+    thread_ = std::thread([this] { RunScheduled(); });
+  }
+  void WaitForScheduled() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* running) { return !*running; }, &running_));
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  // The background thread: runs the queue until it is empty, then ends.
+  void RunScheduled() {
+    absl::MutexLock lock(&mu_);
+    while (!queue_.empty()) {
+      std::function<void()> work = std::move(queue_.front());
+      queue_.pop_front();
+      mu_.Unlock();
+      work();
+      mu_.Lock();
+    }
+    running_ = false;
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a thread runs the queue
+  std::thread thread_ ABSL_GUARDED_BY(mu_);     // the last one started
 };
 
 }  // namespace

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+
+#include "absl/time/time.h"
+#include "common/env.h"
 
 namespace pstrain {
 namespace {
@@ -20,10 +22,10 @@ namespace internal {
 
 LogMessage::LogMessage(const char* file, int line, LogSeverity severity) : severity_(severity) {
   static const char kLetters[] = {'I', 'W', 'E', 'F'};
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const int ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  // Logging is process-wide: it stamps lines with the real wall clock.
+  const absl::Time now = Env::Default()->Now();
+  const std::time_t t = absl::ToTimeT(now);
+  const int ms = static_cast<int>(absl::ToUnixMillis(now) % 1000);
   std::tm tm;
   localtime_r(&t, &tm);
   char buf[32];

@@ -2,11 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -55,11 +53,6 @@ bool ParseVersion(absl::string_view s, int64_t* v) {
     if (c < '0' || c > '9') return false;
   }
   return absl::SimpleAtoi(s, v);
-}
-
-bool IsDir(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 absl::Status SyncDir(const std::string& dir) {
@@ -181,8 +174,7 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
   header.set_step(model.origin().step);
   header.set_version(info.version);
   header.set_created_by(options.created_by);
-  header.set_wall_time(
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  header.set_wall_time(options.env->WallSeconds());
 
   const std::string file = staging + "/" + kExportFileName;
   auto write = [&]() -> absl::Status {
@@ -335,14 +327,14 @@ std::vector<int64_t> ListExportVersions(const std::string& base) {
   return out;
 }
 
-absl::StatusOr<std::string> ResolveExportDir(const std::string& path) {
+absl::StatusOr<std::string> ResolveExportDir(const std::string& path, Env* env) {
   if (PathExists(path + "/" + kExportFileName)) return path;
   const std::vector<int64_t> versions = ListExportVersions(path);
   if (versions.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        path, IsDir(path) ? " holds no export: neither a MODEL file nor a version directory "
-                            "(<number>/MODEL)"
-                          : " does not exist"));
+        path, env->IsDirectory(path) ? " holds no export: neither a MODEL file nor a version "
+                                       "directory (<number>/MODEL)"
+                                     : " does not exist"));
   }
   return absl::StrCat(path, "/", versions.front());
 }

@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/env.h"
 #include "serving/serving_model.h"
 
 namespace pstrain {
@@ -62,6 +63,7 @@ struct ExportOptions {
   RowEncoding encoding = RowEncoding::kFloat32;
   int64_t version = -1;  // < 0: the model's training step
   std::string created_by = "pstrain export";
+  Env* env = Env::Default();  // the clock of the header's wall_time
 };
 
 struct ExportInfo {
@@ -87,7 +89,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir)
 std::vector<int64_t> ListExportVersions(const std::string& base);
 
 // The version directory a reader of `path` should use: `path` itself when it holds MODEL, else its
-// newest version. NOT_FOUND naming path when there is neither.
-absl::StatusOr<std::string> ResolveExportDir(const std::string& path);
+// newest version. NOT_FOUND naming path when there is neither (`env` tells a missing path from a
+// directory without an export in the message).
+absl::StatusOr<std::string> ResolveExportDir(const std::string& path, Env* env = Env::Default());
 
 }  // namespace pstrain

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -170,7 +169,7 @@ absl::StatusOr<PredictResult> RunPredict(std::shared_ptr<const ServingModel> mod
   }
   OrderedOutput output(file, o.has_labels, 2 * o.towers);
 
-  const auto start = std::chrono::steady_clock::now();
+  const double start = o.env->MonotonicSeconds();
   absl::Mutex read_mu;  // one thread at a time reads the pipeline (its one consumer)
   int64_t next_seq = 0;
   bool input_done = false;
@@ -226,7 +225,7 @@ absl::StatusOr<PredictResult> RunPredict(std::shared_ptr<const ServingModel> mod
   }
 
   PredictResult r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds = o.env->MonotonicSeconds() - start;
   r.has_labels = o.has_labels;
   r.auc = r.logloss = r.positive_rate = std::nan("");
   const AucAccumulator& acc = output.metrics();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "pstrain/config.pb.h"
 #include "serving/serving_model.h"
 
@@ -39,6 +40,7 @@ struct PredictOptions {
   int towers = 1;
   int intra_op_threads = 1;
   int reader_threads = 1;
+  Env* env = Env::Default();  // the clock of PredictResult::seconds (its monotonic one)
 };
 
 struct PredictResult {

@@ -1,7 +1,5 @@
 #include "serving/serving_model.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -17,11 +15,6 @@
 
 namespace pstrain {
 namespace {
-
-bool IsDir(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 }  // namespace
 
@@ -115,7 +108,7 @@ absl::Status ServingParams::Push(absl::Span<const int64_t>, const float*, const 
 
 absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(
     const std::string& model_dir, const std::string& checkpoint,
-    const ModelDescription* config_description) {
+    const ModelDescription* config_description, Env* env) {
   ChosenCheckpoint c;
   if (checkpoint.empty()) {
     ASSIGN_OR_RETURN(std::optional<CheckpointChoice> choice, ChooseCheckpoint(model_dir));
@@ -140,10 +133,10 @@ absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(
     c.manifest = c.chain.back().manifest;
   } else {
     // A name under model_dir ("ckpt-12"), or a path to the checkpoint directory itself.
-    c.dir = ParseCheckpointName(checkpoint) && IsDir(model_dir + "/" + checkpoint)
+    c.dir = ParseCheckpointName(checkpoint) && env->IsDirectory(model_dir + "/" + checkpoint)
                 ? model_dir + "/" + checkpoint
                 : checkpoint;
-    if (!IsDir(c.dir)) {
+    if (!env->IsDirectory(c.dir)) {
       return absl::NotFoundError(absl::StrCat("--checkpoint ", checkpoint, ": neither ", model_dir,
                                               "/", checkpoint, " nor ", checkpoint,
                                               " is a checkpoint directory"));

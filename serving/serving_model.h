@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "checkpoint/layout.h"
+#include "common/env.h"
 #include "ps/store/embedding_store.h"
 #include "pstrain/state.pb.h"
 #include "worker/data/feature_spec.h"
@@ -134,6 +135,7 @@ struct ChosenCheckpoint {
 };
 absl::StatusOr<ChosenCheckpoint> ChooseCheckpointToRead(const std::string& model_dir,
                                                         const std::string& checkpoint,
-                                                        const ModelDescription* config_description);
+                                                        const ModelDescription* config_description,
+                                                        Env* env = Env::Default());
 
 }  // namespace pstrain

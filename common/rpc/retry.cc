@@ -65,7 +65,7 @@ std::optional<absl::Time> RetrySchedule::NextAttempt(absl::StatusCode code, absl
 
 bool CancellableClock::WaitUntil(absl::Time t) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithDeadline(absl::Condition(&cancelled_), t);
+  mu_.AwaitWithTimeout(absl::Condition(&cancelled_), t - env_->Now());
   return !cancelled_;
 }
 

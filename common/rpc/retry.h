@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "common/random.h"
 
 namespace pstrain {
@@ -88,16 +89,19 @@ class RetryClock {
   virtual bool WaitUntil(absl::Time t) = 0;
 };
 
-// The real clock; Cancel() interrupts every wait, now and later (a condition variable, not a
-// sleep). Thread-safe.
+// The real clock: `env`'s wall clock (Env::Now(), as gRPC deadlines are); Cancel() interrupts
+// every wait, now and later. The wait is a condition variable, not Env::SleepFor, because it must
+// be interruptible; it waits the time left until `t` by env's clock. Thread-safe.
 class CancellableClock final : public RetryClock {
  public:
-  absl::Time Now() override { return absl::Now(); }
+  explicit CancellableClock(Env* env = Env::Default()) : env_(env) {}
+  absl::Time Now() override { return env_->Now(); }
   bool WaitUntil(absl::Time t) override;
   void Cancel();
   bool cancelled() const;
 
  private:
+  Env* const env_;
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };

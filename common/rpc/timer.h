@@ -4,7 +4,10 @@
 // expiry of held (deferred) pulls. grpc::Alarm cannot be re-armed safely from
 // its own callback, hence this.
 //
-// Thread-safety: At and Stop may be called from any thread, also from inside a
+// Times are the Env's wall clock (Env::Now(), as gRPC deadlines are). With a fake Env,
+// whose clock does not move by itself, a test moves the clock and then calls Poke.
+//
+// Thread-safety: At, Poke and Stop may be called from any thread, also from inside a
 // function the timer runs. The destructor stops the timer, runs what is still
 // pending and joins the thread.
 #pragma once
@@ -18,12 +21,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 
 namespace pstrain {
 
 class Timer {
  public:
-  Timer() : thread_([this] { Loop(); }) {}
+  // `env` must outlive the timer.
+  explicit Timer(Env *env = Env::Default()) : env_(env), thread_([this] { Loop(); }) {}
   ~Timer() {
     Stop();
     thread_.join();
@@ -43,6 +48,11 @@ class Timer {
       }
     }
     fn();
+  }
+  // Looks at the clock again (after a test moved a fake Env's clock): runs what is due.
+  void Poke() {
+    absl::MutexLock lock(&mu_);
+    cv_.Signal();
   }
   // Runs every pending function now, without waiting for its time.
   void Stop() {
@@ -67,8 +77,9 @@ class Timer {
         cv_.Wait(&mu_);
         continue;
       }
-      if (!stopped_ && absl::Now() < queue_.top().when) {
-        cv_.WaitWithDeadline(&mu_, queue_.top().when);
+      const absl::Time now = env_->Now();
+      if (!stopped_ && now < queue_.top().when) {
+        cv_.WaitWithTimeout(&mu_, queue_.top().when - now);
         continue;
       }
       std::function<void()> fn = std::move(const_cast<Entry &>(queue_.top()).fn);
@@ -79,6 +90,7 @@ class Timer {
     }
   }
 
+  Env *const env_;
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue_ ABSL_GUARDED_BY(mu_);

@@ -13,7 +13,17 @@
 namespace pstrain {
 
 ConsistencyTracker::ConsistencyTracker(Options options, Shard* shard, Timer* timer)
-    : opt_(std::move(options)), shard_(shard), timer_(timer) {
+    : opt_(std::move(options)),
+      shard_(shard),
+      held_({absl::StrCat("shard ", opt_.shard), "pulls", kMaxHeld}, &mu_, timer, opt_.env,
+            [](HeldPull* pull, absl::Status status) { pull->Fail(std::move(status)); },
+            [this](HeldPull* pull, absl::Duration held_for) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              // Under mu_ (the list's lock).
+              return absl::DeadlineExceededError(absl::StrFormat(
+                  "shard %d: worker %d's pull of step %d waited %.1f s: %s", opt_.shard,
+                  pull->worker_id(), pull->step(), absl::ToDoubleSeconds(held_for),
+                  WaitingForLocked(pull->step())));
+            }) {
   absl::MutexLock lock(&mu_);
   pushed_.assign(opt_.num_workers, 0);
   done_.assign(opt_.num_workers, false);
@@ -75,11 +85,7 @@ void ConsistencyTracker::SetLost(const std::string& detail) {
     absl::MutexLock lock(&mu_);
     lost_ = detail;
     if (lost_.empty()) return;
-    for (auto it = held_.begin(); it != held_.end();) {
-      it->second->hold_id_ = 0;
-      fail.push_back(it->second);
-      it = held_.erase(it);
-    }
+    fail = held_.TakeAll();
   }
   for (HeldPull* pull : fail) {
     pull->Fail(absl::FailedPreconditionError(absl::StrCat(
@@ -344,21 +350,16 @@ void ConsistencyTracker::HoldOrAnswer(HeldPull* pull, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (PullReadyLocked(step)) {
       staleness = StalenessLocked(step);
-    } else if (holding_stopped_ || static_cast<int>(held_.size()) >= kMaxHeld) {
+    } else if (absl::Status can = held_.CanHold(); !can.ok()) {
       refuse = true;
-      refusal = absl::UnavailableError(
-          holding_stopped_ ? absl::StrCat("shard ", opt_.shard, " is shutting down")
-                           : absl::StrCat("shard ", opt_.shard, " holds ", kMaxHeld,
-                                          " pulls already; retry later"));
+      refusal = std::move(can);
     } else if (!lost_.empty()) {
       refuse = true;
       refusal = absl::FailedPreconditionError(
           absl::StrCat("shard ", opt_.shard, ": worker ", pull->worker_id(), "'s pull of step ",
                        step, " cannot be answered: ", lost_));
     } else {
-      id = pull->hold_id_ = ++next_hold_id_;
-      pull->since_ = absl::Now();
-      held_[id] = pull;
+      id = held_.Hold(pull);
     }
   }
   // Pulls are finished outside mu_: a reactor's OnCancel takes it.
@@ -366,79 +367,34 @@ void ConsistencyTracker::HoldOrAnswer(HeldPull* pull, absl::Time deadline) {
   if (id == 0) return pull->Answer(staleness);
   // Answer a little before the client's deadline, so that its error says what was missing; a
   // call without a deadline (or a far one) is held kMaxHold at most.
-  const absl::Time now = absl::Now();
+  const absl::Time now = opt_.env->Now();
   const absl::Duration left = std::min(deadline - now, kMaxHold);
-  timer_->At(now + left - std::min(left / 10, absl::Milliseconds(500)), [this, id] {
-    DropHeld(id, absl::DeadlineExceededError(""), true);
-  });
+  held_.Arm(id, now + left - std::min(left / 10, absl::Milliseconds(500)));
 }
 
 void ConsistencyTracker::Cancel(HeldPull* pull) {
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = pull->hold_id_;
-  }
-  if (id != 0) DropHeld(id, absl::CancelledError("pull cancelled"), false);
+  held_.Cancel(pull, absl::CancelledError("pull cancelled"));
 }
 
-void ConsistencyTracker::StopHolding() {
-  std::vector<HeldPull*> held;
-  {
-    absl::MutexLock lock(&mu_);
-    holding_stopped_ = true;
-    for (auto& [id, pull] : held_) {
-      pull->hold_id_ = 0;
-      held.push_back(pull);
-    }
-    held_.clear();
-  }
-  for (HeldPull* pull : held) {
-    pull->Fail(absl::UnavailableError(absl::StrCat("shard ", opt_.shard, " is shutting down")));
-  }
-}
+void ConsistencyTracker::StopHolding() { held_.Stop(); }
 
 int ConsistencyTracker::held_pulls() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(held_.size());
+  return held_.size();
 }
 
 void ConsistencyTracker::ReleaseReady() {
   std::vector<std::pair<HeldPull*, int64_t>> ready;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = held_.begin(); it != held_.end();) {
-      const int64_t step = it->second->step();
-      if (PullReadyLocked(step)) {
-        it->second->hold_id_ = 0;
-        ready.emplace_back(it->second, StalenessLocked(step));
-        it = held_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    held_.TakeIf([&](HeldPull* pull) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      const int64_t step = pull->step();
+      if (!PullReadyLocked(step)) return false;
+      ready.emplace_back(pull, StalenessLocked(step));
+      return true;
+    });
   }
   for (auto& [pull, staleness] : ready) pull->Answer(staleness);
-}
-
-void ConsistencyTracker::DropHeld(uint64_t id, absl::Status status, bool expired) {
-  HeldPull* pull = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = held_.find(id);
-    if (it == held_.end()) return;  // answered, cancelled or expired already
-    pull = it->second;
-    held_.erase(it);
-    pull->hold_id_ = 0;
-    if (expired) {
-      status = absl::DeadlineExceededError(
-          absl::StrFormat("shard %d: worker %d's pull of step %d waited %.1f s: %s", opt_.shard,
-                          pull->worker_id(), pull->step(),
-                          absl::ToDoubleSeconds(absl::Now() - pull->since_),
-                          WaitingForLocked(pull->step())));
-    }
-  }
-  pull->Fail(std::move(status));
 }
 
 }  // namespace pstrain

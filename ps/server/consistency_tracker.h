@@ -12,9 +12,10 @@
 //            missing rows count 0, divided by the number of pushes, summed in worker order); the
 //            pull of step t is held until step t - 1 is applied. Pushes are answered as soon as
 //            they are kept, never held.
-// A held pull is a HeldPull (the gRPC layer's reactor) kept in a list, no thread blocked; the push
-// or worker_done that satisfies it answers it. Exactly one of that push, the pull's cancellation
-// (Cancel), its expiry and StopHolding takes it off the list and finishes it. Shortly before its
+// A held pull is a HeldPull (the gRPC layer's reactor) kept in a list (common/rpc/held_calls.h),
+// no thread blocked; the push or worker_done that satisfies it answers it. Exactly one of that
+// push, SetLost, the pull's cancellation (Cancel), its expiry and StopHolding takes it off the list
+// and finishes it. Shortly before its
 // deadline a held pull is failed DEADLINE_EXCEEDED with a message naming the step and the workers
 // it waits for, so that the client's error says why. A worker must push its steps 1, 2, ... in
 // order (PsClient does), to every shard in BOUNDED and SYNC modes.
@@ -38,6 +39,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/env.h"
+#include "common/rpc/held_calls.h"
 #include "common/rpc/timer.h"
 #include "ps/server/shard.h"
 #include "pstrain/config.pb.h"
@@ -52,24 +55,19 @@ class ConsistencyTracker {
     Consistency consistency = ASYNC;
     int num_workers = 1;  // N >= 1: the workers BOUNDED / SYNC wait for, ids [0, N)
     int staleness = 0;    // BOUNDED: s >= 0
+    Env* env = Env::Default();  // the clocks; must outlive the tracker
   };
 
   // A training pull held until it may be answered. The gRPC layer implements it (a reactor);
   // exactly one of Answer and Fail is called, once, never under the tracker's lock.
-  class HeldPull {
+  class HeldPull : public HeldCall {
    public:
-    virtual ~HeldPull() = default;
     virtual int64_t step() const = 0;
     virtual int32_t worker_id() const = 0;
     // The pull may be answered now, with this staleness (gather the rows and finish).
     virtual void Answer(int64_t staleness) = 0;
     // The pull ends with `status` (cancelled, expired, or the shard shuts down).
     virtual void Fail(absl::Status status) = 0;
-
-   private:
-    friend class ConsistencyTracker;
-    uint64_t hold_id_ = 0;  // read and written under the tracker's mu_; 0 = not held
-    absl::Time since_;
   };
 
   // `shard` applies SYNC's mean updates; `timer` runs the expiries of held pulls. Both must
@@ -157,14 +155,10 @@ class ConsistencyTracker {
   std::string WaitingForLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Answers the held pulls that may be answered now.
   void ReleaseReady();
-  // Takes held pull `id` off the list (if still there) and fails it with `status`, or with
-  // DEADLINE_EXCEEDED saying what it waits for when `expired`.
-  void DropHeld(uint64_t id, absl::Status status, bool expired);
   void ApplyMean(int64_t step, const std::map<int, SyncPush>& pushes);
 
   const Options opt_;
   Shard* const shard_;
-  Timer* const timer_;
 
   mutable absl::Mutex mu_;
   std::vector<int64_t> pushed_ ABSL_GUARDED_BY(mu_);  // per worker: last step pushed here
@@ -173,9 +167,7 @@ class ConsistencyTracker {
   bool applying_ ABSL_GUARDED_BY(mu_) = false;        // SYNC: a thread is applying a step
   // SYNC: step -> worker -> its push of that step.
   std::map<int64_t, std::map<int, SyncPush>> sync_steps_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, HeldPull*> held_ ABSL_GUARDED_BY(mu_);  // by hold id
-  uint64_t next_hold_id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool holding_stopped_ ABSL_GUARDED_BY(mu_) = false;  // StopHolding: hold nothing more
+  HeldCalls<HeldPull> held_;              // guarded by mu_
   std::string lost_ ABSL_GUARDED_BY(mu_);  // SetLost's detail; "" = no worker lost
 };
 

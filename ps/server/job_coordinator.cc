@@ -10,14 +10,20 @@
 
 namespace pstrain {
 
-JobCoordinator::JobCoordinator(int shard, int num_workers, absl::Duration lease, Timer* timer)
+JobCoordinator::JobCoordinator(int shard, int num_workers, absl::Duration lease, Timer* timer,
+                               Env* env)
     : shard_(shard),
       num_workers_(std::max(1, num_workers)),
       lease_(lease),
       timer_(timer),
+      env_(env),
       heard_ns_(new std::atomic<int64_t>[num_workers_]),
       armed_(new std::atomic<bool>[num_workers_]),
-      lost_flag_(new std::atomic<bool>[num_workers_]) {
+      lost_flag_(new std::atomic<bool>[num_workers_]),
+      held_({absl::StrCat("shard ", shard), "calls", kMaxHeld}, &mu_, timer, env,
+            [](Watch* watch, absl::Status status) { watch->Wake(std::move(status)); },
+            // A hold that expires is answered with the state as it is.
+            [](Watch*, absl::Duration) { return absl::OkStatus(); }) {
   for (int w = 0; w < num_workers_; ++w) {
     heard_ns_[w] = 0;
     armed_[w] = false;
@@ -36,7 +42,7 @@ absl::Status JobCoordinator::CheckWorker(int worker, const char* what) const {
 
 void JobCoordinator::Heard(int worker) {
   if (worker < 0 || worker >= num_workers_) return;
-  heard_ns_[worker].store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+  heard_ns_[worker].store(absl::ToUnixNanos(env_->Now()), std::memory_order_relaxed);
   if (lost_flag_[worker].load(std::memory_order_relaxed)) {
     std::vector<Watch*> wake;
     std::string detail;
@@ -56,12 +62,12 @@ void JobCoordinator::Heard(int worker) {
     if (changed) NotifyLost(detail);
   }
   if (!armed_[worker].exchange(true)) {
-    timer_->At(absl::Now() + lease_, [this, worker] { CheckLease(worker); });
+    timer_->At(env_->Now() + lease_, [this, worker] { CheckLease(worker); });
   }
   // The job has started: a worker that has not called kConnectGrace + lease from now (it could
   // not start, or was refused) is lost too.
   if (!started_.exchange(true)) {
-    started_at_ = absl::Now();
+    started_at_ = env_->Now();
     timer_->At(started_at_ + kConnectGrace + lease_, [this] { CheckNeverCalled(); });
   }
 }
@@ -71,7 +77,7 @@ void JobCoordinator::CheckNeverCalled() {
   std::string detail;
   {
     absl::MutexLock lock(&mu_);
-    if (holding_stopped_ || job_finished_) return;
+    if (held_.stopped() || job_finished_) return;
     const auto done_it = reports_.find(TRAINING_DONE);
     for (int w = 0; w < num_workers_; ++w) {
       if (heard_ns_[w].load() != 0 || lost_.count(w) > 0) continue;
@@ -94,7 +100,7 @@ void JobCoordinator::CheckLease(int worker) {
   absl::Time rearm = absl::InfinitePast();
   {
     absl::MutexLock lock(&mu_);
-    if (holding_stopped_) {  // shutting down: the timer runs what is pending at once
+    if (held_.stopped()) {  // shutting down: the timer runs what is pending at once
       armed_[worker] = false;
       return;
     }
@@ -104,7 +110,7 @@ void JobCoordinator::CheckLease(int worker) {
                                             done_it->second.count(worker) > 0);
     if (finished) {
       armed_[worker] = false;  // a finished worker holds no lease
-    } else if (absl::Now() - heard >= lease_) {
+    } else if (env_->Now() - heard >= lease_) {
       armed_[worker] = false;  // Heard re-arms it
       lost_[worker] = heard;
       lost_flag_[worker] = true;
@@ -126,7 +132,7 @@ void JobCoordinator::CheckLease(int worker) {
 std::string JobCoordinator::LostDetailLocked() const {
   if (lost_.empty()) return "";
   std::string out;
-  const absl::Time now = absl::Now();
+  const absl::Time now = env_->Now();
   for (const auto& [w, heard] : lost_) {
     absl::StrAppend(&out, out.empty() ? "" : "; ", "worker ", w,
                     absl::StrFormat(" lost: no call for %.1f s (lease %.1f s)",
@@ -154,11 +160,7 @@ void JobCoordinator::FillLostLocked(CoordinateResponse* out) const {
 
 void JobCoordinator::ChangedLocked(std::vector<Watch*>* wake) {
   ++version_;
-  for (auto& [id, w] : held_) {
-    w->hold_id_ = 0;
-    wake->push_back(w);
-  }
-  held_.clear();
+  for (Watch* w : held_.TakeAll()) wake->push_back(w);
 }
 
 void JobCoordinator::WakeAll(const std::vector<Watch*>& wake) {
@@ -430,63 +432,27 @@ void JobCoordinator::Hold(Watch* watch, int64_t version, absl::Time until) {
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (holding_stopped_) {
-      now_status = absl::UnavailableError(absl::StrCat("shard ", shard_, " is shutting down"));
-    } else if (version != version_ || until <= absl::Now()) {
+    if (held_.stopped()) {
+      now_status = held_.CanHold();  // shutting down
+    } else if (version != version_ || until <= env_->Now()) {
       // Changed already, or no time to hold: answer now.
-    } else if (static_cast<int>(held_.size()) >= kMaxHeld) {
-      now_status = absl::UnavailableError(
-          absl::StrCat("shard ", shard_, " holds ", kMaxHeld, " calls already; retry later"));
-    } else {
-      id = watch->hold_id_ = ++next_hold_id_;
-      held_[id] = watch;
+    } else if (now_status = held_.CanHold(); now_status.ok()) {
+      id = held_.Hold(watch);
     }
   }
   if (id == 0) return watch->Wake(std::move(now_status));
-  timer_->At(until, [this, id] { Drop(id, absl::OkStatus()); });
+  held_.Arm(id, until);
 }
 
 void JobCoordinator::Cancel(Watch* watch) {
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = watch->hold_id_;
-  }
-  if (id != 0) Drop(id, absl::CancelledError("watch cancelled"));
+  held_.Cancel(watch, absl::CancelledError("watch cancelled"));
 }
 
-void JobCoordinator::Drop(uint64_t id, absl::Status status) {
-  Watch* watch = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = held_.find(id);
-    if (it == held_.end()) return;  // woken, cancelled or expired already
-    watch = it->second;
-    watch->hold_id_ = 0;
-    held_.erase(it);
-  }
-  watch->Wake(std::move(status));
-}
-
-void JobCoordinator::StopHolding() {
-  std::vector<Watch*> held;
-  {
-    absl::MutexLock lock(&mu_);
-    holding_stopped_ = true;
-    for (auto& [id, w] : held_) {
-      w->hold_id_ = 0;
-      held.push_back(w);
-    }
-    held_.clear();
-  }
-  for (Watch* w : held) {
-    w->Wake(absl::UnavailableError(absl::StrCat("shard ", shard_, " is shutting down")));
-  }
-}
+void JobCoordinator::StopHolding() { held_.Stop(); }
 
 int JobCoordinator::held_watches() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(held_.size());
+  return held_.size();
 }
 
 }  // namespace pstrain

@@ -21,7 +21,8 @@
 // by one with every change. Waiting on it is a long-poll: Hold keeps a Watch (the gRPC layer's
 // reactor of a held Info or Coordinate call) until the version differs from the one the caller
 // saw or its time is up, then wakes it; the caller then answers with the state as it is. No
-// thread waits.
+// thread waits. The held watches are a HeldCalls list (common/rpc/held_calls.h): exactly one of
+// a change, the hold's expiry, Cancel and StopHolding takes a watch off it and wakes it.
 //
 // Memory: the reports (one per worker and phase: bounded by num_workers x 2), the open round's
 // arrived worker states (one per worker, each the worker's pipeline position: up to megabytes,
@@ -44,6 +45,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
+#include "common/rpc/held_calls.h"
 #include "common/rpc/timer.h"
 #include "pstrain/ps_service.pb.h"
 
@@ -53,16 +56,11 @@ class JobCoordinator {
  public:
   // A call held until the job state changes (a long-poll). The gRPC layer implements it; Wake is
   // called once, never under the coordinator's lock.
-  class Watch {
+  class Watch : public HeldCall {
    public:
-    virtual ~Watch() = default;
     // OK: the state changed or the hold expired: answer with the current state. Otherwise the
     // call ends with `status` (UNAVAILABLE: the shard shuts down, or holds too many calls).
     virtual void Wake(absl::Status status) = 0;
-
-   private:
-    friend class JobCoordinator;
-    uint64_t hold_id_ = 0;  // read and written under the coordinator's mu_; 0 = not held
   };
   // The most calls held at once; more are refused UNAVAILABLE (the client retries later).
   static constexpr int kMaxHeld = 1024;
@@ -72,8 +70,10 @@ class JobCoordinator {
 
   // `shard` names this shard in messages; workers have ids [0, num_workers); a worker not heard
   // of for `lease` is lost. `timer` runs the expiries of held watches and leases; it must
-  // outlive the coordinator and run or drop its pending functions before it is destroyed.
-  JobCoordinator(int shard, int num_workers, absl::Duration lease, Timer* timer);
+  // outlive the coordinator and run or drop its pending functions before it is destroyed. `env`
+  // is the clock (its wall clock, the timer's); it must outlive the coordinator.
+  JobCoordinator(int shard, int num_workers, absl::Duration lease, Timer* timer,
+                 Env* env = Env::Default());
   JobCoordinator(const JobCoordinator&) = delete;
   JobCoordinator& operator=(const JobCoordinator&) = delete;
 
@@ -143,8 +143,6 @@ class JobCoordinator {
   // lock is released) into *wake.
   void ChangedLocked(std::vector<Watch*>* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void WakeAll(const std::vector<Watch*>& wake);
-  // Takes held watch `id` off the list (if still there) and wakes it with `status`.
-  void Drop(uint64_t id, absl::Status status);
   absl::Status CheckWorker(int worker, const char* what) const;
   // The lease timer of `worker` fired: marks it lost if its lease expired, else re-arms.
   void CheckLease(int worker);
@@ -159,6 +157,7 @@ class JobCoordinator {
   const int num_workers_;
   const absl::Duration lease_;
   Timer* const timer_;
+  Env* const env_;
   std::function<void(const std::string&)> on_lost_;
 
   // Per worker: when it was last heard of (unix ns), and whether its lease timer is armed.
@@ -186,10 +185,7 @@ class JobCoordinator {
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
   std::string job_error_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Time> lost_ ABSL_GUARDED_BY(mu_);  // lost worker -> last heard of
-  // Held watches, by hold id.
-  std::map<uint64_t, Watch*> held_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_hold_id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool holding_stopped_ ABSL_GUARDED_BY(mu_) = false;
+  HeldCalls<Watch> held_;  // the held watches; guarded by mu_
 };
 
 }  // namespace pstrain

@@ -13,9 +13,9 @@ namespace pstrain {
 
 namespace {
 
-uint64_t RandomIncarnation() {
+uint64_t RandomIncarnation(Env* env) {
   std::random_device rd;
-  return (uint64_t{rd()} << 32 ^ rd()) ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  return (uint64_t{rd()} << 32 ^ rd()) ^ static_cast<uint64_t>(absl::ToUnixNanos(env->Now()));
 }
 
 }  // namespace
@@ -23,8 +23,8 @@ uint64_t RandomIncarnation() {
 Shard::Shard(Options options)
     : opt_(std::move(options)),
       map_(opt_.rows, opt_.partitions, opt_.num_shards),
-      incarnation_(RandomIncarnation()),
-      start_time_(absl::Now()) {}
+      incarnation_(RandomIncarnation(opt_.env)),
+      start_time_(opt_.env->MonotonicNow()) {}
 
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
   if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards) {
@@ -392,7 +392,8 @@ ShardStats Shard::Stats() const {
   s.set_push_rows(push_rows_.load(std::memory_order_relaxed));
   s.set_bytes_in(bytes_in_.load(std::memory_order_relaxed));
   s.set_bytes_out(bytes_out_.load(std::memory_order_relaxed));
-  const double uptime = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start_time_));
+  const double uptime =
+      std::max(1e-9, absl::ToDoubleSeconds(opt_.env->MonotonicNow() - start_time_));
   s.set_uptime_seconds(uptime);
   s.set_pull_qps(s.pull_requests() / uptime);
   s.set_push_qps(s.push_requests() / uptime);

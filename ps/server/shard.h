@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "checkpoint/layout.h"
+#include "common/env.h"
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/partition.h"
@@ -82,6 +83,8 @@ class Shard {
     std::string checkpoint_dir;
     // A push with a gradient value of larger magnitude is refused (cluster.max_gradient_abs).
     float max_gradient_abs = 1e6f;
+    // The clocks (Stats' uptime; the incarnation's seed); must outlive the shard.
+    Env* env = Env::Default();
   };
   // Push states kept per worker id: the newest incarnations' (a restarted worker process is a
   // new incarnation). Older ones are forgotten: only a dead process's retries could need them.
@@ -261,7 +264,7 @@ class Shard {
   std::vector<std::unique_ptr<EmbeddingStore>> stores_;
   std::unique_ptr<DenseStore> dense_;
   const uint64_t incarnation_;
-  const absl::Time start_time_;
+  const absl::Duration start_time_;  // opt_.env->MonotonicNow() at creation
 
   absl::Mutex push_mu_;
   // worker id -> incarnation -> its push state (at most kIncarnationsPerWorker per worker).

@@ -1,7 +1,6 @@
 // A shard's checkpoint file: every shard's copy, write and restore (Shard). The rounds that decide
 // when they happen are shard 0's (ps/server/job_coordinator.cc); the protocol is in
 // docs/CHECKPOINT.md "PS mode".
-#include <sys/stat.h>
 
 #include <optional>
 
@@ -69,7 +68,7 @@ namespace {
 // directory and no symbolic link, and is not committed (no MANIFEST in it, LATEST does not name
 // it): a committed checkpoint is never rewritten.
 absl::StatusOr<std::string> CheckpointWriteDir(int shard, const std::string& checkpoint_dir,
-                                               const std::string& name) {
+                                               const std::string& name, Env* env) {
   if (checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", shard, " has no checkpoint directory (start it with the job's --model_dir or "
@@ -83,8 +82,7 @@ absl::StatusOr<std::string> CheckpointWriteDir(int shard, const std::string& che
                      "directory"));
   }
   const std::string dir = checkpoint_dir + "/" + name;
-  struct stat st;
-  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (!env->IsRealDirectory(dir)) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard, ": ", dir, " is not a directory (the chief creates it)"));
   }
@@ -122,7 +120,8 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
       s->snap_dense_.reset();
     }
   } release{this};
-  ASSIGN_OR_RETURN(const std::string dir, CheckpointWriteDir(opt_.shard, opt_.checkpoint_dir, name));
+  ASSIGN_OR_RETURN(const std::string dir,
+                   CheckpointWriteDir(opt_.shard, opt_.checkpoint_dir, name, opt_.env));
   SaveShardResponse response;
   response.set_file(pstrain::ShardFileName(opt_.shard, opt_.num_shards));
   const std::string path = dir + "/" + response.file();

@@ -80,9 +80,10 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
     if (absl::Status s = server_->CheckPull(*request); !s.ok()) return Done(ctx, s);
     if (server_->opt_.consistency == ASYNC || request->step() <= 0) {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-      const absl::Time start = absl::Now();
+      Env* env = server_->opt_.data.env;
+      const absl::Duration start = env->MonotonicNow();
       reactor->Finish(ToGrpcStatus(server_->Pull(*request, response)));
-      server_->metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start));
+      server_->metrics_->ObservePull(absl::ToDoubleSeconds(env->MonotonicNow() - start));
       return reactor;
     }
     auto* pull = new PullReactor(server_, request, response);
@@ -93,9 +94,10 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
                                  PushResponse* response) override {
     if (auto* refused = Refused(ctx)) return refused;
     server_->Heard(request->worker_id());
-    const absl::Time start = absl::Now();
+    Env* env = server_->opt_.data.env;
+    const absl::Duration start = env->MonotonicNow();
     const absl::Status s = server_->Push(*request, response);
-    server_->metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start));
+    server_->metrics_->ObservePush(absl::ToDoubleSeconds(env->MonotonicNow() - start));
     return Done(ctx, s);
   }
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const InfoRequest* request,
@@ -114,8 +116,8 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
       return absl::OkStatus();
     });
     server->coordinator_->Hold(watch, request->watch_version(),
-                               WatchUntil(absl::FromChrono(ctx->deadline()),
-                                          request->watch_timeout_ms()));
+                               server->WatchUntil(absl::FromChrono(ctx->deadline()),
+                                                  request->watch_timeout_ms()));
     return watch;
   }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest*,
@@ -154,8 +156,8 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
       return server->Coordinate(*request, response);
     });
     server->coordinator_->Hold(held, request->watch_version(),
-                               WatchUntil(absl::FromChrono(ctx->deadline()),
-                                          request->watch_timeout_ms()));
+                               server->WatchUntil(absl::FromChrono(ctx->deadline()),
+                                                  request->watch_timeout_ms()));
     return held;
   }
   // COPY freezes an instant (copy-on-write, no row is copied) and runs on the gRPC thread; WRITE
@@ -258,15 +260,17 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
   std::unique_ptr<ShardServer> s(new ShardServer(std::move(options)));
   const Options& o = s->opt_;
   s->data_ = std::move(data);
-  s->timer_ = std::make_unique<Timer>();
+  s->timer_ = std::make_unique<Timer>(o.data.env);
   ConsistencyTracker::Options co;
   co.shard = o.data.shard;
   co.consistency = o.consistency;
   co.num_workers = o.num_workers;
   co.staleness = o.staleness;
+  co.env = o.data.env;
   s->tracker_ = std::make_unique<ConsistencyTracker>(co, s->data_.get(), s->timer_.get());
   s->coordinator_ =
-      std::make_unique<JobCoordinator>(o.data.shard, o.num_workers, o.lease, s->timer_.get());
+      std::make_unique<JobCoordinator>(o.data.shard, o.num_workers, o.lease, s->timer_.get(),
+                                       o.data.env);
   // A lost worker in BOUNDED / SYNC: the pulls that wait for it fail at once, naming it, instead
   // of at their deadline (shard 0 only: it keeps the leases).
   ConsistencyTracker* tracker = s->tracker_.get();
@@ -330,12 +334,12 @@ void ShardServer::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&server_mu_);
   if (server_ == nullptr || shut_down_) return;
   shut_down_ = true;
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Shutdown(absl::ToChronoTime(opt_.data.env->Now() + grace));
   server_->Wait();
 }
 
-absl::Time ShardServer::WatchUntil(absl::Time deadline, int64_t watch_ms) {
-  const absl::Time now = absl::Now();
+absl::Time ShardServer::WatchUntil(absl::Time deadline, int64_t watch_ms) const {
+  const absl::Time now = opt_.data.env->Now();  // wall: gRPC deadlines are
   absl::Time until = now + std::min(absl::Milliseconds(watch_ms), kMaxWatch);
   // Answer a little before the client's deadline (as a held pull does), never after it.
   const absl::Duration left = deadline - now;

@@ -63,6 +63,7 @@ class ShardServer {
     // num_shards, rows, partitions, row_dim, dense_size, the optimizers, row_init / dense_init,
     // threads, checkpoint_dir; ps/server/shard.h). SaveShard WRITE writes only under
     // data.checkpoint_dir (empty: this shard writes no checkpoint, FAILED_PRECONDITION).
+    // data.env is the clock of the whole server: its timer, tracker, coordinator and metrics.
     Shard::Options data;
     // Consistency mode (ConsistencyTracker) and the workers it waits for: worker ids
     // [0, num_workers). ASYNC accepts any worker id (ids outside the range are not tracked).
@@ -196,7 +197,7 @@ class ShardServer {
   // pull), then the Shard's gather.
   absl::Status Gather(const PullRequest& request, PullResponse* response);
   // When a call with `deadline` that asks to be held `watch_ms` is answered at the latest.
-  static absl::Time WatchUntil(absl::Time deadline, int64_t watch_ms);
+  absl::Time WatchUntil(absl::Time deadline, int64_t watch_ms) const;
 
   const Options opt_;
   const SecretChecker secret_;

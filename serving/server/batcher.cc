@@ -40,7 +40,7 @@ int Batcher::PaddedSize(int n) const {
 absl::Status Batcher::Enqueue(std::shared_ptr<ScoreJob> job) {
   const int n = job->rows.size;
   if (n < 1) return absl::InvalidArgumentError("batcher: a job without rows");
-  job->arrival = absl::Now();
+  job->arrival = opt_.env->MonotonicNow();
   job->taken = 0;
   job->remaining.store(n);
   absl::MutexLock l(&mu_);
@@ -98,10 +98,11 @@ void Batcher::Loop() {
       while (queue_.empty() && !stop_) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopped, and everything queued was taken
       // The batching window: wait for a full batch while the oldest request is young.
-      const absl::Time deadline = queue_.front()->arrival + opt_.max_delay;
+      const absl::Duration deadline = queue_.front()->arrival + opt_.max_delay;
+      absl::Duration left;
       while (!stop_ && !queue_.empty() && queued_rows_ < opt_.max_batch &&
-             absl::Now() < deadline) {
-        cv_.WaitWithDeadline(&mu_, deadline);
+             (left = deadline - opt_.env->MonotonicNow()) > absl::ZeroDuration()) {
+        cv_.WaitWithTimeout(&mu_, left);
       }
       if (queue_.empty()) continue;  // another thread took them
       Take(&pieces);

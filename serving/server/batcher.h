@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "serving/serving_model.h"
 #include "worker/data/batch.h"
 
@@ -44,7 +45,7 @@ struct ScoreJob {
   std::function<void(absl::Status)> done;
 
   // The batcher's bookkeeping.
-  absl::Time arrival;
+  absl::Duration arrival;  // on the batcher's env->MonotonicNow()
   int taken = 0;                  // rows handed to batches (under the batcher's lock)
   std::atomic<int> remaining{0};  // rows not yet scored
   std::atomic<bool> failed{false};
@@ -58,6 +59,7 @@ class Batcher {
     int max_batch = 512;        // rows per batch
     absl::Duration max_delay = absl::Microseconds(500);  // batching window of the oldest request
     int max_queue_rows = 65536; // rows queued and not yet taken
+    Env* env = Env::Default();  // the clock of the batching window; must outlive the batcher
   };
   struct Stats {
     int64_t batches = 0;

@@ -139,8 +139,11 @@ class PredictorService final : public Predictor::CallbackService {
       job->logits = response->mutable_logits()->mutable_data();
     }
     PredictServer* server = server_;
-    job->done = [reactor, server, start = absl::Now()](absl::Status s) {
-      if (s.ok()) server->metrics_->ObservePredict(absl::ToDoubleSeconds(absl::Now() - start));
+    Env* env = server->opt_.batching.env;
+    job->done = [reactor, server, env, start = env->MonotonicNow()](absl::Status s) {
+      if (s.ok()) {
+        server->metrics_->ObservePredict(absl::ToDoubleSeconds(env->MonotonicNow() - start));
+      }
       reactor->Finish(ToGrpcStatus(s));
       absl::MutexLock l(&server->mu_);
       --server->in_flight_;
@@ -169,7 +172,8 @@ absl::StatusOr<std::unique_ptr<PredictServer>> PredictServer::Start(Options opti
     return absl::InvalidArgumentError("max_request_rows must be >= 1");
   }
   std::unique_ptr<PredictServer> s(new PredictServer(std::move(options)));
-  ASSIGN_OR_RETURN(const std::string dir, ResolveExportDir(s->opt_.model_path));
+  ASSIGN_OR_RETURN(const std::string dir,
+                   ResolveExportDir(s->opt_.model_path, s->opt_.batching.env));
   s->versioned_ = dir != s->opt_.model_path;
   absl::StatusOr<std::unique_ptr<ServingModel>> model = ReadExport(dir);
   if (!model.ok()) return Annotate(model.status(), "loading " + dir);
@@ -337,7 +341,8 @@ void PredictServer::Shutdown(absl::Duration grace) {
     stopping_ = true;
     load_cv_.Signal();
   }
-  const absl::Time deadline = absl::Now() + grace;
+  Env* env = opt_.batching.env;
+  const absl::Time deadline = env->Now() + grace;  // wall: gRPC deadlines are
   if (server_ != nullptr) {
     if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
       health->SetServingStatus(kServiceName, false);
@@ -348,12 +353,12 @@ void PredictServer::Shutdown(absl::Duration grace) {
     {
       absl::MutexLock l(&mu_);
       auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
-      mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
+      mu_.AwaitWithTimeout(absl::Condition(&drained), deadline - env->Now());
     }
     // What is left are calls that arrive now (our handler answers them at once) and idle client
     // connections, which gRPC would otherwise wait for until the deadline: a short last wait.
     server_->Shutdown(absl::ToChronoTime(
-        std::min(deadline, absl::Now() + absl::Milliseconds(200))));
+        std::min(deadline, env->Now() + absl::Milliseconds(200))));
   }
   if (batcher_ != nullptr) batcher_->Stop();
   if (wake_fd_ >= 0) {

@@ -54,7 +54,7 @@ class PredictServer {
   struct Options {
     std::string model_path;               // export base directory, or one version directory
     std::string address = "127.0.0.1:0";  // host:port; port 0 picks a free one (see port())
-    Batcher::Options batching;
+    Batcher::Options batching;  // batching.env is the clock and directory checks of the server
     int max_request_rows = 4096;  // rows (or examples) one request may carry
     bool watch = true;            // reload when a newer version appears under model_path
     std::string admin_token;      // "" = Reload is refused

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fake_env.h"
 
 namespace pstrain {
 namespace {
@@ -97,7 +99,8 @@ void WriteDataFile(const std::string& ckpt, const std::string& name, CheckpointM
 
 // A checkpoint of `step` as every mode writes one: prepare, data files, commit.
 // `chain` (when not null) makes it a delta when the chain says so, and learns the commit.
-std::string Save(const std::string& dir, int64_t step, int keep, DeltaChain* chain = nullptr) {
+std::string Save(const std::string& dir, int64_t step, int keep, DeltaChain* chain = nullptr,
+                 Env* env = Env::Default()) {
   auto ckpt = PrepareCheckpointDir(dir, step);
   EXPECT_TRUE(ckpt.ok()) << ckpt.status();
   CheckpointManifest m;
@@ -109,7 +112,7 @@ std::string Save(const std::string& dir, int64_t step, int keep, DeltaChain* cha
   w0.set_step(step);
   w1.set_step(step);
   w1.set_examples(5);
-  auto done = CommitCheckpoint(dir, m, {{0, w0}, {1, w1}}, keep);
+  auto done = CommitCheckpoint(dir, m, {{0, w0}, {1, w1}}, keep, env);
   EXPECT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(*done, *ckpt);
   if (chain != nullptr) chain->Committed(m);
@@ -341,6 +344,38 @@ TEST(CheckpointLayout, RetentionDeletesInTheBackground) {
   struct stat st;
   for (int64_t step : {1, 2, 3}) EXPECT_NE(::stat(CheckpointPath(dir, step).c_str(), &st), 0);
   ASSERT_EQ(::stat(CheckpointPath(dir, 4).c_str(), &st), 0);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// A fake Env whose background work waits in a list until the test runs it.
+class DeferringEnv : public FakeEnv {
+ public:
+  void Schedule(std::function<void()> work) override { work_.push_back(std::move(work)); }
+  void WaitForScheduled() override { RunAll(); }
+  void RunAll() {
+    while (!work_.empty()) {
+      std::function<void()> next = std::move(work_.front());
+      work_.erase(work_.begin());
+      next();
+    }
+  }
+  std::vector<std::function<void()>> work_;
+};
+
+// The Env the committing code is given does the deletions and stamps the MANIFEST: until its
+// background work runs, the old checkpoints are renamed out of the way but still on disk.
+TEST(CheckpointLayout, RetentionAndTheWallTimeAreTheGivenEnvs) {
+  const std::string dir = FreshDir("keep_env");
+  DeferringEnv env;
+  for (int64_t step : {1, 2, 3}) Save(dir, step, /*keep=*/1, nullptr, &env);
+  EXPECT_EQ(Steps(dir), std::vector<int64_t>{3});
+  EXPECT_EQ(Removing(dir).size(), 2u);  // renamed, not deleted yet
+  EXPECT_FALSE(env.work_.empty());
+  CheckpointManifest manifest;
+  ASSERT_TRUE(VerifyCheckpoint(CheckpointPath(dir, 3), &manifest).ok());
+  EXPECT_EQ(manifest.wall_time(), env.WallSeconds());  // the fake wall clock's
+  env.RunAll();
+  EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
   std::system(("rm -rf " + dir).c_str());
 }
 

@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/fake_env.h"
 
@@ -45,6 +47,33 @@ TEST(EnvTest, DirectoriesAndSymlinksToThem) {
   EXPECT_FALSE(env->IsDirectory(dir + "/file"));
   EXPECT_FALSE(env->IsDirectory(dir + "/missing"));
   EXPECT_FALSE(env->IsRealDirectory(dir + "/missing"));
+}
+
+TEST(EnvTest, BackgroundWorkRunsInOrderAndWaitForScheduledWaitsForAllOfIt) {
+  Env* env = Env::Default();
+  absl::Mutex mu;
+  std::vector<int> ran;
+  for (int round = 0; round < 3; ++round) {  // the thread ends between rounds and starts again
+    for (int i = 0; i < 50; ++i) {
+      env->Schedule([&, i] {
+        absl::MutexLock lock(&mu);
+        ran.push_back(i);
+      });
+    }
+    // Work that schedules more work: WaitForScheduled waits for that too.
+    env->Schedule([&] {
+      env->Schedule([&] {
+        absl::MutexLock lock(&mu);
+        ran.push_back(50);
+      });
+    });
+    env->WaitForScheduled();
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(ran.size(), 51u);
+    for (int i = 0; i <= 50; ++i) EXPECT_EQ(ran[i], i);
+    ran.clear();
+  }
+  env->WaitForScheduled();  // nothing scheduled: returns at once
 }
 
 }  // namespace

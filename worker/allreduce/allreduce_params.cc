@@ -3,7 +3,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <map>
@@ -16,10 +15,6 @@
 
 namespace pstrain {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // What a rank does in a round.
 enum Kind : int64_t {
@@ -72,7 +67,7 @@ AllreduceParams::AllreduceParams(std::unique_ptr<LocalParams> replica, Allreduce
       rank_(rank),
       size_(size),
       deltas_(opt_.incremental_every),
-      last_checkpoint_time_(Now()) {}
+      last_checkpoint_time_(opt_.env->MonotonicSeconds()) {}
 
 absl::Status AllreduceParams::Check(int rc, const char* call, int64_t step) const {
   if (rc == MPI_SUCCESS) return absl::OkStatus();
@@ -115,8 +110,9 @@ absl::StatusOr<std::vector<AllreduceParams::Header>> AllreduceParams::ExchangeHe
 absl::Status AllreduceParams::Push(absl::Span<const int64_t> ids, const float* row_grads,
                                    const float* dense_grad, int64_t step) {
   // The step schedule needs no agreement (ScheduledAt); rank 0's clock does.
-  const bool due = rank_ == 0 && opt_.checkpoint_every_seconds > 0 &&
-                   Now() - last_checkpoint_time_ >= opt_.checkpoint_every_seconds;
+  const bool due =
+      rank_ == 0 && opt_.checkpoint_every_seconds > 0 &&
+      opt_.env->MonotonicSeconds() - last_checkpoint_time_ >= opt_.checkpoint_every_seconds;
   ASSIGN_OR_RETURN(std::vector<Header> all,
                    ExchangeHeaders(kStep, step, static_cast<int64_t>(ids.size()), due));
   for (int r = 0; r < size_; ++r) {
@@ -307,7 +303,7 @@ absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state)
                                   MPI_COMM_WORLD),
                         "MPI_Bcast (checkpoint result)", step));
   if (rank_ == 0) bytes_sent_ += (size_ - 1) * (16 + code_len[1]);
-  last_checkpoint_time_ = Now();
+  last_checkpoint_time_ = opt_.env->MonotonicSeconds();
   if (rank_ == 0) return written;
   if (code_len[0] != 0) {
     return absl::Status(static_cast<absl::StatusCode>(code_len[0]),

@@ -42,6 +42,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "worker/params/local_params.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
@@ -62,7 +63,8 @@ struct AllreduceOptions {
   // updates, so rank 0's changed rows are the job's).
   int incremental_every = 1;
   int64_t checkpoint_every_steps = 0;    // 0 = off
-  double checkpoint_every_seconds = 0;   // rank 0's clock; 0 = off
+  double checkpoint_every_seconds = 0;   // rank 0's clock (env's monotonic one); 0 = off
+  Env* env = Env::Default();
   // This process's SIGTERM flag (not owned; may be null).
   const std::atomic<bool>* local_stop = nullptr;
   // What the checkpoints' MANIFEST records, and what a restore must match (DescribeModel).

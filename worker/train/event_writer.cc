@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
@@ -11,25 +10,18 @@
 #include "tensorboard/event.pb.h"
 
 namespace pstrain {
-namespace {
-
-double WallTime() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir,
+                                                                 Env* env) {
   RETURN_IF_ERROR(MakeDirs(dir));
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
-  const int64_t now = static_cast<int64_t>(WallTime());
+  const int64_t now = static_cast<int64_t>(env->WallSeconds());
   const std::string path = absl::StrCat(dir, "/events.out.tfevents.", now, ".", host);
   std::FILE* f = std::fopen(path.c_str(), "ab");
   if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", path));
-  std::unique_ptr<EventWriter> w(new EventWriter(path, f));
+  std::unique_ptr<EventWriter> w(new EventWriter(path, f, env));
   tensorboard::Event e;
-  e.set_wall_time(WallTime());
+  e.set_wall_time(env->WallSeconds());
   e.set_file_version("brain.Event:2");
   RETURN_IF_ERROR(w->WriteRecord(e.SerializeAsString()));
   RETURN_IF_ERROR(w->Flush());
@@ -51,7 +43,7 @@ absl::Status EventWriter::WriteRecord(const std::string& data) {
 
 absl::Status EventWriter::AddScalar(absl::string_view tag, int64_t step, double value) {
   tensorboard::Event e;
-  e.set_wall_time(WallTime());
+  e.set_wall_time(env_->WallSeconds());
   e.set_step(step);
   auto* v = e.mutable_summary()->add_value();
   v->set_tag(std::string(tag));

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/env.h"
 
 namespace pstrain {
 
@@ -16,7 +17,9 @@ namespace pstrain {
 class EventWriter {
  public:
   // Creates the event file in `dir` (created if missing) and writes the file_version record.
-  static absl::StatusOr<std::unique_ptr<EventWriter>> Create(const std::string& dir);
+  // `env`'s wall clock names the file and stamps the events; it must outlive the writer.
+  static absl::StatusOr<std::unique_ptr<EventWriter>> Create(const std::string& dir,
+                                                             Env* env = Env::Default());
   ~EventWriter();
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
@@ -27,10 +30,12 @@ class EventWriter {
   const std::string& path() const { return path_; }
 
  private:
-  EventWriter(std::string path, std::FILE* f) : path_(std::move(path)), file_(f) {}
+  EventWriter(std::string path, std::FILE* f, Env* env)
+      : path_(std::move(path)), file_(f), env_(env) {}
   absl::Status WriteRecord(const std::string& data);
   std::string path_;
   std::FILE* file_;
+  Env* const env_;
 };
 
 }  // namespace pstrain

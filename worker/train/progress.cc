@@ -1,6 +1,5 @@
 #include "worker/train/progress.h"
 
-#include <chrono>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -14,10 +13,6 @@
 
 namespace pstrain {
 namespace {
-
-double WallTime() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::string Duration(double s) {
   if (!(s >= 0) || s > 1e7) return "?";
@@ -64,17 +59,18 @@ struct ProgressReporter::Gauges {
 };
 
 absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
-    const std::string& model_dir, bool tty, double flush_seconds, int worker) {
+    const std::string& model_dir, bool tty, double flush_seconds, int worker, Env* env) {
   RETURN_IF_ERROR(MakeDirs(model_dir));
   std::unique_ptr<ProgressReporter> p(new ProgressReporter());
+  p->env_ = env;
   p->tty_ = tty;
   p->flush_seconds_ = flush_seconds;
-  p->last_flush_ = WallTime();
+  p->last_flush_ = env->MonotonicSeconds();
   p->gauges_ = std::make_unique<Gauges>(worker);
   const std::string path = model_dir + "/metrics.jsonl";
   p->jsonl_ = std::fopen(path.c_str(), "a");
   if (p->jsonl_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
-  ASSIGN_OR_RETURN(p->events_, EventWriter::Create(model_dir));
+  ASSIGN_OR_RETURN(p->events_, EventWriter::Create(model_dir, env));
   return p;
 }
 
@@ -106,7 +102,10 @@ void ProgressReporter::Train(int64_t step, int64_t epoch, double loss, double ep
   }
   Line(text, /*transient=*/true);
   std::fprintf(jsonl_, "%s\n",
-               JsonObject().Add("wall_time", WallTime()).Add("step", step).Add("epoch", epoch)
+               JsonObject()
+                   .Add("wall_time", env_->WallSeconds())
+                   .Add("step", step)
+                   .Add("epoch", epoch)
                    .Add("loss", loss).Add("examples_per_sec", eps).str().c_str());
   Record(events_->AddScalar("train/loss", step, loss));
   Record(events_->AddScalar("train/examples_per_sec", step, eps));
@@ -114,7 +113,7 @@ void ProgressReporter::Train(int64_t step, int64_t epoch, double loss, double ep
   gauges_->loss->Set(loss);
   gauges_->step->Set(static_cast<double>(step));
   // Without periodic evaluation the points would otherwise wait in the buffers until the end.
-  const double now = WallTime();
+  const double now = env_->MonotonicSeconds();
   if (now - last_flush_ >= flush_seconds_) Flush();
 }
 
@@ -136,7 +135,10 @@ void ProgressReporter::Eval(int64_t step, double auc, double logloss, int64_t ex
                        final_eval ? "final eval" : "eval", step, auc, logloss, examples),
        /*transient=*/false);
   std::fprintf(jsonl_, "%s\n",
-               JsonObject().Add("wall_time", WallTime()).Add("step", step).Add("eval_auc", auc)
+               JsonObject()
+                   .Add("wall_time", env_->WallSeconds())
+                   .Add("step", step)
+                   .Add("eval_auc", auc)
                    .Add("eval_logloss", logloss).Add("eval_examples", examples).str().c_str());
   gauges_->eval_auc->Set(auc);
   gauges_->eval_logloss->Set(logloss);
@@ -158,7 +160,7 @@ void ProgressReporter::Record(const absl::Status& s) {
 void ProgressReporter::Message(const std::string& text) { Line(text, /*transient=*/false); }
 
 void ProgressReporter::Flush() {
-  last_flush_ = WallTime();
+  last_flush_ = env_->MonotonicSeconds();
   std::fflush(jsonl_);
   Record(events_->Flush());
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "worker/train/event_writer.h"
 
 namespace pstrain {
@@ -19,11 +20,13 @@ namespace pstrain {
 // Not thread-safe: the trainer thread owns it.
 class ProgressReporter {
  public:
-  // Metrics go to <model_dir>/metrics.jsonl and TensorBoard events to <model_dir>/.
+  // Metrics go to <model_dir>/metrics.jsonl and TensorBoard events to <model_dir>/. `env`'s wall
+  // clock stamps them and its monotonic clock times the flushes; it must outlive the reporter.
   static absl::StatusOr<std::unique_ptr<ProgressReporter>> Create(const std::string& model_dir,
                                                                   bool tty,
                                                                   double flush_seconds = 10,
-                                                                  int worker = 0);
+                                                                  int worker = 0,
+                                                                  Env* env = Env::Default());
   ~ProgressReporter();
 
   // A training progress point: prints (TTY: every call; otherwise the caller decides how often)
@@ -48,6 +51,7 @@ class ProgressReporter {
   void Record(const absl::Status& s);
 
   struct Gauges;
+  Env* env_ = nullptr;
   bool tty_ = false;
   double flush_seconds_ = 10;
   double last_flush_ = 0;

@@ -1,19 +1,10 @@
 #include "worker/train/step_timing.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "common/status.h"
 
 namespace pstrain {
-namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 NextBatchFn CycleBatches(const std::vector<Batch>* pool) {
   size_t i = 0;
   return [pool, i]() mutable -> absl::StatusOr<const Batch*> {
@@ -61,26 +52,27 @@ absl::StatusOr<StepTiming> TimeTrainSteps(TrainStep* step, ParameterAccess* para
   unique = 0;
   const StepProfile before = step->profile();
   StepTiming t;
-  const double t0 = Now();
+  const double t0 = options.env->MonotonicSeconds();
   for (int w = 0; w < options.windows; ++w) {
-    const double s = Now();
+    const double s = options.env->MonotonicSeconds();
     int64_t examples = 0, steps = 0;
     double elapsed = 0;
     while (steps < options.min_steps || elapsed < options.min_seconds) {
       // Whether this step ends the window is known by count only; a window that also needs
       // min_seconds ends at the first step after both, flushing then.
-      const bool last = steps + 1 >= options.min_steps && Now() - s >= options.min_seconds;
+      const bool last = steps + 1 >= options.min_steps &&
+                        options.env->MonotonicSeconds() - s >= options.min_seconds;
       absl::StatusOr<int> n = run_one(last);
       if (!n.ok()) return n.status();
       examples += *n;
       ++steps;
-      elapsed = Now() - s;
+      elapsed = options.env->MonotonicSeconds() - s;
       if (last) break;
     }
     t.window_examples_per_sec.push_back(examples / elapsed);
     t.steps += steps;
   }
-  t.seconds = Now() - t0;
+  t.seconds = options.env->MonotonicSeconds() - t0;
   t.examples_per_sec = Median(t.window_examples_per_sec);
   t.unique_rows_per_step = t.steps > 0 ? static_cast<double>(unique) / t.steps : 0;
   const StepProfile& p = step->profile();

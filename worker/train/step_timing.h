@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "worker/data/batch.h"
 #include "worker/params/params.h"
 #include "worker/train/train_step.h"
@@ -30,6 +31,7 @@ struct StepTimingOptions {
   // Each window ends flushed.
   bool pipelined = false;
   bool prefetch_pulls = false;
+  Env* env = Env::Default();  // the clock of the timings (its monotonic one)
 };
 
 struct StepTiming {

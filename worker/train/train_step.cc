@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
@@ -10,20 +9,12 @@
 #include "worker/train/step_barrier.h"
 
 namespace pstrain {
-namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(const Model& model, int towers,
                                                              int batch_per_tower,
-                                                             int intra_op_threads) {
+                                                             int intra_op_threads, Env* env) {
   ASSIGN_OR_RETURN(auto pool, TowerPool::Create(model, towers, batch_per_tower, intra_op_threads));
   std::unique_ptr<TrainStep> s(
-      new TrainStep(model, std::move(pool), batch_per_tower, intra_op_threads));
+      new TrainStep(model, std::move(pool), batch_per_tower, intra_op_threads, env));
   s->row_grads_.resize(towers);
   s->dense_grads_.resize(towers);
   s->losses_.resize(towers);
@@ -52,7 +43,7 @@ absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool 
     return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size, " examples exceeds ",
                                                    towers(), " towers x ", batch_per_tower_));
   }
-  const double t0 = Now();
+  const double t0 = env_->MonotonicSeconds();
   Staged& s = staged_[(head_ + staged_count_) % 2];
   s.batch = &batch;
   dedup_.Run(batch.ids, &s.unique, &s.slots);
@@ -64,7 +55,7 @@ absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool 
     s.pull = StartPull(&s, params);
   }
   ++staged_count_;
-  profile_.dedup += Now() - t0;
+  profile_.dedup += env_->MonotonicSeconds() - t0;
   return absl::OkStatus();
 }
 
@@ -83,16 +74,16 @@ ParamsOp TrainStep::StartPull(Staged* st, ParameterAccess* params) {
 }
 
 absl::Status TrainStep::WaitPush() {
-  const double t0 = Now();
+  const double t0 = env_->MonotonicSeconds();
   absl::Status s = push_.Wait();
   push_ = ParamsOp();
-  profile_.push += Now() - t0;
+  profile_.push += env_->MonotonicSeconds() - t0;
   return s;
 }
 
 absl::Status TrainStep::Flush() {
   absl::Status s = WaitPush();
-  const double t0 = Now();
+  const double t0 = env_->MonotonicSeconds();
   if (s.ok() && dense_sum_steps_ > 0) {
     // A partial block: push the mean of its dense gradients now, and fetch the dense vector
     // with the next pull.
@@ -102,7 +93,7 @@ absl::Status TrainStep::Flush() {
     pulls_since_dense_ = 0;
     s = last_params_->StartPush({}, nullptr, dense_sum_.data(), last_step_).Wait();
   }
-  profile_.push += Now() - t0;
+  profile_.push += env_->MonotonicSeconds() - t0;
   return s;
 }
 
@@ -131,14 +122,14 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
     return TrainInProcess(st, step, local, overlap);
   }
 
-  double t0 = Now();
+  double t0 = env_->MonotonicSeconds();
   if (!st.pull_started) {
     RETURN_IF_ERROR(WaitPush());  // read-after-write: the pull sees every earlier push
-    t0 = Now();
+    t0 = env_->MonotonicSeconds();
     st.pull = StartPull(&st, params);
   }
   RETURN_IF_ERROR(st.pull.Wait());
-  double t1 = Now();
+  double t1 = env_->MonotonicSeconds();
   profile_.pull += t1 - t0;
 
   const TowerFn compute = [&](int t, Tower* tower) -> absl::Status {
@@ -148,7 +139,7 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
   RETURN_IF_ERROR(pool_->Wait());
   RETURN_IF_ERROR(overlap_status);
-  double t2 = Now();
+  double t2 = env_->MonotonicSeconds();
   profile_.compute += t2 - t1;
 
   // Sum the tower gradients into tower 0's buffers and average over the batch, on the trainer
@@ -168,7 +159,7 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   };
   reduce(row_grads_, U * D);
   reduce(dense_grads_, dsz);
-  double t3 = Now();
+  double t3 = env_->MonotonicSeconds();
   profile_.reduce += t3 - t2;
 
   // The previous push must have been accepted before this one starts (one push in flight from
@@ -195,7 +186,7 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
   push_ = params->StartPush(st.unique, row_grads_[0].data(), dense_grad, step);
   last_step_ = step;
   last_params_ = params;
-  profile_.push += Now() - t3;
+  profile_.push += env_->MonotonicSeconds() - t3;
 
   StepResult r;
   for (double l : losses_) r.loss_sum += l;
@@ -264,12 +255,12 @@ absl::StatusOr<StepResult> TrainStep::TrainInProcess(
     if (db < de) params->CopyDense(db, de, dense);
     if (!s.ok()) failed.store(true);
     barrier_->Wait();
-    if (t == 0) t_pulled = Now();
+    if (t == 0) t_pulled = env_->MonotonicSeconds();
     // 2. This tower's examples, from the whole step's rows and dense vector.
     if (!failed.load()) s = ComputeTower(t, tower, st, dense);
     if (!s.ok()) failed.store(true);
     barrier_->Wait();
-    if (t == 0) t_computed = Now();
+    if (t == 0) t_computed = env_->MonotonicSeconds();
     if (failed.load()) return s;
     // 3. Sum the towers' gradients of this tower's share (in tower order, as the summed step
     // does), average over the batch and apply them.
@@ -289,18 +280,18 @@ absl::StatusOr<StepResult> TrainStep::TrainInProcess(
       sum(dense_grads_, db, de);
       params->ApplyDense(db, de, dense_grads_[0].data());
     }
-    if (t == 0) t_updated = Now();
+    if (t == 0) t_updated = env_->MonotonicSeconds();
     return s;
   };
 
-  const double t0 = Now();
+  const double t0 = env_->MonotonicSeconds();
   params->BeginStep(step);
   pool_->Start(fn);
   const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
   const absl::Status towers_status = pool_->Wait();
   // The towers either all computed and the whole dense vector was updated, or none applied it.
   params->EndStep(/*applied=*/!failed.load());
-  const double t1 = Now();
+  const double t1 = env_->MonotonicSeconds();
   RETURN_IF_ERROR(towers_status);
   RETURN_IF_ERROR(overlap_status);
   profile_.pull += t_pulled - t0;

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "worker/data/batch.h"
 #include "worker/model/model.h"
 #include "worker/params/dedup.h"
@@ -67,9 +68,11 @@ struct StepProfile {
 // Not thread-safe: one trainer thread calls Stage / Train / Flush / Run.
 class TrainStep {
  public:
+  // `env` is the clock of profile() (its monotonic one); it must outlive the step.
   static absl::StatusOr<std::unique_ptr<TrainStep>> Create(const Model& model, int towers,
                                                            int batch_per_tower,
-                                                           int intra_op_threads);
+                                                           int intra_op_threads,
+                                                           Env* env = Env::Default());
   // Waits for what an error left in flight (a staged batch's pull, the last push), so that no
   // ParameterAccess writes into these buffers after they are freed. Their statuses are dropped:
   // the error that ended training is the one to report.
@@ -116,13 +119,19 @@ class TrainStep {
     ParamsOp pull;
   };
 
-  TrainStep(const Model& model, std::unique_ptr<TowerPool> pool, int batch_per_tower, int intra)
-      : model_(model), pool_(std::move(pool)), batch_per_tower_(batch_per_tower), intra_(intra) {}
+  TrainStep(const Model& model, std::unique_ptr<TowerPool> pool, int batch_per_tower, int intra,
+            Env* env)
+      : model_(model),
+        pool_(std::move(pool)),
+        batch_per_tower_(batch_per_tower),
+        intra_(intra),
+        env_(env) {}
 
   const Model& model_;
   std::unique_ptr<TowerPool> pool_;
   int batch_per_tower_;
   int intra_;
+  Env* const env_;
   Deduper dedup_;
   Staged staged_[2];
   int head_ = 0;    // staged_[head_] is trained next

@@ -23,8 +23,9 @@
 #include "ps/server/job_coordinator.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
-#include "worker/ps_client/ps_job.h"
+#include "tests/fake_env.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/ps_job.h"
 #include "worker/ps_client/shard_rpc.h"
 
 namespace pstrain {
@@ -35,29 +36,39 @@ using ::testing::HasSubstr;
 // How long a call must stay unanswered to count as held. Only the negative checks wait this long.
 constexpr absl::Duration kHeld = absl::Milliseconds(300);
 
-// ---- JobCoordinator alone, with a fake held call ----
+// ---- JobCoordinator alone, with a fake held call and a fake clock ----
 
 struct FakeWatch : JobCoordinator::Watch {
   void Wake(absl::Status status) override {
     EXPECT_FALSE(woken.HasBeenNotified()) << "woken twice";
     result = std::move(status);
-    when = absl::Now();
     woken.Notify();
   }
   bool WokenWithin(absl::Duration d) { return woken.WaitForNotificationWithTimeout(d); }
   absl::Notification woken;
   absl::Status result = absl::UnknownError("not woken");
-  absl::Time when;
+};
+
+// A JobCoordinator on a fake clock. Its timer is joined first (running what is still pending
+// against the live coordinator), as JobCoordinator requires.
+struct FakeCoordinator {
+  explicit FakeCoordinator(int num_workers = 4)
+      : timer(std::make_unique<Timer>(&env)),
+        c(0, num_workers, absl::Seconds(30), timer.get(), &env) {}
+  ~FakeCoordinator() { timer.reset(); }
+  FakeEnv env;
+  std::unique_ptr<Timer> timer;
+  JobCoordinator c;
 };
 
 TEST(JobCoordinator, AHeldWatchWakesOnTheNextChangeOnly) {
-  Timer timer;
-  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
+  FakeCoordinator f;
+  JobCoordinator& c = f.c;
   const int64_t v = c.version();
   FakeWatch w;
-  c.Hold(&w, v, absl::Now() + absl::Seconds(30));
+  c.Hold(&w, v, f.env.Now() + absl::Seconds(30));
   EXPECT_EQ(c.held_watches(), 1);
-  EXPECT_FALSE(w.WokenWithin(kHeld));
+  EXPECT_FALSE(w.woken.HasBeenNotified());  // the fake clock stands: only a change wakes it
   c.RequestCheckpoint(false, 7);
   ASSERT_TRUE(w.WokenWithin(absl::Seconds(5)));
   EXPECT_TRUE(w.result.ok()) << w.result;
@@ -68,14 +79,14 @@ TEST(JobCoordinator, AHeldWatchWakesOnTheNextChangeOnly) {
 
   // A watcher that saw an older version is answered at once.
   FakeWatch stale;
-  c.Hold(&stale, v, absl::Now() + absl::Seconds(30));
+  c.Hold(&stale, v, f.env.Now() + absl::Seconds(30));
   EXPECT_TRUE(stale.woken.HasBeenNotified());
   EXPECT_TRUE(stale.result.ok());
 }
 
 TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
-  Timer timer;
-  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
+  FakeCoordinator f;
+  JobCoordinator& c = f.c;
   int64_t v = c.version();
   auto changed = [&] {
     const int64_t now = c.version();
@@ -109,23 +120,25 @@ TEST(JobCoordinator, EveryChangeOfTheJobStateBumpsTheVersion) {
 }
 
 TEST(JobCoordinator, AHeldWatchIsAnsweredAtItsTimeUnchanged) {
-  Timer timer;
-  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
+  FakeCoordinator f;
+  JobCoordinator& c = f.c;
   FakeWatch w;
-  const absl::Time start = absl::Now();
+  const absl::Time start = f.env.Now();
   c.Hold(&w, c.version(), start + absl::Milliseconds(200));
-  ASSERT_TRUE(w.WokenWithin(absl::Seconds(10)));
+  RunTimerUntil(&f.env, f.timer.get(), start + absl::Milliseconds(199));
+  EXPECT_FALSE(w.woken.HasBeenNotified());
+  RunTimerUntil(&f.env, f.timer.get(), start + absl::Milliseconds(200));
+  ASSERT_TRUE(w.woken.HasBeenNotified());
   EXPECT_TRUE(w.result.ok());
-  EXPECT_GE(w.when - start, absl::Milliseconds(200));
   EXPECT_EQ(c.held_watches(), 0);
 }
 
 TEST(JobCoordinator, CancelAndStopHoldingEndEveryHeldWatchOnce) {
-  Timer timer;
-  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
+  FakeCoordinator f;
+  JobCoordinator& c = f.c;
   FakeWatch a, b;
-  c.Hold(&a, c.version(), absl::Now() + absl::Seconds(30));
-  c.Hold(&b, c.version(), absl::Now() + absl::Seconds(30));
+  c.Hold(&a, c.version(), f.env.Now() + absl::Seconds(30));
+  c.Hold(&b, c.version(), f.env.Now() + absl::Seconds(30));
   EXPECT_EQ(c.held_watches(), 2);
   c.Cancel(&a);
   ASSERT_TRUE(a.woken.HasBeenNotified());
@@ -136,24 +149,50 @@ TEST(JobCoordinator, CancelAndStopHoldingEndEveryHeldWatchOnce) {
   EXPECT_EQ(b.result.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(b.result.message(), HasSubstr("shutting down"));
   FakeWatch late;
-  c.Hold(&late, c.version(), absl::Now() + absl::Seconds(30));
+  c.Hold(&late, c.version(), f.env.Now() + absl::Seconds(30));
   EXPECT_EQ(late.result.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c.held_watches(), 0);
 }
 
 TEST(JobCoordinator, HoldsAtMostkMaxHeldCalls) {
-  Timer timer;
-  JobCoordinator c(0, /*num_workers=*/4, absl::Seconds(30), &timer);
+  FakeCoordinator f;
+  JobCoordinator& c = f.c;
   std::vector<std::unique_ptr<FakeWatch>> held;
   for (int i = 0; i < JobCoordinator::kMaxHeld; ++i) {
     held.push_back(std::make_unique<FakeWatch>());
-    c.Hold(held.back().get(), c.version(), absl::Now() + absl::Seconds(30));
+    c.Hold(held.back().get(), c.version(), f.env.Now() + absl::Seconds(30));
   }
   FakeWatch one_more;
-  c.Hold(&one_more, c.version(), absl::Now() + absl::Seconds(30));
+  c.Hold(&one_more, c.version(), f.env.Now() + absl::Seconds(30));
   EXPECT_EQ(one_more.result.code(), absl::StatusCode::kUnavailable);
   c.FinishJob();  // wakes them all
   for (auto& w : held) EXPECT_TRUE(w->result.ok());
+}
+
+// Leases on the fake clock: a worker not heard of for the lease is lost (the callback and the
+// job state name it), a worker heard again within it is not, and a lost worker that calls is back.
+TEST(JobCoordinator, AWorkerNotHeardOfForTheLeaseIsLost) {
+  FakeCoordinator f(/*num_workers=*/2);
+  JobCoordinator& c = f.c;
+  std::vector<std::string> lost;  // written on the timer thread, read after RunTimerUntil
+  c.SetLostCallback([&lost](const std::string& detail) { lost.push_back(detail); });
+  const absl::Time start = f.env.Now();
+  c.Heard(0);
+  c.Heard(1);
+  RunTimerUntil(&f.env, f.timer.get(), start + absl::Seconds(20));
+  c.Heard(0);
+  RunTimerUntil(&f.env, f.timer.get(), start + absl::Seconds(30));
+  EXPECT_EQ(c.lost_workers(), std::vector<int>{1});
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0], "worker 1 lost: no call for 30.0 s (lease 30.0 s)");
+  RunTimerUntil(&f.env, f.timer.get(), start + absl::Seconds(49));
+  EXPECT_EQ(c.lost_workers(), std::vector<int>{1});  // worker 0 was heard at 20 s
+  RunTimerUntil(&f.env, f.timer.get(), start + absl::Seconds(50));
+  EXPECT_EQ(c.lost_workers(), (std::vector<int>{0, 1}));
+  c.Heard(1);
+  EXPECT_EQ(c.lost_workers(), std::vector<int>{0});
+  EXPECT_EQ(c.State().lost_detail(), "worker 0 lost: no call for 30.0 s (lease 30.0 s)");
+  c.StopHolding();
 }
 
 // ---- Over gRPC ----
