@@ -489,7 +489,6 @@ void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int ke
   SweepRemovals(dir, env);
 }
 
-void WaitForCheckpointRemovals() { Env::Default()->WaitForScheduled(); }
 
 namespace {
 

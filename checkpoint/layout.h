@@ -192,14 +192,10 @@ absl::StatusOr<std::optional<PassEnd>> ReadPassEnd(const std::string& ckpt);
 // ListCheckpoints ignores it) and env's background work (Env::Schedule) deletes it. A rename that
 // fails is a deletion in place. A .removing-* directory a process left behind (it ended before
 // its background work was done) is deleted by the background work that the next
-// RemoveOldCheckpoints or RemoveIncompleteCheckpoints of `dir` schedules.
+// RemoveOldCheckpoints or RemoveIncompleteCheckpoints of `dir` schedules. pstrain's main waits
+// for Env::Default()->WaitForScheduled() before it exits, so that a finished job leaves none.
 void RemoveOldCheckpoints(const std::string& dir, int64_t committed_step, int keep,
                           Env* env = Env::Default());
-// Blocks until every deletion that RemoveOldCheckpoints started in this process with
-// Env::Default() is done: Env::Default()->WaitForScheduled(). pstrain's main calls it before it
-// exits, so that a finished job leaves no .removing-* behind (code that passed another Env waits
-// on that Env's WaitForScheduled()).
-void WaitForCheckpointRemovals();
 // The steps of the checkpoints the restore of <dir>/ckpt-<step> reads besides itself (its parent,
 // the parent's parent, ..., its base), by their MANIFESTs without verifying the files; empty for a
 // full checkpoint or one without a readable MANIFEST. Stops at a missing link.

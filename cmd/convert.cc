@@ -1,12 +1,12 @@
 // `pstrain convert`: data from one format to another, split into files, optionally shuffled.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/env.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "common/config.h"
@@ -75,11 +75,12 @@ int RunConvert(int argc, char** argv) {
   if (absl::Status s = ConvertOptionsFromFlags(f, &options); !s.ok()) {
     return CommandError("convert", s.message(), 2);
   }
-  const auto start = std::chrono::steady_clock::now();
+  Env* const env = Env::Default();
+  const double start = env->MonotonicSeconds();
   auto result = Convert(options);
   if (!result.ok()) return CommandError("convert", result.status().ToString(), 1);
   const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      env->MonotonicSeconds() - start;
   std::printf("converted %lld rows (%s -> %s) into %zu file%s (%.1f MB) in %s in %.1f s",
               static_cast<long long>(result->rows), DataFormatName(options.from).c_str(),
               DataFormatName(options.to).c_str(), result->files.size(),

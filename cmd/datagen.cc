@@ -1,13 +1,13 @@
 // `pstrain datagen`: Criteo-shaped synthetic data from a planted teacher (worker/tools/datagen.h).
 #include <omp.h>
 
-#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/env.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "common/flags.h"
@@ -94,11 +94,12 @@ int RunDatagen(int argc, char** argv) {
   if (out.format == LIBSVM) options.fill_missing = true;
   auto data = SyntheticData::Create(options);
   if (!data.ok()) return CommandError("datagen", data.status().message(), 2);
-  const auto start = std::chrono::steady_clock::now();
+  Env* const env = Env::Default();
+  const double start = env->MonotonicSeconds();
   auto result = WriteSyntheticData(*data, out);
   if (!result.ok()) return CommandError("datagen", result.status().ToString(), 1);
   const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      env->MonotonicSeconds() - start;
   std::printf("wrote %lld rows (%s, %d file%s, %.1f MB) to %s in %.1f s (%.0f rows/s)\n",
               static_cast<long long>(out.rows), DataFormatName(out.format).c_str(), out.files,
               out.files == 1 ? "" : "s", result->bytes / 1e6, out.dir.c_str(), secs,

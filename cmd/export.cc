@@ -1,9 +1,9 @@
 // `pstrain export`: a serving export of a trained checkpoint (serving/export.h, docs/SERVING.md).
-#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/env.h"
 #include "cmd/cli.h"
 #include "cmd/commands.h"
 #include "cmd/serving_setup.h"
@@ -35,18 +35,19 @@ int RunExport(int argc, char** argv) {
     return CommandError("export", absl::StrCat("--rows: ", encoding.status().message()), 2);
   }
   eo.encoding = *encoding;
-  const auto start = std::chrono::steady_clock::now();
+  Env* const env = Env::Default();
+  const double start = env->MonotonicSeconds();
   absl::StatusOr<std::unique_ptr<ServingModel>> model = LoadCheckpointModel(cf);
   if (!model.ok()) {
     return CommandError("export", model.status().ToString(),
                 model.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
   }
   const double read_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      env->MonotonicSeconds() - start;
   absl::StatusOr<ExportInfo> info = WriteExport(**model, out, eo);
   if (!info.ok()) return CommandError("export", info.status().ToString(), 1);
   const double total_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      env->MonotonicSeconds() - start;
   absl::PrintF("pstrain export: version %d of %s (step %d): %d rows (%s), %d bytes, read %.2f s + "
                "written %.2f s -> %s\n",
                info->version, (*model)->origin().path, (*model)->origin().step, info->rows,

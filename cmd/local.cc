@@ -28,7 +28,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +42,7 @@
 #include "checkpoint/layout.h"
 #include "cmd/cli.h"
 #include "cmd/cluster_security.h"
+#include "common/env.h"
 #include "common/rpc/security.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
@@ -145,7 +145,7 @@ class ClusterAttempt {
   int code_ = 0;
   bool stopping_ = false;
   bool signalled_ = false;  // stopped by the user: success if every host saved and exited 0
-  std::chrono::steady_clock::time_point kill_at_;
+  absl::Duration kill_at_;  // on Env::Default()'s monotonic clock
 };
 
 std::optional<int> ClusterAttempt::Start() {
@@ -191,7 +191,7 @@ std::optional<int> ClusterAttempt::Start() {
 
 void ClusterAttempt::BeginStopping() {
   stopping_ = true;
-  kill_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(o_.kill_timeout_s);
+  kill_at_ = Env::Default()->MonotonicNow() + absl::Seconds(o_.kill_timeout_s);
   SignalAll(SIGTERM);
 }
 
@@ -224,8 +224,8 @@ int ClusterAttempt::Wait() {
     if (alive_ == 0) break;
     timespec wait = {3600, 0};
     if (stopping_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            kill_at_ - std::chrono::steady_clock::now()).count();
+      const int64_t left =
+          absl::ToInt64Milliseconds(kill_at_ - Env::Default()->MonotonicNow());
       if (left <= 0) {
         std::fprintf(stderr, "pstrain local: hosts still running %d s after SIGTERM: SIGKILL\n",
                      o_.kill_timeout_s);

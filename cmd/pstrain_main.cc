@@ -6,9 +6,9 @@
 #include "absl/synchronization/mutex.h"
 #include "cmd/commands.h"
 #include "cmd/launcher.h"
-#include "checkpoint/layout.h"
 #include "cmd/sagemaker.h"
 #include "cmd/stop_signal.h"
+#include "common/env.h"
 #include "common/malloc_tuning.h"
 #include "pstrain_version.h"  // generated: cmake/version.cmake
 
@@ -78,8 +78,9 @@ int main(int argc, char** argv) {
     // In a SageMaker container a failure's reason goes to /opt/ml/output/failure.
     auto failure = pstrain::FailureCapture::Start(pstrain::SageMakerFailureFile());
     const int code = c.run(argc, argv);
-    // Old checkpoints that retention renamed are deleted before the process ends.
-    pstrain::WaitForCheckpointRemovals();
+    // Background work ends before the process does: old checkpoints that retention renamed are
+    // deleted (checkpoint/layout.h RemoveOldCheckpoints).
+    pstrain::Env::Default()->WaitForScheduled();
     if (failure) failure->Finish(code);
     return code;
   }

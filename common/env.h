@@ -50,7 +50,7 @@ class Env {
   virtual void Schedule(std::function<void()> work) = 0;
   // Blocks until the background work is done: everything scheduled before the call, and what
   // that work or other threads schedule while it waits. pstrain's main calls it before exiting
-  // (WaitForCheckpointRemovals, checkpoint/layout.h).
+  // (checkpoint/layout.h: retention deletes in the background).
   virtual void WaitForScheduled() = 0;
 };
 

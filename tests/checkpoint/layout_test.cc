@@ -334,12 +334,12 @@ std::vector<std::string> Removing(const std::string& dir) {
 
 // Retention does not delete inside the save that commits: the old directories leave the
 // checkpoints' names at once (renamed) and are deleted by a background thread, which
-// WaitForCheckpointRemovals waits for. The data of a deleted checkpoint is gone then, not moved.
+// Env::Default()->WaitForScheduled() waits for. The data of a deleted checkpoint is gone then, not moved.
 TEST(CheckpointLayout, RetentionDeletesInTheBackground) {
   const std::string dir = FreshDir("keep_background");
   for (int64_t step : {1, 2, 3, 4, 5}) Save(dir, step, 2);
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{5, 4}));  // at once, whatever the thread has done
-  WaitForCheckpointRemovals();
+  Env::Default()->WaitForScheduled();
   EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
   struct stat st;
   for (int64_t step : {1, 2, 3}) EXPECT_NE(::stat(CheckpointPath(dir, step).c_str(), &st), 0);
@@ -391,11 +391,11 @@ TEST(CheckpointLayout, RemovalsLeftByAnEndedProcessAreDeletedLater) {
   }
   EXPECT_EQ(Removing(dir).size(), 2u);
   EXPECT_EQ(RemoveIncompleteCheckpoints(dir), 0);  // they were no checkpoints
-  WaitForCheckpointRemovals();
+  Env::Default()->WaitForScheduled();
   EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
   ASSERT_TRUE(MakeDirs(dir + "/.removing-ckpt-9-123-2").ok());
   Save(dir, 2, 3);  // retention sweeps too
-  WaitForCheckpointRemovals();
+  Env::Default()->WaitForScheduled();
   EXPECT_THAT(Removing(dir), ::testing::IsEmpty());
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{2, 1}));
   std::system(("rm -rf " + dir).c_str());
@@ -416,7 +416,7 @@ TEST(CheckpointLayout, SymlinksAreNeitherFollowedByRetentionNorRead) {
   ASSERT_EQ(::symlink(elsewhere2.c_str(), (dir + "/.removing-ckpt-3-1-1").c_str()), 0);
   EXPECT_EQ(RemoveIncompleteCheckpoints(dir), 0);  // the symlink is no checkpoint of ours
   for (int64_t step : {2, 3, 4}) Save(dir, step, 1);
-  WaitForCheckpointRemovals();
+  Env::Default()->WaitForScheduled();
   EXPECT_EQ(Steps(dir), (std::vector<int64_t>{4}));
   EXPECT_EQ(ReadFileToString(elsewhere + "/precious.txt").value_or(""), "keep me");
   EXPECT_EQ(ReadFileToString(elsewhere2 + "/precious.txt").value_or(""), "keep me too");

@@ -241,7 +241,8 @@ TEST_F(HostileProcessTest, AHungWorkerIsFoundWithinTheLeaseAndNamed) {
 // A host whose shard 0 stops answering (SIGSTOP of host 0: hung, or cut off) stops its worker on
 // the lost lease and then exits, within the lease plus 10 s of that stop, with exit code 1,
 // naming shard 0 and the last good checkpoint (PsJob's lease watch, then the host's bounded
-// shutdown: cmd/host.cc). Before, its exit could wait for ExitSoonAfterFailure's 20 s.
+// shutdown: cmd/host.cc). The bound also holds by construction: a worker that must stop ends its
+// process within kFailedExitLimit (cmd/stop_signal.h) whatever its shutdown still waits for.
 TEST_F(HostileProcessTest, AHostExitsWithinTheLeasePlusTenSecondsAfterItsWorkerStopsOnALostLease) {
   ASSERT_EQ(RunToExit({PSTRAIN_BINARY, "datagen", "--rows", "20000", "--files", "2", "--out",
                        Dir() + "/data"},

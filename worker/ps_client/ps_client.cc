@@ -58,10 +58,10 @@ int DefaultPartitions(const PsClient::Options& o) {
                           : NumPartitions(ClusterConfig(), static_cast<int>(o.shards.size()));
 }
 
-uint64_t RandomIncarnation() {
+uint64_t RandomIncarnation(Env* env) {
   std::random_device rd;
   return SplitMix64((uint64_t{rd()} << 32 ^ rd()) ^
-                    static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+                    static_cast<uint64_t>(absl::ToUnixNanos(env->Now())));
 }
 
 }  // namespace
@@ -70,7 +70,8 @@ PsClient::PsClient(Options options)
     : opt_(std::move(options)),
       router_(opt_.rows, DefaultPartitions(opt_), static_cast<int>(opt_.shards.size()),
               opt_.dense_size),
-      incarnation_(RandomIncarnation()),
+      env_(opt_.env != nullptr ? opt_.env : Env::Default()),
+      incarnation_(RandomIncarnation(env_)),
       pull_versions_(static_cast<int>(opt_.shards.size())),
       incarnations_(new std::atomic<uint64_t>[opt_.shards.size()]) {
   for (int s = 0; s < num_shards(); ++s) incarnations_[s] = 0;
@@ -83,7 +84,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
   HoldCallbackQueue();
   std::unique_ptr<PsClient> c(new PsClient(std::move(o)));
   const Options& opt = c->opt_;
-  c->timer_ = std::make_unique<Timer>();
+  c->timer_ = std::make_unique<Timer>(c->env_);
   ShardConnections sc;
   sc.addresses = opt.shards;
   sc.security = opt.security;
@@ -94,6 +95,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options o) {
   sc.policy.max_backoff = absl::Milliseconds(opt.max_backoff_ms);
   sc.policy.jitter = 0.5;  // backoffs in [50%, 100%], so that workers retrying together spread
   sc.timer = c->timer_.get();
+  sc.env = c->env_;
   sc.seed = c->incarnation_;
   sc.row_dim = opt.row_dim;
   sc.router = &c->router_;
@@ -113,7 +115,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
                                                    " endpoints for ", o.shards.size(), " shards"));
   }
   std::unique_ptr<PsClient> c(new PsClient(std::move(o)));
-  c->timer_ = std::make_unique<Timer>();
+  c->timer_ = std::make_unique<Timer>(c->env_);
   c->shards_ = std::move(shards);
   return c;
 }

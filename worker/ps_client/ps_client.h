@@ -70,6 +70,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/env.h"
 #include "common/rpc/retry.h"
 #include "common/rpc/security.h"
 #include "ps/store/partition.h"
@@ -112,6 +113,8 @@ class PsClient final : public ParameterAccess {
     LocalShard* local_server = nullptr;
     // The cluster secret every call carries, TLS, and the message cap (common/rpc/security.h).
     RpcSecurity security;
+    // The clock of the retries' deadlines and backoffs (the calls' Timer). Null: Env::Default().
+    Env* env = nullptr;
 
     // INVALID_ARGUMENT naming the first bad option.
     absl::Status Validate() const;
@@ -249,6 +252,7 @@ class PsClient final : public ParameterAccess {
 
   const Options opt_;
   const ShardRouter router_;
+  Env* const env_;              // Options::env
   const uint64_t incarnation_;  // random per client instance (push ids)
   PullVersions pull_versions_;  // what each push was computed from (its staleness)
   std::unique_ptr<Timer> timer_;  // the endpoints' retry backoffs

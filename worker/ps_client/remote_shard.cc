@@ -238,7 +238,7 @@ class RemoteShard::Call : public std::enable_shared_from_this<Call> {
         request_bytes_(request_bytes),
         issue_(std::move(issue)),
         done_(std::move(done)),
-        schedule_(WithBudget(shard->opt_.policy, budget), absl::Now(),
+        schedule_(WithBudget(shard->opt_.policy, budget), shard->opt_.env->Now(),
                   SplitMix64(shard->opt_.seed ^ shard->next_call_.fetch_add(1))) {}
 
   void Start() {
@@ -270,7 +270,7 @@ class RemoteShard::Call : public std::enable_shared_from_this<Call> {
       absl::MutexLock lock(&mu_);
       if (!cancelled_ && !shard_->shutting_down_.load() && aborted.ok()) {
         ctx_ = std::make_unique<grpc::ClientContext>();
-        ctx_->set_deadline(absl::ToChronoTime(schedule_.BeginAttempt(absl::Now())));
+        ctx_->set_deadline(absl::ToChronoTime(schedule_.BeginAttempt(shard_->opt_.env->Now())));
         ctx_->set_wait_for_ready(wait_for_ready_);
         ctx = ctx_.get();
       }
@@ -289,7 +289,7 @@ class RemoteShard::Call : public std::enable_shared_from_this<Call> {
   void OnResult(const grpc::Status& s) {
     if (s.ok()) return Finish(absl::OkStatus());
     if (absl::Status aborted = shard_->aborted(); !aborted.ok()) return FinishAborted(aborted);
-    const absl::Time now = absl::Now();
+    const absl::Time now = shard_->opt_.env->Now();
     const absl::Status st = FromGrpcStatus(s);
     // While the client shuts down the retry still goes through the timer, which then runs it at
     // once, and Attempt() reports CANCELLED.
@@ -405,6 +405,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardEndpoint>>> ConnectShards(
     r.dense_size = c.router->dense_size(s);
     r.policy = c.policy;
     r.timer = c.timer;
+    r.env = c.env;
     r.seed = SplitMix64(c.seed + s);
     std::unique_ptr<ShardEndpoint> shard = MakeRemoteShard(std::move(r));
     if (s == c.local_shard && c.direct) {

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "common/rpc/retry.h"
 #include "common/rpc/security.h"
 #include "pstrain/ps_service.pb.h"
@@ -125,6 +126,7 @@ struct ShardConnections {
   RpcSecurity security;                // every channel's (common/rpc/security.h)
   RetryPolicy policy;                  // a pull's and a push's; its backoffs bound reconnects too
   Timer* timer = nullptr;              // required, outliving the endpoints
+  Env* env = nullptr;                  // the timer's clock (required)
   uint64_t seed = 0;                   // the backoffs' jitter
   int row_dim = 0;
   const ShardRouter* router = nullptr;  // required: the dense slices
@@ -151,6 +153,7 @@ struct RemoteShardOptions {
   int64_t dense_size = 0;
   RetryPolicy policy;                // of a pull, a push (its budget: the call budget)
   Timer* timer = nullptr;            // required: the retries' backoff; outlives the endpoint
+  Env* env = nullptr;                // required: the timer's clock, of the attempts' deadlines
   uint64_t seed = 0;                 // the backoffs' jitter
 };
 std::unique_ptr<ShardEndpoint> MakeRemoteShard(RemoteShardOptions options);

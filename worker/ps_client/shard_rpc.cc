@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/env.h"
 #include "common/random.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status.h"
@@ -34,7 +35,8 @@ std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address,
 
 uint64_t CallSeed() {
   static std::atomic<uint64_t> calls{0};
-  return SplitMix64(calls.fetch_add(1) ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  return SplitMix64(calls.fetch_add(1) ^
+                    static_cast<uint64_t>(absl::ToUnixNanos(Env::Default()->Now())));
 }
 
 // How long to ask a shard to hold a call when `left` remains of the wait: all of it but the
@@ -164,11 +166,11 @@ absl::StatusOr<SaveShardResponse> ShardRpc::SaveShard(const SaveShardRequest& re
 absl::StatusOr<InfoResponse> ShardRpc::WaitForInfo(
     const std::function<bool(const InfoResponse&)>& done, absl::Duration timeout,
     const std::string& what, absl::Duration unreachable_after) {
-  const absl::Time end = absl::Now() + timeout;
-  absl::Time heard = absl::Now();
+  const absl::Time end = clock_.Now() + timeout;
+  absl::Time heard = clock_.Now();
   int64_t version = 0;  // job versions start at 1: the first call is answered at once
   while (true) {
-    const absl::Duration left = end - absl::Now();
+    const absl::Duration left = end - clock_.Now();
     if (left <= absl::ZeroDuration()) break;
     bool last = false;
     // Held at most a third of `unreachable_after`, so that a live shard answers well within it.
@@ -180,7 +182,7 @@ absl::StatusOr<InfoResponse> ShardRpc::WaitForInfo(
     absl::StatusOr<InfoResponse> info =
         WatchInfo(version, hold, std::min(left, unreachable_after));
     if (!info.ok()) {
-      const absl::Duration silent = absl::Now() - heard;
+      const absl::Duration silent = clock_.Now() - heard;
       if (silent > unreachable_after) {
         return absl::UnavailableError(absl::StrCat(
             "shard ", address_, " not reached for ",
@@ -191,7 +193,7 @@ absl::StatusOr<InfoResponse> ShardRpc::WaitForInfo(
       if (info.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
       return info.status();
     }
-    heard = absl::Now();
+    heard = clock_.Now();
     if (done(*info)) return info;
     if (!info->job_error().empty()) {
       return absl::AbortedError(absl::StrCat("waiting for ", what, ": the job failed: ",
@@ -209,11 +211,11 @@ absl::StatusOr<CoordinateResponse> ShardRpc::WaitForCoordinate(
     const CoordinateRequest& request,
     const std::function<std::vector<int>(const CoordinateResponse&)>& missing,
     absl::Duration timeout, const std::string& what) {
-  const absl::Time end = absl::Now() + timeout;
+  const absl::Time end = clock_.Now() + timeout;
   int64_t version = 0;  // the first call is answered at once
   std::vector<int> still;
   while (true) {
-    const absl::Duration left = end - absl::Now();
+    const absl::Duration left = end - clock_.Now();
     if (left <= absl::ZeroDuration() && version != 0) break;
     bool last = false;
     const absl::Duration hold = HoldFor(std::max(left, absl::Milliseconds(1)), &last);

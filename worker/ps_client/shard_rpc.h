@@ -74,7 +74,7 @@ class ShardRpc {
   // Ends the calls in progress with CANCELLED and makes every later call fail so at once.
   void Cancel();
   // Waits `d` (a caller's pause after an error), ended early by Cancel(); false if cancelled.
-  bool Pause(absl::Duration d) { return clock_.WaitUntil(absl::Now() + d); }
+  bool Pause(absl::Duration d) { return clock_.WaitUntil(clock_.Now() + d); }
 
   const std::string& address() const { return address_; }
 
