@@ -34,14 +34,6 @@ struct Batch {
     values.reserve(static_cast<size_t>(rows) * num_fields);
     labels.reserve(rows);
   }
-  // Appends rows [begin, end) of `other` (same num_fields).
-  void AppendRows(const Batch& other, int begin, int end) {
-    const size_t f = static_cast<size_t>(num_fields);
-    ids.insert(ids.end(), other.ids.begin() + begin * f, other.ids.begin() + end * f);
-    values.insert(values.end(), other.values.begin() + begin * f, other.values.begin() + end * f);
-    labels.insert(labels.end(), other.labels.begin() + begin, other.labels.begin() + end);
-    size += end - begin;
-  }
 };
 
 // Parsed rows before feature processing: what readers parse into, what `convert` and `datagen`
