@@ -49,9 +49,13 @@
 #include "worker/model/model.h"
 #include "worker/params/local_params.h"
 #include "worker/train/checkpoint.h"
+#include "tests/temp_files.h"
 
 namespace pstrain {
 namespace {
+
+using pstrain::testing::FreshDir;
+using pstrain::testing::Slurp;
 
 const std::string kTestdata = PSTRAIN_SOURCE_DIR "/tests/checkpoint/testdata";
 const std::string kTrainFixture = kTestdata + "/train_v1";
@@ -60,18 +64,6 @@ const std::string kTrainV3DeltaFixture = kTestdata + "/train_v3_delta";
 const std::string kPsFixture = kTestdata + "/ps_v1";
 
 bool Regenerating() { return std::getenv("PSTRAIN_REGENERATE_FIXTURES") != nullptr; }
-
-std::string FreshDir(const std::string& name) {
-  std::string templ = testing::TempDir() + "/" + name + ".XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) return testing::TempDir() + "/" + name;
-  return templ;
-}
-
-std::string Slurp(const std::string& path) {
-  auto s = ReadFileToString(path);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? *s : "";
-}
 
 template <typename M>
 M ParseText(const std::string& text) {

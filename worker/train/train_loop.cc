@@ -14,8 +14,6 @@
 
 namespace pstrain {
 
-double TrainLoop::Now() const { return env_->MonotonicSeconds(); }
-
 TrainLoop::TrainLoop(const Parts& parts)
     : config_(*parts.config),
       opts_(*parts.options),
@@ -110,7 +108,7 @@ absl::Status TrainLoop::Resume() {
     progress_->Message(absl::StrCat("evaluating ", *restored,
                                     " (its evaluation was not in the checkpoint)"));
   }
-  t_start_ = t_last_log_ = t_last_ckpt_ = Now();
+  t_start_ = t_last_log_ = t_last_ckpt_ = env_->MonotonicSeconds();
   return absl::OkStatus();
 }
 
@@ -187,7 +185,7 @@ absl::Status TrainLoop::RunStep() {
     last_epoch_ = epoch_;
   }
   ++step_;
-  const double t_step = Now();
+  const double t_step = env_->MonotonicSeconds();
   const bool ckpt_due =
       opts_.chief && ((ckpt_every_ > 0 && step_ % ckpt_every_ == 0) ||
                       (ckpt_seconds_ > 0 && t_step - t_last_ckpt_ > ckpt_seconds_));
@@ -210,7 +208,7 @@ absl::Status TrainLoop::RunStep() {
   ex_since_log_ += r.examples;
   loss_since_log_ += r.loss_sum;
 
-  const double now = Now();
+  const double now = env_->MonotonicSeconds();
   if (step_ % log_every_ == 0 || (opts_.tty && now - t_last_log_ > 0.5)) {
     progress_->Train(step_, epoch_, loss_since_log_ / std::max<int64_t>(1, ex_since_log_),
                      ex_since_log_ / std::max(1e-9, now - t_last_log_), total_steps_estimate_,
@@ -282,7 +280,7 @@ absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
     if (scheduled) scheduled_round_owed_ = true;
     unnamed_checkpoint_ = true;
   }
-  t_last_ckpt_ = Now();
+  t_last_ckpt_ = env_->MonotonicSeconds();
   return absl::OkStatus();
 }
 
@@ -339,7 +337,7 @@ absl::StatusOr<TrainSummary> TrainLoop::Finish() {
   if (!diverged_.ok()) return diverged_;
   PSTRAIN_CHECK(read_ahead_ != ReadAhead::kStaged) << "a read-ahead batch was left untrained";
   RETURN_IF_ERROR(step_runner_->Flush());
-  const double train_seconds = Now() - t_start_;
+  const double train_seconds = env_->MonotonicSeconds() - t_start_;
   background_.Wait();
   RETURN_IF_ERROR(DrainEval(/*may_stop=*/false));
   if (stopper_ && stopper_->state().evals() > 0) {

@@ -146,7 +146,6 @@ class TrainLoop {
   Checkpointer* const checkpointer_;
   JobControl* const job_;
   Env* const env_;  // TrainerOptions::env: the timings' and the checkpoint schedule's clock
-  double Now() const;  // env_'s monotonic seconds
   ProgressReporter* const progress_;
   const bool prefetch_pulls_;
   const int64_t max_steps_, log_every_, eval_every_, ckpt_every_;

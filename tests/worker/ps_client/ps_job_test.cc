@@ -14,20 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ps/server/shard_server.h"
+#include "tests/temp_files.h"
 
 namespace pstrain {
 namespace {
 
-std::string FreshDir(const std::string& name) {
-  std::string templ = testing::TempDir() + "/" + name + ".XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) return testing::TempDir() + "/" + name;
-  return templ;
-}
-
-std::string Slurp(const std::string& path) {
-  auto s = ReadFileToString(path);
-  return s.ok() ? *s : "<" + s.status().ToString() + ">";
-}
+using pstrain::testing::FreshDir;
+using pstrain::testing::Slurp;
 
 // A round whose step is the committed checkpoint's (the chief's scheduled round on the last
 // step, then the final round) used to rewrite that checkpoint in place, removing its MANIFEST

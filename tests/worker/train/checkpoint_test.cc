@@ -15,20 +15,13 @@
 #include "common/random.h"
 #include "gtest/gtest.h"
 #include "worker/model/model.h"
+#include "tests/temp_files.h"
 
 namespace pstrain {
 namespace {
 
-std::string FreshDir(const std::string& name) {
-  std::string templ = testing::TempDir() + "/" + name + ".XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) return testing::TempDir() + "/" + name;
-  return templ;
-}
-
-std::string Slurp(const std::string& path) {
-  auto s = ReadFileToString(path);
-  return s.ok() ? *s : "<" + s.status().ToString() + ">";
-}
+using pstrain::testing::FreshDir;
+using pstrain::testing::Slurp;
 
 struct Params {
   explicit Params(int64_t rows = 10) {

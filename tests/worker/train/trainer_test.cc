@@ -27,22 +27,13 @@
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
 #include "worker/params/local_params.h"
+#include "tests/temp_files.h"
 
 namespace pstrain {
 namespace {
 
-// A fresh directory of this process: concurrent test runs (CI, several checkouts) never share one.
-std::string FreshDir(const std::string& name) {
-  std::string templ = testing::TempDir() + "/" + name + ".XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) return testing::TempDir() + "/" + name;
-  return templ;
-}
-
-std::string Slurp(const std::string& path) {
-  auto s = ReadFileToString(path);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? *s : "";
-}
+using pstrain::testing::FreshDir;
+using pstrain::testing::Slurp;
 
 // Writes lines [begin, end) of `src` to `dst`.
 void CopyLines(const std::string& src, const std::string& dst, int begin, int end) {
@@ -88,7 +79,7 @@ TEST(Trainer, LearnsRealKaggleCriteo) {
   for (const char* key : {"\"test_auc\"", "\"test_logloss\"", "\"examples_per_sec\"", "\"examples\"",
                           "\"steps\"", "\"wall_seconds\"", "\"mode\"", "\"towers\"",
                           "\"intra_op_threads\"", "\"inter_op_threads\"", "\"hosts\""}) {
-    EXPECT_THAT(json, testing::HasSubstr(key));
+    EXPECT_THAT(json, ::testing::HasSubstr(key));
   }
   // The parameter memory of the one process: the dense vector plus whole rows, and their slots.
   ASSERT_EQ(summary->memory.size(), 1u);
@@ -99,7 +90,7 @@ TEST(Trainer, LearnsRealKaggleCriteo) {
   EXPECT_EQ((m.parameter_bytes - summary->dense_params * 4) % row_bytes, 0) << m.parameter_bytes;
   EXPECT_GT(m.optimizer_bytes, 0);
   EXPECT_GE(m.total_bytes, m.parameter_bytes + m.optimizer_bytes);
-  EXPECT_THAT(json, testing::HasSubstr(absl::StrCat(
+  EXPECT_THAT(json, ::testing::HasSubstr(absl::StrCat(
                         "\"memory\":{\"per\":\"process\",\"parameter_bytes\":[", m.parameter_bytes,
                         "],\"optimizer_bytes\":[", m.optimizer_bytes, "],\"total_bytes\":[",
                         m.total_bytes, "]}")));
@@ -144,13 +135,13 @@ TEST(Trainer, AsyncLocalUpdatesLearnAndAreDeterministic) {
   std::system(("rm -rf " + dir).c_str());
 }
 
-class ResumeTest : public testing::Test {
+class ResumeTest : public ::testing::Test {
  protected:
   void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
   void SetUp() override {
     dir_ = FreshDir(std::string("trainer_resume_") +
-                    testing::UnitTest::GetInstance()->current_test_info()->name());
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
     for (auto [name, seed, rows] : {std::tuple{"train", 1, 30000}, std::tuple{"test", 2, 3000}}) {
       const std::string cmd = std::string(PSTRAIN_BINARY) + " datagen --rows " +
                               std::to_string(rows) + " --seed " + std::to_string(seed) +
@@ -258,9 +249,9 @@ void ResumeTest::SigtermAndResume(const std::function<void(Config*)>& tweak,
     ASSERT_TRUE(WriteFileAtomic(cfg_path, ConfigToText(c)).ok());
   }
   EXPECT_EQ(run(true), 0) << Slurp(log);
-  EXPECT_THAT(Slurp(log), testing::HasSubstr("stopped by SIGTERM"));
+  EXPECT_THAT(Slurp(log), ::testing::HasSubstr("stopped by SIGTERM"));
   EXPECT_EQ(run(false), 0) << Slurp(log);
-  EXPECT_THAT(Slurp(log), testing::HasSubstr("resumed from"));
+  EXPECT_THAT(Slurp(log), ::testing::HasSubstr("resumed from"));
   const std::string last = "/ckpt-" + std::to_string(full->steps) + "/shard-0-of-1";
   *straight_params = Slurp(dir_ + "/straight" + last);
   *resumed_params = Slurp(dir_ + "/preempt" + last);
@@ -402,14 +393,14 @@ TEST_F(ResumeTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   { std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes; }
 
   c.mutable_train()->set_max_steps(50);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   auto second = RunTraining(c, opts);
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_THAT(err, testing::HasSubstr("refusing checkpoint"));
-  EXPECT_THAT(err, testing::HasSubstr("ckpt-45"));
-  EXPECT_THAT(err, testing::HasSubstr("resumed from"));
-  EXPECT_THAT(err, testing::HasSubstr("ckpt-40"));
+  EXPECT_THAT(err, ::testing::HasSubstr("refusing checkpoint"));
+  EXPECT_THAT(err, ::testing::HasSubstr("ckpt-45"));
+  EXPECT_THAT(err, ::testing::HasSubstr("resumed from"));
+  EXPECT_THAT(err, ::testing::HasSubstr("ckpt-40"));
   EXPECT_EQ(second->steps, 50);
 }
 
@@ -476,7 +467,7 @@ struct DivergenceCase {
 
 void PrintTo(const DivergenceCase& c, std::ostream* os) { *os << c.name; }
 
-class TrainerDivergence : public testing::TestWithParam<DivergenceCase> {
+class TrainerDivergence : public ::testing::TestWithParam<DivergenceCase> {
  protected:
   static void SetUpTestSuite() {
     dir_ = FreshDir("trainer_divergence");
@@ -575,14 +566,14 @@ TEST_P(TrainerDivergence, StopsAtTheStepAndSavesNothingAfterIt) {
   opts.checkpointer = t.checkpointer ? &recording : nullptr;
   opts.job = &recording;
   opts.stop = &stop;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   auto summary = RunTraining(c, opts);
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   ASSERT_FALSE(summary.ok()) << err;
   EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string last = t.checkpointer ? model_dir + "/ckpt-5" : "none";
   EXPECT_THAT(std::string(summary.status().message()),
-              testing::HasSubstr("training diverged at step " + std::to_string(kDivergedStep) +
+              ::testing::HasSubstr("training diverged at step " + std::to_string(kDivergedStep) +
                                  ": loss is " + LossWord(summary.status()) +
                                  " (last good checkpoint: " + last + ")"));
   EXPECT_FALSE(PathExists(model_dir + "/summary.json"));
@@ -595,11 +586,11 @@ TEST_P(TrainerDivergence, StopsAtTheStepAndSavesNothingAfterIt) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, TrainerDivergence,
-    testing::Values(DivergenceCase{"ScheduledAtTheStep", kDivergedStep, {5}, 0, true},
+    ::testing::Values(DivergenceCase{"ScheduledAtTheStep", kDivergedStep, {5}, 0, true},
                     DivergenceCase{"RequestedAtTheStep", 0, {5, kDivergedStep}, 0, true},
                     DivergenceCase{"StopWhileTheStepIsReadAhead", 0, {5}, kDivergedStep - 1, true},
                     DivergenceCase{"NoCheckpointer", 0, {}, 0, false}),
-    [](const testing::TestParamInfo<DivergenceCase>& info) { return info.param.name; });
+    [](const ::testing::TestParamInfo<DivergenceCase>& info) { return info.param.name; });
 
 // train.async_local_updates (pushes on a background thread, pulls one step ahead) detects it at
 // the same step; the checkpoints of the schedule before it (5, 10) stay, LATEST is ckpt-10.
@@ -614,7 +605,7 @@ TEST_F(TrainerDivergence, AsyncLocalUpdatesStopAtTheSameStep) {
   ASSERT_FALSE(summary.ok());
   EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(summary.status().message()),
-              testing::HasSubstr("training diverged at step " + std::to_string(kDivergedStep) +
+              ::testing::HasSubstr("training diverged at step " + std::to_string(kDivergedStep) +
                                  ": loss is " + LossWord(summary.status()) +
                                  " (last good checkpoint: " + model_dir + "/ckpt-10)"));
   EXPECT_EQ(Slurp(model_dir + "/LATEST"), "ckpt-10\n");
