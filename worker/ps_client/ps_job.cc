@@ -227,7 +227,18 @@ absl::StatusOr<bool> PsJob::EndPass(int64_t step) {
 }
 
 absl::StatusOr<std::string> PsJob::Save(const WorkerState& state, bool final) {
-  absl::StatusOr<std::string> dir = SaveOrJoin(state, final);
+  return AsFailure(SaveOrJoin(state, final));
+}
+
+absl::StatusOr<std::string> PsJob::AsFailure(absl::StatusOr<std::string> dir) {
+  // A round that shard 0 aborted because a worker was lost can end before the watcher has seen
+  // that job state (both wait on the same change): ask shard 0 once, so that the error is the
+  // job's failure, naming the lost worker and the last good checkpoint.
+  if (!dir.ok() && !failed_.load()) {
+    if (absl::StatusOr<InfoResponse> info = end_rpc_->Info(absl::Seconds(5)); info.ok()) {
+      NoteJobHealth(*info);
+    }
+  }
   // A call that Fail() cancelled says only that: the reason is the failure.
   if (!dir.ok() && failed_.load()) return FailureStatus();
   return dir;
@@ -300,9 +311,7 @@ absl::StatusOr<std::string> PsJob::SaveOrJoin(const WorkerState& state, bool fin
 
 absl::StatusOr<std::string> PsJob::SaveFinal() {
   absl::StatusOr<int64_t> round = Request(false, 0);
-  absl::StatusOr<std::string> dir = round.ok() ? RunRound(*round) : round.status();
-  if (!dir.ok() && failed_.load()) return FailureStatus();
-  return dir;
+  return AsFailure(round.ok() ? RunRound(*round) : round.status());
 }
 
 absl::StatusOr<std::string> PsJob::RunRound(int64_t round) {

@@ -176,6 +176,9 @@ class PsJob final : public JobControl {
   };
 
   bool chief() const { return opt_.worker == 0; }
+  // A round's outcome as Save and SaveFinal return it: an error is FailureStatus() once this
+  // worker must stop (asking shard 0 for its job state first, when the watcher has not seen it).
+  absl::StatusOr<std::string> AsFailure(absl::StatusOr<std::string> dir);
   // Save's work: the final state, a request for a round, or this worker's part in one.
   absl::StatusOr<std::string> SaveOrJoin(const WorkerState& state, bool final);
   // BOUNDED / SYNC: every worker pauses at the round's target step, checked before every step.
