@@ -303,7 +303,8 @@ absl::Status ShardServer::Start(const std::string& address) {
   HoldCallbackQueue();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, MakeServerCredentials(opt_.security), &port);
+  builder.AddListeningPort(address, MakeServerCredentials(opt_.security, refused_before_message_),
+                           &port);
   builder.RegisterService(service_.get());
   // Every message is capped: a peer cannot make this shard allocate more than that per call
   // (CheckPull caps the answers the same way).
@@ -474,7 +475,12 @@ InfoResponse ShardServer::Info() const {
   return info;
 }
 
-ShardStats ShardServer::Stats() const { return data_->Stats(); }
+ShardStats ShardServer::Stats() const {
+  ShardStats stats = data_->Stats();
+  stats.set_unauthenticated_calls(stats.unauthenticated_calls() +
+                                  refused_before_message_->load(std::memory_order_relaxed));
+  return stats;
+}
 
 absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
                                      CoordinateResponse* response) {

@@ -201,6 +201,10 @@ class ShardServer {
 
   const Options opt_;
   const SecretChecker secret_;
+  // Calls the credentials refused on their headers (added to Stats().unauthenticated_calls); shared
+  // with gRPC's credentials, which may outlive this server.
+  const std::shared_ptr<std::atomic<int64_t>> refused_before_message_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<Shard> data_;
   std::unique_ptr<Timer> timer_;  // expiries of held pulls and watches
   std::unique_ptr<ConsistencyTracker> tracker_;
