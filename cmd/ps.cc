@@ -152,12 +152,12 @@ int RunPs(int argc, char** argv) {
   std::unique_ptr<ShardServer> server;
   RpcSecurity security;
   if (auto code = CreateShard(config, tf, &f, &server, &security)) return *code;
-  if (absl::Status s = server->Start(absl::StrCat(f.bind, ":", f.port)); !s.ok()) {
+  if (absl::Status s = server->Start(ShardServer::ListenAddress(f.bind, f.port)); !s.ok()) {
     return CommandError("ps", s.message(), 1);
   }
   // The address it really listens on (0.0.0.0 / [::]: every interface).
-  std::printf("pstrain ps: shard %d/%d listening on %s:%d%s\n", f.shard, f.num_shards,
-              f.bind.c_str(), server->port(),
+  std::printf("pstrain ps: shard %d/%d listening on %s%s\n", f.shard, f.num_shards,
+              ShardServer::ListenAddress(f.bind, server->port()).c_str(),
               security.secret.empty() ? "" : " (calls need the cluster secret)");
   std::fflush(stdout);
   PSTRAIN_LOG(INFO) << "shard " << f.shard << "/" << f.num_shards << ": " << f.rows << " rows in "

@@ -294,6 +294,17 @@ absl::Status ValidateConfig(const Config& c) {
     return bad("cluster.max_message_mb", absl::StrCat("must be in [0, 2047], got ",
                                                       cl.max_message_mb()));
   }
+  if (cl.answer_budget_mb() < 0 || cl.answer_budget_mb() > (1 << 20)) {
+    return bad("cluster.answer_budget_mb",
+               absl::StrCat("must be in [0, 1048576] (0: twice the largest message), got ",
+                            cl.answer_budget_mb()));
+  }
+  if (cl.answer_budget_mb() > 0 && cl.answer_budget_mb() < cl.max_message_mb()) {
+    return bad("cluster.answer_budget_mb",
+               absl::StrCat("must be at least cluster.max_message_mb (", cl.max_message_mb(),
+                            "), so that the largest legal pull fits; got ",
+                            cl.answer_budget_mb()));
+  }
   if (cl.has_tls() && (cl.tls().ca().empty() || cl.tls().cert().empty() ||
                        cl.tls().key().empty())) {
     return bad("cluster.tls", "needs all of ca, cert and key (PEM file paths)");

@@ -102,11 +102,19 @@ std::string ScrapeText() {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address) {
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address,
+                                                                        const Options& options) {
+  if (options.threads < 1 || options.request_timeout_ms < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics endpoint: threads and request_timeout_ms must be >= 1, got ", options.threads,
+        " and ", options.request_timeout_ms));
+  }
   std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
   // prometheus-cpp (civetweb) reports a failure to listen by throwing; no exception leaves here.
   try {
-    e->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+    e->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", absl::StrCat(options.threads),
+        "request_timeout_ms", absl::StrCat(options.request_timeout_ms)});
   } catch (const std::exception& ex) {
     return absl::UnavailableError(
         absl::StrCat("metrics endpoint: cannot listen on ", address, ": ", ex.what()));

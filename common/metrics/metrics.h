@@ -57,9 +57,24 @@ std::string ScrapeText();
 // The HTTP endpoint: GET /metrics. `address` is "host:port" (port 0 picks a free one); the
 // launcher binds loopback unless told otherwise. UNAVAILABLE naming the address when it cannot
 // listen.
+//
+// Hostile clients: civetweb gives each connection one of `threads` threads until its request is
+// read and answered, so a client that opens a connection and sends part of a request holds a
+// thread. Every read or write of a request is bounded by `request_timeout_ms`: K such
+// connections delay a scrape by at most ceil((K + 1) / threads) x request_timeout_ms (issue 26
+// item 8: with one thread and civetweb's 30 s default, two of them blocked scrapes for 60 s).
+// Prometheus sends its whole request at once, so the bound is far above any honest scrape's.
 class MetricsEndpoint {
  public:
-  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address);
+  struct Options {
+    int threads = 4;                 // civetweb's num_threads, >= 1
+    int request_timeout_ms = 2000;   // civetweb's request_timeout_ms, >= 1
+  };
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address,
+                                                                const Options& options);
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address) {
+    return Start(address, Options());
+  }
   ~MetricsEndpoint();
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;

@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/client_interceptor.h>
@@ -14,10 +17,12 @@
 #include <limits>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file.h"
+#include "common/logging.h"
 
 namespace pstrain {
 namespace {
@@ -58,6 +63,98 @@ bool ConstantTimeEquals(const char* a, size_t na, const std::string& b) {
   }
   return diff == 0;
 }
+
+// The one verdict on a call's secret (`got` null: the call carried none), for both checks.
+absl::Status CheckSecret(const std::string& want, const absl::string_view* got) {
+  if (want.empty()) return absl::OkStatus();
+  if (got == nullptr) {
+    return absl::UnauthenticatedError(
+        "this PS shard requires the cluster secret (see docs/PS.md \"Operations and security\"); "
+        "the call carried none");
+  }
+  if (!ConstantTimeEquals(got->data(), got->size(), want)) {
+    return absl::UnauthenticatedError("the call carried a wrong cluster secret");
+  }
+  return absl::OkStatus();
+}
+
+absl::string_view SliceView(const grpc_slice& s) {
+  return absl::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)),
+                           GRPC_SLICE_LENGTH(s));
+}
+
+// The state of the auth metadata processor: gRPC's server-auth filter calls Process with a call's
+// initial metadata (the headers, :path among them) before the call's message is read, and holds
+// the call until `done` is called; a status other than OK cancels the call with that status.
+struct SecretGate {
+  std::string secret;
+  std::shared_ptr<std::atomic<int64_t>> refused;  // may be null
+
+  static void Process(void* state, grpc_auth_context*, const grpc_metadata* md, size_t num_md,
+                      grpc_process_auth_metadata_done_cb done, void* user_data) {
+    const auto* gate = static_cast<const SecretGate*>(state);
+    absl::string_view path, value;
+    bool has_secret = false;
+    for (size_t i = 0; i < num_md; ++i) {
+      const absl::string_view key = SliceView(md[i].key);
+      if (key == ":path") {
+        path = SliceView(md[i].value);
+      } else if (key == kSecretMetadataKey && !has_secret) {  // the first, as the handlers'
+        value = SliceView(md[i].value);
+        has_secret = true;
+      }
+    }
+    absl::Status s = absl::StartsWith(path, kExemptPathPrefix)
+                         ? absl::OkStatus()
+                         : CheckSecret(gate->secret, has_secret ? &value : nullptr);
+    if (s.ok()) {
+      done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+      return;
+    }
+    if (gate->refused != nullptr) gate->refused->fetch_add(1, std::memory_order_relaxed);
+    const std::string message(s.message());  // gRPC copies it
+    done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, message.c_str());
+  }
+  static void Destroy(void* state) { delete static_cast<SecretGate*>(state); }
+};
+
+// Server credentials over a core credentials object, so that the secret's processor can be set
+// on insecure credentials too (grpc::InsecureServerCredentials() aborts on
+// SetAuthMetadataProcessor in gRPC 1.51, while the core's insecure credentials run the
+// server-auth filter like any other).
+class GatedServerCredentials final : public grpc::ServerCredentials {
+ public:
+  // Makes the core credentials (the base class's constructor has initialized gRPC) and sets
+  // the secret's processor on them.
+  explicit GatedServerCredentials(const RpcSecurity& s,
+                                  std::shared_ptr<std::atomic<int64_t>> refused) {
+    if (s.tls()) {
+      grpc_ssl_pem_key_cert_pair pair = {s.key_pem.c_str(), s.cert_pem.c_str()};
+      grpc_ssl_server_certificate_config* config =
+          grpc_ssl_server_certificate_config_create(s.ca_pem.c_str(), &pair, 1);
+      creds_ = grpc_ssl_server_credentials_create_with_options(
+          grpc_ssl_server_credentials_create_options_using_config(
+              GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY, config));
+    } else {
+      creds_ = grpc_insecure_server_credentials_create();
+    }
+    auto* gate = new SecretGate{s.secret, std::move(refused)};
+    grpc_server_credentials_set_auth_metadata_processor(
+        creds_, grpc_auth_metadata_processor{&SecretGate::Process, &SecretGate::Destroy, gate});
+  }
+  ~GatedServerCredentials() override { grpc_server_credentials_release(creds_); }
+  // The processor is this class's own.
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    PSTRAIN_CHECK(false) << "GatedServerCredentials has its own auth metadata processor";
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, addr.c_str(), creds_);
+  }
+
+  grpc_server_credentials* creds_ = nullptr;
+};
 
 }  // namespace
 
@@ -151,7 +248,9 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   return secret;
 }
 
-std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const RpcSecurity& s) {
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(
+    const RpcSecurity& s, std::shared_ptr<std::atomic<int64_t>> refused) {
+  if (!s.secret.empty()) return std::make_shared<GatedServerCredentials>(s, std::move(refused));
   if (!s.tls()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions o(
       GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
@@ -196,15 +295,9 @@ absl::Status SecretChecker::Check(const grpc::ServerContextBase& ctx) const {
   if (secret_.empty()) return absl::OkStatus();
   const auto& md = ctx.client_metadata();
   const auto it = md.find(kSecretMetadataKey);
-  if (it == md.end()) {
-    return absl::UnauthenticatedError(
-        "this PS shard requires the cluster secret (see docs/PS.md \"Operations and security\"); "
-        "the call carried none");
-  }
-  if (!ConstantTimeEquals(it->second.data(), it->second.size(), secret_)) {
-    return absl::UnauthenticatedError("the call carried a wrong cluster secret");
-  }
-  return absl::OkStatus();
+  if (it == md.end()) return CheckSecret(secret_, nullptr);
+  const absl::string_view got(it->second.data(), it->second.size());
+  return CheckSecret(secret_, &got);
 }
 
 }  // namespace pstrain

@@ -3,11 +3,16 @@
 //
 //   - Cluster secret. Every call of a cluster carries the secret in its metadata
 //     (kSecretMetadataKey), added by a client interceptor on every channel MakeChannel makes.
-//     A shard checks it first thing in every handler (SecretChecker; the test of the shard
-//     enumerates the service's methods, so none can forget): a call without it, or with another
-//     value, is answered UNAUTHENTICATED and changes nothing. The comparison takes the same time
-//     whatever the value. Without TLS the secret crosses the network in the clear: it keeps out
-//     callers that do not know it, not an eavesdropper on the path (use TLS for that).
+//     A shard checks it twice. First where gRPC reads a call's headers, before the call's
+//     message is received (MakeServerCredentials: the server credentials' auth metadata
+//     processor, which gRPC's server-auth filter runs on the initial metadata; a refused call
+//     is cancelled there, so its message, up to max_message_bytes, is never read, buffered or
+//     parsed). Then first thing in every handler (SecretChecker; the test of the shard
+//     enumerates the service's methods, so none can forget), which also covers the in-process
+//     channel, where no credentials run. A call without the secret, or with another value, is
+//     answered UNAUTHENTICATED and changes nothing. The comparison takes the same time whatever
+//     the value. Without TLS the secret crosses the network in the clear: it keeps out callers
+//     that do not know it, not an eavesdropper on the path (use TLS for that).
 //   - TLS (optional): the server's certificate and key, and the CA that signed the peers'
 //     certificates; with a CA on the server side, clients must present a certificate it signed
 //     (mutual TLS). gRPC's SSL credentials do the work.
@@ -26,6 +31,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -79,9 +85,15 @@ absl::StatusOr<std::string> RandomSecret();
 // file; a file others may read (mode & 077) is refused with a message saying to chmod 600.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 
-// The server's credentials: SSL (with client certificates required and verified when ca_pem is
-// set) when TLS is configured, else insecure.
-std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const RpcSecurity& security);
+// The server's credentials: SSL (client certificates required and verified) when TLS is
+// configured, else insecure; with a secret, the secret is checked on every call's initial
+// metadata, before its message is read: a call without it or with another value ends
+// UNAUTHENTICATED there (the message says which, never the secret) and adds 1 to `*refused`
+// (if not null). gRPC's health service (paths under kExemptPathPrefix) is exempt: Kubernetes'
+// probes carry no metadata (docs/PS.md "Who may call a shard").
+inline constexpr char kExemptPathPrefix[] = "/grpc.health.v1.Health/";
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(
+    const RpcSecurity& security, std::shared_ptr<std::atomic<int64_t>> refused = nullptr);
 
 // Channel arguments both ends share: the message caps.
 grpc::ChannelArguments MakeChannelArguments(const RpcSecurity& security);

@@ -29,10 +29,10 @@ ConsistencyTracker::ConsistencyTracker(Options options, Shard* shard, Timer* tim
   done_.assign(opt_.num_workers, false);
 }
 
-absl::Status ConsistencyTracker::CheckWorker(int32_t worker_id) const {
-  if (opt_.consistency == ASYNC || Tracked(worker_id)) return absl::OkStatus();
+absl::Status ConsistencyTracker::CheckWorker(int32_t worker_id, const char* what) const {
+  if (Tracked(worker_id)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "shard ", opt_.shard, ": push from worker ", worker_id, ", but this ",
+      "shard ", opt_.shard, ": ", what, " from worker ", worker_id, " (worker_id), but this ",
       Consistency_Name(opt_.consistency), " job has workers [0, ", opt_.num_workers, ")"));
 }
 
@@ -41,9 +41,20 @@ absl::Status ConsistencyTracker::CheckPullStep(int32_t w, int64_t step) const {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", opt_.shard, ": pull of step ", step, " < 0"));
   }
-  if (opt_.consistency == ASYNC || step == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckWorker(w));
+  if (step == 0) return absl::OkStatus();  // not a training pull: never held or counted
+  RETURN_IF_ERROR(CheckWorker(w, "pull"));
   absl::MutexLock lock(&mu_);
+  if (opt_.consistency == ASYNC) {
+    int64_t largest = 0;
+    for (int64_t p : pushed_) largest = std::max(largest, p);
+    if (step > largest + kMaxAsyncStepsAhead) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", opt_.shard, ": pull of step ", step, " (PullRequest.step), more than ",
+          kMaxAsyncStepsAhead, " steps past the largest step pushed here (", largest,
+          "): expected a step in [0, ", largest + kMaxAsyncStepsAhead, "]"));
+    }
+    return absl::OkStatus();
+  }
   // The pull of step t follows the push of step t - 1 (or comes with it, pipelined).
   if (step > pushed_[w] + kMaxStepsAhead) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -79,16 +79,19 @@ class ConsistencyTracker {
 
   Consistency consistency() const { return opt_.consistency; }
   bool Tracked(int32_t worker_id) const { return worker_id >= 0 && worker_id < opt_.num_workers; }
-  // BOUNDED / SYNC: INVALID_ARGUMENT for a worker id outside [0, num_workers) (ASYNC: OK).
-  absl::Status CheckWorker(int32_t worker_id) const;
+  // INVALID_ARGUMENT naming `what` ("push", "pull") and the valid range for a worker id outside
+  // [0, num_workers), in every mode: the workers' clients refuse to connect with another id
+  // (ShardRouter), so a call with one is not from the job (ASYNC took -1 and 2^31 - 1).
+  absl::Status CheckWorker(int32_t worker_id, const char* what = "push") const;
   // How many steps a pull of `step` is ahead of the slowest active worker (PullResponse.staleness).
   int64_t Staleness(int64_t step) const;
   // The steps a worker's request may name, so that no request can make the shard wait for, or
   // count up to, a step no worker will reach. BOUNDED / SYNC: a training pull or a push of a
   // tracked worker at most kMaxStepsAhead past that worker's last push here (its pushes come in
-  // step order); ASYNC: a push at most kMaxAsyncStepsAhead past the largest step pushed (a shard
-  // that restarted fresh still accepts the job's steps). INVALID_ARGUMENT naming both steps, or a
-  // negative step.
+  // step order); ASYNC: a push or a training pull at most kMaxAsyncStepsAhead past the largest
+  // step pushed (a shard that restarted fresh still accepts the job's steps; a pull at 2^63 - 1
+  // was taken). INVALID_ARGUMENT naming both steps, or a negative step; a training pull (step >
+  // 0) also checks its worker id (CheckWorker).
   static constexpr int64_t kMaxStepsAhead = 1000;
   static constexpr int64_t kMaxAsyncStepsAhead = int64_t{1} << 32;
   absl::Status CheckPullStep(int32_t worker_id, int64_t step) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -229,7 +230,19 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
   }
   RETURN_IF_ERROR(
       CheckFinite(ids.size(), grads.data(), dense_grad.empty() ? nullptr : dense_grad.data()));
-  return Route(ids, runs);
+  RETURN_IF_ERROR(Route(ids, runs));
+  // A row named twice would be updated twice by one push (workers dedup their ids). Ascending
+  // ids are settled in one pass; others by a sorted copy (n log n, small beside the update).
+  if (std::adjacent_find(ids.begin(), ids.end(), std::greater_equal<int64_t>()) == ids.end()) {
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice == sorted.end()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard ", opt_.shard, ": PushRequest.ids names row ", *twice,
+      " more than once (expected each row at most once a push)"));
 }
 
 absl::Status Shard::Apply(const Update& u, int64_t step) {

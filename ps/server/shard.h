@@ -132,8 +132,8 @@ class Shard {
     std::vector<uint32_t> version_scratch;
   };
   // INVALID_ARGUMENT for sizes that do not fit (gradient floats per row, the dense slice), a
-  // foreign id, or a NaN / infinite gradient (counted in nonfinite_pushes); nothing is applied
-  // then.
+  // foreign id, an id named twice, or a NaN / infinite gradient (counted in nonfinite_pushes);
+  // nothing is applied then.
   absl::Status Unpack(const PushRequest& request, Update* update);
   // Unpack's checks of a push's payload, wherever it comes from (a request, or the SYNC pushes
   // kept in a checkpoint's consistency state): the sizes, finite values, and every id routed into

@@ -10,7 +10,9 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/rpc/callback_queue.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/security.h"
@@ -19,30 +21,116 @@
 
 namespace pstrain {
 
-// A training pull in BOUNDED / SYNC mode: held by the ConsistencyTracker until it may be answered.
-// Exactly one of the push that releases it, its cancellation, its expiry and Shutdown takes it
-// off the tracker's list and finishes it; gRPC deletes it in OnDone, which comes after Finish and
-// after OnCancel has returned.
+// A pull's request and answer, made by gRPC through PullAllocator for every Pull call. Release
+// (after the reactor's OnDone, once gRPC is done with both messages) frees them and then gives
+// the answer's bytes back to the budget: giving them back in OnDone would admit the next pull
+// while this answer still lives (three answers of memory where the budget allows two copies of
+// one: the answer and its serialized form).
+class ShardServer::PullMessages final
+    : public grpc::MessageHolder<PullRequest, PullResponse> {
+ public:
+  explicit PullMessages(AnswerBudget* budget) : budget_(budget) {
+    set_request(&request_);
+    set_response(&response_);
+  }
+  // The answer took `bytes` of the budget (once admitted).
+  void Took(int64_t bytes) { taken_ = bytes; }
+  void Release() override {
+    AnswerBudget* budget = budget_;
+    const int64_t taken = taken_;
+    delete this;  // the messages first
+    if (taken > 0) budget->Release(taken);
+  }
+
+ private:
+  AnswerBudget* const budget_;
+  int64_t taken_ = 0;  // written before Finish, read after OnDone
+  PullRequest request_;
+  PullResponse response_;
+};
+
+class ShardServer::PullAllocator final
+    : public grpc::MessageAllocator<PullRequest, PullResponse> {
+ public:
+  explicit PullAllocator(AnswerBudget* budget) : budget_(budget) {}
+  grpc::MessageHolder<PullRequest, PullResponse>* AllocateMessages() override {
+    return new PullMessages(budget_);
+  }
+
+ private:
+  AnswerBudget* const budget_;
+};
+
+// Every pull over gRPC. Its answer's bytes come from the shard's AnswerBudget before it is
+// gathered and go back once gRPC has sent it and freed it (PullMessages::Release). An ASYNC pull, or one of step <= 0, asks
+// for them at once (Start); a BOUNDED / SYNC training pull is first held by the
+// ConsistencyTracker until its step may be answered (Answer), then asks. Exactly one of these
+// finishes it: the budget's Admit (gather, answer), a refusal of the budget's (its expiry, the
+// call's cancellation, Shutdown), or a failure of the tracker's (the same, and a lost worker).
+// gRPC deletes it in OnDone, which comes after Finish and after OnCancel has returned.
 class ShardServer::PullReactor final : public grpc::ServerUnaryReactor,
                                        public ConsistencyTracker::HeldPull {
  public:
-  PullReactor(ShardServer* server, const PullRequest* request, PullResponse* response)
-      : server_(server), request_(request), response_(response) {}
+  PullReactor(ShardServer* server, PullMessages* messages, int64_t answer_bytes,
+              absl::Time until)
+      : server_(server),
+        messages_(messages),
+        request_(messages->request()),
+        response_(messages->response()),
+        answer_bytes_(answer_bytes),
+        until_(until) {
+    ticket_.pull = this;
+  }
+
+  // Not held by the tracker: answered (Pull, with its staleness) once the bytes are free.
+  void Start() { server_->budget_->Acquire(&ticket_, answer_bytes_, until_); }
 
   int64_t step() const override { return request_->step(); }
   int32_t worker_id() const override { return request_->worker_id(); }
   void Answer(int64_t staleness) override {
     response_->set_staleness(staleness);
-    Finish(ToGrpcStatus(server_->Gather(*request_, response_)));
+    held_ = true;
+    server_->budget_->Acquire(&ticket_, answer_bytes_, until_);
   }
   void Fail(absl::Status status) override { Finish(ToGrpcStatus(status)); }
-  void OnCancel() override { server_->tracker_->Cancel(this); }
-  void OnDone() override { delete this; }
+  void OnCancel() override {
+    server_->tracker_->Cancel(this);
+    server_->budget_->Cancel(&ticket_);
+  }
+  void OnDone() override { delete this; }  // then gRPC releases the messages, and the bytes
 
  private:
+  // The pull's place in the budget's list (apart from its place in the tracker's: a call is in
+  // at most one of them at a time, and each has its own hold id).
+  struct Ticket final : AnswerBudget::Waiter {
+    void Admit() override {
+      pull->messages_->Took(pull->answer_bytes_);
+      pull->Gather();
+    }
+    void Refuse(absl::Status status) override { pull->Finish(ToGrpcStatus(status)); }
+    PullReactor* pull = nullptr;
+  };
+
+  void Gather() {
+    if (held_) {
+      Finish(ToGrpcStatus(server_->Gather(*request_, response_)));
+      return;
+    }
+    Env* env = server_->opt_.data.env;
+    const absl::Duration start = env->MonotonicNow();
+    const absl::Status s = server_->Pull(*request_, response_);
+    server_->metrics_->ObservePull(absl::ToDoubleSeconds(env->MonotonicNow() - start));
+    Finish(ToGrpcStatus(s));
+  }
+
   ShardServer* const server_;
+  PullMessages* const messages_;  // gRPC's, alive until after OnDone
   const PullRequest* const request_;
   PullResponse* const response_;
+  const int64_t answer_bytes_;
+  const absl::Time until_;
+  bool held_ = false;  // answered by the tracker (Gather) rather than at once (Pull)
+  Ticket ticket_;
 };
 
 // A watched Info or Coordinate call (a long-poll): held by the JobCoordinator until the job state
@@ -66,28 +154,36 @@ class ShardServer::WatchReactor final : public grpc::ServerUnaryReactor,
   const std::function<absl::Status()> answer_;
 };
 
-// Each handler but a held call's finishes its reactor before returning: the work is CPU-bound
-// and short. Every handler first checks the cluster secret (Refused): a call without it is
-// answered UNAUTHENTICATED before anything reads or changes the shard's state.
+// Each handler but a held call's (and a pull's that waits for the answer budget) finishes its
+// reactor before returning: the work is CPU-bound and short. Every handler first checks the
+// cluster secret (Refused): a call without it is answered UNAUTHENTICATED before anything reads
+// or changes the shard's state (the server's credentials refused it earlier still, on its
+// headers, unless it came through the in-process channel).
 class ShardServer::Service final : public ParameterServer::CallbackService {
  public:
-  explicit Service(ShardServer* server) : server_(server) {}
+  explicit Service(ShardServer* server)
+      : server_(server), pull_allocator_(server->budget_.get()) {
+    SetMessageAllocatorFor_Pull(&pull_allocator_);
+  }
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const PullRequest* request,
                                  PullResponse* response) override {
     if (auto* refused = Refused(ctx)) return refused;
     server_->Heard(request->worker_id());
     if (absl::Status s = server_->CheckPull(*request); !s.ok()) return Done(ctx, s);
+    const absl::Time deadline = absl::FromChrono(ctx->deadline());
+    // The messages are PullAllocator's (the constructor sets it for this method).
+    auto* messages = static_cast<PullMessages*>(ctx->GetRpcAllocatorState());
+    PSTRAIN_CHECK(messages != nullptr && messages->request() == request &&
+                  messages->response() == response)
+        << "Pull's messages are not PullAllocator's";
+    auto* pull = new PullReactor(server_, messages, server_->AnswerBytes(*request),
+                                 server_->BudgetWaitUntil(deadline));
     if (server_->opt_.consistency == ASYNC || request->step() <= 0) {
-      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-      Env* env = server_->opt_.data.env;
-      const absl::Duration start = env->MonotonicNow();
-      reactor->Finish(ToGrpcStatus(server_->Pull(*request, response)));
-      server_->metrics_->ObservePull(absl::ToDoubleSeconds(env->MonotonicNow() - start));
-      return reactor;
+      pull->Start();
+    } else {
+      server_->tracker_->HoldOrAnswer(pull, deadline);
     }
-    auto* pull = new PullReactor(server_, request, response);
-    server_->tracker_->HoldOrAnswer(pull, absl::FromChrono(ctx->deadline()));
     return pull;
   }
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* request,
@@ -212,6 +308,7 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
   }
 
   ShardServer* const server_;
+  PullAllocator pull_allocator_;
 };
 
 ShardServer::ShardServer(Options options)
@@ -238,6 +335,7 @@ ShardServer::Options ShardServer::OptionsFromConfig(const Config& config, int sh
   o.data.scale_dense_lr_by_staleness = comp == SCALE_DENSE_LR || comp == SCALE_LR;
   o.data.scale_row_lr_by_staleness = comp == SCALE_ROW_LR || comp == SCALE_LR;
   o.data.max_gradient_abs = config.cluster().max_gradient_abs();
+  o.answer_budget_bytes = int64_t{config.cluster().answer_budget_mb()} << 20;
   return o;
 }
 
@@ -250,6 +348,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
   if (options.lease < absl::Seconds(1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("the lease must be >= 1 s, got ", absl::FormatDuration(options.lease)));
+  }
+  if (options.answer_budget_bytes < 0 ||
+      (options.answer_budget_bytes > 0 &&
+       options.answer_budget_bytes < options.security.max_message_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the answer budget (cluster.answer_budget_mb) must be 0 (twice the largest message) or at "
+        "least the largest message, ", options.security.max_message_bytes, " bytes, so that the "
+        "largest legal pull fits; got ", options.answer_budget_bytes, " bytes"));
   }
   if (options.consistency == BOUNDED && options.staleness < 0) {
     return absl::InvalidArgumentError(
@@ -271,6 +377,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(Options options
   s->coordinator_ =
       std::make_unique<JobCoordinator>(o.data.shard, o.num_workers, o.lease, s->timer_.get(),
                                        o.data.env);
+  s->budget_ = std::make_unique<AnswerBudget>(
+      o.answer_budget_bytes > 0 ? o.answer_budget_bytes : 2 * o.security.max_message_bytes,
+      absl::StrCat("shard ", o.data.shard), s->timer_.get(), o.data.env);
   // A lost worker in BOUNDED / SYNC: the pulls that wait for it fail at once, naming it, instead
   // of at their deadline (shard 0 only: it keeps the leases).
   ConsistencyTracker* tracker = s->tracker_.get();
@@ -290,7 +399,20 @@ ShardServer::~ShardServer() {
   server_.reset();  // before service_, which it references
 }
 
+std::string ShardServer::ListenAddress(const std::string& bind, int port) {
+  const bool bare_v6 = bind.find(':') != std::string::npos && !absl::StartsWith(bind, "[");
+  return bare_v6 ? absl::StrCat("[", bind, "]:", port) : absl::StrCat(bind, ":", port);
+}
+
 absl::Status ShardServer::Start(const std::string& address) {
+  // More than one ':' outside brackets is an IPv6 address without them, which gRPC cannot split
+  // from the port (it then failed as if the port were taken).
+  if (!absl::StartsWith(address, "[") &&
+      std::count(address.begin(), address.end(), ':') > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", opt_.data.shard, ": cannot listen on ", address,
+        ": an IPv6 address needs brackets around it, e.g. [::1]:5000"));
+  }
   absl::MutexLock lock(&server_mu_);
   if (server_ != nullptr || shut_down_) {
     return absl::FailedPreconditionError("ShardServer::Start called twice");
@@ -303,7 +425,8 @@ absl::Status ShardServer::Start(const std::string& address) {
   HoldCallbackQueue();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, MakeServerCredentials(opt_.security), &port);
+  builder.AddListeningPort(address, MakeServerCredentials(opt_.security, refused_before_message_),
+                           &port);
   builder.RegisterService(service_.get());
   // Every message is capped: a peer cannot make this shard allocate more than that per call
   // (CheckPull caps the answers the same way).
@@ -331,11 +454,20 @@ std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
 void ShardServer::Shutdown(absl::Duration grace) {
   tracker_->StopHolding();
   coordinator_->StopHolding();
+  budget_->Stop();
   absl::MutexLock lock(&server_mu_);
   if (server_ == nullptr || shut_down_) return;
   shut_down_ = true;
   server_->Shutdown(absl::ToChronoTime(opt_.data.env->Now() + grace));
   server_->Wait();
+}
+
+absl::Time ShardServer::BudgetWaitUntil(absl::Time deadline) const {
+  // As a held pull's expiry: a little before the client's deadline, so that its error says what
+  // it waited for; kMaxHold at most.
+  const absl::Time now = opt_.data.env->Now();
+  const absl::Duration left = std::min(deadline - now, ConsistencyTracker::kMaxHold);
+  return now + left - std::min(left / 10, absl::Milliseconds(500));
 }
 
 absl::Time ShardServer::WatchUntil(absl::Time deadline, int64_t watch_ms) const {
@@ -381,6 +513,7 @@ absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
     return absl::FailedPreconditionError("PushDirect: only for ASYNC shards");
   }
   data_->CountPushRequest(0);
+  RETURN_IF_ERROR(tracker_->CheckWorker(worker_id));
   RETURN_IF_ERROR(tracker_->CheckPushStep(worker_id, step));
   RETURN_IF_ERROR(data_->CheckFinite(ids.size(), row_grads, dense_grad));
   RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step, dense_version, row_versions));
@@ -392,12 +525,17 @@ void ShardServer::Heard(int32_t worker_id) {
   if (opt_.data.shard == 0) coordinator_->Heard(worker_id);
 }
 
+int64_t ShardServer::AnswerBytes(const PullRequest& request) const {
+  const int64_t n = static_cast<int64_t>(request.ids().size() / sizeof(int64_t));
+  return n * opt_.data.row_dim * static_cast<int64_t>(sizeof(float)) +
+         (request.want_dense() ? data_->dense_slice_size() * 4 : 0) + 1024;
+}
+
 absl::Status ShardServer::CheckPull(const PullRequest& request) const {
   // The answer's size is chosen by the caller (ids may repeat): refuse one above the message cap
   // before gathering anything.
   const int64_t n = static_cast<int64_t>(request.ids().size() / sizeof(int64_t));
-  const int64_t answer = n * opt_.data.row_dim * static_cast<int64_t>(sizeof(float)) +
-                         (request.want_dense() ? data_->dense_slice_size() * 4 : 0) + 1024;
+  const int64_t answer = AnswerBytes(request);
   if (answer > opt_.security.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "shard ", opt_.data.shard, ": a pull of ", n, " rows",
@@ -474,7 +612,12 @@ InfoResponse ShardServer::Info() const {
   return info;
 }
 
-ShardStats ShardServer::Stats() const { return data_->Stats(); }
+ShardStats ShardServer::Stats() const {
+  ShardStats stats = data_->Stats();
+  stats.set_unauthenticated_calls(stats.unauthenticated_calls() +
+                                  refused_before_message_->load(std::memory_order_relaxed));
+  return stats;
+}
 
 absl::Status ShardServer::Coordinate(const CoordinateRequest& request,
                                      CoordinateResponse* response) {

@@ -10,23 +10,29 @@
 // The handlers do their work (gather, or the optimizer update) on the gRPC thread that delivered
 // the request; nothing ever waits inside a handler, except on the per-row locks of the stores and,
 // for a push that is a retry of one still being applied, on that push. Calls that must wait are
-// reactors kept in a list: a BOUNDED / SYNC training pull until its step may be answered (the
-// tracker), an Info or Coordinate (COLLECT, REPORTS) call with a watch until the job state changes
+// reactors kept in a list: a pull until its answer's bytes fit the answer budget (AnswerBudget),
+// a BOUNDED / SYNC training pull first until its step may be answered (the tracker), an Info or Coordinate (COLLECT, REPORTS) call with a watch until the job state changes
 // or its hold expires (the coordinator: a long-poll, at most 10 s and never past the call's
 // deadline). A SaveShard WRITE writes its file on a thread of its own.
 //
 // In BOUNDED / SYNC, shard 0's answer to a training pull carries its job state (PullResponse.job),
 // so that the workers learn of checkpoint rounds from the traffic of their steps (docs/PS.md).
 //
-// Every request is hostile (docs/PS.md "Operations and security"): each handler first checks the
-// cluster secret (UNAUTHENTICATED, nothing read or changed); messages are capped at
-// security.max_message_bytes both ways (a pull whose answer would exceed it is refused before it
-// is gathered); steps must lie within kMaxStepsAhead of what the shard saw of the worker; worker
-// ids within [0, num_workers) (BOUNDED / SYNC pushes, and every coordination call); non-finite
-// gradients are refused (INVALID_ARGUMENT, counted in Stats().nonfinite_pushes) before anything
-// is applied; checkpoint files are written only under options.checkpoint_dir, in a directory
-// named ckpt-<step> that is not committed. Held calls never outlive kMaxHold. Shard 0 keeps the
-// workers' leases (JobCoordinator): calls naming a worker renew its lease.
+// Every request is hostile (docs/PS.md "Operations and security"): the cluster secret is checked
+// on a call's headers, before its message is read (MakeServerCredentials: a call without it is
+// cancelled UNAUTHENTICATED there, so no unauthenticated peer makes the shard buffer or parse a
+// message), and again first thing in each handler (the in-process channel has no credentials;
+// UNAUTHENTICATED, nothing read or changed); messages are capped at security.max_message_bytes
+// both ways (a pull whose answer would exceed it is refused before it is gathered), and the
+// answers of pulls in flight share one budget of bytes (AnswerBudget, cluster.answer_budget_mb:
+// a pull waits for its bytes, in arrival order); steps must lie within kMaxStepsAhead of what the
+// shard saw of the worker (ASYNC: 2^32 past the largest step pushed); worker ids within
+// [0, num_workers) (pushes, training pulls, and every coordination call); non-finite gradients,
+// and pushes naming a row twice, are refused (INVALID_ARGUMENT, the former counted in
+// Stats().nonfinite_pushes) before anything is applied; checkpoint files are written only under
+// options.checkpoint_dir, in a directory named ckpt-<step> that is not committed. Held calls
+// never outlive kMaxHold. Shard 0 keeps the workers' leases (JobCoordinator): calls naming a
+// worker renew its lease.
 //
 // Thread-safety: all public methods may be called concurrently.
 #pragma once
@@ -46,6 +52,7 @@
 #include "absl/types/span.h"
 #include "common/rpc/security.h"
 #include "common/rpc/timer.h"
+#include "ps/server/answer_budget.h"
 #include "ps/server/consistency_tracker.h"
 #include "ps/server/job_coordinator.h"
 #include "ps/server/shard.h"
@@ -65,8 +72,8 @@ class ShardServer {
     // data.checkpoint_dir (empty: this shard writes no checkpoint, FAILED_PRECONDITION).
     // data.env is the clock of the whole server: its timer, tracker, coordinator and metrics.
     Shard::Options data;
-    // Consistency mode (ConsistencyTracker) and the workers it waits for: worker ids
-    // [0, num_workers). ASYNC accepts any worker id (ids outside the range are not tracked).
+    // Consistency mode (ConsistencyTracker) and the workers it serves: worker ids
+    // [0, num_workers), in every mode (pushes and training pulls from other ids are refused).
     Consistency consistency = ASYNC;
     int num_workers = 1;  // N >= 1
     int staleness = 0;    // BOUNDED: s >= 0
@@ -74,6 +81,9 @@ class ShardServer {
     RpcSecurity security;
     // Shard 0: a worker not heard of for this long is lost (JobCoordinator).
     absl::Duration lease = absl::Seconds(30);
+    // The bytes of pull answers in flight at once (AnswerBudget; cluster.answer_budget_mb): 0 =
+    // twice security.max_message_bytes; else at least max_message_bytes.
+    int64_t answer_budget_bytes = 0;
   };
   // The longest a watched Info / Coordinate call is held.
   static constexpr absl::Duration kMaxWatch = absl::Seconds(10);
@@ -97,10 +107,14 @@ class ShardServer {
   ShardServer(const ShardServer&) = delete;
   ShardServer& operator=(const ShardServer&) = delete;
 
-  // Starts serving gRPC on `address` ("host:port"; port 0 picks a free port, see port()).
+  // Starts serving gRPC on `address` ("host:port", "[v6]:port"; port 0 picks a free port, see
+  // port()). INVALID_ARGUMENT for an IPv6 address without brackets ("::1:5000" is ambiguous);
   // UNAVAILABLE naming the address if it cannot listen (e.g. the port is taken: SO_REUSEPORT is
   // off, so two shards never share a port). Call at most once.
   absl::Status Start(const std::string& address);
+  // The address Start takes for a bind address (a host name, an IPv4 address, or an IPv6 one,
+  // bracketed or not) and a port: "[::1]:5000" for ::1.
+  static std::string ListenAddress(const std::string& bind, int port);
   // The port Start bound (0 before Start).
   int port() const { return port_; }
   // A channel to this server that stays in the process (no TCP), for a worker in the same
@@ -151,6 +165,9 @@ class ShardServer {
   // What the gRPC handler checks of a pull before it is held or answered: the answer's size
   // against the message cap (RESOURCE_EXHAUSTED), the step (ConsistencyTracker::CheckPullStep).
   absl::Status CheckPull(const PullRequest& request) const;
+  // The bytes a pull's answer takes from the answer budget: its rows, its dense slice if asked,
+  // and 1 KiB for the rest.
+  int64_t AnswerBytes(const PullRequest& request) const;
   // Shard 0: a call of worker `worker_id` renews its lease.
   void Heard(int32_t worker_id);
 
@@ -180,6 +197,8 @@ class ShardServer {
   const ConsistencyTracker& consistency() const { return *tracker_; }
   JobCoordinator& coordinator() { return *coordinator_; }
   const JobCoordinator& coordinator() const { return *coordinator_; }
+  // Every gRPC pull's answer takes its bytes from it until sent (ps/server/answer_budget.h).
+  const AnswerBudget& answer_budget() const { return *budget_; }
 
   // Shorthands of data()'s, for the commands' logs.
   const PartitionMap& map() const { return data_->map(); }
@@ -189,6 +208,8 @@ class ShardServer {
 
  private:
   class Service;
+  class PullMessages;
+  class PullAllocator;
   class PullReactor;
   class WatchReactor;
 
@@ -198,13 +219,20 @@ class ShardServer {
   absl::Status Gather(const PullRequest& request, PullResponse* response);
   // When a call with `deadline` that asks to be held `watch_ms` is answered at the latest.
   absl::Time WatchUntil(absl::Time deadline, int64_t watch_ms) const;
+  // When a pull with `deadline` stops waiting for the answer budget.
+  absl::Time BudgetWaitUntil(absl::Time deadline) const;
 
   const Options opt_;
   const SecretChecker secret_;
+  // Calls the credentials refused on their headers (added to Stats().unauthenticated_calls); shared
+  // with gRPC's credentials, which may outlive this server.
+  const std::shared_ptr<std::atomic<int64_t>> refused_before_message_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<Shard> data_;
   std::unique_ptr<Timer> timer_;  // expiries of held pulls and watches
   std::unique_ptr<ConsistencyTracker> tracker_;
   std::unique_ptr<JobCoordinator> coordinator_;
+  std::unique_ptr<AnswerBudget> budget_;  // of the gRPC pulls' answers
 
   absl::Mutex server_mu_;
   std::unique_ptr<Service> service_;

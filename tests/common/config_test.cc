@@ -113,6 +113,25 @@ TEST(Config, ValidationNamesTheField) {
   EXPECT_TRUE(ValidateConfig(c).ok());
 }
 
+TEST(Config, AnswerBudgetIsBoundedAndFitsTheLargestMessage) {
+  Config c;
+  EXPECT_EQ(c.cluster().answer_budget_mb(), 0);  // twice the largest message
+  c.mutable_cluster()->set_answer_budget_mb(-1);
+  EXPECT_THAT(ValidateConfig(c).message(),
+              HasSubstr("cluster.answer_budget_mb: must be in [0, 1048576]"));
+  c.mutable_cluster()->set_answer_budget_mb((1 << 20) + 1);
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("got 1048577"));
+  c.mutable_cluster()->set_max_message_mb(256);
+  c.mutable_cluster()->set_answer_budget_mb(128);
+  EXPECT_THAT(ValidateConfig(c).message(),
+              HasSubstr("cluster.answer_budget_mb: must be at least cluster.max_message_mb (256)"));
+  c.mutable_cluster()->set_answer_budget_mb(256);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.mutable_cluster()->set_max_message_mb(0);  // computed: the shard checks it when it starts
+  c.mutable_cluster()->set_answer_budget_mb(1);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+}
+
 TEST(Config, DefaultsResolveThreadsFromCores) {
   Config t;
   ResolveThreadDefaults(2, &t);

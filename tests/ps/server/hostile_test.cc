@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "tests/ps/server/raw_calls.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_rpc.h"
 
@@ -53,6 +55,7 @@ struct Options {
   std::string checkpoint_dir;
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
   absl::Duration lease = absl::Seconds(30);
+  int64_t answer_budget_bytes = 0;
 };
 
 // One shard on loopback.
@@ -73,6 +76,7 @@ struct OneShard {
     o.security.max_message_bytes = opt.max_message_bytes;
     o.data.checkpoint_dir = opt.checkpoint_dir;
     o.lease = opt.lease;
+    o.answer_budget_bytes = opt.answer_budget_bytes;
     security = o.security;
     auto s = ShardServer::Create(std::move(o));
     EXPECT_TRUE(s.ok()) << s.status();
@@ -553,9 +557,152 @@ TEST(Hostile, CoordinationValuesOutOfRangeAreRefused) {
   EXPECT_EQ(shard.server->Info().checkpoint_done_round(), 1);
 }
 
+// The secret is checked on a call's headers, before its message is read: a call without it (or
+// with a wrong one) that never sends its message is refused at once, while the same call with
+// the secret waits for its message until its deadline, so the refusal came from the headers
+// alone. Counted, nothing changed; gRPC health stays exempt.
+TEST(Hostile, TheSecretIsCheckedBeforeTheMessageIsRead) {
+  OneShard shard;
+  const std::string push = "/pstrain.ParameterServer/Push";
+  const absl::Time t0 = absl::Now();
+  const grpc::Status none = testing::HeadersOnly(shard.address, shard.security, push, "",
+                                                 absl::Seconds(8));
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
+  EXPECT_THAT(none.error_message(), HasSubstr("carried none"));
+  const grpc::Status wrong = testing::HeadersOnly(shard.address, shard.security, push,
+                                                  "wrong-secret-0123456789", absl::Seconds(8));
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED) << wrong.error_message();
+  EXPECT_THAT(wrong.error_message(), HasSubstr("wrong cluster secret"));
+  EXPECT_THAT(wrong.error_message(), ::testing::Not(HasSubstr(kSecret)));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(6));  // not at the deadlines
+  const grpc::Status waits =
+      testing::HeadersOnly(shard.address, shard.security, push, kSecret, absl::Seconds(1));
+  EXPECT_EQ(waits.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waits.error_message();
+  const ShardStats stats = shard.server->Stats();
+  EXPECT_EQ(stats.unauthenticated_calls(), 2);
+  EXPECT_EQ(stats.push_requests(), 0);
+  // Whole calls: refused without the secret, answered with it.
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  PushResponse resp;
+  EXPECT_EQ(shard.Stub("")->Push(&ctx, MakePush(0, 1, {5}, {1, 1, 1}), &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext ctx2;
+  SetDeadline(&ctx2);
+  EXPECT_TRUE(shard.Authorized()->Push(&ctx2, MakePush(0, 1, {5}, {0, 0, 0}), &resp).ok());
+  EXPECT_EQ(shard.server->Stats().unauthenticated_calls(), 3);
+}
+
+// ASYNC checks worker ids, repeated rows and far steps too (issue 26 item 10: it took pushes from
+// worker ids -1 and 2^31 - 1, a push naming a row twice, and a pull at step 2^63 - 1).
+TEST(Hostile, AsyncWorkerIdsRepeatedRowsAndFarPullStepsAreRefused) {
+  OneShard shard;  // ASYNC, workers [0, 2)
+  PushResponse resp;
+  const std::vector<float> row5 = PullRow(shard.server.get(), 5);
+  const int64_t id5 = 5;
+  const float grad[kDim] = {1, 1, 1};
+  for (int32_t w : {-1, 2, std::numeric_limits<int32_t>::max()}) {
+    const absl::Status s = shard.server->Push(MakePush(w, 1, {5}, {1, 1, 1}), &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "worker " << w << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("worker_id"));
+    EXPECT_THAT(s.message(), HasSubstr("job has workers [0, 2)"));
+    EXPECT_EQ(shard.server->PushDirect(w, 1, {&id5, 1}, grad, nullptr).code(),
+              absl::StatusCode::kInvalidArgument)
+        << "worker " << w;
+  }
+  EXPECT_EQ(PullRow(shard.server.get(), 5), row5);
+
+  // A row twice in one push, in order or not, in-process or over gRPC: nothing applied.
+  const absl::Status twice =
+      shard.server->Push(MakePush(0, 1, {7, 5, 9, 5}, std::vector<float>(4 * kDim, 1.f)), &resp);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument) << twice;
+  EXPECT_THAT(twice.message(), HasSubstr("row 5 more than once"));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  const grpc::Status wire = shard.Authorized()->Push(
+      &ctx, MakePush(1, 1, {5, 5}, std::vector<float>(2 * kDim, 1.f)), &resp);
+  EXPECT_EQ(wire.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << wire.error_message();
+  EXPECT_EQ(PullRow(shard.server.get(), 5), row5);
+  // Distinct rows in any order still go, from every worker of the job.
+  const std::vector<float> row9 = PullRow(shard.server.get(), 9);
+  ASSERT_TRUE(shard.server->Push(MakePush(1, 1, {9, 3, 7}, std::vector<float>(3 * kDim, .5f)),
+                                 &resp)
+                  .ok());
+  EXPECT_NE(PullRow(shard.server.get(), 9), row9);
+
+  // Training pulls: the step at most 2^32 past the largest step pushed (1), the worker in range.
+  PullRequest pull;
+  PackArray(&id5, 1, pull.mutable_ids());
+  pull.set_worker_id(0);
+  pull.set_step(std::numeric_limits<int64_t>::max());
+  const absl::Status far = shard.server->CheckPull(pull);
+  EXPECT_EQ(far.code(), absl::StatusCode::kInvalidArgument) << far;
+  EXPECT_THAT(far.message(), HasSubstr("PullRequest.step"));
+  EXPECT_THAT(far.message(), HasSubstr("expected a step in [0, 4294967297]"));
+  PullResponse answer;
+  grpc::ClientContext ctx2;
+  SetDeadline(&ctx2);
+  EXPECT_EQ(shard.Authorized()->Pull(&ctx2, pull, &answer).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  pull.set_step(int64_t{1} << 32);
+  EXPECT_TRUE(shard.server->CheckPull(pull).ok());
+  pull.set_worker_id(-1);
+  EXPECT_EQ(shard.server->CheckPull(pull).code(), absl::StatusCode::kInvalidArgument);
+  pull.set_step(0);  // not a training pull (an evaluation's): no worker's step
+  EXPECT_TRUE(shard.server->CheckPull(pull).ok());
+}
+
+// One budget for the answers of all pulls in flight (issue 26 item 7: eight concurrent 1.4M-id
+// pulls, 95 MB answers each, took a shard to 1.55 GB). With a budget of one largest message,
+// concurrent pulls of more than half of it each are all answered, one at a time: the bytes in
+// flight never exceed the budget. A budget below the message cap is refused when the shard is
+// made.
+TEST(Hostile, PullAnswersInFlightShareOneBudget) {
+  Options opt;
+  opt.max_message_bytes = 1 << 20;
+  opt.answer_budget_bytes = 1 << 20;
+  OneShard shard(opt);
+  // 50,000 ids (repeats are legal in a pull): 600 kB of rows, 400 kB of request.
+  PullRequest pull;
+  std::vector<int64_t> ids(50000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i % kRows);
+  PackArray(ids.data(), ids.size(), pull.mutable_ids());
+  ASSERT_TRUE(shard.server->CheckPull(pull).ok());
+  ASSERT_GT(2 * shard.server->AnswerBytes(pull), opt.answer_budget_bytes);
+  constexpr int kPulls = 8;
+  const testing::PullResults r =
+      testing::ConcurrentPulls(shard.Authorized().get(), pull, kPulls, absl::Seconds(60));
+  for (int i = 0; i < kPulls; ++i) {
+    ASSERT_TRUE(r.status[i].ok()) << i << ": " << r.status[i].error_message();
+    EXPECT_EQ(r.answers[i].rows().size(), ids.size() * kDim * sizeof(float));
+  }
+  const AnswerBudget& budget = shard.server->answer_budget();
+  EXPECT_EQ(budget.budget(), opt.answer_budget_bytes);
+  EXPECT_GE(budget.peak(), shard.server->AnswerBytes(pull));
+  EXPECT_LE(budget.peak(), budget.budget());
+  std::printf("%d concurrent pulls: %lld of them waited for the budget\n", kPulls,
+              static_cast<long long>(budget.waited()));
+  shard.server->Shutdown(absl::Seconds(5));  // every call done, OnDone included
+  EXPECT_EQ(budget.in_use(), 0);             // every answer's bytes came back
+
+  // 0 is twice the message cap; a budget below the cap could never answer the largest pull.
+  Options defaults;
+  OneShard two(defaults);
+  EXPECT_EQ(two.server->answer_budget().budget(), 2 * kDefaultMaxMessageBytes);
+  ShardServer::Options o;
+  o.data.rows = kRows;
+  o.data.row_dim = kDim;
+  o.answer_budget_bytes = o.security.max_message_bytes - 1;
+  const auto small = ShardServer::Create(o);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(small.status().message(), HasSubstr("cluster.answer_budget_mb"));
+}
+
 // Per-client state is bounded: push states per worker id and in all.
 TEST(Hostile, PushStatesAreBounded) {
-  OneShard shard;
+  Options opt;
+  opt.num_workers = Shard::kMaxPushWorkers + 10;  // worker ids are checked against the job's
+  OneShard shard(opt);
   PushResponse resp;
   // Many incarnations of one worker: each is accepted (older ones are forgotten).
   for (uint64_t inc = 1; inc <= 50; ++inc) {
@@ -571,7 +718,7 @@ TEST(Hostile, PushStatesAreBounded) {
   again.set_sequence(1);
   ASSERT_TRUE(shard.server->Push(again, &resp).ok());
   EXPECT_TRUE(resp.duplicate());
-  // ASYNC takes any worker id, but keeps state for kMaxPushWorkers of them.
+  // A job of more worker ids than that: state for kMaxPushWorkers of them.
   int refused = 0;
   for (int w = 0; w < Shard::kMaxPushWorkers + 10; ++w) {
     PushRequest p = MakePush(w, 1, {5}, {0, 0, 0});

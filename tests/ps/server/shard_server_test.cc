@@ -433,7 +433,7 @@ TEST(ShardServer, RefusesForeignIdNamingItsOwner) {
 TEST(ShardServer, DuplicatedPushIdIsAppliedOnce) {
   Table t;
   t.dense_size = 8;
-  Cluster cluster(1, t, ADAGRAD);
+  Cluster cluster(1, t, ADAGRAD, "", /*num_workers=*/9);  // pushes of workers 7 and 8
   Reference ref(t, ADAGRAD);
   auto stub = RawStub(cluster.addresses[0]);
   const int64_t id = 42;

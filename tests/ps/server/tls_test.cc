@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/rpc/security.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ps/server/shard_server.h"
+#include "tests/ps/server/raw_calls.h"
 #include "tests/shell.h"
 #include "worker/ps_client/ps_client.h"
 
@@ -112,6 +114,34 @@ TEST_F(TlsTest, MutualTlsTrainsAndRefusesStrangers) {
   EXPECT_EQ((*anonymous)->WaitForShards(absl::Seconds(5)).code(),
             absl::StatusCode::kUnauthenticated);
   EXPECT_EQ((*server)->Stats().push_requests(), 1);
+}
+
+// Inside TLS too, the secret is checked on a call's headers, before its message is read: a
+// call without it that never sends its message is refused at once; with it, the call waits for
+// its message.
+TEST_F(TlsTest, TheSecretIsCheckedBeforeTheMessageIsRead) {
+  if (!skip_.empty()) GTEST_SKIP() << skip_;
+  ShardServer::Options o;
+  o.data.rows = 100;
+  o.data.row_dim = 2;
+  o.data.sparse_optimizer.set_type(SGD);
+  o.data.dense_optimizer = o.data.sparse_optimizer;
+  o.security = Security("a");
+  auto server = ShardServer::Create(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  const std::string push = "/pstrain.ParameterServer/Push";
+  const absl::Time t0 = absl::Now();
+  const grpc::Status none =
+      testing::HeadersOnly(address, Security("a"), push, "", absl::Seconds(8));
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(6));
+  const grpc::Status waits =
+      testing::HeadersOnly(address, Security("a"), push, kSecret, absl::Seconds(1));
+  EXPECT_EQ(waits.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waits.error_message();
+  EXPECT_EQ((*server)->Stats().unauthenticated_calls(), 1);
+  EXPECT_EQ((*server)->Stats().push_requests(), 0);
 }
 
 }  // namespace
