@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -246,6 +247,16 @@ absl::Status RunWorkerHere(const Config& config, const ClusterSpec& spec, const 
   return absl::OkStatus();
 }
 
+// Starts `server` on --bind at the port the cluster spec gives this host's `address` (an IPv6
+// bind address bracketed: ShardServer::ListenAddress).
+absl::Status StartShard(ShardServer* server, const std::string& bind, const std::string& address) {
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster spec: no port in ", address));
+  }
+  return server->Start(ShardServer::ListenAddress(bind, port));
+}
+
 // The end of a host that failed: its shard goes down (bounded), the error is reported.
 int FailHost(ShardServer* server, int me, absl::string_view message) {
   ShutDownShard(server, absl::Seconds(1), me, 1);
@@ -299,14 +310,12 @@ int RunHost(int argc, char** argv) {
   SetStopGrace(f.stop_grace_s);
   StopSignals& signals = InstallStopSignals();
   signals.served = true;
-  const std::string& address = spec->hosts[me];
-  const std::string port = address.substr(address.rfind(':') + 1);
-  if (absl::Status s = server->Start(absl::StrCat(f.bind, ":", port)); !s.ok()) {
+  if (absl::Status s = StartShard(server, f.bind, spec->hosts[me]); !s.ok()) {
     return CommandError(kCommand, s.message(), kExitCannotListen);
   }
   PSTRAIN_LOG(INFO) << "host " << me << "/" << spec->hosts.size() << " (cluster from "
-                    << spec->source << "): shard listening on " << f.bind << ":"
-                    << server->port()
+                    << spec->source << "): shard listening on "
+                    << ShardServer::ListenAddress(f.bind, server->port())
                     << (shard->security.secret.empty() ? " (no cluster secret)" : "") << ", "
                     << shard->rows << " rows, row_dim " << shard->row_dim << ", dense "
                     << shard->dense_size;
