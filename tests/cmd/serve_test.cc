@@ -16,14 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
 #include "common/file.h"
 #include "common/random.h"
 #include "gmock/gmock.h"
@@ -331,20 +329,9 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndTheServerGoesOn) {
   }
   // Bytes that are not a PredictRequest at all.
   {
-    grpc::GenericStub generic(server.channel());
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
     const char junk[] = "\xff\xff\xff\xff\x0f garbage";
-    grpc::Slice slice(junk, sizeof(junk));
-    grpc::ByteBuffer send(&slice, 1), recv;
-    absl::Notification done;
-    grpc::Status status;
-    generic.UnaryCall(&ctx, "/pstrain.Predictor/Predict", grpc::StubOptions(), &send, &recv,
-                      [&](grpc::Status s) {
-                        status = s;
-                        done.Notify();
-                      });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    const grpc::Status status =
+        testing_serving::RawPredict(server.channel(), absl::string_view(junk, sizeof(junk)));
     EXPECT_FALSE(status.ok());
   }
   // An empty request is a valid, empty answer.
