@@ -47,15 +47,6 @@ absl::StatusOr<std::vector<std::string>> HostList(absl::string_view list, absl::
   return hosts;
 }
 
-// JSON is parsed by protobuf's (strict) JSON parser into google.protobuf.Value: one parser for the
-// whole project's JSON-in-the-environment, no hand-written second one.
-absl::StatusOr<Value> ParseJson(const std::string& text, absl::string_view what) {
-  Value v;
-  auto s = google::protobuf::util::JsonStringToMessage(text, &v);
-  if (!s.ok()) return Bad(what, absl::StrCat("valid JSON (", s.message().ToString(), ")"));
-  return v;
-}
-
 absl::StatusOr<std::vector<std::string>> StringList(const Value& v, absl::string_view what) {
   if (v.kind_case() != Value::kListValue || v.list_value().values_size() == 0) {
     return Bad(what, "a non-empty JSON list of strings");
@@ -145,7 +136,7 @@ absl::StatusOr<ClusterSpec> SageMakerSpec(const std::vector<std::string>& names,
 
 absl::StatusOr<ClusterSpec> FromSageMaker(const std::string& hosts, const std::string* current,
                                           int port) {
-  ASSIGN_OR_RETURN(Value v, ParseJson(hosts, "SM_HOSTS"));
+  ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(hosts, "SM_HOSTS"));
   ASSIGN_OR_RETURN(std::vector<std::string> names, StringList(v, "SM_HOSTS"));
   if (current == nullptr) return Bad("SM_CURRENT_HOST", "to be set when SM_HOSTS is");
   return SageMakerSpec(names, *current, "SM_HOSTS", "SM_CURRENT_HOST", port);
@@ -154,7 +145,7 @@ absl::StatusOr<ClusterSpec> FromSageMaker(const std::string& hosts, const std::s
 // resourceconfig.json: {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], ...}.
 absl::StatusOr<ClusterSpec> FromResourceConfig(const std::string& text, int port) {
   const std::string what = kSageMakerResourceConfig;
-  ASSIGN_OR_RETURN(Value v, ParseJson(text, what));
+  ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(text, what));
   if (v.kind_case() != Value::kStructValue) return Bad(what, "a JSON object");
   const auto& f = v.struct_value().fields();
   auto hosts = f.find("hosts");
@@ -171,6 +162,38 @@ absl::StatusOr<ClusterSpec> FromResourceConfig(const std::string& text, int port
 
 }  // namespace
 
+// JSON is parsed by protobuf's (strict) JSON parser into google.protobuf.Value: one parser for the
+// whole project's JSON-in-the-environment, no hand-written second one. Only its depth is checked
+// here first, by a scan that knows strings (brackets inside them do not count) and nothing else.
+absl::StatusOr<Value> ParseEnvironmentJson(const std::string& text,
+                                           absl::string_view what) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, whatever it is
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return Bad(what, absl::StrCat("JSON nested at most ", kMaxJsonDepth,
+                                      " deep (arrays and objects), got deeper at byte ", i));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;  // unbalanced input is the parser's to name
+    }
+  }
+  Value v;
+  auto s = google::protobuf::util::JsonStringToMessage(text, &v);
+  if (!s.ok()) return Bad(what, absl::StrCat("valid JSON (", s.message().ToString(), ")"));
+  return v;
+}
+
 int TfConfig::WorkerIndex() const {
   if (task_type == "chief" || task_type == "master") return 0;
   if (task_type == "worker") return task_index + (has_chief ? 1 : 0);
@@ -178,7 +201,7 @@ int TfConfig::WorkerIndex() const {
 }
 
 absl::StatusOr<TfConfig> ParseTfConfig(const std::string& text) {
-  ASSIGN_OR_RETURN(Value v, ParseJson(text, "TF_CONFIG"));
+  ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(text, "TF_CONFIG"));
   if (v.kind_case() != Value::kStructValue) return Bad("TF_CONFIG", "a JSON object");
   const auto& top = v.struct_value().fields();
   auto cluster = top.find("cluster");

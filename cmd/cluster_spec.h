@@ -5,6 +5,8 @@
 // Pure functions of their arguments (the environment comes in as a map): thread-safe.
 #pragma once
 
+#include <google/protobuf/struct.pb.h>
+
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +31,21 @@ struct ClusterSpec {
   // (the command says so and exits 0, so that a TFJob with an evaluator replica still succeeds).
   bool evaluator = false;
 };
+
+// The deepest nesting of JSON arrays and objects that ParseEnvironmentJson accepts. TF_CONFIG and
+// SageMaker's files nest 3 deep; protobuf's JSON parser takes time quadratic in the depth
+// (20,000 levels took over 20 s, silently), so deeper input is refused before it is parsed. 32:
+// protobuf itself refuses about 50 levels (each is two messages deep in a google.protobuf.Value,
+// against its recursion limit of 100) with a message that names no depth.
+inline constexpr int kMaxJsonDepth = 32;
+
+// JSON from the launcher's environment (TF_CONFIG, SM_HOSTS, SageMaker's JSON files), parsed by
+// protobuf's strict JSON parser into a google.protobuf.Value: one parser for all of it. Nesting
+// deeper than kMaxJsonDepth is refused first by a linear scan (that allocates nothing).
+// INVALID_ARGUMENT "<what>: expected ..." naming the byte offset of the level too deep, or
+// protobuf's reason for malformed JSON.
+absl::StatusOr<google::protobuf::Value> ParseEnvironmentJson(const std::string& text,
+                                                             absl::string_view what);
 
 // TF_CONFIG (Kubeflow's TFJob, SageMaker's TF containers, tf.distribute), as pstrain reads it:
 //   {"cluster": {"chief"|"master": ["h:p"], "worker": [...], "ps": [...]},

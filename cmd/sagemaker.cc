@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <cctype>
 #include <cerrno>
@@ -19,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cmd/cluster_spec.h"
 #include "common/env.h"
 #include "common/file.h"
 #include "common/status.h"
@@ -33,13 +33,6 @@ using google::protobuf::Value;
 
 absl::Status Bad(const std::string& what, const std::string& expected) {
   return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", expected));
-}
-
-absl::StatusOr<Value> ParseJson(const std::string& text, const std::string& what) {
-  Value v;
-  auto s = google::protobuf::util::JsonStringToMessage(text, &v);
-  if (!s.ok()) return Bad(what, absl::StrCat("valid JSON (", s.message().ToString(), ")"));
-  return v;
 }
 
 const char* EnvVar(const char* name) {
@@ -59,7 +52,7 @@ absl::StatusOr<std::optional<std::string>> ReadOptional(const std::string& path)
 // "ShardedByS3Key", "CompressionType": "Gzip", ...}, ...}.
 absl::Status ParseInputDataConfig(const std::string& text, const std::string& what,
                                   SageMakerContract* out) {
-  ASSIGN_OR_RETURN(Value v, ParseJson(text, what));
+  ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(text, what));
   if (v.kind_case() != Value::kStructValue) return Bad(what, "a JSON object of channels");
   for (const auto& [name, channel] : v.struct_value().fields()) {
     if (channel.kind_case() != Value::kStructValue) {
@@ -89,7 +82,7 @@ std::string SageMakerPath(absl::string_view path) {
 
 absl::Status ParseHyperparameters(const std::string& text, const std::string& what,
                                   SageMakerContract* out) {
-  ASSIGN_OR_RETURN(Value v, ParseJson(text, what));
+  ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(text, what));
   if (v.kind_case() != Value::kStructValue) {
     return Bad(what, "a JSON object of string values (SageMaker's hyperparameters)");
   }
@@ -144,11 +137,11 @@ absl::StatusOr<SageMakerContract> ReadSageMakerContract() {
     for (const Value& h : v.list_value().values()) c.hosts.push_back(h.string_value());
   };
   if (const char* sm = EnvVar("SM_HOSTS")) {
-    ASSIGN_OR_RETURN(Value v, ParseJson(sm, "SM_HOSTS"));
+    ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(sm, "SM_HOSTS"));
     if (v.kind_case() != Value::kListValue) return Bad("SM_HOSTS", "a JSON list of host names");
     hosts_from(v);
   } else if (rc.has_value()) {
-    ASSIGN_OR_RETURN(Value v, ParseJson(*rc, resource_config));
+    ASSIGN_OR_RETURN(Value v, ParseEnvironmentJson(*rc, resource_config));
     if (v.kind_case() == Value::kStructValue) {
       auto it = v.struct_value().fields().find("hosts");
       if (it != v.struct_value().fields().end()) hosts_from(it->second);

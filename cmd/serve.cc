@@ -115,12 +115,22 @@ int RunServe(int argc, char** argv) {
   if (absl::Status s = ServerOptionsFromFlags(f, &o); !s.ok()) {
     return CommandError("serve", s.message(), 2);
   }
-  // From here a stop signal stops the server once it serves (one arriving while it starts
-  // waits for that); a second one is ignored: the shutdown has its own bound.
+  // From here a stop signal stops the server: one arriving while it starts ends the first load
+  // (Start returns CANCELLED), one arriving later shuts it down, which cancels a reload in
+  // progress; a second one is ignored: the shutdown has its own bound (the grace, then 200 ms).
+  // Whatever no check can interrupt (a read blocked in the kernel) is bounded by the grace timer:
+  // the process ends kStopSlack after the grace, exit code 124, saying so.
+  constexpr int kStopSlack = 3;
   StopSignals& signals = InstallStopSignals();
   signals.repeat_ends_process = false;
+  SetStopGrace(f.grace_s + kStopSlack);
   signals.served = true;
+  o.stop = &signals.stopped;
   absl::StatusOr<std::unique_ptr<PredictServer>> server = PredictServer::Start(o);
+  if (!server.ok() && absl::IsCancelled(server.status()) && signals.stop.load()) {
+    PSTRAIN_LOG(INFO) << "stopped while loading the model: " << server.status().message();
+    return 0;
+  }
   if (!server.ok()) {
     return CommandError("serve", server.status().ToString(),
                         server.status().code() == absl::StatusCode::kUnavailable ? 1 : 2);

@@ -45,12 +45,15 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadCheckpointModel(const Checkpoi
   // with it as `serve` would (its rows may be quantized).
   if (flags.checkpoint.empty() && !flags.model_dir.empty() &&
       !PathExists(flags.model_dir + "/" + kLatestFileName)) {
-    if (absl::StatusOr<std::string> dir = ResolveExportDir(flags.model_dir); dir.ok()) {
-      ASSIGN_OR_RETURN(std::unique_ptr<ServingModel> model, ReadExport(*dir));
+    if (ResolveExportDir(flags.model_dir).ok()) {
+      // The newest version that reads (one that does not is skipped, and named in the log).
+      ASSIGN_OR_RETURN(std::unique_ptr<ServingModel> model, ReadExportAt(flags.model_dir));
       if (from_config) {
         absl::Status same = CompareModelDescriptions(model->description(), *from_config,
                                                      "the export", "the config");
-        if (!same.ok()) return Annotate(same, *dir + " was exported from another model");
+        if (!same.ok()) {
+          return Annotate(same, model->origin().path + " was exported from another model");
+        }
       }
       return model;
     }

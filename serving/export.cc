@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
 #include "common/file.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -223,9 +224,17 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
   return info;
 }
 
-absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
+                                                         const ReadExportOptions& options) {
   const std::string path = dir + "/" + kExportFileName;
+  // BlockReader opens it with OpenRegularFile: a FIFO or a device is refused, never waited on.
   ASSIGN_OR_RETURN(auto r, BlockReader::Open(path));
+  auto cancelled = [&] {
+    return options.cancel != nullptr && options.cancel->HasBeenNotified();
+  };
+  const auto stopped = [&] {
+    return absl::CancelledError(absl::StrCat(path, ": reading stopped (the reader is stopping)"));
+  };
   Block b;
   ASSIGN_OR_RETURN(bool got, r->Next(&b));
   ExportHeader header;
@@ -258,6 +267,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir)
                                       m->row_dim(), ", dense ", m->dense_size()));
   }
 
+  if (cancelled()) return stopped();
   ASSIGN_OR_RETURN(got, r->Next(&b));
   if (!got || b.tag != kExportDenseTag) {
     return absl::DataLossError(absl::StrCat(path, ": expected the '", kExportDenseTag,
@@ -275,6 +285,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir)
   std::vector<float> decoded;
   std::vector<int64_t> ids;
   while (true) {
+    if (cancelled()) return stopped();
     ASSIGN_OR_RETURN(got, r->Next(&b));
     if (!got) break;
     if (b.tag != kExportRowsTag) continue;  // a block kind this reader does not know
@@ -337,6 +348,48 @@ absl::StatusOr<std::string> ResolveExportDir(const std::string& path, Env* env) 
                                      : " does not exist"));
   }
   return absl::StrCat(path, "/", versions.front());
+}
+
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadNewestExport(const std::string& base,
+                                                               int64_t newer_than,
+                                                               const ReadExportOptions& options,
+                                                               const ExportReader& read) {
+  constexpr int kMaxNamed = 4;  // versions named in the error when none reads
+  absl::Status first;
+  std::string tried;
+  int failed = 0;
+  for (int64_t v : ListExportVersions(base)) {
+    if (v <= newer_than) break;  // newest first
+    if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
+      return absl::CancelledError(absl::StrCat("loading ", base, ": stopped"));
+    }
+    const std::string dir = absl::StrCat(base, "/", v);
+    absl::StatusOr<std::unique_ptr<ServingModel>> m = read ? read(dir, options)
+                                                           : ReadExport(dir, options);
+    if (m.ok()) return m;
+    if (absl::IsCancelled(m.status())) return m.status();
+    PSTRAIN_LOG(ERROR) << "skipping export version " << dir << ": " << m.status().message();
+    if (failed == 0) first = m.status();
+    if (failed < kMaxNamed) absl::StrAppend(&tried, failed > 0 ? "; " : "", m.status().message());
+    ++failed;
+  }
+  if (failed == 0) return std::unique_ptr<ServingModel>();
+  if (failed > kMaxNamed) absl::StrAppend(&tried, "; and ", failed - kMaxNamed, " more");
+  return absl::Status(first.code(),
+                      absl::StrCat("no version of ", base,
+                                   newer_than >= 0 ? absl::StrCat(" newer than ", newer_than) : "",
+                                   " reads (", failed, " tried): ", tried));
+}
+
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadExportAt(const std::string& path,
+                                                           const ReadExportOptions& options,
+                                                           Env* env) {
+  if (PathExists(path + "/" + kExportFileName)) return ReadExport(path, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<ServingModel> m, ReadNewestExport(path, -1, options));
+  if (m != nullptr) return m;
+  absl::StatusOr<std::string> none = ResolveExportDir(path, env);  // its NOT_FOUND message
+  if (!none.ok()) return none.status();
+  return absl::NotFoundError(absl::StrCat(path, ": its versions changed while read; try again"));
 }
 
 }  // namespace pstrain

@@ -28,12 +28,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "common/env.h"
 #include "serving/serving_model.h"
 
@@ -78,11 +80,21 @@ struct ExportInfo {
 absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::string& base,
                                        const ExportOptions& options);
 
+struct ReadExportOptions {
+  // Checked before every block: once it is notified, the read stops with CANCELLED (a server
+  // that stops while it loads a version). May be null.
+  const absl::Notification* cancel = nullptr;
+};
+
 // Reads the export in the version directory `dir` (<dir>/MODEL), verifying every checksum, the
 // format version, the header against the blocks (row and dense counts, encodings, ids ascending
-// and inside the table). DATA_LOSS naming the file, block and offset for a damaged file;
+// and inside the table). MODEL must be a regular file (or a symlink to one: the export directory
+// is trusted, docs/SERVING.md "Security"); a FIFO, a device or a directory is refused before a
+// byte is read (common/file.h OpenRegularFile: FAILED_PRECONDITION naming it), so that no reader
+// blocks on it. DATA_LOSS naming the file, block and offset for a damaged file;
 // FAILED_PRECONDITION for a newer format version.
-absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir);
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
+                                                         const ReadExportOptions& options = {});
 
 // The versions under `base`: subdirectories named by a decimal number (no sign, no leading zero)
 // that hold a MODEL file; newest (largest) first. Empty when there is none or base is missing.
@@ -92,5 +104,26 @@ std::vector<int64_t> ListExportVersions(const std::string& base);
 // newest version. NOT_FOUND naming path when there is neither (`env` tells a missing path from a
 // directory without an export in the message).
 absl::StatusOr<std::string> ResolveExportDir(const std::string& path, Env* env = Env::Default());
+
+// How a reader of a base directory reads one version (ReadExport, or a test's fake).
+using ExportReader = std::function<absl::StatusOr<std::unique_ptr<ServingModel>>(
+    const std::string& dir, const ReadExportOptions& options)>;
+
+// The newest version under `base` newer than `newer_than` that reads: the versions
+// (ListExportVersions) are tried newest first with `read` (empty: ReadExport), and one that does
+// not read (damaged, of a newer format, a MODEL that is a FIFO or a device) is skipped with an
+// ERROR log line naming its directory and why. Null when `base` holds no version newer than
+// `newer_than`. When every such version fails: the newest one's error, its message naming each
+// version tried and why it failed. CANCELLED at once when options.cancel is notified.
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadNewestExport(
+    const std::string& base, int64_t newer_than, const ReadExportOptions& options = {},
+    const ExportReader& read = nullptr);
+
+// What a reader of `path` serves: the export in `path` itself when it holds MODEL (ReadExport);
+// else the newest version of the base directory `path` that reads (ReadNewestExport, skipping
+// the versions that do not). NOT_FOUND as ResolveExportDir when there is no export at all.
+absl::StatusOr<std::unique_ptr<ServingModel>> ReadExportAt(const std::string& path,
+                                                           const ReadExportOptions& options = {},
+                                                           Env* env = Env::Default());
 
 }  // namespace pstrain

@@ -1,5 +1,7 @@
 #include "serving/request_rows.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -141,8 +143,22 @@ absl::Status ParseExamples(const PredictRequest& req, const FeatureSpec& spec, R
 
 }  // namespace
 
+absl::Status CheckRequestFields(const PredictRequest& request) {
+  if (PredictRequest::RowFormat_IsValid(request.row_format())) return absl::OkStatus();
+  // The valid values from the schema itself, so that a new one is named without an edit here.
+  const google::protobuf::EnumDescriptor* e = PredictRequest::RowFormat_descriptor();
+  std::string valid;
+  for (int i = 0; i < e->value_count(); ++i) {
+    absl::StrAppend(&valid, i == 0 ? "" : i + 1 == e->value_count() ? " or " : ", ",
+                    e->value(i)->name(), " (", e->value(i)->number(), ")");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("row_format ", static_cast<int>(request.row_format()), ": expected ", valid));
+}
+
 absl::Status ParseRequestRows(const PredictRequest& request, const FeatureSpec& spec,
                               RawRows* rows) {
+  if (absl::Status s = CheckRequestFields(request); !s.ok()) return s;
   if (request.rows_size() > 0 && request.examples_size() > 0) {
     return absl::InvalidArgumentError(
         "a request carries rows or examples, not both (split it in two)");

@@ -15,8 +15,14 @@
 
 namespace pstrain {
 
+// The request's own fields, whatever its rows: an enum value this server does not know (a
+// newer client's, or garbage: proto3 keeps unknown enum values as numbers) is INVALID_ARGUMENT
+// naming the field and the values it takes, e.g. "row_format 7: expected TSV (0) or CSV (1)".
+absl::Status CheckRequestFields(const PredictRequest& request);
+
 // Appends the request's rows (or examples) to *rows (rows->num_fields must be spec's, or rows
-// empty). INVALID_ARGUMENT as above; also when the request carries both rows and examples.
+// empty). INVALID_ARGUMENT as above; also when the request carries both rows and examples, and
+// for CheckRequestFields' errors.
 absl::Status ParseRequestRows(const PredictRequest& request, const FeatureSpec& spec,
                               RawRows* rows);
 

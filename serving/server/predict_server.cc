@@ -13,6 +13,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/logging.h"
 #include "common/rpc/callback_queue.h"
 #include "common/rpc/grpc_status.h"
@@ -40,20 +41,37 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
-class PredictorService final : public Predictor::CallbackService {
+// Predict is registered raw (its request and response as bytes): a request that does not parse
+// gets the server's own INVALID_ARGUMENT, not gRPC's bare UNIMPLEMENTED.
+using PredictorBase = Predictor::WithRawCallbackMethod_Predict<
+    Predictor::WithCallbackMethod_GetModelInfo<Predictor::WithCallbackMethod_Reload<
+        Predictor::Service>>>;
+
+// One Predict call's messages, alive until its answer is serialized (the scoring threads write
+// the probabilities into `response`).
+struct PredictCall {
+  PredictRequest request;
+  PredictResponse response;
+};
+
+class PredictorService final : public PredictorBase {
  public:
   explicit PredictorService(PredictServer* server) : server_(server) {}
 
   grpc::ServerUnaryReactor* Predict(grpc::CallbackServerContext* ctx,
-                                    const PredictRequest* request,
-                                    PredictResponse* response) override {
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    absl::Status s = Accept(*request, response, reactor);
+    auto call = std::make_shared<PredictCall>();
+    absl::Status s = ParsePredictRequest(*request, &call->request);
+    if (s.ok()) s = Accept(call, response, reactor);
     if (!s.ok()) {
-      absl::MutexLock l(&server_->mu_);
-      ++server_->stats_.rejected;
+      {
+        absl::MutexLock l(&server_->mu_);
+        ++server_->stats_.rejected;
+      }
+      reactor->Finish(ToGrpcStatus(s));
     }
-    if (!s.ok()) reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
 
@@ -107,8 +125,27 @@ class PredictorService final : public Predictor::CallbackService {
   }
 
  private:
-  absl::Status Accept(const PredictRequest& request, PredictResponse* response,
+  static absl::Status ParsePredictRequest(const grpc::ByteBuffer& bytes, PredictRequest* out) {
+    grpc::ByteBuffer copy(bytes);  // shares the slices; Deserialize consumes its argument
+    const grpc::Status s = grpc::SerializationTraits<PredictRequest>::Deserialize(&copy, out);
+    if (s.ok()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request (", bytes.Length(), " bytes) is not a pstrain.PredictRequest "
+        "(proto/pstrain/serving.proto): its bytes do not parse as that message",
+        s.error_message().empty() ? "" : absl::StrCat(" (", s.error_message(), ")")));
+  }
+
+  // Serializes the answer into the call's raw response and finishes the call.
+  static void Answer(const PredictCall& call, grpc::ByteBuffer* out,
+                     grpc::ServerUnaryReactor* reactor) {
+    bool own = false;
+    reactor->Finish(grpc::SerializationTraits<PredictResponse>::Serialize(call.response, out, &own));
+  }
+
+  absl::Status Accept(const std::shared_ptr<PredictCall>& call, grpc::ByteBuffer* out,
                       grpc::ServerUnaryReactor* reactor) {
+    const PredictRequest& request = call->request;
+    PredictResponse* response = &call->response;
     const int64_t n = static_cast<int64_t>(request.rows_size()) + request.examples_size();
     if (n > server_->opt_.max_request_rows) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -122,8 +159,9 @@ class PredictorService final : public Predictor::CallbackService {
       model = server_->model_;
     }
     response->set_model_version(model->origin().version);
+    RETURN_IF_ERROR(CheckRequestFields(request));
     if (n == 0) {
-      reactor->Finish(grpc::Status::OK);
+      Answer(*call, out, reactor);
       return absl::OkStatus();
     }
     RawRows raw;
@@ -140,11 +178,13 @@ class PredictorService final : public Predictor::CallbackService {
     }
     PredictServer* server = server_;
     Env* env = server->opt_.batching.env;
-    job->done = [reactor, server, env, start = env->MonotonicNow()](absl::Status s) {
+    job->done = [reactor, server, env, call, out, start = env->MonotonicNow()](absl::Status s) {
       if (s.ok()) {
         server->metrics_->ObservePredict(absl::ToDoubleSeconds(env->MonotonicNow() - start));
+        Answer(*call, out, reactor);
+      } else {
+        reactor->Finish(ToGrpcStatus(s));
       }
-      reactor->Finish(ToGrpcStatus(s));
       absl::MutexLock l(&server->mu_);
       --server->in_flight_;
     };
@@ -172,11 +212,19 @@ absl::StatusOr<std::unique_ptr<PredictServer>> PredictServer::Start(Options opti
     return absl::InvalidArgumentError("max_request_rows must be >= 1");
   }
   std::unique_ptr<PredictServer> s(new PredictServer(std::move(options)));
-  ASSIGN_OR_RETURN(const std::string dir,
-                   ResolveExportDir(s->opt_.model_path, s->opt_.batching.env));
-  s->versioned_ = dir != s->opt_.model_path;
-  absl::StatusOr<std::unique_ptr<ServingModel>> model = ReadExport(dir);
-  if (!model.ok()) return Annotate(model.status(), "loading " + dir);
+  const std::string& path = s->opt_.model_path;
+  ReadExportOptions ro;
+  ro.cancel = s->opt_.stop;
+  // One version directory, or the newest version of a base directory that reads.
+  s->versioned_ = !PathExists(path + "/" + kExportFileName);
+  absl::StatusOr<std::unique_ptr<ServingModel>> model =
+      !s->versioned_ ? (s->opt_.read_export ? s->opt_.read_export(path, ro) : ReadExport(path, ro))
+                     : ReadNewestExport(path, -1, ro, s->opt_.read_export);
+  if (!model.ok()) return Annotate(model.status(), "loading " + path);
+  if (*model == nullptr) {
+    RETURN_IF_ERROR(ResolveExportDir(path, s->opt_.batching.env).status());
+    return absl::NotFoundError(absl::StrCat(path, ": its versions changed while read; try again"));
+  }
   s->model_ = std::shared_ptr<const ServingModel>(*std::move(model));
   ASSIGN_OR_RETURN(s->batcher_, Batcher::Create(s->opt_.batching));
   s->metrics_ = std::make_unique<ServeMetrics>([p = s.get()] {
@@ -254,24 +302,28 @@ PredictServer::Stats PredictServer::stats() const {
 absl::StatusOr<bool> PredictServer::LoadNewest() {
   absl::MutexLock load(&load_mu_);
   if (!versioned_) return false;
-  const std::vector<int64_t> versions = ListExportVersions(opt_.model_path);
   const int64_t current = model()->origin().version;
-  if (versions.empty() || versions.front() <= current) return false;
-  const std::string dir = absl::StrCat(opt_.model_path, "/", versions.front());
-  absl::StatusOr<std::unique_ptr<ServingModel>> loaded = ReadExport(dir);
+  ReadExportOptions ro;
+  ro.cancel = &cancel_loads_;
+  // Newest first; a version that does not read is skipped (and logged, naming it).
+  absl::StatusOr<std::unique_ptr<ServingModel>> loaded =
+      ReadNewestExport(opt_.model_path, current, ro, opt_.read_export);
   if (!loaded.ok()) {
-    PSTRAIN_LOG(ERROR) << "not serving " << dir << ": " << loaded.status().message()
-                       << "; still serving version " << current;
-    return Annotate(loaded.status(), absl::StrCat("loading ", dir, " (still serving version ",
-                                                  current, ")"));
+    if (!absl::IsCancelled(loaded.status())) {
+      PSTRAIN_LOG(ERROR) << "still serving version " << current << ": "
+                         << loaded.status().message();
+    }
+    return Annotate(loaded.status(), absl::StrCat("still serving version ", current));
   }
+  if (*loaded == nullptr) return false;
   std::shared_ptr<const ServingModel> next(*std::move(loaded));
+  const std::string dir = next->origin().path;
   {
     absl::MutexLock l(&mu_);
     model_ = std::move(next);
     ++stats_.reloads;
   }
-  PSTRAIN_LOG(INFO) << "serving version " << versions.front() << " (was " << current << ")";
+  PSTRAIN_LOG(INFO) << "serving " << dir << " (was version " << current << ")";
   return true;
 }
 
@@ -336,6 +388,7 @@ void PredictServer::WatchLoop() {
 
 void PredictServer::Shutdown(absl::Duration grace) {
   if (shut_down_.exchange(true)) return;
+  cancel_loads_.Notify();  // a reload in progress gives up: it must not hold the stop up
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;

@@ -13,8 +13,18 @@
 // is loaded by a loader thread when the directory changes (inotify: a version appears by the
 // rename WriteExport ends with) or when Reload is called, verified completely, and swapped in
 // atomically: requests already accepted are scored by the model they were parsed for, new ones by
-// the new model, and none is dropped. A version that fails to load (corrupt, another format) is
-// logged and skipped: the server keeps serving what it has.
+// the new model, and none is dropped. A version that fails to load (corrupt, another format, a
+// MODEL that is a FIFO or a device: never opened for reading, so never waited on) is logged,
+// naming it, and skipped: the newest version that loads is served (at the start too), and the
+// server keeps serving what it has when none newer loads.
+//
+// Stopping: Shutdown cancels a load in progress (checked between the export's blocks), so that a
+// stop is never held up by a reload; the process bounds what no check can interrupt (a read
+// blocked in the kernel) with its stop signal's grace timer (cmd/serve.cc).
+//
+// A request that is not a PredictRequest at all is answered INVALID_ARGUMENT saying so (the method
+// is registered raw, so that the parse is the server's own and not gRPC's, which answers a bad
+// message UNIMPLEMENTED with no detail).
 //
 // Security: binds loopback unless told otherwise; Reload changes what is served, so it needs the
 // admin token (metadata "authorization: Bearer <token>", compared in constant time) and is refused
@@ -36,8 +46,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "serving/server/batcher.h"
+#include "serving/export.h"
 #include "serving/server/serve_metrics.h"
 #include "serving/serving_model.h"
 
@@ -58,6 +70,11 @@ class PredictServer {
     int max_request_rows = 4096;  // rows (or examples) one request may carry
     bool watch = true;            // reload when a newer version appears under model_path
     std::string admin_token;      // "" = Reload is refused
+    // The process's stop (may be null): once notified, the first load, inside Start, gives up
+    // (Start returns CANCELLED), so that a stop signal during a long start is not held up.
+    const absl::Notification* stop = nullptr;
+    // How a version directory is read (empty: ReadExport). Tests fake a slow or failing load.
+    ExportReader read_export;
   };
   struct Stats {
     int64_t requests = 0;  // Predict calls accepted
@@ -76,14 +93,17 @@ class PredictServer {
   int port() const { return port_; }
   // The model served now.
   std::shared_ptr<const ServingModel> model() const;
-  // Loads the newest version if it is newer than the one served (on the calling thread; the
-  // loader thread and Reload never load two at a time). Returns whether the model changed; an
-  // error when the newest version does not load (the served model stays).
+  // Loads the newest version that reads if it is newer than the one served (on the calling
+  // thread; the loader thread and Reload never load two at a time), skipping newer ones that do
+  // not read (each logged). Returns whether the model changed; an error naming the versions tried
+  // when versions newer than the one served exist but none reads (the served model stays);
+  // CANCELLED when Shutdown stopped it.
   absl::StatusOr<bool> LoadNewest();
   // Stops in order: marks the health NOT_SERVING and answers new Predict calls UNAVAILABLE (a
   // client retries elsewhere); waits until every accepted request is answered (at most
   // `grace`); then stops gRPC within 200 ms more (a call that reaches it in that last instant is
-  // CANCELLED by gRPC itself; idle client connections are closed), and every thread. Idempotent.
+  // CANCELLED by gRPC itself; idle client connections are closed), and every thread. A load in
+  // progress is cancelled first (its Reload call gets CANCELLED). Idempotent.
   void Shutdown(absl::Duration grace);
   Stats stats() const;
 
@@ -113,6 +133,7 @@ class PredictServer {
   absl::CondVar load_cv_;
 
   absl::Mutex load_mu_;  // held while a version loads: one at a time
+  absl::Notification cancel_loads_;  // notified by Shutdown: a load in progress gives up
   std::thread loader_;
   std::thread watcher_;
   int watch_fd_ = -1;  // inotify

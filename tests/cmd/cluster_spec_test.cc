@@ -237,5 +237,37 @@ TEST(ClusterSpecTest, OpenMpi) {
               HasSubstr("OMPI_COMM_WORLD_RANK"));
 }
 
+// TF_CONFIG nested 20,000 deep took protobuf's JSON parser over 20 s (time quadratic in the
+// depth) and said nothing: nesting past kMaxJsonDepth is refused at once, naming the limit, for
+// every JSON of the environment. That the call returns at all is part of the test (the CTest
+// timeout bounds it); at the limit, and with brackets inside strings, it still parses.
+TEST(ClusterSpecTest, DeepJsonNestingIsRefusedBeforeParsing) {
+  const std::string head =
+      R"({"cluster": {"ps": ["a:1"], "worker": ["a:1"]}, "task": {"type": "worker", )"
+      R"("index": 0}, "environment": )";
+  auto nested = [&](int levels) {  // the object is level 1; "environment" opens the rest
+    return head + std::string(levels - 1, '[') + std::string(levels - 1, ']') + "}";
+  };
+  absl::StatusOr<TfConfig> deep = ParseTfConfig(nested(20000));
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(deep.status().message()),
+              HasSubstr("TF_CONFIG: expected JSON nested at most 32 deep (arrays and objects), "
+                        "got deeper at byte"));
+  EXPECT_FALSE(ParseTfConfig(nested(kMaxJsonDepth + 1)).ok());
+  absl::StatusOr<TfConfig> at_limit = ParseTfConfig(nested(kMaxJsonDepth));
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_EQ(at_limit->task_type, "worker");
+  // Brackets and escaped quotes inside a string are text, not nesting.
+  absl::StatusOr<TfConfig> text = ParseTfConfig(
+      head + "\"" + std::string(1000, '[') + "\\\"{{" + std::string(1000, '{') + "\"}");
+  EXPECT_TRUE(text.ok()) << text.status();
+  // SageMaker's JSON goes through the same parser.
+  absl::StatusOr<ClusterSpec> sm = ResolveClusterSpec(
+      "", -1, {{"SM_HOSTS", std::string(20000, '[') + std::string(20000, ']')},
+               {"SM_CURRENT_HOST", "algo-1"}});
+  EXPECT_THAT(std::string(sm.status().message()),
+              HasSubstr("SM_HOSTS: expected JSON nested at most 32 deep"));
+}
+
 }  // namespace
 }  // namespace pstrain

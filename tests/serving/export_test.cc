@@ -197,6 +197,55 @@ TEST(Export, VersionsAreListedAndNeverOverwritten) {
   std::system(("rm -rf " + base).c_str());
 }
 
+// A MODEL that is a FIFO (or a device) is refused without a byte read: a reader that opened it
+// would block for ever. Readers of a base directory skip such a version, and a damaged one, for
+// the newest version that reads (predict's ReadExportAt, serve's ReadNewestExport), naming each.
+TEST(Export, AVersionThatDoesNotReadIsSkippedForTheNewestThatDoes) {
+  const std::string base = FreshDir("export_skip");
+  auto model = SmallModel(SmallDescription(), 3);
+  ExportOptions o;
+  o.version = 4;
+  ASSERT_TRUE(WriteExport(*model, base, o).ok());
+  ASSERT_TRUE(MakeDirs(base + "/9").ok());
+  ASSERT_EQ(::mkfifo((base + "/9/MODEL").c_str(), 0600), 0);
+  ASSERT_TRUE(MakeDirs(base + "/6").ok());
+  ASSERT_TRUE(WriteFileAtomic(base + "/6/MODEL", "PSTRNCKP not a model").ok());
+  ASSERT_TRUE(MakeDirs(base + "/8").ok());
+  ASSERT_EQ(::symlink("/dev/zero", (base + "/8/MODEL").c_str()), 0);
+  EXPECT_EQ(ListExportVersions(base), (std::vector<int64_t>{9, 8, 6, 4}));
+
+  auto fifo = ReadExport(base + "/9");
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(fifo.status().message().find("open " + base + "/9/MODEL: not a regular file (a FIFO)"),
+            absl::string_view::npos)
+      << fifo.status();
+  auto device = ReadExport(base + "/8");
+  EXPECT_NE(device.status().message().find("not a regular file (a character device)"),
+            absl::string_view::npos)
+      << device.status();
+
+  auto newest = ReadExportAt(base);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ((*newest)->origin().path, base + "/4");
+  auto newer = ReadNewestExport(base, 4);
+  ASSERT_FALSE(newer.ok());
+  for (const char* v : {"/9/MODEL", "/8/MODEL", "/6/MODEL"}) {
+    EXPECT_NE(newer.status().message().find(base + v), absl::string_view::npos) << v;
+  }
+  EXPECT_NE(newer.status().message().find("newer than 4 reads (3 tried)"), absl::string_view::npos)
+      << newer.status();
+  auto none = ReadNewestExport(base, 9);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  absl::Notification stop;
+  stop.Notify();
+  ReadExportOptions cancelled;
+  cancelled.cancel = &stop;
+  EXPECT_EQ(ReadExport(base + "/4", cancelled).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ReadExportAt(base, cancelled).status().code(), absl::StatusCode::kCancelled);
+  std::system(("rm -rf " + base).c_str());
+}
+
 // Every damaged or inconsistent file is refused with the file (and block) named, never a crash.
 TEST(Export, DamagedOrInconsistentFilesAreRefused) {
   const std::string base = FreshDir("export_bad");

@@ -202,5 +202,24 @@ TEST(RequestRows, BadValuesNameTheRowAndField) {
   }
 }
 
+// proto3 keeps an enum value it does not know as its number: row_format 7 was read as TSV. It is
+// refused naming the field and the values it takes, for rows and examples alike.
+TEST(RequestRows, AnUnknownRowFormatIsRefusedNamingTheValidOnes) {
+  const FeatureSpec spec = CriteoSpec();
+  PredictRequest request;
+  request.add_rows(CriteoLine(1).substr(CriteoLine(1).find('\t') + 1));
+  ASSERT_TRUE(CheckRequestFields(request).ok());
+  request.set_row_format(static_cast<PredictRequest::RowFormat>(7));
+  RawRows rows;
+  absl::Status s = ParseRequestRows(request, spec, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "row_format 7: expected TSV (0) or CSV (1)");
+  request.set_row_format(static_cast<PredictRequest::RowFormat>(-2));
+  request.clear_rows();
+  request.add_examples();
+  EXPECT_EQ(ParseRequestRows(request, spec, &rows).message(),
+            "row_format -2: expected TSV (0) or CSV (1)");
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -22,13 +22,33 @@ inline const char* FindComma(const char* p, const char* end) {
 
 }  // namespace
 
+int CountCsvColumns(absl::string_view line, int max_columns) {
+  int columns = 1;
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') {
+      quoted = !quoted;  // "" inside a quoted field toggles twice
+    } else if (c == ',' && !quoted && ++columns > max_columns) {
+      break;
+    }
+  }
+  return columns;
+}
+
 absl::Status SplitCsvLine(absl::string_view line, std::vector<absl::string_view>* fields,
-                          std::string* storage) {
+                          std::string* storage, int max_fields) {
   fields->clear();
   storage->clear();
   storage->reserve(line.size());  // views into it stay valid: it never grows past this
   size_t i = 0;
   while (true) {
+    if (static_cast<int>(fields->size()) >= max_fields) {
+      return absl::InvalidArgumentError(
+          max_fields == kMaxCsvColumns
+              ? absl::StrCat("more than ", max_fields, " columns, the most a CSV line may have")
+              : absl::StrCat("found more than ", max_fields, " columns, expected ", max_fields,
+                             " as in the header"));
+    }
     if (i < line.size() && line[i] == '"') {
       // A quoted field: up to the closing quote; "" is one quote.
       const size_t start = storage->size();
@@ -81,9 +101,8 @@ namespace {
 
 class CsvParser : public RowParser {
  public:
-  CsvParser(const FeatureSpec& spec, std::vector<int> column_target,
-            std::vector<std::string> column_name)
-      : RowParser(spec), target_(std::move(column_target)), name_(std::move(column_name)) {}
+  CsvParser(const FeatureSpec& spec, std::vector<int> column_target)
+      : RowParser(spec), target_(std::move(column_target)) {}
 
  private:
   absl::Status ParseOne(const RecordRef& rec, RawRows* rows) override {
@@ -94,7 +113,9 @@ class CsvParser : public RowParser {
     const bool quoted = std::memchr(begin, '"', rec.data.size()) != nullptr;
     int found = 1;
     if (quoted) {
-      if (absl::Status s = SplitCsvLine(rec.data, &fields_, &unquoted_); !s.ok()) {
+      // At most one field more than the header's is stored: a line of a million quoted fields
+      // is refused without a million views.
+      if (absl::Status s = SplitCsvLine(rec.data, &fields_, &unquoted_, columns); !s.ok()) {
         return BadRecord(rec, CSV, std::string(s.message()));
       }
       found = static_cast<int>(fields_.size());
@@ -123,7 +144,7 @@ class CsvParser : public RowParser {
       if (t == kLabel) {
         if (!ParseLabel(text.data(), comma, &rows->labels[row])) {
           rows->PopRow();
-          return BadRecord(rec, CSV, absl::StrCat("column ", c + 1, " (", name_[c],
+          return BadRecord(rec, CSV, absl::StrCat("column ", c + 1, " (", spec_.label_name(),
                                                   "): bad label ", Quote(text),
                                                   ": expected 0, 1 or a number in [0, 1]"));
         }
@@ -136,7 +157,7 @@ class CsvParser : public RowParser {
         rows->value[i] = 1.0;
       } else if (!ParseNumber(text.data(), comma, &rows->value[i])) {
         rows->PopRow();
-        return BadRecord(rec, CSV, absl::StrCat("column ", c + 1, " (", name_[c],
+        return BadRecord(rec, CSV, absl::StrCat("column ", c + 1, " (", spec_.field(t).name,
                                                 "): bad number ", Quote(text),
                                                 ": expected an integer, a decimal number or empty"));
       }
@@ -145,8 +166,9 @@ class CsvParser : public RowParser {
     return absl::OkStatus();
   }
 
-  const std::vector<int> target_;  // per column: field index, kLabel or kIgnored
-  const std::vector<std::string> name_;
+  // Per column: field index, kLabel or kIgnored (a column's name, in messages, is its field's:
+  // the header matched them by name). The only memory a parser holds per column.
+  const std::vector<int> target_;
   std::vector<absl::string_view> fields_;  // a quoted line's fields (views into unquoted_)
   std::string unquoted_;
 };
@@ -155,22 +177,27 @@ class CsvParser : public RowParser {
 
 absl::StatusOr<std::unique_ptr<RecordParser>> NewCsvParser(const FeatureSpec& spec,
                                                            absl::string_view header) {
+  // The column count first, without allocating: every column costs the parser memory.
+  if (CountCsvColumns(header) > kMaxCsvColumns) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CSV header (line 1, ", header.size(), " bytes): more than ", kMaxCsvColumns,
+        " columns, the most a CSV file may have (docs/FORMATS.md)"));
+  }
   std::vector<absl::string_view> split;
   std::string storage;
   if (absl::Status s = SplitCsvLine(header, &split, &storage); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("CSV header ", Quote(header), ": ", s.message()));
   }
-  std::vector<std::string> names;
-  for (absl::string_view n : split) names.emplace_back(absl::StripAsciiWhitespace(n));
-  std::vector<int> target(names.size(), kIgnored);
+  std::vector<int> target(split.size(), kIgnored);
   std::vector<int> column_of_field(spec.num_fields(), -1);
   int label_column = -1;
-  for (size_t c = 0; c < names.size(); ++c) {
-    int t = names[c] == spec.label_name() ? kLabel : spec.FieldIndex(names[c]);
+  for (size_t c = 0; c < split.size(); ++c) {
+    const absl::string_view name = absl::StripAsciiWhitespace(split[c]);
+    int t = name == spec.label_name() ? kLabel : spec.FieldIndex(std::string(name));
     if (t == kIgnored) continue;
     int* seen = t == kLabel ? &label_column : &column_of_field[t];
     if (*seen >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("CSV header: column '", names[c],
+      return absl::InvalidArgumentError(absl::StrCat("CSV header: column '", name,
                                                      "' appears twice (columns ", *seen + 1,
                                                      " and ", c + 1, ")"));
     }
@@ -189,7 +216,7 @@ absl::StatusOr<std::unique_ptr<RecordParser>> NewCsvParser(const FeatureSpec& sp
                                                      Quote(header), ")"));
     }
   }
-  return std::unique_ptr<RecordParser>(new CsvParser(spec, std::move(target), std::move(names)));
+  return std::unique_ptr<RecordParser>(new CsvParser(spec, std::move(target)));
 }
 
 absl::StatusOr<std::unique_ptr<RecordWriter>> NewCsvWriter(const FeatureSpec& spec,

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/data/formats/csv.h"
 
 namespace pstrain {
 
@@ -23,6 +24,12 @@ absl::StatusOr<std::unique_ptr<RecordSource>> LineSource::Open(DataFormat format
     RETURN_IF_ERROR(src->NextLine(&line, &eof));
     // Spreadsheet exports often start with a UTF-8 byte order mark.
     if (absl::StartsWith(line, "\xEF\xBB\xBF")) line.remove_prefix(3);
+    // Every column costs each parser memory: refuse a header of too many before anyone keeps it.
+    if (CountCsvColumns(line) > kMaxCsvColumns) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": line 1 (the CSV header, ", line.size(), " bytes) has more than ",
+          kMaxCsvColumns, " columns, the most a CSV file may have (docs/FORMATS.md)"));
+    }
     src->header_ = std::string(line);
     src->header_end_ = src->reader_->offset();
   }

@@ -115,5 +115,52 @@ TEST(Csv, WriterHeaderAndRows) {
   EXPECT_EQ(testing_util::ReadAll(dir.File("w.csv")), "label,num,cat\n0.5,1e-07,\n1,,00000abc\n");
 }
 
+// A header is bounded in bytes by max_record_bytes, but every column cost the parser far more
+// than its byte (a 16M-column header took `train` to 1.66 GB): the column count is checked first,
+// with an error naming the file, the line and the limit, by the source and by the parser.
+TEST(Csv, AHeaderOfTooManyColumnsIsRefusedNamingTheFileLineAndLimit) {
+  TempDir dir;
+  const FeatureSpec spec = SmallSpec();
+  const std::string huge = "label,num,cat" + std::string(4 << 20, ',');  // 4M empty columns
+  const std::string path = dir.Write("wide.csv", huge + "\n1,2,ab\n");
+  absl::StatusOr<std::unique_ptr<RecordSource>> src =
+      OpenRecordSource(CSV, path, RecordSourceOptions{});
+  ASSERT_FALSE(src.ok());
+  EXPECT_EQ(src.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(src.status().message()),
+              HasSubstr(absl::StrCat(path, ": line 1 (the CSV header, ", huge.size(),
+                                     " bytes) has more than 65536 columns")));
+  // The parser refuses it by itself too (a header that reaches it another way).
+  auto p = CreateRecordParser(CSV, spec, huge);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("CSV header (line 1, 4194317 bytes): more than 65536 columns"));
+  // At the limit it reads; one column more does not.
+  const std::string widest = "label,num,cat" + std::string(kMaxCsvColumns - 3, ',');
+  EXPECT_EQ(CountCsvColumns(widest), kMaxCsvColumns);
+  EXPECT_TRUE(CreateRecordParser(CSV, spec, widest).ok());
+  EXPECT_FALSE(CreateRecordParser(CSV, spec, widest + ",").ok());
+  EXPECT_TRUE(OpenRecordSource(CSV, dir.Write("widest.csv", widest + "\n"), RecordSourceOptions{})
+                  .ok());
+}
+
+// Columns are counted outside quotes, no further than the limit; a data line of a million quoted
+// fields is refused after one more field than the header's, not split whole.
+TEST(Csv, ColumnsAreCountedWithoutAllocating) {
+  EXPECT_EQ(CountCsvColumns(R"(a,"b,c","say ""hi""",,"")"), 5);
+  EXPECT_EQ(CountCsvColumns(""), 1);
+  EXPECT_EQ(CountCsvColumns(std::string(100, ','), 10), 11);
+  TempDir dir;
+  std::string wide;
+  for (int i = 0; i < 1000000; ++i) wide += "\"1\",";
+  std::vector<absl::Status> errors;
+  const RawRows rows = testing_util::ParseText(
+      dir, CSV, SmallSpec(), "label,num,cat\n" + wide + "\"1\"\n1,2,ab\n", &errors);
+  EXPECT_EQ(rows.size(), 1);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_THAT(std::string(errors[0].message()),
+              HasSubstr(":line 2: found more than 3 columns, expected 3 as in the header"));
+}
+
 }  // namespace
 }  // namespace pstrain
