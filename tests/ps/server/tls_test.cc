@@ -52,6 +52,26 @@ class TlsTest : public ::testing::Test {
     return s;
   }
 
+  // A shard of a tiny table (SGD, learning rate 1) with cluster `cluster`'s TLS and secret,
+  // started on loopback; its address in *address.
+  static std::unique_ptr<ShardServer> StartShard(const std::string& cluster,
+                                                 std::string* address) {
+    ShardServer::Options o;
+    o.data.rows = 100;
+    o.data.row_dim = 2;
+    o.data.dense_size = 4;
+    o.data.sparse_optimizer.set_type(SGD);
+    o.data.sparse_optimizer.set_learning_rate(1.0f);
+    o.data.dense_optimizer = o.data.sparse_optimizer;
+    o.security = Security(cluster);
+    auto server = ShardServer::Create(o);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
+    *address = absl::StrCat("127.0.0.1:", (*server)->port());
+    return *std::move(server);
+  }
+
   static std::string skip_;
 };
 std::string TlsTest::skip_;
@@ -71,18 +91,9 @@ PsClient::Options ClientOptions(const std::string& address, const RpcSecurity& s
 
 TEST_F(TlsTest, MutualTlsTrainsAndRefusesStrangers) {
   if (!skip_.empty()) GTEST_SKIP() << skip_;
-  ShardServer::Options o;
-  o.data.rows = 100;
-  o.data.row_dim = 2;
-  o.data.dense_size = 4;
-  o.data.sparse_optimizer.set_type(SGD);
-  o.data.sparse_optimizer.set_learning_rate(1.0f);
-  o.data.dense_optimizer = o.data.sparse_optimizer;
-  o.security = Security("a");
-  auto server = ShardServer::Create(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
-  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::string address;
+  auto server = StartShard("a", &address);
+  ASSERT_NE(server, nullptr);
 
   // The cluster's own client: pulls and pushes go through TLS.
   auto client = PsClient::Create(ClientOptions(address, Security("a")));
@@ -113,7 +124,7 @@ TEST_F(TlsTest, MutualTlsTrainsAndRefusesStrangers) {
   ASSERT_TRUE(anonymous.ok());
   EXPECT_EQ((*anonymous)->WaitForShards(absl::Seconds(5)).code(),
             absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ((*server)->Stats().push_requests(), 1);
+  EXPECT_EQ(server->Stats().push_requests(), 1);
 }
 
 // Inside TLS too, the secret is checked on a call's headers, before its message is read: a
@@ -121,16 +132,9 @@ TEST_F(TlsTest, MutualTlsTrainsAndRefusesStrangers) {
 // its message.
 TEST_F(TlsTest, TheSecretIsCheckedBeforeTheMessageIsRead) {
   if (!skip_.empty()) GTEST_SKIP() << skip_;
-  ShardServer::Options o;
-  o.data.rows = 100;
-  o.data.row_dim = 2;
-  o.data.sparse_optimizer.set_type(SGD);
-  o.data.dense_optimizer = o.data.sparse_optimizer;
-  o.security = Security("a");
-  auto server = ShardServer::Create(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
-  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::string address;
+  auto server = StartShard("a", &address);
+  ASSERT_NE(server, nullptr);
   const std::string push = "/pstrain.ParameterServer/Push";
   const absl::Time t0 = absl::Now();
   const grpc::Status none =
@@ -140,8 +144,8 @@ TEST_F(TlsTest, TheSecretIsCheckedBeforeTheMessageIsRead) {
   const grpc::Status waits =
       testing::HeadersOnly(address, Security("a"), push, kSecret, absl::Seconds(1));
   EXPECT_EQ(waits.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waits.error_message();
-  EXPECT_EQ((*server)->Stats().unauthenticated_calls(), 1);
-  EXPECT_EQ((*server)->Stats().push_requests(), 0);
+  EXPECT_EQ(server->Stats().unauthenticated_calls(), 1);
+  EXPECT_EQ(server->Stats().push_requests(), 0);
 }
 
 }  // namespace
