@@ -95,6 +95,7 @@ class InProcessShard final : public ShardEndpoint {
       absl::MutexLock lock(&mu_);
       if (abort_.ok()) abort_ = reason;
     }
+    aborting_ = true;
     channel_->Abort(std::move(reason));
   }
   void Shutdown() override { channel_->Shutdown(); }
@@ -102,6 +103,7 @@ class InProcessShard final : public ShardEndpoint {
 
  private:
   absl::Status Aborted(const char* method) const {
+    if (!aborting_.load()) return absl::OkStatus();  // the hot path takes no lock
     absl::MutexLock lock(&mu_);
     if (abort_.ok()) return abort_;
     return absl::Status(abort_.code(), absl::StrCat(name(), ": ", method, ": ", abort_.message()));
@@ -111,6 +113,7 @@ class InProcessShard final : public ShardEndpoint {
   const int row_dim_;
   const std::unique_ptr<ShardEndpoint> channel_;
   const std::string where_;  // "shard 1 (in this process)"
+  std::atomic<bool> aborting_{false};  // abort_ is set
   mutable absl::Mutex mu_;
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
 };
