@@ -10,7 +10,9 @@
 namespace pstrain {
 
 PsJob::PsJob(Options options)
-    : opt_(std::move(options)), deltas_(opt_.incremental_every) {
+    : opt_(std::move(options)),
+      heartbeat_(opt_.env != nullptr ? opt_.env : Env::Default()),
+      deltas_(opt_.incremental_every) {
   // Every host restored the same checkpoint (ChooseCheckpoint): a delta may build on it.
   if (opt_.restored) deltas_.Committed(opt_.restored->manifest);
   for (const std::string& a : opt_.shards) {
@@ -85,6 +87,18 @@ PsJob::~PsJob() {
   }
 }
 
+bool PsJob::LoopStuck() {
+  const absl::Duration silent = heartbeat_.Silence();
+  if (silent <= opt_.lease) return false;
+  Fail(absl::StrCat(
+      "its training loop has trained no step for ",
+      absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))), " after step ",
+      heartbeat_.last_step(), ", longer than the lease (", absl::FormatDuration(opt_.lease),
+      "): it waits on a peer that does not answer (a stopped or hung host?), so it renews its "
+      "lease no more and counts as lost"));
+  return true;
+}
+
 // Shard 0 answers each call when its job state changes (or after the hold without a change). A
 // failed call only delays this worker's joining a round (the chief waits for it), so one error is
 // not fatal; the calls' retry policy paces the attempts to an unreachable shard 0. But the lease
@@ -102,6 +116,8 @@ void PsJob::Watch() {
   bool answered = false;
   bool job_finished = false;  // shard 0 said so: its going away is the end of the job
   while (true) {
+    // Each call renews this worker's lease: only while its training loop trains (heartbeat_).
+    if (LoopStuck()) return;
     const absl::Duration limit = answered ? opt_.lease : std::max(opt_.lease, opt_.first_contact);
     absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, limit);
     if (info.ok()) {

@@ -1,5 +1,6 @@
 // PsJob against a real shard on loopback: a round at the step LATEST already names
-// leaves the committed checkpoint as it is (checkpoint/layout.h IsCommittedCheckpoint).
+// leaves the committed checkpoint as it is (checkpoint/layout.h IsCommittedCheckpoint); the end
+// of the job; the lease's watch of the training loop.
 #include "worker/ps_client/ps_job.h"
 
 #include <unistd.h>
@@ -13,7 +14,9 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/synchronization/notification.h"
 #include "ps/server/shard_server.h"
+#include "tests/fake_env.h"
 #include "tests/temp_files.h"
 
 namespace pstrain {
@@ -222,6 +225,46 @@ TEST(PsJob, AHostStopsWaitingForTheEndOnceShardZeroIsSilentLongerThanTheLease) {
   EXPECT_FALSE(waited.ok());
   EXPECT_THAT(std::string(waited.message()), ::testing::HasSubstr("last good checkpoint: none"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+// The lease watches the training loop: a worker whose loop has trained no step for longer than
+// the lease (stuck on a stopped host's shard while its own process runs) stops, naming it, and
+// renews its lease no more. Start-up (before the first step) and a bounded wait (a checkpoint)
+// are not stuck. The loop's clock is fake; the watcher looks at it after each long-poll (held a
+// third of the lease: 1 s here), so each "not stopped" below waits 2.5 s of real time for it.
+TEST(PsJob, AWorkerWhoseLoopTrainsNoStepForLongerThanTheLeaseStops) {
+  TwoWorkerJob job("ps_job_stuck");
+  FakeEnv env;
+  PsJob::Options o = job.Options(1);
+  o.lease = absl::Seconds(3);
+  o.env = &env;
+  absl::Notification failed;
+  std::string why;
+  o.on_failure = [&](const absl::Status& s) {
+    why = std::string(s.message());
+    failed.Notify();
+  };
+  PsJob worker(o);
+  LoopHeartbeat* heartbeat = worker.heartbeat();
+  ASSERT_NE(heartbeat, nullptr);
+  env.Advance(absl::Seconds(10));  // a slow start: not watched
+  EXPECT_FALSE(failed.WaitForNotificationWithTimeout(absl::Milliseconds(2500)));
+  heartbeat->Beat(7);
+  {
+    LoopHeartbeat::BoundedWait checkpoint(heartbeat);
+    env.Advance(absl::Seconds(10));  // a long checkpoint round
+    EXPECT_FALSE(failed.WaitForNotificationWithTimeout(absl::Milliseconds(2500)));
+  }
+  EXPECT_EQ(worker.failure(), "");
+  EXPECT_TRUE(worker.Failure().ok());
+  env.Advance(absl::Seconds(4));  // no step for longer than the lease
+  ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "the watcher did not see the stuck loop";
+  EXPECT_THAT(why, ::testing::HasSubstr("worker 1 stops: its training loop has trained no step "
+                                        "for 4s after step 7, longer than the lease (3s)"));
+  EXPECT_THAT(why, ::testing::HasSubstr("last good checkpoint: none"));
+  EXPECT_FALSE(worker.Failure().ok());
+  EXPECT_TRUE(worker.CheckpointRequested(8));  // the loop's next boundary returns the failure
 }
 
 }  // namespace
