@@ -94,8 +94,8 @@ bool PsJob::LoopStuck() {
       "its training loop has trained no step for ",
       absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))), " after step ",
       heartbeat_.last_step(), ", longer than the lease (", absl::FormatDuration(opt_.lease),
-      "): it waits on a peer that does not answer (a stopped or hung host?), so it renews its "
-      "lease no more and counts as lost"));
+      "): it waits on what does not answer (a shard of a stopped or hung host, or its input), "
+      "so it renews its lease no more and counts as lost"));
   return true;
 }
 
