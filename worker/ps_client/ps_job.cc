@@ -1,5 +1,6 @@
 #include "worker/ps_client/ps_job.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -372,8 +373,13 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
   }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(opt_.dir, step));
 
-  // Every writer is paused: the copies are one instant of the whole cluster.
+  // Every writer is paused: the copies are one instant of the whole cluster. A COPY is a
+  // copy-on-write freeze of the rows and a copy of the dense slice: milliseconds, whatever the
+  // shard's size. It gets the lease at most: every worker's loop is paused in this round (a
+  // bounded wait, LoopHeartbeat), so a shard that does not answer (its host stopped) is found by
+  // this call's deadline, and the round fails within the lease instead of the call budget.
   const int S = static_cast<int>(shards_.size());
+  const absl::Duration copy_timeout = std::min(opt_.timeout, opt_.lease);
   const std::optional<CheckpointDelta> delta = deltas_.Next();
   for (int s = 0; s < S; ++s) {
     SaveShardRequest req;
@@ -384,7 +390,7 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
       req.set_delta_parent_step(delta->parent_step());
     }
     RETURN_IF_ERROR(
-        Annotate(shards_[s]->SaveShard(req, opt_.timeout).status(), "copying the shard"));
+        Annotate(shards_[s]->SaveShard(req, copy_timeout).status(), "copying the shard"));
   }
   RETURN_IF_ERROR(shard0.Coordinate(release, opt_.timeout).status());
 

@@ -3,6 +3,8 @@
 // of the job; the lease's watch of the training loop.
 #include "worker/ps_client/ps_job.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -265,6 +267,78 @@ TEST(PsJob, AWorkerWhoseLoopTrainsNoStepForLongerThanTheLeaseStops) {
   EXPECT_THAT(why, ::testing::HasSubstr("last good checkpoint: none"));
   EXPECT_FALSE(worker.Failure().ok());
   EXPECT_TRUE(worker.CheckpointRequested(8));  // the loop's next boundary returns the failure
+}
+
+// A loopback port that accepts connections (the kernel's backlog) and never answers: a stopped
+// process's, as a gRPC client sees it. Closed by the destructor.
+struct SilentPort {
+  int fd = -1;
+  int port = 0;
+  SilentPort() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(listen(fd, 16), 0);
+    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+  }
+  ~SilentPort() { close(fd); }
+};
+
+// A checkpoint round's COPY pauses every worker (each loop is in a bounded wait then, so no
+// loop's lease watch can find a stopped host): the COPY gets at most the lease, and a shard that
+// does not answer it fails the round within about the lease instead of the call budget (30 s)
+// or the round's timeout.
+TEST(PsJob, ACopyToAShardThatDoesNotAnswerFailsTheRoundWithinTheLease) {
+  ShardServer::Options so;
+  so.data.rows = 100;
+  so.data.partitions = 2;
+  so.data.row_dim = 3;
+  so.data.dense_size = 4;
+  so.num_workers = 1;
+  const std::string dir = FreshDir("ps_job_copy");
+  so.data.checkpoint_dir = dir;
+  auto shard = ShardServer::Create(so);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE((*shard)->Start("127.0.0.1:0").ok());
+  const std::string address = absl::StrCat("127.0.0.1:", (*shard)->port());
+  PsClient::Options co;
+  co.shards = {address};
+  co.rows = 100;
+  co.partitions = 2;
+  co.row_dim = 3;
+  co.dense_size = 4;
+  co.worker_id = 0;
+  auto client = PsClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  SilentPort stopped;
+  PsJob::Options po;
+  po.dir = dir;
+  po.worker = 0;
+  po.num_workers = 1;
+  po.shards = {address, absl::StrCat("127.0.0.1:", stopped.port)};
+  po.client = client->get();
+  po.timeout = absl::Seconds(600);  // the round's: --barrier_timeout_s
+  po.lease = absl::Seconds(3);
+  {
+    PsJob chief(po);
+    WorkerState state;
+    state.set_step(10);
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<std::string> saved = chief.Save(state, /*final=*/false);
+    const absl::Duration took = absl::Now() - start;
+    ASSERT_FALSE(saved.ok());
+    EXPECT_THAT(std::string(saved.status().message()), ::testing::HasSubstr("copying the shard"));
+    // The lease (3 s) and the call's own overhead; the call budget would be 30 s.
+    EXPECT_LT(took, absl::Seconds(15)) << saved.status();
+    // No half-written checkpoint is left, and LATEST names none.
+    EXPECT_FALSE(PathExists(dir + "/LATEST"));
+  }
+  (*shard)->Shutdown(absl::ZeroDuration());
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
