@@ -1,5 +1,6 @@
 // A stopped host under `pstrain local --hosts 2 --max_restarts 1` (issue 26, item 9): SIGSTOP of
-// host 1's process (its shard: hung, as a host that stops answering) while the job trains. Under
+// host 1's process (its shard: hung, as a host that stops answering) while the job trains; and
+// the same of host 0 (shard 0, found by the lease's other side: shard 0 silent). Under
 // --max_restarts a host runs its worker as a child process, which the SIGSTOP does not stop, and
 // whose lease on shard 0 its own long-poll used to renew: nobody was lost, every worker waited on
 // the stopped shard for the calls' budget (60 s), and then the launcher waited its kill timeout
@@ -105,7 +106,13 @@ class LauncherOutput {
   std::thread reader_;
 };
 
-TEST(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsRight) {
+// The stopped host: 1 (a shard the workers' loops wait on), or 0 (shard 0 too: the workers find
+// it silent for longer than the lease, and host 1's supervisor does not restart its worker into a
+// job whose shard 0 does not answer).
+class StoppedHostTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsRight) {
+  const int victim = GetParam();
   ASSERT_EQ(std::system(("rm -rf " + Dir()).c_str()), 0);
   ASSERT_EQ(testing::Datagen(kTrainRows, 2, 1, Dir() + "/train"), 0);
   ASSERT_EQ(testing::Datagen(2000, 0, 2, Dir() + "/test"), 0);
@@ -143,11 +150,12 @@ TEST(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsR
   LauncherOutput out(&local);
 
   // Both hosts and their supervised workers up, and a checkpoint committed.
-  std::vector<int> host1;
+  std::vector<int> host;
   const bool started = WaitFor(
       [&] {
-        host1 = JobProcesses(model, " host ", 1);
-        return host1.size() == 1 && JobProcesses(model, " worker ", 1).size() == 1 &&
+        host = JobProcesses(model, " host ", victim);
+        return host.size() == 1 && JobProcesses(model, " host ", 1 - victim).size() == 1 &&
+               JobProcesses(model, " worker ", 1).size() == 1 &&
                JobProcesses(model, " worker ", 0).size() == 1 && PathExists(model + "/LATEST");
       },
       std::chrono::seconds(240));
@@ -157,8 +165,8 @@ TEST(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsR
               "it ended first: make it longer):\n"
            << out.All();
   }
-  ASSERT_EQ(kill(host1[0], SIGSTOP), 0);
-  stopped.push_back(host1[0]);
+  ASSERT_EQ(kill(host[0], SIGSTOP), 0);
+  stopped.push_back(host[0]);
   const auto sigstop = std::chrono::steady_clock::now();
 
   // The job restarts within the lease plus a margin for the chief's stop, its host's exit and a
@@ -168,10 +176,11 @@ TEST(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsR
       out.WaitForLine("restart 1 of 1: the job resumes from", std::chrono::seconds(100),
                       &restarted_at);
   if (!restarted) local.Signal(SIGKILL);
-  ASSERT_TRUE(restarted) << "no restart within 100 s of host 1's SIGSTOP:\n" << out.All();
+  ASSERT_TRUE(restarted) << "no restart within 100 s of host " << victim << "'s SIGSTOP:\n"
+                         << out.All();
   const double seconds = std::chrono::duration<double>(restarted_at - sigstop).count();
-  std::printf("the job restarted %.1f s after host 1's SIGSTOP (lease %.1f s)\n", seconds,
-              kLeaseMs / 1000.0);
+  std::printf("the job restarted %.1f s after host %d's SIGSTOP (lease %.1f s)\n", seconds,
+              victim, kLeaseMs / 1000.0);
   EXPECT_LT(seconds, kLeaseMs / 1000.0 + 25) << out.All();
 
   const int status = local.WaitExit(300000);
@@ -180,10 +189,13 @@ TEST(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsR
   const std::string all = out.All();
   EXPECT_EQ(WEXITSTATUS(status), 0) << all;
   // The stopped host was killed at once, not after the kill timeout.
-  EXPECT_THAT(all, HasSubstr("pstrain local: host 1 is stopped (it cannot take a SIGTERM): SIGKILL"));
+  EXPECT_THAT(all, HasSubstr(absl::StrCat("pstrain local: host ", victim,
+                                          " is stopped (it cannot take a SIGTERM): SIGKILL")));
   EXPECT_THAT(all, ::testing::Not(HasSubstr("still running 120 s after SIGTERM")));
-  // The chief's message (host 0 prints to the launcher's terminal) names the stuck loop.
-  EXPECT_THAT(all, HasSubstr("its training loop has trained no step for"));
+  // The chief's message (host 0 and its worker print to the launcher's terminal): its stuck
+  // loop, or shard 0's silence.
+  EXPECT_THAT(all, HasSubstr(victim == 1 ? "its training loop has trained no step for"
+                                         : "worker 0 stops: shard 0 (127.0.0.1:"));
   EXPECT_THAT(all, HasSubstr("pstrain local: done"));
   const auto summary = testing::ReadSummary(model).fields();
   EXPECT_EQ(summary.at("examples").number_value(), kTrainRows * kEpochs);
@@ -191,6 +203,11 @@ TEST(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEndsR
   EXPECT_EQ(ProcessesMentioning(model), 0);
   std::system(("rm -rf " + Dir()).c_str());
 }
+
+INSTANTIATE_TEST_SUITE_P(Hosts, StoppedHostTest, ::testing::Values(1, 0),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return absl::StrCat("Host", i.param);
+                         });
 
 }  // namespace
 }  // namespace pstrain
