@@ -24,9 +24,9 @@ namespace pstrain {
 // (PsJob: a worker whose loop is stuck, e.g. on a shard of a stopped host, stops renewing its
 // lease and stops). The loop (TrainLoop) Beat()s after every step it trains. A wait that is
 // bounded by deadlines of its own, during which no step can be trained, is a BoundedWait scope:
-// a checkpoint (a PS checkpoint round: its waits have the round's timeout, and a lost peer aborts
-// it; it includes the wait for a running evaluation with checkpoint.keep_best, whose pulls have
-// the call budget). The watch is armed by the first beat (before it, start-up has its own
+// a checkpoint after its flush (a PS checkpoint round: its waits have the round's timeout, a lost
+// peer aborts it, and its COPY gets at most the lease; it includes the wait for a running
+// evaluation with checkpoint.keep_best, whose pulls have the call budget). The watch is armed by the first beat (before it, start-up has its own
 // timeouts: connect, restore, the first contact) and disarmed for good by End(), at the end of
 // the steps (the end of the job has its own bounded waits, and a worker that reported
 // TRAINING_DONE holds no lease).

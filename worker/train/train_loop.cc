@@ -243,12 +243,14 @@ absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
   // The divergence's update was pushed: a checkpoint now would capture it.
   if (!diverged_.ok()) return diverged_;
   if (checkpointer_ == nullptr) return absl::OkStatus();
-  // A checkpoint's waits (the flush, a running evaluation, a PS round) have deadlines of their
-  // own: the job's lease does not expect steps meanwhile (LoopHeartbeat).
-  LoopHeartbeat::BoundedWait wait(heartbeat_);
   // Every push completes, and the pipeline's position is right after the last trained batch
-  // (there is no read-ahead batch at a checkpoint).
+  // (there is no read-ahead batch at a checkpoint). Not a bounded wait: a push that a stopped
+  // host's shard never answers is what the job's lease must find.
   RETURN_IF_ERROR(step_runner_->Flush());
+  // The checkpoint's waits (a running evaluation, a PS round: on peers that hold leases of their
+  // own, on shard 0, whose silence the lease's other side finds, on the round's COPY, which gets
+  // at most the lease) have deadlines of their own: the job's lease expects no step meanwhile.
+  LoopHeartbeat::BoundedWait wait(heartbeat_);
   if (keep_best_ || (stopper_ && (final || Stopped()))) {
     // keep_best: the running evaluation's checkpoint may be the best: know it before this
     // commit's retention could remove it. A stop: the running evaluation's result belongs in the
