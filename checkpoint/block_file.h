@@ -99,6 +99,9 @@ class BlockReader {
 
   const std::string& name() const { return name_; }
   uint32_t version() const { return version_; }
+  // The file's size in bytes (fixed at Open): what its blocks can hold at most, for a reader
+  // that bounds a header's claims before it allocates for them.
+  uint64_t size() const { return size_; }
 
   // Reads and verifies the next block into *block and returns true; at the end block returns
   // false after checking its block count and that the file ends right after it. Errors are

@@ -11,7 +11,8 @@
 // Output: host 0 (the chief) writes to this terminal; host i > 0 to <model_dir>/host-<i>/output.log
 // (shown path on failure). Signals: SIGINT / SIGTERM are forwarded to the hosts as SIGTERM: the
 // hosts write a checkpoint of the job and exit 0, and so does the launcher. If a host fails, the
-// others get SIGTERM. Hosts still running --kill_timeout_s after a SIGTERM get SIGKILL; every
+// others get SIGTERM. Hosts still running --kill_timeout_s after a SIGTERM get SIGKILL, and a
+// stopped host (SIGSTOP: it would take the SIGTERM only once continued) gets it at once; every
 // child is reaped, and a child dies with the launcher (PR_SET_PDEATHSIG).
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -85,6 +86,7 @@ struct Child {
   pid_t pid = -1;
   int status = -1;  // wait status once reaped
   std::string log;  // "" = the terminal
+  bool stopped = false;  // SIGSTOP / SIGTSTP, not continued since (it cannot take a SIGTERM)
 };
 
 int ExitCode(int status) {
@@ -130,8 +132,10 @@ class ClusterAttempt {
 
  private:
   void ReapExited();
-  // SIGTERM to every host still running, SIGKILL kill_timeout_s later.
+  // SIGTERM to every host still running, SIGKILL kill_timeout_s later (a stopped one at once).
   void BeginStopping();
+  // SIGKILL to host i if it is stopped (KillIfStopped: it cannot take a SIGTERM).
+  void KillIfStopped(int i);
   void SignalAll(int sig) {
     for (const Child& c : children_) {
       if (c.status < 0) kill(c.pid, sig);
@@ -193,6 +197,18 @@ void ClusterAttempt::BeginStopping() {
   stopping_ = true;
   kill_at_ = Env::Default()->MonotonicNow() + absl::Seconds(o_.kill_timeout_s);
   SignalAll(SIGTERM);
+  for (int i = 0; i < o_.hosts; ++i) KillIfStopped(i);
+}
+
+void ClusterAttempt::KillIfStopped(int i) {
+  Child& c = children_[i];
+  if (c.status >= 0 || !c.stopped) return;
+  // A stopped host would take the SIGTERM only once continued: it cannot write a checkpoint, and
+  // its peers have stopped (they found it by their lease). Waiting --kill_timeout_s for it would
+  // only delay the restart.
+  std::fprintf(stderr, "pstrain local: host %d is stopped (it cannot take a SIGTERM): SIGKILL\n",
+               i);
+  kill(c.pid, SIGKILL);
 }
 
 void ClusterAttempt::ReapExited() {
@@ -200,7 +216,26 @@ void ClusterAttempt::ReapExited() {
     Child& c = children_[i];
     if (c.status >= 0) continue;
     int status;
-    if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+    // A stop or a continuation is reported first (SIGCHLD wakes the loop for those too); then
+    // look again, for an exit that came after it.
+    bool exited = false;
+    while (waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) == c.pid) {
+      if (WIFSTOPPED(status)) {
+        if (!c.stopped) {
+          std::fprintf(stderr, "pstrain local: host %d is stopped (signal %d)%s\n", i,
+                       WSTOPSIG(status),
+                       stopping_ ? "" : "; its peers find it by their lease");
+        }
+        c.stopped = true;
+        if (stopping_) KillIfStopped(i);
+      } else if (WIFCONTINUED(status)) {
+        c.stopped = false;
+      } else {
+        exited = true;
+        break;
+      }
+    }
+    if (!exited) continue;
     c.status = status;
     --alive_;
     const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;

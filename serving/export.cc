@@ -254,18 +254,39 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
     return r->Corrupt(b, absl::StrCat("unknown row encoding ", header.row_encoding()));
   }
   const RowEncoding encoding = static_cast<RowEncoding>(header.row_encoding());
+  // Every size the header claims is checked before anything is allocated: the model's shape
+  // within the served model's limits (ServingModel::ShapeOf allocates no parameter), the header's
+  // sizes against that shape, and what its blocks must hold against the file's size.
+  absl::StatusOr<ServingModel::Shape> shape = ServingModel::ShapeOf(header.model());
+  if (!shape.ok()) return Annotate(shape.status(), path + ": the model description");
+  if (header.table_rows() != shape->table_rows || header.row_dim() != shape->row_dim ||
+      header.dense_size() != shape->dense_size) {
+    return r->Corrupt(b, absl::StrCat("header says rows ", header.table_rows(), " x ",
+                                      header.row_dim(), ", dense ", header.dense_size(),
+                                      "; its model description makes ", shape->table_rows, " x ",
+                                      shape->row_dim, ", dense ", shape->dense_size));
+  }
+  {
+    const uint64_t file_bytes = r->size();
+    const uint64_t dense_bytes = static_cast<uint64_t>(shape->dense_size) * sizeof(float);
+    const uint64_t row_bytes = 8 + EncodedRowBytes(encoding, shape->row_dim);  // id + values
+    if (dense_bytes > file_bytes) {
+      return r->Corrupt(b, absl::StrCat("header field dense_size ", header.dense_size(), " (",
+                                        dense_bytes, " bytes of float32) is more than the file's ",
+                                        file_bytes, " bytes"));
+    }
+    if (header.rows() < 0 ||
+        static_cast<uint64_t>(header.rows()) > (file_bytes - dense_bytes) / row_bytes) {
+      return r->Corrupt(b, absl::StrCat("header field rows ", header.rows(), " (", row_bytes,
+                                        " bytes each) does not fit in the file's ", file_bytes,
+                                        " bytes"));
+    }
+  }
   ServingModel::Origin origin{dir, header.step(), header.version()};
   absl::StatusOr<std::unique_ptr<ServingModel>> created =
       ServingModel::Create(header.model(), std::move(origin));
   if (!created.ok()) return Annotate(created.status(), path + ": the model description");
   std::unique_ptr<ServingModel> m = *std::move(created);
-  if (header.table_rows() != m->table_rows() || header.row_dim() != m->row_dim() ||
-      header.dense_size() != m->dense_size()) {
-    return r->Corrupt(b, absl::StrCat("header says rows ", header.table_rows(), " x ",
-                                      header.row_dim(), ", dense ", header.dense_size(),
-                                      "; its model description makes ", m->table_rows(), " x ",
-                                      m->row_dim(), ", dense ", m->dense_size()));
-  }
 
   if (cancelled()) return stopped();
   ASSIGN_OR_RETURN(got, r->Next(&b));

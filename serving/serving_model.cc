@@ -18,20 +18,30 @@ namespace {
 
 }  // namespace
 
+absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription& description) {
+  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(description.features()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                   Model::Create(description.model(), spec.num_fields()));
+  Shape shape;
+  shape.table_rows = static_cast<int64_t>(spec.total_rows());
+  shape.row_dim = model->row_dim();
+  shape.dense_size = model->dense_size();
+  if (shape.dense_size > kMaxDenseFloats) {
+    return absl::InvalidArgumentError(absl::StrCat("model: a dense vector of ", shape.dense_size,
+                                                   " floats (at most ", kMaxDenseFloats, ")"));
+  }
+  return shape;
+}
+
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
     const ModelDescription& description, Origin origin) {
+  // A description is read from files: refuse shapes no trained model has before allocating them.
+  RETURN_IF_ERROR(ShapeOf(description).status());
   std::unique_ptr<ServingModel> m(new ServingModel());
   m->description_ = description;
   m->origin_ = std::move(origin);
   ASSIGN_OR_RETURN(m->spec_, FeatureSpec::Create(description.features()));
   ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), m->spec_.num_fields()));
-  // A description is read from files: refuse shapes no trained model has before allocating them.
-  constexpr int64_t kMaxDense = int64_t{1} << 31;
-  if (m->model_->dense_size() > kMaxDense) {
-    return absl::InvalidArgumentError(absl::StrCat("model: a dense vector of ",
-                                                   m->model_->dense_size(), " floats (at most ",
-                                                   kMaxDense, ")"));
-  }
   OptimizerConfig none;
   none.set_type(SGD);  // no optimizer state is kept: SGD's is empty
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(none));

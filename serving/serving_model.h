@@ -44,10 +44,25 @@ class ServingModel {
     int64_t version = 0;  // the export version (the checkpoint's step for a checkpoint)
   };
 
+  // The sizes a description makes, and what allocating them costs.
+  struct Shape {
+    int64_t table_rows = 0;
+    int row_dim = 0;
+    int64_t dense_size = 0;
+  };
+  // A description is read from files: the largest dense vector a model may claim, refused before
+  // anything is allocated (Model::Create's own bound on the MLP is lower). The table's rows cost
+  // memory only as they are stored, and its row index (8 bytes per 4096 rows) is bounded by the
+  // store's 2^32 rows (ps/store/embedding_store.h).
+  static constexpr int64_t kMaxDenseFloats = int64_t{1} << 31;
+  // The shape `description` makes, without allocating the model's parameters (only its feature
+  // spec and layout); INVALID_ARGUMENT as Create's.
+  static absl::StatusOr<Shape> ShapeOf(const ModelDescription& description);
+
   // An empty model for `description` (no trained row yet: every row reads as its initial value,
   // the dense vector is zeros until SetDense), for the loaders below and tests.
-  // INVALID_ARGUMENT when the description does not make a model (no fields, a bad shape), naming
-  // the field.
+  // INVALID_ARGUMENT when the description does not make a model (no fields, a bad shape, a
+  // dense vector over kMaxDenseFloats), naming the field; nothing is allocated before it knows.
   static absl::StatusOr<std::unique_ptr<ServingModel>> Create(const ModelDescription& description,
                                                               Origin origin);
 

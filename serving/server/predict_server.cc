@@ -41,10 +41,11 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
-// Predict is registered raw (its request and response as bytes): a request that does not parse
-// gets the server's own INVALID_ARGUMENT, not gRPC's bare UNIMPLEMENTED.
+// Every method is registered raw (its request and response as bytes): a request that does not
+// parse gets the server's own INVALID_ARGUMENT naming the message it expected (ParseRequest), not
+// gRPC's bare UNIMPLEMENTED.
 using PredictorBase = Predictor::WithRawCallbackMethod_Predict<
-    Predictor::WithCallbackMethod_GetModelInfo<Predictor::WithCallbackMethod_Reload<
+    Predictor::WithRawCallbackMethod_GetModelInfo<Predictor::WithRawCallbackMethod_Reload<
         Predictor::Service>>>;
 
 // One Predict call's messages, alive until its answer is serialized (the scoring threads write
@@ -63,7 +64,7 @@ class PredictorService final : public PredictorBase {
                                     grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     auto call = std::make_shared<PredictCall>();
-    absl::Status s = ParsePredictRequest(*request, &call->request);
+    absl::Status s = ParseRequest(*request, &call->request);
     if (s.ok()) s = Accept(call, response, reactor);
     if (!s.ok()) {
       {
@@ -76,8 +77,16 @@ class PredictorService final : public PredictorBase {
   }
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
-                                         const ModelInfoRequest*, ModelInfo* info) override {
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    ModelInfoRequest parsed;
+    if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+    ModelInfo answer;
+    ModelInfo* info = &answer;
     const std::shared_ptr<const ServingModel> model = server_->model();
     info->set_version(model->origin().version);
     info->set_step(model->origin().step);
@@ -87,12 +96,13 @@ class PredictorService final : public PredictorBase {
     info->set_stored_rows(model->stored_rows());
     info->set_max_request_rows(server_->opt_.max_request_rows);
     info->set_reloads(server_->stats().reloads);
-    reactor->Finish(grpc::Status::OK);
+    reactor->Finish(Serialize(answer, response));
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx, const ReloadRequest*,
-                                   ReloadResponse* response) override {
+  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (server_->opt_.admin_token.empty()) {
       reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -110,6 +120,12 @@ class PredictorService final : public PredictorBase {
                                    "Bearer <token>')"));
       return reactor;
     }
+    // The request is parsed only for a caller with the token (it has no fields yet).
+    ReloadRequest parsed;
+    if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
     // The load runs on the loader thread; the call finishes when it is done.
     PredictServer* server = server_;
     server_->RequestLoad([reactor, response, server](absl::StatusOr<bool> changed) {
@@ -117,29 +133,37 @@ class PredictorService final : public PredictorBase {
         reactor->Finish(ToGrpcStatus(changed.status()));
         return;
       }
-      response->set_changed(*changed);
-      response->set_version(server->model()->origin().version);
-      reactor->Finish(grpc::Status::OK);
+      ReloadResponse answer;
+      answer.set_changed(*changed);
+      answer.set_version(server->model()->origin().version);
+      reactor->Finish(Serialize(answer, response));
     });
     return reactor;
   }
 
  private:
-  static absl::Status ParsePredictRequest(const grpc::ByteBuffer& bytes, PredictRequest* out) {
+  // A raw request as message M; INVALID_ARGUMENT naming M when its bytes do not parse.
+  template <typename M>
+  static absl::Status ParseRequest(const grpc::ByteBuffer& bytes, M* out) {
     grpc::ByteBuffer copy(bytes);  // shares the slices; Deserialize consumes its argument
-    const grpc::Status s = grpc::SerializationTraits<PredictRequest>::Deserialize(&copy, out);
+    const grpc::Status s = grpc::SerializationTraits<M>::Deserialize(&copy, out);
     if (s.ok()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
-        "the request (", bytes.Length(), " bytes) is not a pstrain.PredictRequest "
-        "(proto/pstrain/serving.proto): its bytes do not parse as that message",
+        "the request (", bytes.Length(), " bytes) is not a ", M::descriptor()->full_name(),
+        " (proto/pstrain/serving.proto): its bytes do not parse as that message",
         s.error_message().empty() ? "" : absl::StrCat(" (", s.error_message(), ")")));
+  }
+  // A raw answer: `message`'s bytes into `out`; the status to finish the call with.
+  template <typename M>
+  static grpc::Status Serialize(const M& message, grpc::ByteBuffer* out) {
+    bool own = false;
+    return grpc::SerializationTraits<M>::Serialize(message, out, &own);
   }
 
   // Serializes the answer into the call's raw response and finishes the call.
   static void Answer(const PredictCall& call, grpc::ByteBuffer* out,
                      grpc::ServerUnaryReactor* reactor) {
-    bool own = false;
-    reactor->Finish(grpc::SerializationTraits<PredictResponse>::Serialize(call.response, out, &own));
+    reactor->Finish(Serialize(call.response, out));
   }
 
   absl::Status Accept(const std::shared_ptr<PredictCall>& call, grpc::ByteBuffer* out,

@@ -4,8 +4,10 @@
 // and compares the bytes (the header's wall_time aside). PSTRAIN_REGENERATE_FIXTURES=1 rewrites it.
 #include "serving/export.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +19,8 @@
 #include "checkpoint/block_file.h"
 #include "common/file.h"
 #include "gtest/gtest.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
 #include "tests/serving/serving_test_util.h"
 
 namespace pstrain {
@@ -335,6 +339,103 @@ TEST(Export, DamagedOrInconsistentFilesAreRefused) {
   b[0].payload = h.SerializeAsString();
   expect_refused("description", &b, nullptr, absl::StatusCode::kInvalidArgument,
                  "the model description");
+  std::system(("rm -rf " + base).c_str());
+}
+
+// This process's address space now (VmSize), in bytes; 0 if unknown.
+uint64_t AddressSpaceBytes() {
+  auto status = ReadFileToString("/proc/self/status");
+  if (!status.ok()) return 0;
+  const size_t at = status->find("VmSize:");
+  if (at == std::string::npos) return 0;
+  return std::strtoull(status->c_str() + at + 7, nullptr, 10) * 1024;  // "VmSize:  123 kB"
+}
+
+// Caps this process's address space at its size now plus `headroom` while alive (RLIMIT_AS): an
+// allocation beyond it fails (std::bad_alloc ends the test) instead of taking the memory.
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(uint64_t headroom) {
+    const uint64_t now = AddressSpaceBytes();
+    ok_ = now > 0 && getrlimit(RLIMIT_AS, &old_) == 0;
+    if (!ok_) return;
+    rlimit cap = old_;
+    cap.rlim_cur = std::min<rlim_t>(old_.rlim_max, now + headroom);
+    ok_ = setrlimit(RLIMIT_AS, &cap) == 0;
+  }
+  ~AddressSpaceCap() {
+    if (ok_) setrlimit(RLIMIT_AS, &old_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit old_{};
+  bool ok_ = false;
+};
+
+// A crafted header whose model claims a dense vector of 2.56e8 floats (1 GiB, within the model's
+// own bound) in a file of a few kB: refused naming the file and the field, before anything is
+// allocated for it (the vector was allocated first, then the dense block's size was checked).
+// The read runs under an address-space cap of 512 MiB more than the process has, so an
+// allocation for the claim would fail the test (std::bad_alloc).
+TEST(Export, AHeaderClaimingHugeSizesIsRefusedBeforeAllocating) {
+  const std::string base = FreshDir("export_huge");
+  auto model = SmallModel(SmallDescription(), 4);
+  auto info = WriteExport(*model, base, ExportOptions{});
+  ASSERT_TRUE(info.ok());
+  const std::vector<Block> blocks = Blocks(Slurp(info->dir + "/MODEL"));
+  ASSERT_GE(blocks.size(), 3u);
+  ExportHeader header;
+  ASSERT_TRUE(header.ParseFromString(blocks[0].payload));
+  // The header's sizes made consistent with its (crafted) description, as an attacker would.
+  auto craft = [&](const ModelDescription& d) {
+    ExportHeader h = header;
+    *h.mutable_model() = d;
+    auto spec = FeatureSpec::Create(d.features());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    auto m = Model::Create(d.model(), spec.ok() ? spec->num_fields() : 1);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (spec.ok()) h.set_table_rows(static_cast<int64_t>(spec->total_rows()));
+    if (m.ok()) {
+      h.set_row_dim((*m)->row_dim());
+      h.set_dense_size((*m)->dense_size());
+    }
+    std::vector<Block> b = blocks;
+    b[0].payload = h.SerializeAsString();
+    return b;
+  };
+  ModelDescription wide = SmallDescription();
+  wide.mutable_model()->clear_hidden();
+  wide.mutable_model()->add_hidden(16000);
+  wide.mutable_model()->add_hidden(16000);  // 2.56e8 floats between them
+  const std::string dir = base + "/wide";
+  WriteModelFile(dir, craft(wide));
+  {
+    absl::StatusOr<std::unique_ptr<ServingModel>> r;
+    {
+      AddressSpaceCap cap(uint64_t{512} << 20);
+      if (!cap.ok()) GTEST_SKIP() << "cannot cap the address space (RLIMIT_AS) here";
+      r = ReadExport(dir);
+    }
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find(dir + "/MODEL"), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find("header field dense_size"), absl::string_view::npos)
+        << r.status();
+  }
+  // A header whose own rows field claims more rows than the file holds (its description being
+  // the real one): refused before the rows are read, naming the field.
+  std::vector<Block> b = blocks;
+  ExportHeader h = header;
+  h.set_rows(int64_t{1} << 40);
+  b[0].payload = h.SerializeAsString();
+  WriteModelFile(base + "/rows", b);
+  auto r = ReadExport(base + "/rows");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("header field rows 1099511627776"),
+            absl::string_view::npos)
+      << r.status();
   std::system(("rm -rf " + base).c_str());
 }
 

@@ -1,5 +1,6 @@
 #include "worker/ps_client/ps_job.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +11,9 @@
 namespace pstrain {
 
 PsJob::PsJob(Options options)
-    : opt_(std::move(options)), deltas_(opt_.incremental_every) {
+    : opt_(std::move(options)),
+      heartbeat_(opt_.env != nullptr ? opt_.env : Env::Default()),
+      deltas_(opt_.incremental_every) {
   // Every host restored the same checkpoint (ChooseCheckpoint): a delta may build on it.
   if (opt_.restored) deltas_.Committed(opt_.restored->manifest);
   for (const std::string& a : opt_.shards) {
@@ -85,6 +88,18 @@ PsJob::~PsJob() {
   }
 }
 
+bool PsJob::LoopStuck() {
+  const absl::Duration silent = heartbeat_.Silence();
+  if (silent <= opt_.lease) return false;
+  Fail(absl::StrCat(
+      "its training loop has trained no step for ",
+      absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))), " after step ",
+      heartbeat_.last_step(), ", longer than the lease (", absl::FormatDuration(opt_.lease),
+      "): it waits on what does not answer (a shard of a stopped or hung host, or its input), "
+      "so it renews its lease no more and counts as lost"));
+  return true;
+}
+
 // Shard 0 answers each call when its job state changes (or after the hold without a change). A
 // failed call only delays this worker's joining a round (the chief waits for it), so one error is
 // not fatal; the calls' retry policy paces the attempts to an unreachable shard 0. But the lease
@@ -102,6 +117,8 @@ void PsJob::Watch() {
   bool answered = false;
   bool job_finished = false;  // shard 0 said so: its going away is the end of the job
   while (true) {
+    // Each call renews this worker's lease: only while its training loop trains (heartbeat_).
+    if (LoopStuck()) return;
     const absl::Duration limit = answered ? opt_.lease : std::max(opt_.lease, opt_.first_contact);
     absl::StatusOr<InfoResponse> info = watch_rpc_->WatchInfo(version, hold, limit);
     if (info.ok()) {
@@ -356,8 +373,13 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
   }
   ASSIGN_OR_RETURN(const std::string ckpt, PrepareCheckpointDir(opt_.dir, step));
 
-  // Every writer is paused: the copies are one instant of the whole cluster.
+  // Every writer is paused: the copies are one instant of the whole cluster. A COPY is a
+  // copy-on-write freeze of the rows and a copy of the dense slice: milliseconds, whatever the
+  // shard's size. It gets the lease at most: every worker's loop is paused in this round (a
+  // bounded wait, LoopHeartbeat), so a shard that does not answer (its host stopped) is found by
+  // this call's deadline, and the round fails within the lease instead of the call budget.
   const int S = static_cast<int>(shards_.size());
+  const absl::Duration copy_timeout = std::min(opt_.timeout, opt_.lease);
   const std::optional<CheckpointDelta> delta = deltas_.Next();
   for (int s = 0; s < S; ++s) {
     SaveShardRequest req;
@@ -368,7 +390,7 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
       req.set_delta_parent_step(delta->parent_step());
     }
     RETURN_IF_ERROR(
-        Annotate(shards_[s]->SaveShard(req, opt_.timeout).status(), "copying the shard"));
+        Annotate(shards_[s]->SaveShard(req, copy_timeout).status(), "copying the shard"));
   }
   RETURN_IF_ERROR(shard0.Coordinate(release, opt_.timeout).status());
 

@@ -15,6 +15,13 @@
 //   the job when a worker is lost (aborting an open round: its waits end at once), and the
 //   workers stop when the job failed, the chief was lost, or shard 0 has not answered them for
 //   longer than the lease (they were counted lost: cut off, or shard 0 is down) (failure()).
+//   The lease watches the training loop, not the process: the long-poll renews it only while the
+//   loop trains steps (heartbeat(), worker/train/job_control.h LoopHeartbeat). A loop that has
+//   trained no step for longer than the lease, outside a wait bounded by its own deadlines (a
+//   checkpoint round), is stuck, e.g. on a shard whose host is stopped (SIGSTOP) while this
+//   worker's own process runs (`pstrain host --max_restarts` runs it as a child): the worker
+//   stops renewing and stops, naming the step it is stuck after, so the job's failure path starts
+//   within about the lease instead of the calls' budget.
 //   2. each worker flushes its pushes, arrives with its WorkerState and pauses;
 //   3. the chief waits for every worker (a worker that finished training stands in with its
 //      final state), asks every shard to COPY its state into memory (all writers are paused, so
@@ -89,8 +96,9 @@ class PsJob final : public JobControl {
     // The cluster secret, TLS and message cap of every call (common/rpc/security.h).
     RpcSecurity security;
     // The lease shard 0 keeps for each worker (cluster.lease_ms): the watcher's long-poll, held
-    // at most a third of it, renews this worker's. Shard 0 not answering for longer than the
-    // lease fails this worker (failure()): it has been counted lost.
+    // at most a third of it, renews this worker's while its training loop trains (heartbeat()).
+    // Shard 0 not answering for longer than the lease, or the loop training no step for longer
+    // than it, fails this worker (failure()): it has been, or is about to be, counted lost.
     absl::Duration lease = absl::Seconds(30);
     // The lease counts from shard 0's first answer to the watcher; until then (a busy shard 0
     // at start-up, its peers still starting) the watcher waits up to this long for it.
@@ -128,6 +136,8 @@ class PsJob final : public JobControl {
   absl::Status Failure() const override {
     return failed_.load() ? FailureStatus() : absl::OkStatus();
   }
+  // The training loop's heartbeat, which the lease watches (see the top of this file).
+  LoopHeartbeat* heartbeat() override { return &heartbeat_; }
 
   // Checkpointer.
   // This worker's state from the restored checkpoint. When the checkpoint was written by another
@@ -199,6 +209,9 @@ class PsJob final : public JobControl {
   void Watch();
   // Notes what shard 0's job state says of lost workers and the job's failure.
   void NoteJobHealth(const InfoResponse& info);
+  // Whether the training loop is stuck (no step for longer than the lease outside a bounded
+  // wait); then this worker fails, naming it, and its lease is not renewed again.
+  bool LoopStuck();
   // The first failure sticks: failure() becomes `why`, the PS client's calls in flight end
   // with FailureStatus() (a trainer blocked in a pull or push returns at once), and so do this
   // checkpointer's calls to the shards (a round's waits and writes).
@@ -208,6 +221,7 @@ class PsJob final : public JobControl {
 
   const Options opt_;
   Checkpoints checkpoints_{this};
+  LoopHeartbeat heartbeat_;
   std::vector<std::unique_ptr<ShardRpc>> shards_;
   int64_t handled_round_ = 0;  // the last round this worker took part in
   int64_t step_base_ = 0;      // added to the workers' steps in checkpoint names (see Restore)

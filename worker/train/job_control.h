@@ -15,8 +15,79 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/env.h"
 
 namespace pstrain {
+
+// The training loop's heartbeat, for a job whose lease watches the loop rather than the process
+// (PsJob: a worker whose loop is stuck, e.g. on a shard of a stopped host, stops renewing its
+// lease and stops). The loop (TrainLoop) Beat()s after every step it trains. A wait that is
+// bounded by deadlines of its own, during which no step can be trained, is a BoundedWait scope:
+// a checkpoint after its flush (a PS checkpoint round: its waits have the round's timeout, a lost
+// peer aborts it, and its COPY gets at most the lease; it includes the wait for a running
+// evaluation with checkpoint.keep_best, whose pulls have the call budget). The watch is armed by the first beat (before it, start-up has its own
+// timeouts: connect, restore, the first contact) and disarmed for good by End(), at the end of
+// the steps (the end of the job has its own bounded waits, and a worker that reported
+// TRAINING_DONE holds no lease).
+// Covered without a scope, because each of them ends in steps: a slow but live step; an
+// evaluation in the background (it never blocks the loop); a BOUNDED / SYNC pull held for a
+// slower peer (answered when that peer pushes its step, so it is as slow as the slowest live
+// peer's step; a peer that stops is itself lost). Not covered: a single step that takes longer
+// than the lease (cluster.lease_ms must exceed the slowest step).
+// Thread-safety: Beat, End and the scopes from the trainer thread; Silence from any thread.
+class LoopHeartbeat {
+ public:
+  explicit LoopHeartbeat(Env* env = Env::Default()) : env_(env) {}
+  LoopHeartbeat(const LoopHeartbeat&) = delete;
+  LoopHeartbeat& operator=(const LoopHeartbeat&) = delete;
+
+  // The loop trained step `step`.
+  void Beat(int64_t step) {
+    last_step_.store(step);
+    Touch();
+    armed_.store(true);
+  }
+  // The steps are over: Silence() is zero from now on.
+  void End() { ended_.store(true); }
+  // A wait with deadlines of its own (see above); the loop counts as live while one is open, and
+  // its end counts as a beat. Null `heartbeat`: nothing.
+  class BoundedWait {
+   public:
+    explicit BoundedWait(LoopHeartbeat* heartbeat) : h_(heartbeat) {
+      if (h_ != nullptr) h_->waits_.fetch_add(1);
+    }
+    ~BoundedWait() {
+      if (h_ == nullptr) return;
+      h_->Touch();  // before the count drops: Silence never sees the old time without the wait
+      h_->waits_.fetch_sub(1);
+    }
+    BoundedWait(const BoundedWait&) = delete;
+    BoundedWait& operator=(const BoundedWait&) = delete;
+
+   private:
+    LoopHeartbeat* const h_;
+  };
+
+  // How long the loop has gone without a beat outside a bounded wait; zero before the first beat,
+  // during a bounded wait and after End().
+  absl::Duration Silence() const {
+    if (!armed_.load() || ended_.load() || waits_.load() > 0) return absl::ZeroDuration();
+    return env_->MonotonicNow() - absl::Nanoseconds(last_ns_.load());
+  }
+  // The last step beaten (0 before the first).
+  int64_t last_step() const { return last_step_.load(); }
+
+ private:
+  void Touch() { last_ns_.store(absl::ToInt64Nanoseconds(env_->MonotonicNow())); }
+
+  Env* const env_;
+  std::atomic<int64_t> last_ns_{0};  // env_'s monotonic clock
+  std::atomic<int64_t> last_step_{0};
+  std::atomic<int> waits_{0};
+  std::atomic<bool> armed_{false};
+  std::atomic<bool> ended_{false};
+};
 
 class JobControl {
  public:
@@ -42,6 +113,9 @@ class JobControl {
   virtual bool PassEnded() const { return false; }
   // Why this worker may not go on (its lease was lost, a peer was lost, the job failed), or OK.
   virtual absl::Status Failure() const { return absl::OkStatus(); }
+  // The heartbeat the loop keeps for this job's lease (LoopHeartbeat above), or null: no job
+  // watches the loop (LocalJob, AllreduceJob).
+  virtual LoopHeartbeat* heartbeat() { return nullptr; }
 };
 
 // One process: stops when `stop` (a stop signal's flag, may be null) is raised.

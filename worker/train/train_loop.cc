@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
@@ -22,6 +23,7 @@ TrainLoop::TrainLoop(const Parts& parts)
       params_(parts.params),
       checkpointer_(parts.checkpointer),
       job_(parts.job),
+      heartbeat_(parts.job->heartbeat()),
       env_(parts.options->env != nullptr ? parts.options->env : Env::Default()),
       progress_(parts.progress),
       prefetch_pulls_(parts.prefetch_pulls),
@@ -132,6 +134,10 @@ absl::Status TrainLoop::StageNext(int slot) {
 
 absl::Status TrainLoop::Run() {
   if (nothing_to_do_) return absl::OkStatus();
+  // The steps end here, however they end: what follows has bounded waits of its own.
+  absl::Cleanup steps_over = [this] {
+    if (heartbeat_ != nullptr) heartbeat_->End();
+  };
   while (max_steps_ == 0 || step_ - pass_first_step_ < max_steps_) {
     const bool stop = Stopped();
     stop_seen_ = stop_seen_ || stop;
@@ -151,7 +157,9 @@ absl::StatusOr<TrainLoop::Boundary> TrainLoop::AtBoundary(bool stop) {
   // names the last good checkpoint.
   RETURN_IF_ERROR(job_->Failure());
   if (stop) {
-    // A synchronous job stops at one common step: train on to it (JobControl::StopStep).
+    // A synchronous job stops at one common step: train on to it (JobControl::StopStep). Its
+    // calls to shard 0 have deadlines of their own.
+    LoopHeartbeat::BoundedWait wait(heartbeat_);
     ASSIGN_OR_RETURN(const int64_t stop_at, job_->StopStep(step_));
     if (step_ >= stop_at) {
       // The chief's early stopping ends the pass; a signal preempts it.
@@ -203,6 +211,7 @@ absl::Status TrainLoop::RunStep() {
   }));
   cur_ = next;
   if (!std::isfinite(r.loss_sum)) return Diverged(r.loss_sum);
+  if (heartbeat_ != nullptr) heartbeat_->Beat(step_);  // the job's lease watches the loop
   examples_ += r.examples;
   unique_rows_ += r.unique_rows;
   ex_since_log_ += r.examples;
@@ -235,8 +244,13 @@ absl::Status TrainLoop::Checkpoint(bool final, bool scheduled) {
   if (!diverged_.ok()) return diverged_;
   if (checkpointer_ == nullptr) return absl::OkStatus();
   // Every push completes, and the pipeline's position is right after the last trained batch
-  // (there is no read-ahead batch at a checkpoint).
+  // (there is no read-ahead batch at a checkpoint). Not a bounded wait: a push that a stopped
+  // host's shard never answers is what the job's lease must find.
   RETURN_IF_ERROR(step_runner_->Flush());
+  // The checkpoint's waits (a running evaluation, a PS round: on peers that hold leases of their
+  // own, on shard 0, whose silence the lease's other side finds, on the round's COPY, which gets
+  // at most the lease) have deadlines of their own: the job's lease expects no step meanwhile.
+  LoopHeartbeat::BoundedWait wait(heartbeat_);
   if (keep_best_ || (stopper_ && (final || Stopped()))) {
     // keep_best: the running evaluation's checkpoint may be the best: know it before this
     // commit's retention could remove it. A stop: the running evaluation's result belongs in the

@@ -145,6 +145,7 @@ class TrainLoop {
   ParameterAccess* const params_;
   Checkpointer* const checkpointer_;
   JobControl* const job_;
+  LoopHeartbeat* const heartbeat_;  // job_->heartbeat(): beaten after every step; may be null
   Env* const env_;  // TrainerOptions::env: the timings' and the checkpoint schedule's clock
   ProgressReporter* const progress_;
   const bool prefetch_pulls_;

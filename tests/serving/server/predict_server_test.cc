@@ -114,6 +114,35 @@ TEST(PredictServerHostile, ShutdownCancelsAReloadInProgress) {
   std::system(("rm -rf " + base).c_str());
 }
 
+// Garbage bytes from a caller with the admin token: Reload answers INVALID_ARGUMENT naming the
+// message it expected (it was gRPC's bare UNIMPLEMENTED), and loads nothing.
+TEST(PredictServerHostile, AReloadOfGarbageIsInvalidArgumentSayingWhy) {
+  const std::string base = FreshDir("bad_reload");
+  ExportVersion(base, 1);
+  PredictServer::Options o = ServerOptions(base);
+  o.admin_token = "t0ken";
+  absl::StatusOr<std::unique_ptr<PredictServer>> server = PredictServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                                     grpc::InsecureChannelCredentials());
+  const std::string junk("\xff\xff\xff\xff\x0f garbage");
+  const grpc::Status bad = testing_serving::RawCall(channel, "Reload", junk, "Bearer t0ken");
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.error_message();
+  EXPECT_THAT(bad.error_message(),
+              HasSubstr(absl::StrCat("the request (", junk.size(),
+                                     " bytes) is not a pstrain.ReloadRequest")));
+  // Without the token the bytes are not even parsed.
+  const grpc::Status denied = testing_serving::RawCall(channel, "Reload", junk, "Bearer nope");
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED) << denied.error_message();
+  // A well-formed (empty) ReloadRequest with the token still reloads.
+  const grpc::Status good = testing_serving::RawCall(channel, "Reload", "", "Bearer t0ken");
+  EXPECT_TRUE(good.ok()) << good.error_message();
+  EXPECT_EQ((*server)->stats().reloads, 0);  // nothing newer to load
+  (*server)->Shutdown(absl::Seconds(1));
+  server->reset();
+  std::system(("rm -rf " + base).c_str());
+}
+
 TEST(PredictServerHostile, BadRequestsAreInvalidArgumentSayingWhy) {
   const std::string base = FreshDir("bad_requests");
   ExportVersion(base, 1);
@@ -133,6 +162,15 @@ TEST(PredictServerHostile, BadRequestsAreInvalidArgumentSayingWhy) {
               HasSubstr(absl::StrCat("the request (", junk.size(),
                                      " bytes) is not a pstrain.PredictRequest")));
   auto stub = Predictor::NewStub(channel);
+  // The same for the other methods (both were gRPC's bare UNIMPLEMENTED, no detail).
+  const grpc::Status info = testing_serving::RawCall(channel, "GetModelInfo", junk);
+  EXPECT_EQ(info.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << info.error_message();
+  EXPECT_THAT(info.error_message(),
+              HasSubstr(absl::StrCat("the request (", junk.size(),
+                                     " bytes) is not a pstrain.ModelInfoRequest")));
+  // Reload parses only a caller's with the admin token (this server has none: it is off).
+  const grpc::Status reload = testing_serving::RawCall(channel, "Reload", junk);
+  EXPECT_EQ(reload.error_code(), grpc::StatusCode::PERMISSION_DENIED) << reload.error_message();
   // A row format that does not exist (proto3 keeps it as the number 7): not TSV.
   PredictRequest request;
   request.add_rows("1\t2\t3\t4");

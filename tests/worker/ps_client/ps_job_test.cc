@@ -1,7 +1,10 @@
 // PsJob against a real shard on loopback: a round at the step LATEST already names
-// leaves the committed checkpoint as it is (checkpoint/layout.h IsCommittedCheckpoint).
+// leaves the committed checkpoint as it is (checkpoint/layout.h IsCommittedCheckpoint); the end
+// of the job; the lease's watch of the training loop.
 #include "worker/ps_client/ps_job.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,7 +16,9 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/synchronization/notification.h"
 #include "ps/server/shard_server.h"
+#include "tests/fake_env.h"
 #include "tests/temp_files.h"
 
 namespace pstrain {
@@ -222,6 +227,118 @@ TEST(PsJob, AHostStopsWaitingForTheEndOnceShardZeroIsSilentLongerThanTheLease) {
   EXPECT_FALSE(waited.ok());
   EXPECT_THAT(std::string(waited.message()), ::testing::HasSubstr("last good checkpoint: none"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+// The lease watches the training loop: a worker whose loop has trained no step for longer than
+// the lease (stuck on a stopped host's shard while its own process runs) stops, naming it, and
+// renews its lease no more. Start-up (before the first step) and a bounded wait (a checkpoint)
+// are not stuck. The loop's clock is fake; the watcher looks at it after each long-poll (held a
+// third of the lease: 1 s here), so each "not stopped" below waits 2.5 s of real time for it.
+TEST(PsJob, AWorkerWhoseLoopTrainsNoStepForLongerThanTheLeaseStops) {
+  TwoWorkerJob job("ps_job_stuck");
+  FakeEnv env;
+  PsJob::Options o = job.Options(1);
+  o.lease = absl::Seconds(3);
+  o.env = &env;
+  absl::Notification failed;
+  std::string why;
+  o.on_failure = [&](const absl::Status& s) {
+    why = std::string(s.message());
+    failed.Notify();
+  };
+  PsJob worker(o);
+  LoopHeartbeat* heartbeat = worker.heartbeat();
+  ASSERT_NE(heartbeat, nullptr);
+  env.Advance(absl::Seconds(10));  // a slow start: not watched
+  EXPECT_FALSE(failed.WaitForNotificationWithTimeout(absl::Milliseconds(2500)));
+  heartbeat->Beat(7);
+  {
+    LoopHeartbeat::BoundedWait checkpoint(heartbeat);
+    env.Advance(absl::Seconds(10));  // a long checkpoint round
+    EXPECT_FALSE(failed.WaitForNotificationWithTimeout(absl::Milliseconds(2500)));
+  }
+  EXPECT_EQ(worker.failure(), "");
+  EXPECT_TRUE(worker.Failure().ok());
+  env.Advance(absl::Seconds(4));  // no step for longer than the lease
+  ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "the watcher did not see the stuck loop";
+  EXPECT_THAT(why, ::testing::HasSubstr("worker 1 stops: its training loop has trained no step "
+                                        "for 4s after step 7, longer than the lease (3s)"));
+  EXPECT_THAT(why, ::testing::HasSubstr("last good checkpoint: none"));
+  EXPECT_FALSE(worker.Failure().ok());
+  EXPECT_TRUE(worker.CheckpointRequested(8));  // the loop's next boundary returns the failure
+}
+
+// A loopback port that accepts connections (the kernel's backlog) and never answers: a stopped
+// process's, as a gRPC client sees it. Closed by the destructor.
+struct SilentPort {
+  int fd = -1;
+  int port = 0;
+  SilentPort() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(listen(fd, 16), 0);
+    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+  }
+  ~SilentPort() { close(fd); }
+};
+
+// A checkpoint round's COPY pauses every worker (each loop is in a bounded wait then, so no
+// loop's lease watch can find a stopped host): the COPY gets at most the lease, and a shard that
+// does not answer it fails the round within about the lease instead of the call budget (30 s)
+// or the round's timeout.
+TEST(PsJob, ACopyToAShardThatDoesNotAnswerFailsTheRoundWithinTheLease) {
+  ShardServer::Options so;
+  so.data.rows = 100;
+  so.data.partitions = 2;
+  so.data.row_dim = 3;
+  so.data.dense_size = 4;
+  so.num_workers = 1;
+  const std::string dir = FreshDir("ps_job_copy");
+  so.data.checkpoint_dir = dir;
+  auto shard = ShardServer::Create(so);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE((*shard)->Start("127.0.0.1:0").ok());
+  const std::string address = absl::StrCat("127.0.0.1:", (*shard)->port());
+  PsClient::Options co;
+  co.shards = {address};
+  co.rows = 100;
+  co.partitions = 2;
+  co.row_dim = 3;
+  co.dense_size = 4;
+  co.worker_id = 0;
+  auto client = PsClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  SilentPort stopped;
+  PsJob::Options po;
+  po.dir = dir;
+  po.worker = 0;
+  po.num_workers = 1;
+  po.shards = {address, absl::StrCat("127.0.0.1:", stopped.port)};
+  po.client = client->get();
+  po.timeout = absl::Seconds(600);  // the round's: --barrier_timeout_s
+  po.lease = absl::Seconds(3);
+  {
+    PsJob chief(po);
+    WorkerState state;
+    state.set_step(10);
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<std::string> saved = chief.Save(state, /*final=*/false);
+    const absl::Duration took = absl::Now() - start;
+    ASSERT_FALSE(saved.ok());
+    EXPECT_THAT(std::string(saved.status().message()), ::testing::HasSubstr("copying the shard"));
+    // The lease (3 s) and the call's own overhead; the call budget would be 30 s.
+    EXPECT_LT(took, absl::Seconds(15)) << saved.status();
+    // No half-written checkpoint is left, and LATEST names none.
+    EXPECT_FALSE(PathExists(dir + "/LATEST"));
+  }
+  (*shard)->Shutdown(absl::ZeroDuration());
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
