@@ -44,6 +44,7 @@ struct Pipeline::Group {
   // Set by the parser thread.
   Batch batch;
   std::vector<uint64_t> parse_bad;
+  uint64_t truncated_lists = 0;  // lists cut to their field's max_length
   absl::Status parse_error;  // the first rejected record
   absl::Status parse_fatal;  // no parser for this format / header
 };
@@ -621,6 +622,7 @@ void Pipeline::ParseGroup(Group* g, ParserCache* parsers) const {
     i = j;
   }
   if (!errors.empty()) g->parse_error = errors.front();
+  g->truncated_lists = raw.truncated_lists;
   g->batch.Clear(spec_.num_fields());
   g->batch.Reserve(raw.size());
   spec_.Encode(raw, &g->batch);
@@ -692,6 +694,7 @@ absl::StatusOr<bool> Pipeline::Next(Batch* out, int64_t* epoch) {
       queue_.pop_front();
       final_status_ = Account(*g, /*end_of_input=*/false);
       if (final_status_.ok() && g->batch.size > 0) ++stats_.batches;
+      stats_.truncated_lists += g->truncated_lists;
     }
     if (!final_status_.ok() || g->batch.size == 0) continue;  // a batch of only bad records
     *out = std::move(g->batch);

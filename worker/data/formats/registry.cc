@@ -2,6 +2,7 @@
 #include "worker/data/formats/registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "worker/data/formats/criteo_tsv.h"
 #include "worker/data/formats/csv.h"
 #include "worker/data/formats/libsvm.h"
@@ -50,6 +51,11 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
 absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  absl::string_view csv_header) {
+  // Lists: CSV and TFRecord read them; the other readers refuse a spec with list fields rather
+  // than read one id of each (docs/FORMATS.md "Lists").
+  if (format == CRITEO_TSV || format == LIBSVM || format == RECORDIO) {
+    RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " readers")));
+  }
   switch (format) {
     case CRITEO_TSV: return NewCriteoTsvParser(spec);
     case CSV: return NewCsvParser(spec, csv_header);
@@ -63,6 +69,8 @@ absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat form
 absl::StatusOr<std::unique_ptr<RecordWriter>> CreateRecordWriter(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  const std::string& path) {
+  // No writer writes lists yet (convert and datagen refuse a spec with list fields).
+  RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " writers")));
   switch (format) {
     case CRITEO_TSV: return NewCriteoTsvWriter(spec, path);
     case CSV: return NewCsvWriter(spec, path);

@@ -133,7 +133,13 @@ bool ForEachLengthDelimited(absl::string_view msg, Fn&& fn) {
 class TFRecordParser : public RowParser {
  public:
   explicit TFRecordParser(const FeatureSpec& spec) : RowParser(spec) {
-    for (int f = 0; f < spec.num_fields(); ++f) index_[spec.field(f).name] = f;
+    for (int f = 0; f < spec.num_fields(); ++f) {
+      index_[spec.field(f).name] = f;
+      if (!spec.field(f).weights_key.empty()) weights_index_[spec.field(f).weights_key] = f;
+    }
+    list_length_.assign(spec.num_fields(), -1);
+    weights_.resize(spec.num_fields());
+    has_weights_.assign(spec.num_fields(), 0);
   }
 
  private:
@@ -163,9 +169,15 @@ class TFRecordParser : public RowParser {
         return error.ok();
       });
     });
-    if (ok && !has_label) {
+    if (ok && error.ok() && !weights_index_.empty()) error = ApplyWeights(rec, row, rows);
+    if (ok && error.ok() && !has_label) {
       error = BadRecord(rec, TFRECORD, absl::StrCat("no label feature '", spec_.label_name(), "'"));
     }
+    for (int f : touched_) {
+      list_length_[f] = -1;
+      has_weights_[f] = 0;
+    }
+    touched_.clear();
     if (!ok && error.ok()) {
       error = absl::DataLossError(absl::StrCat(DescribeRecord(rec, TFRECORD), ": ",
                                                rec.data.size(),
@@ -179,10 +191,16 @@ class TFRecordParser : public RowParser {
                          int row, RawRows* rows, bool* has_label) {
     const bool is_label = name == spec_.label_name();
     int f = -1;
+    int weights_of = -1;
     if (!is_label) {
       const auto it = index_.find(name);
-      if (it == index_.end()) return absl::OkStatus();  // a feature this model does not use
-      f = it->second;
+      if (it != index_.end()) {
+        f = it->second;
+      } else if (const auto w = weights_index_.find(name); w != weights_index_.end()) {
+        weights_of = w->second;
+      } else {
+        return absl::OkStatus();  // a feature this model does not use
+      }
     }
     auto* feature = arena_.Create<tensorflow::Feature>();
     if (!feature->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -196,6 +214,28 @@ class TFRecordParser : public RowParser {
       case tensorflow::Feature::kBytesList: n = feature->bytes_list().value_size(); break;
       default: break;
     }
+    if (weights_of >= 0) {
+      const FeatureSpec::Field& field = spec_.field(weights_of);
+      if (n > 0 && !feature->has_float_list()) {
+        return BadRecord(rec, TFRECORD, absl::StrCat("list weights '", name, "' of field '",
+                                                     field.name, "' are not a float_list"));
+      }
+      std::vector<double>& w = weights_[weights_of];
+      w.clear();
+      for (int j = 0; j < n; ++j) {
+        const double v = feature->float_list().value(j);
+        if (!std::isfinite(v)) {
+          return BadRecord(rec, TFRECORD, absl::StrCat("list weights '", name, "' of field '",
+                                                       field.name, "': weight ", j + 1,
+                                                       " is not finite: ", v));
+        }
+        w.push_back(v);
+      }
+      has_weights_[weights_of] = 1;
+      touched_.push_back(weights_of);
+      return absl::OkStatus();
+    }
+    if (f >= 0 && spec_.field(f).list) return OnList(rec, name, *feature, n, f, row, rows);
     if (n > 1) {
       return BadRecord(rec, TFRECORD, absl::StrCat("feature '", name, "' has ", n,
                                                    " values, expected 1 (multi-valued "
@@ -252,7 +292,67 @@ class TFRecordParser : public RowParser {
     return absl::OkStatus();
   }
 
+  // A list field's feature: int64_list or bytes_list ids (any number, zero included).
+  absl::Status OnList(const RecordRef& rec, absl::string_view name,
+                      const tensorflow::Feature& feature, int n, int f, int row, RawRows* rows) {
+    const FeatureSpec::Field& field = spec_.field(f);
+    if (n > 0 && !feature.has_int64_list() && !feature.has_bytes_list()) {
+      return BadRecord(rec, TFRECORD, absl::StrCat("list feature '", name,
+                                                   "' is a float_list, expected int64_list or "
+                                                   "bytes_list"));
+    }
+    rows->StartList(row, f);  // a repeated key replaces the earlier list
+    list_length_[f] = n;
+    touched_.push_back(f);
+    ASSIGN_OR_RETURN(const size_t keep,
+                     ListLengthToKeep(rec, TFRECORD, field, static_cast<size_t>(n), rows));
+    for (size_t j = 0; j < keep; ++j) {
+      uint64_t key;
+      if (feature.has_int64_list()) {
+        key = static_cast<uint64_t>(feature.int64_list().value(static_cast<int>(j)));
+      } else {
+        const std::string& b = feature.bytes_list().value(static_cast<int>(j));
+        if (!ParseHexKey(b.data(), b.data() + b.size(), &key)) key = HashBytes(b);
+      }
+      rows->AddToList(row, f, key);
+    }
+    return absl::OkStatus();
+  }
+
+  // Gives each list the weights of its weights_key feature, once the whole record is read (the
+  // two features come in any order).
+  absl::Status ApplyWeights(const RecordRef& rec, int row, RawRows* rows) {
+    for (int f : touched_) {
+      if (!has_weights_[f]) continue;
+      const FeatureSpec::Field& field = spec_.field(f);
+      const std::vector<double>& w = weights_[f];
+      if (list_length_[f] < 0) {
+        if (w.empty()) continue;
+        return BadRecord(rec, TFRECORD, absl::StrCat("list field '", field.name, "': ", w.size(),
+                                                     " weights ('", field.weights_key,
+                                                     "') without ids"));
+      }
+      if (static_cast<int>(w.size()) != list_length_[f]) {
+        return BadRecord(rec, TFRECORD, absl::StrCat("list field '", field.name, "': ", w.size(),
+                                                     " weights ('", field.weights_key, "') for ",
+                                                     list_length_[f], " ids, expected one per id"));
+      }
+      const size_t i = rows->Cell(row, f);
+      for (uint32_t j = 0; j < rows->list_size[i]; ++j) {
+        rows->list_weight[rows->list_begin[i] + j] = w[j];
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::flat_hash_map<std::string, int> index_;  // field name -> index (string_view lookups)
+  absl::flat_hash_map<std::string, int> weights_index_;  // list.weights_key -> its field
+  // Per field, for the record being parsed: the list's length as given (-1: no list), and the
+  // weights of its weights_key feature; touched_ lists the fields to reset.
+  std::vector<int> list_length_;
+  std::vector<std::vector<double>> weights_;
+  std::vector<uint8_t> has_weights_;
+  std::vector<int> touched_;
   ScratchArena arena_;
 };
 

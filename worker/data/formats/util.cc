@@ -125,6 +125,20 @@ absl::Status BadRecord(const RecordRef& rec, DataFormat format, absl::string_vie
   return absl::InvalidArgumentError(absl::StrCat(DescribeRecord(rec, format), ": ", what));
 }
 
+absl::StatusOr<size_t> ListLengthToKeep(const RecordRef& rec, DataFormat format,
+                                        const FeatureSpec::Field& field, size_t length,
+                                        RawRows* rows) {
+  const size_t max = static_cast<size_t>(field.max_length);
+  if (length <= max) return length;
+  if (field.overflow == REFUSE) {
+    return BadRecord(rec, format, absl::StrCat("list field '", field.name, "' has ", length,
+                                               " ids, more than its list.max_length ", max,
+                                               " (list.overflow: REFUSE)"));
+  }
+  ++rows->truncated_lists;
+  return max;
+}
+
 namespace {
 google::protobuf::ArenaOptions ArenaWithBlock(char* block, size_t size) {
   google::protobuf::ArenaOptions o;
