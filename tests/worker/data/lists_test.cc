@@ -238,6 +238,58 @@ TEST(ListCsv, BadListsNameTheRecordAndField) {
   EXPECT_EQ(rows.list_key.size(), 3u);  // hist [1, 2] and kw [x]
 }
 
+// ---- LibSVM ---------------------------------------------------------------------------------
+
+TEST(ListLibSvm, ReadsFieldIdValueTriplesBesideThePairs) {
+  const FeatureSpec spec = Spec(ListConfig(MEAN, 3));
+  TempDir dir;
+  std::vector<absl::Status> errors;
+  // Pairs: item, price (the single-valued fields, in order); triples: 1 = hist, 2 = kw.
+  const RawRows rows = testing_util::ParseText(dir, LIBSVM, spec,
+                                               "1 1:5:1 7:1 2:9:2 1:6:0.5 3:2.5\n"
+                                               "0 8:1 0:1\n"
+                                               "1 9:1 1:1:1 1:2:1 1:3:1 1:4:1 0:1\n",
+                                               &errors);
+  ASSERT_TRUE(errors.empty()) << errors[0];
+  ASSERT_EQ(rows.size(), 3);
+  EXPECT_EQ(rows.key[rows.Cell(0, 0)], 7u);
+  EXPECT_EQ(rows.value[rows.Cell(0, 3)], 2.5);
+  const size_t h = rows.Cell(0, 1);
+  ASSERT_EQ(rows.ListSize(h), 2u);
+  EXPECT_EQ(rows.list_key[rows.list_begin[h]], 5u);
+  EXPECT_EQ(rows.list_key[rows.list_begin[h] + 1], 6u);
+  EXPECT_EQ(rows.list_weight[rows.list_begin[h] + 1], 0.5);
+  EXPECT_EQ(rows.ListSize(rows.Cell(0, 2)), 1u);
+  EXPECT_EQ(rows.list_weight[rows.list_begin[rows.Cell(0, 2)]], 2.0);
+  EXPECT_EQ(rows.present[rows.Cell(1, 1)], 1);  // no triples: an empty list
+  EXPECT_EQ(rows.ListSize(rows.Cell(1, 1)), 0u);
+  EXPECT_EQ(rows.ListSize(rows.Cell(2, 1)), 3u);  // 4 ids, max_length 3
+  EXPECT_EQ(rows.truncated_lists, 1u);
+}
+
+TEST(ListLibSvm, BadTriplesNameTheRecordAndField) {
+  const FeatureSpec spec = Spec(ListConfig(MEAN, 3, REFUSE));
+  TempDir dir;
+  std::vector<absl::Status> errors;
+  const RawRows rows = testing_util::ParseText(dir, LIBSVM, spec,
+                                               "1 7:1 0:5:1 0:1\n"
+                                               "1 7:1 1:x:1 0:1\n"
+                                               "1 7:1 1:1:1 1:2:1 1:3:1 1:4:1 0:1\n"
+                                               "1 7:1\n"
+                                               "1 7:1 1:1:1 0:1\n",
+                                               &errors);
+  EXPECT_EQ(rows.size(), 1);
+  ASSERT_EQ(errors.size(), 4u);
+  EXPECT_THAT(std::string(errors[0].message()),
+              AllOf(HasSubstr("line 1"), HasSubstr("field 0 is not a list field")));
+  EXPECT_THAT(std::string(errors[1].message()), AllOf(HasSubstr("line 2"), HasSubstr("'1:x:1'")));
+  EXPECT_THAT(std::string(errors[2].message()),
+              AllOf(HasSubstr("line 3"), HasSubstr("'hist'"), HasSubstr("4 ids")));
+  EXPECT_THAT(std::string(errors[3].message()),
+              AllOf(HasSubstr("line 4"), HasSubstr("found 1 id:value pairs, expected 2")));
+  EXPECT_EQ(rows.list_key.size(), 1u);
+}
+
 // ---- TFRecord -------------------------------------------------------------------------------
 
 tensorflow::Example Example(float label) {
@@ -321,7 +373,7 @@ TEST(ListTFRecord, BadListsNameTheRecordAndField) {
 
 TEST(ListFormats, ReadersAndWritersWithoutListsRefuseThem) {
   const FeatureSpec spec = Spec(ListConfig());
-  for (DataFormat format : {CRITEO_TSV, LIBSVM, RECORDIO}) {
+  for (DataFormat format : {CRITEO_TSV, RECORDIO}) {
     auto parser = CreateRecordParser(format, spec, "");
     ASSERT_FALSE(parser.ok()) << DataFormat_Name(format);
     EXPECT_THAT(std::string(parser.status().message()),

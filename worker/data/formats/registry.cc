@@ -51,9 +51,9 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
 absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  absl::string_view csv_header) {
-  // Lists: CSV and TFRecord read them; the other readers refuse a spec with list fields rather
-  // than read one id of each (docs/FORMATS.md "Lists").
-  if (format == CRITEO_TSV || format == LIBSVM || format == RECORDIO) {
+  // Lists: CSV, LibSVM and TFRecord read them; the other readers refuse a spec with list
+  // fields rather than read one id of each (docs/FORMATS.md "Lists").
+  if (format == CRITEO_TSV || format == RECORDIO) {
     RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " readers")));
   }
   switch (format) {
