@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/random.h"
 #include "common/record_frame.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -369,6 +370,107 @@ TEST(ListTFRecord, BadListsNameTheRecordAndField) {
   EXPECT_EQ(rows.list_key.size(), 2u);
 }
 
+// ---- Writers: lists round-trip between formats -----------------------------------------------
+
+RawRows RandomListRows(const FeatureSpec& spec, int n, uint64_t seed) {
+  Rng rng(seed);
+  RawRows rows;
+  rows.Clear(spec.num_fields());
+  for (int r = 0; r < n; ++r) {
+    const int row = rows.AddRow(static_cast<float>(rng.Uniform(2)));
+    rows.SetCategorical(row, 0, rng.Next() >> rng.Uniform(64));
+    for (int f : {1, 2}) {
+      rows.StartList(row, f);
+      const int len = static_cast<int>(rng.Uniform(4));  // within max_length 4, empty included
+      for (int j = 0; j < len; ++j) {
+        // Weights: 1, or float32-exact values (TFRecord stores float32), only where the field
+        // has a weights_key.
+        const double w = f == 1 && rng.Uniform(2) ? static_cast<float>(rng.UniformDouble()) : 1.0;
+        rows.AddToList(row, f, rng.Next() >> rng.Uniform(64), w);
+      }
+    }
+    rows.SetNumeric(row, 3, static_cast<float>(rng.Normal()));
+  }
+  return rows;
+}
+
+::testing::AssertionResult SameLists(const RawRows& a, const RawRows& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " rows";
+  for (int r = 0; r < a.size(); ++r) {
+    if (a.labels[r] != b.labels[r]) return ::testing::AssertionFailure() << "row " << r << " label";
+    for (int f = 0; f < a.num_fields; ++f) {
+      const size_t i = a.Cell(r, f);
+      if (a.ListSize(i) != b.ListSize(i)) {
+        return ::testing::AssertionFailure() << "row " << r << " field " << f << ": list of "
+                                             << a.ListSize(i) << " vs " << b.ListSize(i);
+      }
+      for (uint32_t j = 0; j < a.ListSize(i); ++j) {
+        if (a.list_key[a.list_begin[i] + j] != b.list_key[b.list_begin[i] + j] ||
+            a.list_weight[a.list_begin[i] + j] != b.list_weight[b.list_begin[i] + j]) {
+          return ::testing::AssertionFailure() << "row " << r << " field " << f << " id " << j;
+        }
+      }
+      if (a.ListSize(i) == 0 && (a.present[i] != b.present[i] || a.key[i] != b.key[i] ||
+                                 a.value[i] != b.value[i])) {
+        return ::testing::AssertionFailure() << "row " << r << " field " << f << " value";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+RawRows WriteAndRead(DataFormat format, const FeatureSpec& spec, const RawRows& rows,
+                     const TempDir& dir, const std::string& name) {
+  auto writer = CreateRecordWriter(format, spec, dir.File(name));
+  EXPECT_TRUE(writer.ok()) << writer.status();
+  if (!writer.ok()) return RawRows();
+  EXPECT_TRUE((*writer)->Write(rows, 0, rows.size()).ok());
+  EXPECT_TRUE((*writer)->Close().ok());
+  std::vector<absl::Status> errors;
+  RawRows back = testing_util::ParseFile(format, spec, dir.File(name), &errors);
+  EXPECT_TRUE(errors.empty()) << errors[0];
+  return back;
+}
+
+TEST(ListWriters, TFRecordToCsvToTFRecordKeepsIdsAndWeights) {
+  const FeatureSpec spec = Spec(ListConfig());
+  const RawRows rows = RandomListRows(spec, 300, 7);
+  TempDir dir;
+  const RawRows tf = WriteAndRead(TFRECORD, spec, rows, dir, "a.tfrecords");
+  EXPECT_TRUE(SameLists(tf, rows));
+  const RawRows csv = WriteAndRead(CSV, spec, tf, dir, "b.csv");
+  EXPECT_TRUE(SameLists(csv, rows));
+  const RawRows again = WriteAndRead(TFRECORD, spec, csv, dir, "c.tfrecords");
+  EXPECT_TRUE(SameLists(again, rows));
+  EXPECT_EQ(testing_util::ReadAll(dir.File("a.tfrecords")), testing_util::ReadAll(dir.File("c.tfrecords")));
+  // LibSVM writes a numeric field's index as its id.
+  RawRows want = rows;
+  for (int r = 0; r < want.size(); ++r) want.key[want.Cell(r, 3)] = 3;
+  const RawRows libsvm = WriteAndRead(LIBSVM, spec, rows, dir, "d.libsvm");
+  EXPECT_TRUE(SameLists(libsvm, want));
+}
+
+TEST(ListWriters, RefuseWhatTheFormatCannotHold) {
+  FeatureConfig c = ListConfig();
+  c.mutable_field(1)->mutable_list()->clear_weights_key();
+  const FeatureSpec spec = Spec(c);
+  RawRows rows;
+  rows.Clear(4);
+  rows.AddRow(1.f);
+  rows.StartList(0, 1);
+  rows.AddToList(0, 1, 5, 0.5);
+  TempDir dir;
+  auto writer = CreateRecordWriter(TFRECORD, spec, dir.File("w.tfrecords"));
+  ASSERT_TRUE(writer.ok());
+  EXPECT_THAT(std::string((*writer)->Write(rows, 0, 1).message()),
+              AllOf(HasSubstr("'hist'"), HasSubstr("no list.weights_key")));
+  rows.list_weight[0] = std::nan("");
+  auto csv = CreateRecordWriter(CSV, spec, dir.File("w.csv"));
+  ASSERT_TRUE(csv.ok());
+  EXPECT_THAT(std::string((*csv)->Write(rows, 0, 1).message()),
+              AllOf(HasSubstr("'hist'"), HasSubstr("non-finite weight")));
+}
+
 // ---- What cannot carry lists yet refuses them ------------------------------------------------
 
 TEST(ListFormats, ReadersAndWritersWithoutListsRefuseThem) {
@@ -380,7 +482,7 @@ TEST(ListFormats, ReadersAndWritersWithoutListsRefuseThem) {
                 AllOf(HasSubstr("'hist'"), HasSubstr("not support list fields yet")));
   }
   TempDir dir;
-  for (DataFormat format : {CRITEO_TSV, CSV, LIBSVM, TFRECORD, RECORDIO}) {
+  for (DataFormat format : {CRITEO_TSV, RECORDIO}) {
     auto writer = CreateRecordWriter(format, spec, dir.File("out"));
     ASSERT_FALSE(writer.ok()) << DataFormat_Name(format);
     EXPECT_THAT(std::string(writer.status().message()), HasSubstr("'hist'"));

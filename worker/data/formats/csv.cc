@@ -268,11 +268,59 @@ absl::StatusOr<std::unique_ptr<RecordParser>> NewCsvParser(const FeatureSpec& sp
   return std::unique_ptr<RecordParser>(new CsvParser(spec, std::move(target)));
 }
 
+namespace {
+
+// The CSV writer of a spec with list fields: DelimitedTextWriter's text for the other fields, and
+// a list as its items joined by the field's separator, each the key in hex with ":weight" when
+// the weight is not 1 (docs/FORMATS.md "Lists"). Field by field, not vectorized.
+class CsvListWriter : public BufferedRecordWriter {
+ public:
+  CsvListWriter(const FeatureSpec& spec, std::unique_ptr<BufferedWriter> out,
+                absl::string_view header)
+      : BufferedRecordWriter(CSV, spec, std::move(out), WritableRows{}) {
+    absl::StrAppend(out_->buffer(), header, "\n");
+  }
+
+ private:
+  absl::Status AppendRow(const RawRows& rows, int r, std::string* out) override {
+    char buf[kMaxLabelChars + kMaxNumberChars + kMaxHexKeyChars + 8];
+    out->append(buf, WriteLabel(rows.labels[r], buf) - buf);
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      out->push_back(',');
+      const size_t i = rows.Cell(r, f);
+      const FeatureSpec::Field& field = spec_.field(f);
+      if (field.list) {
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          if (j > 0) out->append(field.separator);
+          const size_t at = rows.list_begin[i] + j;
+          char* p = WriteHexKey(rows.list_key[at], buf);
+          if (rows.list_weight[at] != 1.0) {
+            *p++ = ':';
+            p = WriteNumber(rows.list_weight[at], p);
+          }
+          out->append(buf, p - buf);
+        }
+        continue;
+      }
+      if (!rows.present[i]) continue;
+      char* p = categorical_[f] ? WriteHexKey(rows.key[i], buf) : WriteNumber(rows.value[i], buf);
+      out->append(buf, p - buf);
+    }
+    out->push_back('\n');
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RecordWriter>> NewCsvWriter(const FeatureSpec& spec,
                                                            const std::string& path) {
   ASSIGN_OR_RETURN(auto out, BufferedWriter::Create(path));
   std::string header = spec.label_name();
   for (const auto& f : spec.fields()) absl::StrAppend(&header, ",", f.name);
+  if (spec.has_lists()) {
+    return std::unique_ptr<RecordWriter>(new CsvListWriter(spec, std::move(out), header));
+  }
   return std::unique_ptr<RecordWriter>(
       new DelimitedTextWriter(CSV, spec, std::move(out), ',', header));
 }

@@ -181,6 +181,7 @@ class LibSvmWriter : public BufferedRecordWriter {
   absl::Status AppendRow(const RawRows& rows, int r, std::string* out) override {
     const int nf = spec_.num_fields();
     const size_t base = static_cast<size_t>(r) * nf;
+    if (spec_.has_lists()) return AppendRowWithLists(rows, r, out);
     char* p = WriteLabel(rows.labels[r], row_.get());
     for (int f = 0; f < nf; ++f) {
       *p++ = ' ';
@@ -192,6 +193,41 @@ class LibSvmWriter : public BufferedRecordWriter {
     }
     *p++ = '\n';
     out->append(row_.get(), p - row_.get());
+    return absl::OkStatus();
+  }
+
+  // With list fields: the single-valued fields' pairs, then each list's `field:id:value`
+  // triples (the parser's syntax, docs/FORMATS.md "Lists").
+  absl::Status AppendRowWithLists(const RawRows& rows, int r, std::string* out) {
+    char* p = WriteLabel(rows.labels[r], row_.get());
+    out->append(row_.get(), p - row_.get());
+    char buf[3 + 2 * kMaxUint64Chars + kMaxNumberChars];
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      if (spec_.field(f).list) continue;
+      const size_t i = rows.Cell(r, f);
+      p = buf;
+      *p++ = ' ';
+      p = WriteUint64(categorical_[f] ? rows.key[i] : uint64_t(f), p);
+      *p++ = ':';
+      p = WriteNumber(rows.value[i], p);
+      out->append(buf, p - buf);
+    }
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      if (!spec_.field(f).list) continue;
+      const size_t i = rows.Cell(r, f);
+      for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+        const size_t at = rows.list_begin[i] + j;
+        p = buf;
+        *p++ = ' ';
+        p = WriteUint64(static_cast<uint64_t>(f), p);
+        *p++ = ':';
+        p = WriteUint64(rows.list_key[at], p);
+        *p++ = ':';
+        p = WriteNumber(rows.list_weight[at], p);
+        out->append(buf, p - buf);
+      }
+    }
+    out->push_back('\n');
     return absl::OkStatus();
   }
 

@@ -69,8 +69,10 @@ absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat form
 absl::StatusOr<std::unique_ptr<RecordWriter>> CreateRecordWriter(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  const std::string& path) {
-  // No writer writes lists yet (convert and datagen refuse a spec with list fields).
-  RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " writers")));
+  // CSV, LibSVM and TFRecord write lists; the other writers refuse a spec with list fields.
+  if (format == CRITEO_TSV || format == RECORDIO) {
+    RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " writers")));
+  }
   switch (format) {
     case CRITEO_TSV: return NewCriteoTsvWriter(spec, path);
     case CSV: return NewCsvWriter(spec, path);

@@ -10,6 +10,7 @@
 #include "common/record_frame.h"
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "tensorflow/example.pb.h"
 #include "worker/data/formats/buffered_io.h"
@@ -457,6 +458,72 @@ class TFRecordWriter : public BufferedRecordWriter {
   std::unique_ptr<uint8_t[]> buf_;  // one serialized Example
 };
 
+// The TFRecord writer of a spec with list fields: the generated tf.train.Example, serialized
+// deterministically (keys sorted, as TFRecordWriter writes them). A list is an int64_list of its
+// keys (empty for an empty or absent list), and, when the field has a weights_key and some
+// weight is not 1, the float_list of its weights under that key. Slower than TFRecordWriter,
+// and only used for such specs.
+class TFRecordListWriter : public BufferedRecordWriter {
+ public:
+  TFRecordListWriter(const FeatureSpec& spec, std::unique_ptr<BufferedWriter> out)
+      : BufferedRecordWriter(TFRECORD, spec, std::move(out), WritableRows{}) {}
+
+ private:
+  absl::Status AppendRow(const RawRows& rows, int r, std::string* out) override {
+    tensorflow::Example ex;
+    auto& features = *ex.mutable_features()->mutable_feature();
+    features[spec_.label_name()].mutable_float_list()->add_value(rows.labels[r]);
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      const FeatureSpec::Field& field = spec_.field(f);
+      const size_t i = rows.Cell(r, f);
+      if (field.list) {
+        auto* ids = features[field.name].mutable_int64_list();
+        bool weighted = false;
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          ids->add_value(static_cast<int64_t>(rows.list_key[rows.list_begin[i] + j]));
+          weighted |= rows.list_weight[rows.list_begin[i] + j] != 1.0;
+        }
+        if (!weighted) continue;
+        if (field.weights_key.empty()) {
+          return RowError(r, absl::StrCat("list field '", field.name,
+                                          "' has weights other than 1 and no list.weights_key "
+                                          "to write them under"));
+        }
+        auto* w = features[field.weights_key].mutable_float_list();
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          const double v = rows.list_weight[rows.list_begin[i] + j];
+          if (static_cast<double>(static_cast<float>(v)) != v) {
+            return RowError(r, absl::StrCat("list field '", field.name, "' weight ", v,
+                                            " has no exact float32 (a float_list)"));
+          }
+          w->add_value(static_cast<float>(v));
+        }
+        continue;
+      }
+      if (!rows.present[i]) continue;
+      if (categorical_[f]) {
+        features[field.name].mutable_int64_list()->add_value(static_cast<int64_t>(rows.key[i]));
+      } else {
+        const float v = static_cast<float>(rows.value[i]);
+        if (!std::isfinite(v)) {
+          return RowError(r, absl::StrCat("numeric field '", field.name, "' value ",
+                                          rows.value[i], " overflows float32"));
+        }
+        features[field.name].mutable_float_list()->add_value(v);
+      }
+    }
+    std::string bytes;
+    {
+      google::protobuf::io::StringOutputStream stream(&bytes);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.SetSerializationDeterministic(true);
+      ex.SerializeToCodedStream(&coded);
+    }
+    AppendTFRecordFrame(bytes, out);
+    return absl::OkStatus();
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
@@ -478,6 +545,9 @@ absl::StatusOr<std::unique_ptr<RecordWriter>> NewTFRecordWriter(const FeatureSpe
         "its features by name, so the two would collide (rename the field or the label)"));
   }
   ASSIGN_OR_RETURN(auto out, BufferedWriter::Create(path));
+  if (spec.has_lists()) {
+    return std::unique_ptr<RecordWriter>(new TFRecordListWriter(spec, std::move(out)));
+  }
   return std::unique_ptr<RecordWriter>(new TFRecordWriter(spec, std::move(out)));
 }
 

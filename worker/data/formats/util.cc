@@ -214,6 +214,16 @@ absl::Status BufferedRecordWriter::CheckRow(const RawRows& rows, int r) const {
   for (int f = 0; f < nf; ++f) {
     const size_t i = static_cast<size_t>(r) * nf + f;
     const FeatureSpec::Field& field = spec_.field(f);
+    if (field.list) {  // key / value unused; an absent list is written as an empty one
+      for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+        const double w = rows.list_weight[rows.list_begin[i] + j];
+        if (!std::isfinite(w)) {
+          return RowError(r, absl::StrCat("list field '", field.name, "' has non-finite weight ",
+                                          w, " (id ", j + 1, ")"));
+        }
+      }
+      continue;
+    }
     if (!rows.present[i]) {
       if (!rules_.missing_ok) {
         return RowError(r, absl::StrCat("field '", field.name, "' is missing; ",
