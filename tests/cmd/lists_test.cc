@@ -109,6 +109,44 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
   EXPECT_THAT(out, HasSubstr("not support list fields yet"));
 }
 
+// `pstrain convert` CSV -> TFRecord (shuffled, through its bucket files) -> CSV keeps every
+// list: the same rows, as a multiset, with the same ids in the same order.
+TEST_F(ListsTest, ConvertRoundTripsLists) {
+  const std::string cfg = Dir() + "/config.textproto";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " convert --config ", cfg, " --input ", Dir(),
+                                           "/test.csv --from csv --to tfrecord --shuffle_seed 3 "
+                                           "--target_file_mb 1 --out ", Dir(), "/tf"),
+                              120, &out),
+            0)
+      << out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " convert --config ", cfg, " --input '", Dir(),
+                                           "/tf/part-*' --from tfrecord --to csv --out ", Dir(),
+                                           "/csv"),
+                              120, &out),
+            0)
+      << out;
+  // The same rows as the input converted straight to CSV (keys hashed from "i123" are written
+  // in hex either way), in another order.
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " convert --config ", cfg, " --input ", Dir(),
+                                           "/test.csv --from csv --to csv --out ", Dir(),
+                                           "/direct"),
+                              120, &out),
+            0)
+      << out;
+  std::string diff;
+  EXPECT_EQ(testing::RunShell(absl::StrCat("cd ", Dir(), " && sort direct/part-* > a.sorted && "
+                                           "sort csv/part-* > b.sorted && cmp a.sorted b.sorted && "
+                                           "! cmp -s direct/part-00000.csv csv/part-00000.csv"),
+                              60, &diff),
+            0)
+      << diff;
+  std::string lines;
+  ASSERT_EQ(testing::RunShell(absl::StrCat("cat ", Dir(), "/csv/part-* | grep -c '|'"), 60, &lines),
+            0);
+  EXPECT_GT(std::stoi(lines), 1000);  // multi-id lists made it through
+}
+
 // Every PS consistency mode: the workers' pulls and pushes are by unique row, as before.
 TEST_F(ListsTest, PsJobsOfEveryConsistencyLearnFromTheHistory) {
   for (const char* consistency : {"ASYNC", "BOUNDED", "SYNC"}) {
