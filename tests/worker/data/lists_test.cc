@@ -10,11 +10,13 @@
 #include "common/hash.h"
 #include "common/random.h"
 #include "common/record_frame.h"
+#include "aialgs/record.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensorflow/example.pb.h"
 #include "tests/worker/data/formats/format_test_util.h"
 #include "worker/data/feature_spec.h"
+#include "worker/data/formats/recordio.h"
 #include "worker/data/formats/registry.h"
 
 namespace pstrain {
@@ -370,6 +372,72 @@ TEST(ListTFRecord, BadListsNameTheRecordAndField) {
   EXPECT_EQ(rows.list_key.size(), 2u);
 }
 
+// ---- RecordIO -------------------------------------------------------------------------------
+
+aialgs::data::Record RecordWithLabel(float label) {
+  aialgs::data::Record r;
+  (*r.mutable_label())["values"].mutable_float32_tensor()->add_values(label);
+  return r;
+}
+
+RawRows ParseRecords(const FeatureSpec& spec, const std::vector<aialgs::data::Record>& records,
+                     std::vector<absl::Status>* errors) {
+  TempDir dir;
+  std::string bytes;
+  for (const auto& r : records) AppendRecordIOFrame(r.SerializeAsString(), &bytes);
+  return testing_util::ParseFile(RECORDIO, spec, dir.Write("l.rec", bytes), errors);
+}
+
+TEST(ListRecordIO, ListsAreSparseTensorsOfTheirOwnBesideTheRowTensor) {
+  const FeatureSpec spec = Spec(ListConfig(MEAN, 4));
+  aialgs::data::Record a = RecordWithLabel(1);
+  auto* row = (*a.mutable_features())["values"].mutable_float64_tensor();
+  row->add_keys(0);  // item
+  row->add_values(7);
+  auto* hist = (*a.mutable_features())["hist"].mutable_float32_tensor();
+  for (uint64_t id : {5, 6, 7}) hist->add_keys(id);
+  for (float w : {1.f, 0.5f, 2.f}) hist->add_values(w);
+  auto* kw = (*a.mutable_features())["kw"].mutable_int32_tensor();
+  kw->add_keys(9);  // no values: weight 1
+  std::vector<absl::Status> errors;
+  const RawRows rows = ParseRecords(spec, {a}, &errors);
+  ASSERT_TRUE(errors.empty()) << errors[0];
+  ASSERT_EQ(rows.size(), 1);
+  EXPECT_EQ(rows.key[rows.Cell(0, 0)], 7u);
+  const size_t h = rows.Cell(0, 1);
+  ASSERT_EQ(rows.ListSize(h), 3u);
+  EXPECT_EQ(rows.list_key[rows.list_begin[h] + 2], 7u);
+  EXPECT_EQ(rows.list_weight[rows.list_begin[h] + 1], 0.5);
+  ASSERT_EQ(rows.ListSize(rows.Cell(0, 2)), 1u);
+  EXPECT_EQ(rows.list_weight[rows.list_begin[rows.Cell(0, 2)]], 1.0);
+}
+
+TEST(ListRecordIO, BadListsNameTheRecordAndField) {
+  const FeatureSpec spec = Spec(ListConfig(MEAN, 2, REFUSE));
+  aialgs::data::Record mismatch = RecordWithLabel(1);
+  auto* t = (*mismatch.mutable_features())["hist"].mutable_float64_tensor();
+  t->add_keys(1);
+  t->add_keys(2);
+  t->add_values(1);
+  aialgs::data::Record too_long = RecordWithLabel(1);
+  auto* u = (*too_long.mutable_features())["hist"].mutable_float64_tensor();
+  for (uint64_t id : {1, 2, 3}) u->add_keys(id);
+  aialgs::data::Record in_row = RecordWithLabel(1);
+  auto* row = (*in_row.mutable_features())["values"].mutable_float64_tensor();
+  row->add_keys(1);  // hist's index in the row tensor
+  row->add_values(5);
+  std::vector<absl::Status> errors;
+  const RawRows rows = ParseRecords(spec, {mismatch, too_long, in_row}, &errors);
+  EXPECT_EQ(rows.size(), 0);
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_THAT(std::string(errors[0].message()),
+              AllOf(HasSubstr("record 1"), HasSubstr("'hist'"), HasSubstr("1 weights (values) for 2 ids")));
+  EXPECT_THAT(std::string(errors[1].message()),
+              AllOf(HasSubstr("record 2"), HasSubstr("'hist'"), HasSubstr("3 ids")));
+  EXPECT_THAT(std::string(errors[2].message()),
+              AllOf(HasSubstr("record 3"), HasSubstr("'hist'"), HasSubstr("tensor of its own")));
+}
+
 // ---- Writers: lists round-trip between formats -----------------------------------------------
 
 RawRows RandomListRows(const FeatureSpec& spec, int n, uint64_t seed) {
@@ -448,6 +516,11 @@ TEST(ListWriters, TFRecordToCsvToTFRecordKeepsIdsAndWeights) {
   for (int r = 0; r < want.size(); ++r) want.key[want.Cell(r, 3)] = 3;
   const RawRows libsvm = WriteAndRead(LIBSVM, spec, rows, dir, "d.libsvm");
   EXPECT_TRUE(SameLists(libsvm, want));
+  // RecordIO stores keys as doubles: exact below 2^53.
+  RawRows small = rows;
+  for (uint64_t& k : small.key) k >>= 11;
+  const RawRows recordio = WriteAndRead(RECORDIO, spec, small, dir, "e.rec");
+  EXPECT_TRUE(SameLists(recordio, small));
 }
 
 TEST(ListWriters, RefuseWhatTheFormatCannotHold) {
@@ -475,14 +548,14 @@ TEST(ListWriters, RefuseWhatTheFormatCannotHold) {
 
 TEST(ListFormats, ReadersAndWritersWithoutListsRefuseThem) {
   const FeatureSpec spec = Spec(ListConfig());
-  for (DataFormat format : {CRITEO_TSV, RECORDIO}) {
+  for (DataFormat format : {CRITEO_TSV}) {
     auto parser = CreateRecordParser(format, spec, "");
     ASSERT_FALSE(parser.ok()) << DataFormat_Name(format);
     EXPECT_THAT(std::string(parser.status().message()),
                 AllOf(HasSubstr("'hist'"), HasSubstr("not support list fields yet")));
   }
   TempDir dir;
-  for (DataFormat format : {CRITEO_TSV, RECORDIO}) {
+  for (DataFormat format : {CRITEO_TSV}) {
     auto writer = CreateRecordWriter(format, spec, dir.File("out"));
     ASSERT_FALSE(writer.ok()) << DataFormat_Name(format);
     EXPECT_THAT(std::string(writer.status().message()), HasSubstr("'hist'"));

@@ -51,9 +51,10 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
 absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  absl::string_view csv_header) {
-  // Lists: CSV, LibSVM and TFRecord read them; the other readers refuse a spec with list
-  // fields rather than read one id of each (docs/FORMATS.md "Lists").
-  if (format == CRITEO_TSV || format == RECORDIO) {
+  // Lists: CSV, LibSVM, TFRecord and RecordIO read them; Criteo TSV (the CRITEO preset's
+  // columns) refuses a spec with list fields rather than read one id of each (docs/FORMATS.md
+  // "Lists").
+  if (format == CRITEO_TSV) {
     RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " readers")));
   }
   switch (format) {
@@ -69,8 +70,8 @@ absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat form
 absl::StatusOr<std::unique_ptr<RecordWriter>> CreateRecordWriter(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  const std::string& path) {
-  // CSV, LibSVM and TFRecord write lists; the other writers refuse a spec with list fields.
-  if (format == CRITEO_TSV || format == RECORDIO) {
+  // Every writer but Criteo TSV's writes lists.
+  if (format == CRITEO_TSV) {
     RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " writers")));
   }
   switch (format) {
