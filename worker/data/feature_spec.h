@@ -55,6 +55,12 @@ class FeatureSpec {
   uint64_t total_rows() const { return total_rows_; }
   // True when some field holds lists: Encode then fills Batch::offsets.
   bool has_lists() const { return has_lists_; }
+  // The most entries Encode makes for one example: 1 a field, max_length for a list field.
+  int64_t max_entries_per_example() const {
+    int64_t n = 0;
+    for (const Field& f : fields_) n += f.list ? f.max_length : 1;
+    return n;
+  }
   // The first list field's name, for the modes that cannot carry lists yet: an error naming the
   // field and `what` ("serve requests"), or OK when no field holds lists.
   absl::Status RefuseLists(const std::string& what) const;

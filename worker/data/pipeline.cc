@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -172,6 +173,13 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(PipelineOptions optio
     return invalid("validation_fraction must be in [0, 1), got ", options.validation_fraction);
   }
   if (options.batch_size < 1) return invalid("batch_size must be >= 1, got ", options.batch_size);
+  // Batch::offsets and the towers' slots are int32: a batch's entries must fit.
+  if (const int64_t most = int64_t{options.batch_size} * spec.max_entries_per_example();
+      most > std::numeric_limits<int32_t>::max()) {
+    return invalid("batch_size ", options.batch_size, " x up to ", spec.max_entries_per_example(),
+                   " ids an example (the list fields' max_length) may make ", most,
+                   " entries, more than 2^31 - 1; lower the batch size or list.max_length");
+  }
   if (options.num_shards < 1 || options.shard_index < 0 ||
       options.shard_index >= options.num_shards) {
     return invalid("shard_index ", options.shard_index,

@@ -16,6 +16,7 @@
 #include "tensorflow/example.pb.h"
 #include "tests/worker/data/formats/format_test_util.h"
 #include "worker/data/feature_spec.h"
+#include "worker/data/pipeline.h"
 #include "worker/data/formats/recordio.h"
 #include "worker/data/formats/registry.h"
 
@@ -183,6 +184,18 @@ TEST(ListEncode, WithoutListsTheBatchHasNoOffsets) {
   EXPECT_TRUE(batch.offsets.empty());
   EXPECT_EQ(batch.ids.size(), 4u);
   EXPECT_EQ(batch.ids[0], batch.ids[1]);  // shared rows without lists too
+}
+
+TEST(ListEncode, MaxEntriesPerExampleBoundsTheBatch) {
+  const FeatureSpec spec = Spec(ListConfig(MEAN, 4));
+  EXPECT_EQ(spec.max_entries_per_example(), 1 + 4 + 64 + 1);  // kw keeps the default 64
+  DataConfig data;
+  data.add_train()->set_format(CSV);
+  PipelineOptions o = OptionsFromConfig(data, /*train=*/true, /*batch_size=*/40000000, 0, 1, 1);
+  // 40M examples x 70 entries > 2^31 - 1
+  auto pipeline = Pipeline::Create(std::move(o), spec);
+  ASSERT_FALSE(pipeline.ok());
+  EXPECT_THAT(std::string(pipeline.status().message()), HasSubstr("more than 2^31 - 1"));
 }
 
 // ---- CSV ------------------------------------------------------------------------------------
