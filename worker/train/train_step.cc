@@ -43,8 +43,8 @@ absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool 
       (batch.offsets.size() != static_cast<size_t>(batch.size) * batch.num_fields + 1 ||
        batch.offsets.back() != static_cast<int64_t>(batch.ids.size()))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "batch offsets: ", batch.offsets.size(), " offsets ending at ",
-        batch.offsets.empty() ? 0 : batch.offsets.back(), " for ", batch.size, " examples x ",
+        "batch offsets: ", batch.offsets.size(), " offsets ending at ", batch.offsets.back(),
+        " for ", batch.size, " examples x ",
         batch.num_fields, " fields and ", batch.ids.size(), " ids"));
   }
   if (batch.size > towers() * batch_per_tower_) {
