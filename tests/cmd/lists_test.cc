@@ -1,7 +1,8 @@
 // List fields with real processes: `pstrain train`, 2-host PS jobs (`pstrain local`, ASYNC,
 // BOUNDED and SYNC) and a 2-rank `pstrain allreduce` learn from a history list that shares the
 // item field's rows (CSV); `pstrain predict` scores the trained model exactly as the trainer's
-// final evaluation did; `pstrain export` refuses the model naming the list field (serving lists
+// final evaluation did; `train` and a PS job warm-start from its checkpoint; `pstrain convert`
+// round-trips the lists; `pstrain export` refuses the model naming the list field (serving lists
 // is not built yet).
 #include <unistd.h>
 
@@ -99,6 +100,23 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
   const auto predicted = testing::ReadJsonFile(Dir() + "/predict.json").fields();
   EXPECT_EQ(predicted.at("auc").number_value(), auc);
   EXPECT_EQ(predicted.at("examples").number_value(), 2000);
+
+  // A warm start of a fresh model dir from it (the model, lists included, must match), then a
+  // PS job warm-started from the same checkpoint (re-sharded onto 2 shards).
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(Dir() + "/warm"),
+                                           " --epochs 1 --warm_start_from ", m),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("warm start from " + m));
+  EXPECT_GT(testing::ReadSummary(Dir() + "/warm").fields().at("test_auc").number_value(), auc - 0.02);
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(Dir() + "/warm_ps"),
+                                           " --epochs 1 --warm_start_from ", m),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_GT(testing::ReadSummary(Dir() + "/warm_ps").fields().at("test_auc").number_value(),
+            auc - 0.02);
 
   // Serving lists is not built yet: export refuses, naming the field.
   EXPECT_NE(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
