@@ -311,6 +311,29 @@ TEST(ListModelTest, OneIdListsMatchTheSingleValuedPath) {
   for (size_t i = 0; i < g.rows.size(); ++i) ASSERT_NEAR(lists.rows[i], g.rows[i], 1e-5 + 1e-5 * std::fabs(g.rows[i])) << i;
 }
 
+// bf16 MLP precision: the list kernels store the pooled x0 as bf16 (AVX512-BF16 where the path
+// has it); close to f32 as the single-valued path is (model_test's Bf16IsCloseToF32).
+TEST(ListModelTest, Bf16IsCloseToF32) {
+  PSTRAIN_SKIP_UNLESS_BF16();
+  const int F = 12, n = 256;
+  ModelConfig f32 = Config(DEEPFM, 16), bf16 = Config(DEEPFM, 16);
+  bf16.set_precision(BF16);
+  auto a = Model::Create(f32, F);
+  auto b = Model::Create(bf16, F);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const ListSlice s = MakeListSlice(**a, n, 6, 31);
+  const Grads ga = RunTower(**a, s, 2);
+  const Grads gb = RunTower(**b, s, 2);
+  double num = 0, den = 0;
+  for (int i = 0; i < n; ++i) {
+    num += (ga.logits[i] - gb.logits[i]) * (ga.logits[i] - gb.logits[i]);
+    den += ga.logits[i] * ga.logits[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 2e-2);
+  EXPECT_NEAR(gb.loss, ga.loss, 1e-2 * ga.loss);
+  EXPECT_NE(ga.dense, gb.dense);  // bf16 really ran in bf16
+}
+
 TEST(ListModelTest, RefusesOffsetsWithAnEmptyCell) {
   auto model = Model::Create(Config(FM, 4), 2);
   ASSERT_TRUE(model.ok());
