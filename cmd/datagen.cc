@@ -22,6 +22,7 @@ struct DatagenFlags {
   DatagenOutput out;
   std::string format = "criteo_tsv";
   std::string high_cardinality_fields;
+  std::string history_item_field = "C3";
 };
 
 void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
@@ -56,6 +57,16 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
   flags->Double("high_cardinality_zipf_exponent", &options.high_cardinality_zipf_exponent,
                 "popularity skew of the high-cardinality fields' values (flatter than "
                 "--zipf_exponent: most values are new)");
+  flags->Double("history_mean_length", &options.history_mean_length,
+                "a 40th field `history`: a list of ids of --history_item_field, of geometric "
+                "length with this mean, pooled by the teacher (0 = no history field; "
+                "docs/DATAGEN.md \"A history field\")");
+  flags->Int("history_max_length", &options.history_max_length,
+             "cap on a history's length (its field's list.max_length)");
+  flags->String("history_item_field", &f->history_item_field,
+                "the categorical field whose ids (and rows) the history shares (C1..C26)");
+  flags->Double("history_importance", &options.history_importance,
+                "weight of the pooled history in the teacher's first-order and FM terms");
   flags->Bool("fill_missing", &options.fill_missing,
               "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
               "which cannot express a missing value)");
@@ -91,6 +102,14 @@ int RunDatagen(int argc, char** argv) {
         "datagen", absl::StrCat("--high_cardinality_fields: ", fields.status().message()), 2);
   }
   options.high_cardinality_fields = *std::move(fields);
+  auto item = ParseCategoricalFields(f.history_item_field);
+  if (!item.ok() || item->size() != 1) {
+    return CommandError("datagen",
+                        absl::StrCat("--history_item_field: expected one of C1..C26, got '",
+                                     f.history_item_field, "'"),
+                        2);
+  }
+  options.history_item_field = item->front();
   if (out.format == LIBSVM) options.fill_missing = true;
   auto data = SyntheticData::Create(options);
   if (!data.ok()) return CommandError("datagen", data.status().message(), 2);

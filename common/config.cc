@@ -176,6 +176,40 @@ absl::Status ApplyOverride(absl::string_view assignment, Config* config) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateListSpec(const FieldSpec& fs, absl::string_view path) {
+  const std::string field = absl::StrCat(path, " ('", fs.name(), "')");
+  if (fs.has_share_rows_with() && fs.share_rows_with() == fs.name()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".share_rows_with: names the field itself"));
+  }
+  if (fs.has_share_rows_with() && fs.kind() != CATEGORICAL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".share_rows_with: only a CATEGORICAL field may share another field's rows"));
+  }
+  if (!fs.has_list()) return absl::OkStatus();
+  const ListSpec& l = fs.list();
+  if (fs.kind() != CATEGORICAL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".list: only CATEGORICAL fields may hold lists; this field is NUMERIC"));
+  }
+  if (l.max_length() < 1 || l.max_length() > kMaxListLength) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".list.max_length: must be in [1, ",
+                                                   kMaxListLength, "], got ", l.max_length()));
+  }
+  const std::string& sep = l.separator();
+  if (sep.empty() || sep.find_first_of(",\t\"\r\n") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".list.separator: '", absl::CEscape(sep),
+        "' is not allowed: expected a non-empty string without ',', tab, '\"' or a line break "
+        "(those delimit columns and lines)"));
+  }
+  if (l.weights_key() == fs.name()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".list.weights_key: must differ from the field's own name"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateConfig(const Config& c) {
   auto bad = [](absl::string_view path, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", what));
@@ -266,6 +300,7 @@ absl::Status ValidateConfig(const Config& c) {
     if (fs.name().empty()) return bad(p + ".name", "must be set");
     const bool dense = fs.kind() == NUMERIC && fs.numeric_mode() == DENSE;
     if (!dense && fs.has_vocab_size() && fs.vocab_size() < 2) return bad(p + ".vocab_size", "must be >= 2 (row 0 is the missing value)");
+    if (absl::Status s = ValidateListSpec(fs, p); !s.ok()) return s;
   }
   if (f.categorical_vocab_size() < 2) return bad("features.categorical_vocab_size", "must be >= 2");
   if (f.numeric_vocab_size() < 2) return bad("features.numeric_vocab_size", "must be >= 2");

@@ -26,6 +26,13 @@ absl::Status ApplyOverride(absl::string_view assignment, Config* config);
 // Errors name the offending field path, e.g. "model.embedding_dim: must be > 0, got -3".
 absl::Status ValidateConfig(const Config& config);
 
+// A field's list and share_rows_with settings, on their own (FeatureSpec::Create checks the
+// share target against the other fields): a list only on a CATEGORICAL field, max_length in
+// [1, kMaxListLength], a separator that is not empty, not a column delimiter (',' or tab), not a
+// quote or line break. `path` prefixes the error ("features.field[3]").
+inline constexpr int kMaxListLength = 4096;
+absl::Status ValidateListSpec(const FieldSpec& field, absl::string_view path);
+
 // Fills the defaults a proto2 schema cannot state: an absent dense_optimizer becomes
 // { type: ADAM learning_rate: 0.001 } (OptimizerConfig's own defaults are the sparse side's).
 // BuildConfig (cmd/cli.h) calls it after loading --config and before the --set overrides, so

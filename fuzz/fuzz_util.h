@@ -40,6 +40,34 @@ class MemFile {
 };
 
 // The Criteo preset (13 numeric, 26 categorical fields), made once.
+// A spec with list fields (docs/FORMATS.md "Lists") over names of the CRITEO preset, so that the
+// Criteo-shaped seeds also parse with it: I1 numeric, C1 a MEAN list (separator '|', at most 8,
+// REFUSE), C2 a SQRTN list (';', weights under "C2w") sharing C3's rows, C3 single-valued.
+inline const FeatureSpec& ListSpec() {
+  static const FeatureSpec* spec = [] {
+    FeatureConfig c;
+    c.set_preset(NO_PRESET);
+    FieldSpec* i1 = c.add_field();
+    i1->set_name("I1");
+    i1->set_kind(NUMERIC);
+    FieldSpec* c1 = c.add_field();
+    c1->set_name("C1");
+    c1->set_vocab_size(1000);
+    c1->mutable_list()->set_max_length(8);
+    c1->mutable_list()->set_overflow(REFUSE);
+    FieldSpec* c2 = c.add_field();
+    c2->set_name("C2");
+    c2->set_share_rows_with("C3");
+    c2->mutable_list()->set_combiner(SQRTN);
+    c2->mutable_list()->set_separator(";");
+    c2->mutable_list()->set_weights_key("C2w");
+    c.add_field()->set_name("C3");
+    auto s = FeatureSpec::Create(c);
+    return s.ok() ? new FeatureSpec(*std::move(s)) : nullptr;
+  }();
+  return *spec;
+}
+
 inline const FeatureSpec& CriteoSpec() {
   static const FeatureSpec* spec = [] {
     auto s = FeatureSpec::Create(FeatureConfig());

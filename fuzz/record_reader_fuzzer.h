@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
@@ -13,18 +14,17 @@
 namespace pstrain {
 namespace fuzz {
 
-inline int ReadAndParse(DataFormat format, const uint8_t* data, size_t size) {
-  MemFile file(data, size);
-  if (!file.ok()) return 0;
+// Every record through `spec`'s parser, and the rows through its encoder.
+inline void ReadAndParseWith(DataFormat format, const FeatureSpec& spec, const std::string& path) {
   RecordSourceOptions o;
   o.read_chunk = 61;
   o.max_record_bytes = 1 << 16;
-  auto src = OpenRecordSource(format, file.path(), o);
-  if (!src.ok()) return 0;
-  auto parser = CreateRecordParser(format, CriteoSpec(), (*src)->header());
-  if (!parser.ok()) return 0;
+  auto src = OpenRecordSource(format, path, o);
+  if (!src.ok()) return;
+  auto parser = CreateRecordParser(format, spec, (*src)->header());
+  if (!parser.ok()) return;
   RawRows rows;
-  rows.Clear(CriteoSpec().num_fields());
+  rows.Clear(spec.num_fields());
   std::vector<absl::Status> errors;
   for (int i = 0; i < 10000; ++i) {
     RecordRef rec;
@@ -33,6 +33,17 @@ inline int ReadAndParse(DataFormat format, const uint8_t* data, size_t size) {
     // RecordRef points into the source's buffer: parse before the next read.
     (*parser)->Parse({&rec, 1}, &rows, &errors);
   }
+  Batch batch;
+  batch.Clear(spec.num_fields());
+  spec.Encode(rows, &batch);
+}
+
+// With the CRITEO preset's spec, then (for the formats that read lists) a spec with list fields.
+inline int ReadAndParse(DataFormat format, const uint8_t* data, size_t size) {
+  MemFile file(data, size);
+  if (!file.ok()) return 0;
+  ReadAndParseWith(format, CriteoSpec(), file.path());
+  if (format != CRITEO_TSV) ReadAndParseWith(format, ListSpec(), file.path());
   return 0;
 }
 

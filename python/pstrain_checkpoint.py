@@ -139,7 +139,10 @@ _OPTIMIZER = {1: ("type", "int", False), 2: ("learning_rate", "float", False),
               9: ("lr_power", "float", False)}
 _FIELD = {1: ("name", "string", False), 2: ("kind", "int", False),
           3: ("numeric_mode", "int", False), 4: ("vocab_size", "uint", False),
-          5: ("numeric_transform", "int", False)}
+          5: ("numeric_transform", "int", False),
+          # Read only to refuse them (not supported here yet): docs/FORMATS.md "Lists".
+          6: ("list", {2: ("max_length", "int", False)}, False),
+          7: ("share_rows_with", "string", False)}
 _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              3: ("categorical_vocab_size", "uint", False), 4: ("numeric_vocab_size", "uint", False),
              5: ("numeric_mode", "int", False), 6: ("label_name", "string", False),
@@ -345,6 +348,10 @@ class Model:
         offset, seed0 = 0, features["hash_seed"]
         for i, f in enumerate(features["field"]):
             f = dict(_DEFAULTS["field"], **f)
+            for what in ("list", "share_rows_with"):
+                if what in f:
+                    raise FormatError("%s: field '%s' sets %s (list fields and shared rows): this "
+                                      "reader does not support them yet" % (self.path, f["name"], what))
             dense = f["kind"] == NUMERIC and f["numeric_mode"] == DENSE
             rows = 2 if dense else f["vocab_size"]
             self.fields.append({"name": f["name"], "kind": f["kind"],

@@ -27,6 +27,28 @@ for fmt in csv tfrecord recordio; do
   for f in "$tmp/$fmt"/part-*; do cp "$f" "$OUT/$fmt/four.$fmt"; done
 done
 
+# Lists (docs/FORMATS.md "Lists"), for the targets' second spec (fuzz/fuzz_util.h ListSpec:
+# I1, C1 a list, C2 a weighted list, C3): by hand, some records bad on purpose, then the good
+# ones converted to tfrecord and recordio with that spec.
+printf 'label,I1,C1,C2,C3,C2w\n1,5,a1|b2|ff,x;y:2,7a,\n0,,,,1f,\n1,3,1|2|3|4|5|6|7|8|9,a;;b,c,\n0,1,a:zz,x,,\n' \
+  > "$OUT/csv/lists.csv"
+printf '1 1:0.5 1:5:1 1:6:0.5 2:9:2 7:1\n0 2:1 3:1\n1 1:1 1:1:1 1:2:1 1:3:1 1:4:1 1:5:1 1:6:1 1:7:1 1:8:1 1:9:1 5:1\n0 1:1 0:5:1 5:1\n' \
+  > "$OUT/libsvm/lists.libsvm"
+cat > "$tmp/lists.textproto" <<'CFG'
+features {
+  preset: NO_PRESET
+  field { name: "I1" kind: NUMERIC }
+  field { name: "C1" vocab_size: 1000 list { max_length: 8 overflow: REFUSE } }
+  field { name: "C2" share_rows_with: "C3" list { combiner: SQRTN separator: ";" weights_key: "C2w" } }
+  field { name: "C3" }
+}
+CFG
+for fmt in tfrecord recordio; do
+  "$PSTRAIN" convert --config "$tmp/lists.textproto" --input "$OUT/csv/lists.csv" --from csv \
+    --to "$fmt" --max_bad_record_fraction 1 --out "$tmp/lists_$fmt" > /dev/null 2>&1
+  for f in "$tmp/lists_$fmt"/part-*; do cp "$f" "$OUT/$fmt/lists.$fmt"; done
+done
+
 # A checkpoint of a tiny model: its shard file, worker state and MANIFEST.
 cat > "$tmp/tiny.textproto" <<'CFG'
 features { categorical_vocab_size: 50 }

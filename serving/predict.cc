@@ -193,7 +193,8 @@ absl::StatusOr<PredictResult> RunPredict(std::shared_ptr<const ServingModel> mod
       output.WaitForRoom(seq);
       probs.resize(batch.size);
       absl::Status s =
-          scorer->Score(batch.size, batch.ids.data(), batch.values.data(), nullptr, probs.data());
+          scorer->Score(batch.size, batch.ids.data(), batch.values.data(), nullptr, probs.data(),
+                        batch.offsets.empty() ? nullptr : batch.offsets.data());
       if (!s.ok()) {
         output.Fail(std::move(s));
         absl::MutexLock l(&read_mu);

@@ -158,6 +158,7 @@ absl::Status CheckRequestFields(const PredictRequest& request) {
 
 absl::Status ParseRequestRows(const PredictRequest& request, const FeatureSpec& spec,
                               RawRows* rows) {
+  if (absl::Status s = spec.RefuseLists("serve requests"); !s.ok()) return s;
   if (absl::Status s = CheckRequestFields(request); !s.ok()) return s;
   if (request.rows_size() > 0 && request.examples_size() > 0) {
     return absl::InvalidArgumentError(

@@ -19,14 +19,16 @@ absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(std::shared_ptr<const Ser
 }
 
 absl::Status Scorer::Score(int n, const int64_t* ids, const float* values, float* logits,
-                           float* probs) {
+                           float* probs, const int32_t* offsets) {
   if (n < 0 || n > max_batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat("Scorer: ", n, " examples, expected 0..", max_batch_));
   }
   if (n == 0) return absl::OkStatus();
   const int F = model_->spec().num_fields();
-  dedup_.Run(absl::MakeConstSpan(ids, static_cast<size_t>(n) * F), &unique_, &slots_);
+  const size_t entries = offsets != nullptr ? static_cast<size_t>(offsets[n * F] - offsets[0])
+                                             : static_cast<size_t>(n) * F;
+  dedup_.Run(absl::MakeConstSpan(ids, entries), &unique_, &slots_);
   rows_.resize(unique_.size() * model_->row_dim());
   RETURN_IF_ERROR(model_->Gather(unique_, rows_.data()));
   float* out = logits;
@@ -38,6 +40,7 @@ absl::Status Scorer::Score(int n, const int64_t* ids, const float* values, float
   in.n = n;
   in.slots = slots_.data();
   in.scales = values;
+  in.offsets = offsets;
   in.rows = rows_.data();
   in.dense = model_->dense().data();
   RETURN_IF_ERROR(tower_->Forward(in, out));

@@ -36,7 +36,10 @@ class Scorer {
   // Scores n <= max_batch examples: ids and values hold n x num_fields entries (row ids already
   // offset into the table, as FeatureSpec::Encode writes them). Writes logits[n] and probs[n]
   // (either may be null). INVALID_ARGUMENT for n out of range or a row id outside the table.
-  absl::Status Score(int n, const int64_t* ids, const float* values, float* logits, float* probs);
+  // offsets: Batch::offsets for a batch with list fields (ids / values then hold its entries),
+  // else null.
+  absl::Status Score(int n, const int64_t* ids, const float* values, float* logits, float* probs,
+                     const int32_t* offsets = nullptr);
 
  private:
   Scorer(std::shared_ptr<const ServingModel> model, int max_batch, std::unique_ptr<Tower> tower)

@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/hash.h"
+#include "common/status.h"
 
 namespace pstrain {
 namespace {
@@ -66,13 +68,48 @@ absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
   uint64_t offset = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const FieldSpec& fs = specs[i];
+    RETURN_IF_ERROR(ValidateListSpec(fs, absl::StrCat("config features field '", fs.name(), "'")));
     Field f;
     f.name = fs.name();
     f.kind = fs.kind();
     f.numeric_mode = fs.numeric_mode();
     f.numeric_transform = fs.numeric_transform();
+    if (fs.has_list()) {
+      f.list = true;
+      f.combiner = fs.list().combiner();
+      f.max_length = fs.list().max_length();
+      f.overflow = fs.list().overflow();
+      f.separator = fs.list().separator();
+      f.weights_key = fs.list().weights_key();
+      spec.has_lists_ = true;
+    }
+    if (fs.has_share_rows_with()) {
+      const std::string& target = fs.share_rows_with();
+      int t = -1;
+      for (size_t j = 0; j < specs.size(); ++j) {
+        if (specs[j].name() == target) t = static_cast<int>(j);
+      }
+      if (t < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("config features field '", f.name,
+                                                       "': share_rows_with names field '", target,
+                                                       "', which does not exist"));
+      }
+      if (specs[t].has_share_rows_with()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config features field '", f.name, "': share_rows_with names field '", target,
+            "', which itself shares the rows of '", specs[t].share_rows_with(),
+            "'; name that field instead (no chains)"));
+      }
+      if (specs[t].kind() != CATEGORICAL) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config features field '", f.name, "': share_rows_with names field '", target,
+            "', which is NUMERIC; expected a CATEGORICAL field"));
+      }
+      f.shares_rows_of = t;
+    }
     const bool dense = f.kind == NUMERIC && f.numeric_mode == DENSE;
     f.rows = dense ? 2 : fs.vocab_size();
+    if (f.shares_rows_of >= 0) f.rows = specs[f.shares_rows_of].vocab_size();
     if (f.rows < 2) {
       return absl::InvalidArgumentError(absl::StrCat("config features field '", f.name,
                                                      "': vocab_size must be >= 2, got ", f.rows));
@@ -84,10 +121,26 @@ absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
     }
     f.offset = offset;
     f.seed = config.hash_seed() * 1000003ull + i;
-    offset += f.rows;
+    if (f.shares_rows_of < 0) offset += f.rows;
     spec.fields_.push_back(f);
   }
+  // Sharing fields take their target's slice (the target may come later in the list).
+  for (Field& f : spec.fields_) {
+    if (f.shares_rows_of < 0) continue;
+    const Field& t = spec.fields_[f.shares_rows_of];
+    f.offset = t.offset;
+    f.rows = t.rows;
+    f.seed = t.seed;
+  }
   spec.total_rows_ = offset;
+  for (const Field& f : spec.fields_) {
+    if (f.weights_key.empty()) continue;
+    if (f.weights_key == spec.label_name_ || spec.FieldIndex(f.weights_key) >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config features field '", f.name, "': list.weights_key '", f.weights_key,
+          "' is the name of the label or of a field; expected a key of its own"));
+    }
+  }
   return spec;
 }
 
@@ -103,8 +156,28 @@ FeatureConfig FeatureSpec::Resolved() const {
     fs->set_numeric_mode(f.numeric_mode);
     fs->set_numeric_transform(f.numeric_transform);
     fs->set_vocab_size(f.rows);
+    if (f.list) {
+      ListSpec* l = fs->mutable_list();
+      l->set_combiner(f.combiner);
+      l->set_max_length(f.max_length);
+      l->set_overflow(f.overflow);
+      l->set_separator(f.separator);
+      if (!f.weights_key.empty()) l->set_weights_key(f.weights_key);
+    }
+    if (f.shares_rows_of >= 0) fs->set_share_rows_with(fields_[f.shares_rows_of].name);
   }
   return c;
+}
+
+absl::Status FeatureSpec::RefuseLists(const std::string& what) const {
+  for (const Field& f : fields_) {
+    if (f.list) {
+      return absl::UnimplementedError(absl::StrCat(
+          "field '", f.name, "' holds lists (features.field.list): ", what,
+          " do not support list fields yet (docs/FORMATS.md \"Lists\")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int FeatureSpec::FieldIndex(const std::string& name) const {
@@ -144,10 +217,55 @@ void FeatureSpec::EncodeOne(int fi, bool present, uint64_t key, double value, in
   }
 }
 
+void FeatureSpec::EncodeList(int fi, const RawRows& raw, size_t i, std::vector<int64_t>* ids,
+                             std::vector<float>* values) const {
+  const Field& f = fields_[fi];
+  const size_t n = std::min<size_t>(raw.ListSize(i), static_cast<size_t>(f.max_length));
+  const uint64_t* keys = n > 0 ? raw.list_key.data() + raw.list_begin[i] : nullptr;
+  const double* weights = n > 0 ? raw.list_weight.data() + raw.list_begin[i] : nullptr;
+  double norm = 1.0;
+  if (f.combiner != SUM) {
+    double d = 0.0;
+    for (size_t j = 0; j < n; ++j) d += f.combiner == MEAN ? weights[j] : weights[j] * weights[j];
+    if (f.combiner == SQRTN) d = std::sqrt(d);
+    norm = d != 0.0 && std::isfinite(d) ? 1.0 / d : 0.0;
+  }
+  if (n == 0 || norm == 0.0) {  // empty, or nothing to divide by: the missing row
+    ids->push_back(static_cast<int64_t>(f.offset));
+    values->push_back(1.0f);
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    ids->push_back(static_cast<int64_t>(f.offset + 1 + Reduce(HashKey(keys[j], f.seed), f.rows - 1)));
+    values->push_back(static_cast<float>(weights[j] * norm));
+  }
+}
+
 void FeatureSpec::Encode(const RawRows& raw, Batch* batch) const {
   const int nf = num_fields();
   if (batch->size == 0) batch->num_fields = nf;
   const int n = raw.size();
+  if (has_lists_) {
+    if (batch->offsets.empty()) batch->offsets.push_back(static_cast<int32_t>(batch->ids.size()));
+    for (int r = 0; r < n; ++r) {
+      for (int f = 0; f < nf; ++f) {
+        const size_t i = static_cast<size_t>(r) * nf + f;
+        if (fields_[f].list && raw.present[i] != 0) {
+          EncodeList(f, raw, i, &batch->ids, &batch->values);
+        } else {
+          int64_t row;
+          float scale;
+          EncodeOne(f, raw.present[i] != 0, raw.key[i], raw.value[i], &row, &scale);
+          batch->ids.push_back(row);
+          batch->values.push_back(scale);
+        }
+        batch->offsets.push_back(static_cast<int32_t>(batch->ids.size()));
+      }
+    }
+    batch->labels.insert(batch->labels.end(), raw.labels.begin(), raw.labels.end());
+    batch->size += n;
+    return;
+  }
   const size_t base = batch->ids.size();
   batch->ids.resize(base + static_cast<size_t>(n) * nf);
   batch->values.resize(base + static_cast<size_t>(n) * nf);

@@ -22,6 +22,10 @@ namespace pstrain {
 //   NUMERIC, DENSE:       row = 1, scale = log1p(max(x, 0)) (numeric_transform LOG1P, the
 //                         default) or x (NO_TRANSFORM)
 //   missing (any kind):   row = 0, scale = 1
+// A list field (FieldSpec.list) has one entry per id, each encoded as a CATEGORICAL value with
+// scale = w_i * c (c: the combiner's 1 / sum w, 1 / sqrt(sum w^2) or 1), the first max_length ids
+// only; an empty list, or one whose combiner denominator is 0, is the missing row (one entry,
+// scale 1). A field with share_rows_with uses its target's offset, rows and seed.
 class FeatureSpec {
  public:
   struct Field {
@@ -32,6 +36,14 @@ class FeatureSpec {
     uint64_t rows = 0;    // rows of this field's slice (>= 2)
     uint64_t offset = 0;  // first global row
     uint64_t seed = 0;    // per-field hash seed
+    // List fields (FieldSpec.list): `list` is set and the rest is its ListSpec.
+    bool list = false;
+    Combiner combiner = MEAN;
+    int max_length = 1;
+    ListOverflow overflow = TRUNCATE;
+    std::string separator;
+    std::string weights_key;
+    int shares_rows_of = -1;  // the field whose slice this one uses (share_rows_with), or -1
   };
 
   // Expands the preset, applies explicit fields, assigns offsets. Errors name the field path.
@@ -41,6 +53,17 @@ class FeatureSpec {
   const Field& field(int f) const { return fields_[f]; }
   const std::vector<Field>& fields() const { return fields_; }
   uint64_t total_rows() const { return total_rows_; }
+  // True when some field holds lists: Encode then fills Batch::offsets.
+  bool has_lists() const { return has_lists_; }
+  // The most entries Encode makes for one example: 1 a field, max_length for a list field.
+  int64_t max_entries_per_example() const {
+    int64_t n = 0;
+    for (const Field& f : fields_) n += f.list ? f.max_length : 1;
+    return n;
+  }
+  // The first list field's name, for the modes that cannot carry lists yet: an error naming the
+  // field and `what` ("serve requests"), or OK when no field holds lists.
+  absl::Status RefuseLists(const std::string& what) const;
   const std::string& label_name() const { return label_name_; }
   uint64_t hash_seed() const { return hash_seed_; }
   // The config this spec was made from, resolved: preset NO_PRESET and every field listed in
@@ -59,11 +82,15 @@ class FeatureSpec {
   void Encode(const RawRows& raw, Batch* batch) const;
   // Encodes one field value; used by Encode and by tests.
   void EncodeOne(int f, bool present, uint64_t key, double value, int64_t* row, float* scale) const;
+  // Appends the entries of list cell i of `raw` (field f) to ids / values.
+  void EncodeList(int f, const RawRows& raw, size_t i, std::vector<int64_t>* ids,
+                  std::vector<float>* values) const;
 
  private:
   std::vector<Field> fields_;
   uint64_t total_rows_ = 0;
   uint64_t hash_seed_ = 0;
+  bool has_lists_ = false;
   std::string label_name_;
 };
 

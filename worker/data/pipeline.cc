@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +45,7 @@ struct Pipeline::Group {
   // Set by the parser thread.
   Batch batch;
   std::vector<uint64_t> parse_bad;
+  uint64_t truncated_lists = 0;  // lists cut to their field's max_length
   absl::Status parse_error;  // the first rejected record
   absl::Status parse_fatal;  // no parser for this format / header
 };
@@ -171,6 +173,13 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(PipelineOptions optio
     return invalid("validation_fraction must be in [0, 1), got ", options.validation_fraction);
   }
   if (options.batch_size < 1) return invalid("batch_size must be >= 1, got ", options.batch_size);
+  // Batch::offsets and the towers' slots are int32: a batch's entries must fit.
+  if (const int64_t most = int64_t{options.batch_size} * spec.max_entries_per_example();
+      most > std::numeric_limits<int32_t>::max()) {
+    return invalid("batch_size ", options.batch_size, " x up to ", spec.max_entries_per_example(),
+                   " ids an example (the list fields' max_length) may make ", most,
+                   " entries, more than 2^31 - 1; lower the batch size or list.max_length");
+  }
   if (options.num_shards < 1 || options.shard_index < 0 ||
       options.shard_index >= options.num_shards) {
     return invalid("shard_index ", options.shard_index,
@@ -621,6 +630,7 @@ void Pipeline::ParseGroup(Group* g, ParserCache* parsers) const {
     i = j;
   }
   if (!errors.empty()) g->parse_error = errors.front();
+  g->truncated_lists = raw.truncated_lists;
   g->batch.Clear(spec_.num_fields());
   g->batch.Reserve(raw.size());
   spec_.Encode(raw, &g->batch);
@@ -692,6 +702,7 @@ absl::StatusOr<bool> Pipeline::Next(Batch* out, int64_t* epoch) {
       queue_.pop_front();
       final_status_ = Account(*g, /*end_of_input=*/false);
       if (final_status_.ok() && g->batch.size > 0) ++stats_.batches;
+      stats_.truncated_lists += g->truncated_lists;
     }
     if (!final_status_.ok() || g->batch.size == 0) continue;  // a batch of only bad records
     *out = std::move(g->batch);

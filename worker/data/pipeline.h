@@ -176,6 +176,7 @@ struct PipelineStats {
   uint64_t records_read = 0;
   uint64_t bad_records = 0;
   uint64_t batches = 0;         // batches delivered
+  uint64_t truncated_lists = 0; // lists cut to their field's list.max_length (TRUNCATE)
   std::string last_bad_record;  // message of the latest bad record, if any
 };
 

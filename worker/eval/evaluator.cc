@@ -62,6 +62,7 @@ absl::StatusOr<EvalResult> Evaluate(const Config& config, const FeatureSpec& spe
     in.labels = batch.labels.data();
     in.rows = rows.data();
     in.dense = dense.data();
+    in.offsets = batch.offsets.empty() ? nullptr : batch.offsets.data();
     RETURN_IF_ERROR(tower->Forward(in, logits.data()));
     for (int i = 0; i < batch.size; ++i) {
       acc.Add(ProbabilityOfLogit(logits[i]), batch.labels[i]);

@@ -76,16 +76,29 @@ class CtrTower : public Tower {
       RETURN_IF_ERROR(mlp_->Backward(n, in.dense, g, dense_grad));
       dx0 = mlp_->input_grad();
     }
-    const int64_t num_entries = static_cast<int64_t>(n) * shape_.num_fields;
+    const bool lists = in.offsets != nullptr;
+    const int64_t num_entries = NumEntries(in);
+    auto backward = [&](const int32_t* entries, int64_t count) {
+      if (lists) {
+        SparseBackwardLists(shape_, in, g, sum_v, pooled_.data(), dx0, l2_, entries, count,
+                            row_grads);
+      } else {
+        SparseBackward(shape_, in, g, sum_v, dx0, l2_, entries, count, row_grads);
+      }
+    };
     if (threads_ == 1) {
-      SparseBackward(shape_, in, g, sum_v, dx0, l2_, nullptr, num_entries, row_grads);
+      backward(nullptr, num_entries);
     } else {
+      // Each owner's entries (a list batch may hold more entries than max_batch * F).
+      if (entries_.size() < static_cast<size_t>(threads_) * num_entries) {
+        entries_ = AlignedArray<int32_t>(static_cast<size_t>(threads_) * num_entries);
+      }
       ParallelFor(threads_, threads_, [&](int, int, int64_t first, int64_t last) {
         for (int64_t owner = first; owner < last; ++owner) {
-          int32_t* mine = entries_.data() + owner * max_batch_ * shape_.num_fields;
+          int32_t* mine = entries_.data() + owner * num_entries;
           const int64_t count =
               SelectOwnedEntries(in.slots, num_entries, static_cast<int>(owner), threads_, mine);
-          SparseBackward(shape_, in, g, sum_v, dx0, l2_, mine, count, row_grads);
+          backward(mine, count);
         }
       });
     }
@@ -102,7 +115,20 @@ class CtrTower : public Tower {
                      in.dense == nullptr || (training && in.labels == nullptr))) {
       return absl::InvalidArgumentError("Tower: null slots, scales, rows, dense or labels");
     }
+    if (in.offsets != nullptr && in.n > 0) {
+      const int64_t cells = static_cast<int64_t>(in.n) * shape_.num_fields;
+      if (in.offsets[cells] - in.offsets[0] < cells) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Tower: offsets give ", in.offsets[cells] - in.offsets[0], " entries for ", cells,
+            " (example, field) cells, expected at least one each"));
+      }
+    }
     return absl::OkStatus();
+  }
+
+  int64_t NumEntries(const Input& in) const {
+    const int64_t cells = static_cast<int64_t>(in.n) * shape_.num_fields;
+    return in.offsets != nullptr ? in.offsets[cells] - in.offsets[0] : cells;
   }
 
   // logits = the model's output; sum_v (when not null) keeps the FM sums for backward.
@@ -112,9 +138,25 @@ class CtrTower : public Tower {
     omp_set_num_threads(threads_);
     float* x0_f32 = mlp_ != nullptr ? mlp_->input_f32() : nullptr;
     uint16_t* x0_bf16 = mlp_ != nullptr ? mlp_->input_bf16() : nullptr;
-    ParallelFor(in.n, threads_, [&](int, int, int64_t begin, int64_t end) {
-      SparseForward(shape_, in, in.dense[0], begin, end, logits, sum_v, x0_f32, x0_bf16);
-    });
+    if (in.offsets != nullptr) {
+      // The pooled vectors, for the FM term's backward (allocated by the first list batch).
+      float* pooled = nullptr;
+      if (sum_v != nullptr) {
+        if (pooled_.size() == 0) {
+          pooled_ = AlignedArray<float>(static_cast<size_t>(max_batch_) * shape_.num_fields *
+                                        shape_.dim);
+        }
+        pooled = pooled_.data();
+      }
+      ParallelFor(in.n, threads_, [&](int, int, int64_t begin, int64_t end) {
+        SparseForwardLists(shape_, in, in.dense[0], begin, end, logits, sum_v, pooled, x0_f32,
+                           x0_bf16);
+      });
+    } else {
+      ParallelFor(in.n, threads_, [&](int, int, int64_t begin, int64_t end) {
+        SparseForward(shape_, in, in.dense[0], begin, end, logits, sum_v, x0_f32, x0_bf16);
+      });
+    }
     if (mlp_ != nullptr) RETURN_IF_ERROR(mlp_->Forward(in.n, in.dense, logits));
     return absl::OkStatus();
   }
@@ -125,7 +167,8 @@ class CtrTower : public Tower {
   const int threads_;
   std::unique_ptr<Mlp> mlp_;  // null for LR and FM
   AlignedArray<float> z_, g_, sum_v_;
-  AlignedArray<int32_t> entries_;  // [threads][max_batch * F]: each owner's entries
+  AlignedArray<int32_t> entries_;  // [threads][entries of the slice]: each owner's entries
+  AlignedArray<float> pooled_;     // [max_batch * F * k]: the list path's pooled x_f (fm)
   std::vector<double> loss_part_;
 };
 

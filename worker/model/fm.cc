@@ -99,6 +99,103 @@ void SparseBackwardImpl(const SparseShape& shape, const Tower::Input& in, const 
   }
 }
 
+// The list path (fm.h): each (b, f) pools its entries [offsets[e] - base, offsets[e+1] - base).
+template <int kDim>
+void SparseForwardListsImpl(const SparseShape& shape, const Tower::Input& in, float bias,
+                            int64_t begin, int64_t end, float* logits, float* sum_v,
+                            float* pooled, float* x0_f32, uint16_t* x0_bf16) {
+  const int F = shape.num_fields;
+  const int k = kDim > 0 ? kDim : shape.dim;
+  const int64_t rd = 1 + k;
+  const bool fm = shape.fm && k > 0;
+  const bool deep = shape.deep && k > 0;
+  const int32_t base = in.offsets[0];
+  alignas(64) float sum[kDim > 0 ? kDim : kMaxEmbeddingDim];
+  alignas(64) float sq[kDim > 0 ? kDim : kMaxEmbeddingDim];
+  alignas(64) float x[kDim > 0 ? kDim : kMaxEmbeddingDim];
+  for (int64_t b = begin; b < end; ++b) {
+    float first = 0.f;
+    for (int j = 0; j < k; ++j) sum[j] = sq[j] = 0.f;
+    for (int f = 0; f < F; ++f) {
+      const int64_t e = b * F + f;
+      const int64_t lo = in.offsets[e] - base, hi = in.offsets[e + 1] - base;
+      for (int j = 0; j < k; ++j) x[j] = 0.f;
+      for (int64_t i = lo; i < hi; ++i) {
+        const float s = in.scales[i];
+        const float* r = in.rows + in.slots[i] * rd;
+        first += s * r[0];
+        if (!fm && !deep) continue;
+        for (int j = 0; j < k; ++j) x[j] += s * r[1 + j];
+      }
+      if (!fm && !deep) continue;
+      if (fm) {
+        for (int j = 0; j < k; ++j) {
+          sum[j] += x[j];
+          sq[j] += x[j] * x[j];
+        }
+        if (pooled != nullptr) {
+          for (int j = 0; j < k; ++j) pooled[e * k + j] = x[j];
+        }
+      }
+      if (x0_f32 != nullptr) {
+        for (int j = 0; j < k; ++j) x0_f32[e * k + j] = x[j];
+      } else if (x0_bf16 != nullptr) {
+        FloatToBf16(x, x0_bf16 + e * k, k);
+      }
+    }
+    float second = 0.f;
+    if (fm) {
+      for (int j = 0; j < k; ++j) second += sum[j] * sum[j] - sq[j];
+      second *= 0.5f;
+      if (sum_v != nullptr) {
+        for (int j = 0; j < k; ++j) sum_v[b * k + j] = sum[j];
+      }
+    }
+    logits[b] = bias + first + second;
+  }
+}
+
+template <int kDim>
+void SparseBackwardListsImpl(const SparseShape& shape, const Tower::Input& in, const float* g,
+                             const float* sum_v, const float* pooled, const float* dx0, float l2,
+                             const int32_t* entries, int64_t num_entries, float* row_grads) {
+  const int F = shape.num_fields;
+  const int k = kDim > 0 ? kDim : shape.dim;
+  const int64_t rd = 1 + k;
+  const bool fm = shape.fm && k > 0;
+  const bool deep = shape.deep && k > 0;
+  const int32_t base = in.offsets[0];
+  alignas(64) float d[kDim > 0 ? kDim : kMaxEmbeddingDim];
+  // Entries increase, so the (example, field) cell and the example only move forward.
+  int64_t e = 0, b = 0, b_end = F;
+  for (int64_t n = 0; n < num_entries; ++n) {
+    const int64_t i = entries != nullptr ? entries[n] : n;
+    while (i >= in.offsets[e + 1] - base) ++e;
+    while (e >= b_end) {
+      ++b;
+      b_end += F;
+    }
+    const float s = in.scales[i];
+    const int64_t slot = in.slots[i];
+    const float* r = in.rows + slot * rd;
+    float* gr = row_grads + slot * rd;
+    const float gb = g[b];
+    gr[0] += gb * s + l2 * r[0];
+    if (k == 0 || (!fm && !deep)) continue;
+    for (int j = 0; j < k; ++j) d[j] = 0.f;
+    if (fm) {
+      const float* sv = sum_v + b * k;
+      const float* x = pooled + e * k;
+      for (int j = 0; j < k; ++j) d[j] = gb * (sv[j] - x[j]);
+    }
+    if (deep) {
+      const float* dx = dx0 + e * k;
+      for (int j = 0; j < k; ++j) d[j] += dx[j];
+    }
+    for (int j = 0; j < k; ++j) gr[1 + j] += s * d[j] + l2 * r[1 + j];
+  }
+}
+
 }  // namespace
 
 // The vector variants (worker/model/fm_vec.inc): AVX2 at the build's baseline; AVX-512, and
@@ -166,6 +263,48 @@ void SparseBackward(const SparseShape& shape, const Tower::Input& in, const floa
     return SparseBackwardImpl<4>(shape, in, g, sum_v, dx0, l2, entries, num_entries, row_grads);
   }
   return SparseBackwardImpl<0>(shape, in, g, sum_v, dx0, l2, entries, num_entries, row_grads);
+}
+
+void SparseForwardLists(const SparseShape& shape, const Tower::Input& in, float bias,
+                        int64_t begin, int64_t end, float* logits, float* sum_v, float* pooled,
+                        float* x0_f32, uint16_t* x0_bf16) {
+  if ((shape.fm || shape.deep) && shape.dim > 0) {
+    const Isa isa = KernelIsa();
+    if (isa >= Isa::kAvx512CoreBf16 &&
+        fm_avx512_bf16::ForwardListsAnyK(shape, in, bias, begin, end, logits, sum_v, pooled,
+                                         x0_f32, x0_bf16)) {
+      return;
+    }
+    if (isa >= Isa::kAvx512Core &&
+        fm_avx512::ForwardListsAnyK(shape, in, bias, begin, end, logits, sum_v, pooled, x0_f32,
+                                    x0_bf16)) {
+      return;
+    }
+    if (fm_avx2::ForwardListsAnyK(shape, in, bias, begin, end, logits, sum_v, pooled, x0_f32,
+                                  x0_bf16)) {
+      return;
+    }
+  }
+  return SparseForwardListsImpl<0>(shape, in, bias, begin, end, logits, sum_v, pooled, x0_f32,
+                                   x0_bf16);
+}
+
+void SparseBackwardLists(const SparseShape& shape, const Tower::Input& in, const float* g,
+                         const float* sum_v, const float* pooled, const float* dx0, float l2,
+                         const int32_t* entries, int64_t num_entries, float* row_grads) {
+  if ((shape.fm || shape.deep) && shape.dim > 0) {
+    if (KernelIsa() >= Isa::kAvx512Core &&
+        fm_avx512::BackwardListsAnyK(shape, in, g, sum_v, pooled, dx0, l2, entries, num_entries,
+                                     row_grads)) {
+      return;
+    }
+    if (fm_avx2::BackwardListsAnyK(shape, in, g, sum_v, pooled, dx0, l2, entries, num_entries,
+                                   row_grads)) {
+      return;
+    }
+  }
+  return SparseBackwardListsImpl<0>(shape, in, g, sum_v, pooled, dx0, l2, entries, num_entries,
+                                    row_grads);
 }
 
 double SigmoidCrossEntropy(const float* z, const float* y, int64_t begin, int64_t end, float* g) {

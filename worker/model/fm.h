@@ -47,6 +47,23 @@ void SparseBackward(const SparseShape& shape, const Tower::Input& in, const floa
                     const float* sum_v, const float* dx0, float l2, const int32_t* entries,
                     int64_t num_entries, float* row_grads);
 
+// The list path (Tower::Input::offsets set): each (b, f) is pooled over its entries i,
+//   x_f = sum_i s_i v_{slot_i},  first-order term sum_i s_i w_{slot_i},
+// and the terms above take the pooled x_f. Forward also writes pooled[(b*F + f)*k + j] = x_fj
+// (when fm; backward needs it) besides logits, sum_v and x0.
+void SparseForwardLists(const SparseShape& shape, const Tower::Input& in, float bias,
+                        int64_t begin, int64_t end, float* logits, float* sum_v, float* pooled,
+                        float* x0_f32, uint16_t* x0_bf16);
+
+// Backward of the list path over increasing entry indices i (in [0, num entries of the slice),
+// entries == nullptr: all of [0, num_entries)), entry i of (b, f) with slot u and scale s:
+//   [0]   += g_b s + l2 w
+//   [1+j] += s (g_b (sum_v[b*k + j] - pooled[(b*F+f)*k + j]) [fm] + dx0[(b*F+f)*k + j] [deep])
+//            + l2 v_j
+void SparseBackwardLists(const SparseShape& shape, const Tower::Input& in, const float* g,
+                         const float* sum_v, const float* pooled, const float* dx0, float l2,
+                         const int32_t* entries, int64_t num_entries, float* row_grads);
+
 // Sigmoid cross-entropy over examples [begin, end): writes g[b] = sigmoid(z_b) - y_b and returns
 // sum_b loss_b, loss = max(z, 0) - z y + log1p(exp(-|z|)) (no overflow for any finite z).
 double SigmoidCrossEntropy(const float* z, const float* y, int64_t begin, int64_t end, float* g);

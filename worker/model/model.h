@@ -54,6 +54,12 @@ class Tower {
   //   labels[n]:   may be null for Forward
   //   rows[U*row_dim]: the unique rows' current values
   //   dense[dense_size]: the dense parameters
+  //   offsets[n*F+1]: null for one entry per (example, field) as above. Otherwise the batch has
+  //                list fields (Batch::offsets): the entries of (b, f) are slots / scales
+  //                [offsets[b*F+f] - offsets[0], offsets[b*F+f+1] - offsets[0]) (offsets[0] need
+  //                not be 0: a slice of a batch points into the batch's offsets), and each
+  //                (b, f) is pooled, x_f = sum_i s_i v_{slot_i}, w_f = sum_i s_i w_{slot_i}, before
+  //                the FM term and the MLP see it.
   struct Input {
     int n = 0;
     const int32_t* slots = nullptr;
@@ -61,6 +67,7 @@ class Tower {
     const float* labels = nullptr;
     const float* rows = nullptr;
     const float* dense = nullptr;
+    const int32_t* offsets = nullptr;
   };
 
   // logits[n] = model output before the sigmoid.

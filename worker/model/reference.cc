@@ -32,10 +32,16 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
     std::vector<double> x(static_cast<size_t>(F) * k);
     double z = in.dense[0];
     for (int f = 0; f < F; ++f) {
-      const double s = in.scales[b * F + f];
-      const double* row = in.rows + static_cast<int64_t>(in.slots[b * F + f]) * rd;
-      z += s * row[0];
-      for (int j = 0; j < k; ++j) x[f * k + j] = s * row[1 + j];
+      // The entries of (b, f): one, or a list pooled as sum_i s_i row_i.
+      const int64_t e = static_cast<int64_t>(b) * F + f;
+      const int64_t lo = in.offsets != nullptr ? in.offsets[e] - in.offsets[0] : e;
+      const int64_t hi = in.offsets != nullptr ? in.offsets[e + 1] - in.offsets[0] : e + 1;
+      for (int64_t i = lo; i < hi; ++i) {
+        const double s = in.scales[i];
+        const double* row = in.rows + static_cast<int64_t>(in.slots[i]) * rd;
+        z += s * row[0];
+        for (int j = 0; j < k; ++j) x[f * k + j] += s * row[1 + j];
+      }
     }
     if (fm) {
       for (int j = 0; j < k; ++j) {
@@ -87,7 +93,9 @@ double ReferenceLoss(const ModelConfig& config, const Model& model, const Refere
 double ReferenceObjective(const ModelConfig& config, const Model& model, const ReferenceInput& in) {
   double penalty = 0;
   const int F = model.num_fields(), rd = model.row_dim();
-  for (int e = 0; e < in.n * F; ++e) {
+  const int64_t entries =
+      in.offsets != nullptr ? in.offsets[in.n * F] - in.offsets[0] : int64_t{in.n} * F;
+  for (int64_t e = 0; e < entries; ++e) {
     const double* row = in.rows + static_cast<int64_t>(in.slots[e]) * rd;
     for (int j = 0; j < rd; ++j) penalty += row[j] * row[j];
   }

@@ -21,6 +21,9 @@ struct ReferenceInput {
   const float* labels = nullptr;   // [n]
   const double* rows = nullptr;    // [U * model.row_dim()]
   const double* dense = nullptr;   // [model.dense_size()]
+  // As Tower::Input::offsets: null, or [n*F+1] with the entries of (b, f) at
+  // [offsets[b*F+f] - offsets[0], offsets[b*F+f+1] - offsets[0]) of slots / scales, pooled.
+  const int32_t* offsets = nullptr;
 };
 
 // The n logits. `model` supplies the shapes (fields, k, dense layout); `config` the type.
@@ -30,7 +33,7 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
 // sum_b sigmoid cross-entropy(logit_b, label_b): what Tower::ForwardBackward returns.
 double ReferenceLoss(const ModelConfig& config, const Model& model, const ReferenceInput& in);
 
-// ReferenceLoss + (embedding_l2 / 2) * sum over entries (b, f) of |row_{slots[b*F+f]}|^2 (the
+// ReferenceLoss + (embedding_l2 / 2) * sum over entries (b, f) (every list entry) of |row_{slots[b*F+f]}|^2 (the
 // whole row [w, v]): the objective whose gradient Tower::ForwardBackward adds.
 double ReferenceObjective(const ModelConfig& config, const Model& model, const ReferenceInput& in);
 

@@ -165,13 +165,30 @@ void AppendRow(const RawRows& src, int from, RawRows* dst) {
   dst->present.insert(dst->present.end(), src.present.begin() + i, src.present.begin() + i + f);
   dst->key.insert(dst->key.end(), src.key.begin() + i, src.key.begin() + i + f);
   dst->value.insert(dst->value.end(), src.value.begin() + i, src.value.begin() + i + f);
+  if (!dst->list_begin.empty()) {
+    dst->list_begin.resize(dst->present.size(), 0);
+    dst->list_size.resize(dst->present.size(), 0);
+  }
+  // List cells: their ids and weights (an empty list is present with no ids, copied above).
+  const int row = dst->size() - 1;
+  for (size_t c = 0; c < f; ++c) {
+    const uint32_t n = src.ListSize(i + c);
+    if (n == 0) continue;
+    dst->StartList(row, static_cast<int>(c));
+    for (uint32_t j = 0; j < n; ++j) {
+      const size_t at = src.list_begin[i + c] + j;
+      dst->AddToList(row, static_cast<int>(c), src.list_key[at], src.list_weight[at]);
+    }
+  }
 }
 
 // Shuffle buckets are private temporary files: TFRecord-framed (so CRC-checked) blocks of raw
 // RawRows arrays. Lossless for any row and far cheaper than writing and parsing a data format.
-// Block payload: uint32 rows, uint32 fields, then labels, present, key and value, native order.
+// Block payload: uint32 rows, uint32 fields, then labels, present, key and value, native order,
+// then uint32 entries (the list ids of the block, 0 without lists) and, when not 0, list_size
+// (uint32 per cell), list_key and list_weight (the ids in cell order).
 constexpr int kBucketBlockRows = 256;
-constexpr char kBucketMagic[] = "pstrain shuffle bucket v1";
+constexpr char kBucketMagic[] = "pstrain shuffle bucket v2";
 
 template <typename T>
 void AppendArray(const std::vector<T>& v, std::string* out) {
@@ -215,6 +232,15 @@ class BucketWriter {
     AppendArray(block_.present, &payload);
     AppendArray(block_.key, &payload);
     AppendArray(block_.value, &payload);
+    const uint32_t entries = static_cast<uint32_t>(block_.list_key.size());
+    payload.append(4, '\0');
+    EncodeFixed32(&payload[payload.size() - 4], entries);
+    if (entries > 0) {
+      block_.list_size.resize(block_.present.size(), 0);
+      AppendArray(block_.list_size, &payload);
+      AppendArray(block_.list_key, &payload);
+      AppendArray(block_.list_weight, &payload);
+    }
     AppendTFRecordFrame(payload, out_->buffer());
     block_.Clear(block_.num_fields);
     return out_->Flush();  // one block at a time: K buckets' buffers stay small
@@ -240,15 +266,49 @@ absl::Status ReadBucket(const std::string& path, RawRows* rows) {
     }
     const uint32_t n = rec.data.size() >= 8 ? DecodeFixed32(rec.data.data()) : 0;
     const uint32_t f = rec.data.size() >= 8 ? DecodeFixed32(rec.data.data() + 4) : 0;
-    if (f != fields || rec.data.size() != 8 + n * (4 + fields * (1 + 8 + 8))) {
+    const size_t fixed = 8 + size_t{n} * (4 + fields * (1 + 8 + 8)) + 4;
+    const uint32_t entries =
+        f == fields && rec.data.size() >= fixed ? DecodeFixed32(rec.data.data() + fixed - 4) : 0;
+    const size_t lists = entries == 0 ? 0 : size_t{n} * fields * 4 + size_t{entries} * (8 + 8);
+    if (f != fields || rec.data.size() != fixed + lists) {
       return absl::DataLossError(
           absl::StrCat(DescribeRecord(rec, TFRECORD), ": bad shuffle bucket block"));
     }
+    const int first_row = rows->size();
     const char* p = rec.data.data() + 8;
     ReadArray(&p, n, &rows->labels);
     ReadArray(&p, n * fields, &rows->present);
     ReadArray(&p, n * fields, &rows->key);
     ReadArray(&p, n * fields, &rows->value);
+    if (!rows->list_begin.empty()) {
+      rows->list_begin.resize(rows->present.size(), 0);
+      rows->list_size.resize(rows->present.size(), 0);
+    }
+    if (entries == 0) continue;
+    p += 4;
+    std::vector<uint32_t> sizes;
+    ReadArray(&p, size_t{n} * fields, &sizes);
+    const char* keys = p;
+    const char* weights = p + size_t{entries} * 8;
+    uint64_t used = 0;
+    for (size_t c = 0; c < sizes.size(); ++c) {
+      if (sizes[c] == 0) continue;
+      used += sizes[c];
+      if (used > entries) {
+        return absl::DataLossError(
+            absl::StrCat(DescribeRecord(rec, TFRECORD), ": bad shuffle bucket block"));
+      }
+      const int row = first_row + static_cast<int>(c / fields);
+      const int field = static_cast<int>(c % fields);
+      rows->StartList(row, field);
+      for (uint32_t j = 0; j < sizes[c]; ++j, keys += 8, weights += 8) {
+        uint64_t k;
+        double w;
+        std::memcpy(&k, keys, 8);
+        std::memcpy(&w, weights, 8);
+        rows->AddToList(row, field, k, w);
+      }
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/file.h"
+#include "common/config.h"
 #include "common/hash.h"
 #include "common/json_writer.h"
 #include "common/logging.h"
@@ -428,9 +429,31 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
     return absl::InvalidArgumentError("datagen: calibration_rows must be >= 100");
   }
   RETURN_IF_ERROR(CheckHighCardinality(o));
+  if (!(o.history_mean_length >= 0 && o.history_mean_length <= 1000)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "datagen: history_mean_length must be in [0, 1000] (0: no history field), got ",
+        o.history_mean_length));
+  }
+  if (o.history_mean_length > 0) {
+    if (o.history_max_length < 1 || o.history_max_length > kMaxListLength) {
+      return absl::InvalidArgumentError(absl::StrCat("datagen: history_max_length must be in [1, ",
+                                                     kMaxListLength, "], got ",
+                                                     o.history_max_length));
+    }
+    if (o.history_item_field < 0 || o.history_item_field >= kNumCategorical) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "datagen: history_item_field must be a categorical field index in [0, ",
+          kNumCategorical, ") (0 is C1), got ", o.history_item_field));
+    }
+    if (!(o.history_importance > 0 && o.history_importance <= 100)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "datagen: history_importance must be in (0, 100], got ", o.history_importance));
+    }
+  }
 
   SyntheticData d;
   d.options_ = o;
+  d.stride_ = kFields + (o.history_mean_length > 0 ? 1 : 0);
   for (int c = 0; c < kNumCategorical; ++c) {
     const bool high = std::count(o.high_cardinality_fields.begin(),
                                  o.high_cardinality_fields.end(), c) > 0;
@@ -500,12 +523,12 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   // Calibration on rows from a teacher-derived seed: give the terms their share of the logit
   // variance (60/20/20), then bisect the bias to the target mean probability.
   RawRows rows;
-  rows.Clear(kFields);
+  rows.Clear(d.stride_);
   const int n = o.calibration_rows;
   rows.labels.assign(n, 0.f);
-  rows.present.assign(static_cast<size_t>(n) * kFields, 0);
-  rows.key.assign(static_cast<size_t>(n) * kFields, 0);
-  rows.value.assign(static_cast<size_t>(n) * kFields, 0.0);
+  rows.present.assign(static_cast<size_t>(n) * d.stride_, 0);
+  rows.key.assign(static_cast<size_t>(n) * d.stride_, 0);
+  rows.value.assign(static_cast<size_t>(n) * d.stride_, 0.0);
   Rng calib(SplitMix64(o.teacher_seed ^ 0xca11b4a7e0000000ull));
   std::vector<TeacherTerms> raw(n);
   d.FillRows(&calib, &rows, 0, n);
@@ -548,8 +571,12 @@ void SyntheticData::FillRows(Rng* stream, RawRows* rows, int begin, int end) con
   const MissingTables& missing = Missing();
   const NumericTables& numeric = Numeric();
   const bool fill = options_.fill_missing;
+  // The history's geometric length: floor(ln(u) / ln(m / (1 + m))) for u in (0, 1] has mean m.
+  const double m = options_.history_mean_length;
+  const double log_q = has_history() ? std::log(m / (1 + m)) : 0.0;
+  const int item = options_.history_item_field;
   for (int r = begin; r < end; ++r) {
-    const size_t base = static_cast<size_t>(r) * kFields;
+    const size_t base = static_cast<size_t>(r) * stride_;
     uint8_t* present = rows->present.data() + base;
     uint64_t* key = rows->key.data() + base;
     double* value = rows->value.data() + base;
@@ -574,6 +601,14 @@ void SyntheticData::FillRows(Rng* stream, RawRows* rows, int begin, int end) con
       key[f] = is_present ? k : fill ? kMissingKey : 0;
       value[f] = is_present || fill ? 1.0 : 0.0;
     }
+    if (has_history()) {
+      const double len = std::floor(std::log(1.0 - rng.UniformDouble()) / log_q);
+      const int n = static_cast<int>(std::min(len, double{options_.history_max_length}));
+      rows->StartList(r, kFields);
+      for (int i = 0; i < n; ++i) {
+        rows->AddToList(r, kFields, RankToKey(item, zipf_[item].Sample(&rng)));
+      }
+    }
   }
   *stream = rng;
 }
@@ -589,7 +624,7 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
   for (int b0 = begin; b0 < end; b0 += kBlock) {
     const int n = std::min(kBlock, end - b0);
     for (int r = 0; r < n; ++r) {
-      const size_t base = static_cast<size_t>(b0 + r) * kFields;
+      const size_t base = static_cast<size_t>(b0 + r) * stride_;
       for (int f = 0; f < kFields; ++f) {
         // Branch-free on presence (a coin flip for many fields).
         const uint64_t id = f < kNumNumeric
@@ -625,6 +660,11 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
         sum += p;
         sum_sq += p * p;
       }
+      if (has_history()) {  // the pooled history joins the first-order and FM sums
+        const V16 h = HistoryParams(rows, b0 + r);
+        sum += h;
+        sum_sq += h * h;
+      }
       float fm = 0;
       for (int d = 8; d < 16; ++d) fm += sum[d] * sum[d] - sum_sq[d];
       out[b0 - begin + r].first_order = sum[0];
@@ -640,6 +680,29 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
       out[b0 - begin + r].mlp = mlp;
     }
   }
+}
+
+SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r) const {
+  // The item field's parameters of each id (as RawTerms computes them), averaged.
+  const int f = kNumeric + options_.history_item_field;
+  const size_t cell = static_cast<size_t>(r) * stride_ + kFields;
+  const uint32_t n = rows.ListSize(cell);
+  V16 sum = {};
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t id = rows.list_key[rows.list_begin[cell] + i];
+    uint64_t h[2] = {Fmix64(id ^ salt_[f][0]), Fmix64(id ^ salt_[f][1])};
+    V16 p;
+    BytesToFloats(reinterpret_cast<const int8_t*>(h), &p);
+    if (rotate_) {
+      uint64_t d[2] = {Fmix64(id ^ drift_salt_[f][0]), Fmix64(id ^ drift_salt_[f][1])};
+      V16 q;
+      BytesToFloats(reinterpret_cast<const int8_t*>(d), &q);
+      p = p * rot_cos_ + q * rot_sin_;
+    }
+    sum += p;
+  }
+  if (n == 0) return sum;
+  return sum * param_scale_[f] * static_cast<float>(options_.history_importance / n);
 }
 
 TeacherTerms SyntheticData::Terms(const RawRows& rows, int r) const {
@@ -661,11 +724,11 @@ double SyntheticData::TeacherLogit(const RawRows& rows, int r) const {
 void SyntheticData::GenerateChunk(int64_t chunk, int num_rows, RawRows* rows,
                                   std::vector<float>* probs) const {
   PSTRAIN_CHECK(num_rows >= 0 && num_rows <= options_.chunk_rows) << num_rows;
-  rows->Clear(kFields);
+  rows->Clear(stride_);
   rows->labels.resize(num_rows);
-  rows->present.resize(static_cast<size_t>(num_rows) * kFields);
-  rows->key.resize(static_cast<size_t>(num_rows) * kFields);
-  rows->value.resize(static_cast<size_t>(num_rows) * kFields);
+  rows->present.resize(static_cast<size_t>(num_rows) * stride_);
+  rows->key.resize(static_cast<size_t>(num_rows) * stride_);
+  rows->value.resize(static_cast<size_t>(num_rows) * stride_);
   probs->resize(num_rows);
   // The chunk's stream: every row's features, then every row's label.
   Rng rng(SplitMix64(SplitMix64(options_.seed) + static_cast<uint64_t>(chunk)));
@@ -757,7 +820,7 @@ absl::StatusOr<DatagenResult> WriteSyntheticData(const SyntheticData& data,
         "datagen: libsvm cannot express a missing value: generate with fill_missing "
         "(pstrain datagen --format libsvm sets it)");
   }
-  ASSIGN_OR_RETURN(const FeatureSpec spec, FeatureSpec::Create(FeatureConfig()));
+  ASSIGN_OR_RETURN(const FeatureSpec spec, FeatureSpec::Create(data.Features()));
   RETURN_IF_ERROR(MakeDirs(out.dir));
   DatagenResult result;
   for (int i = 0; i < out.files; ++i) {
@@ -808,6 +871,18 @@ absl::StatusOr<DatagenResult> WriteSyntheticData(const SyntheticData& data,
   return result;
 }
 
+FeatureConfig SyntheticData::Features() const {
+  FeatureConfig c;  // the CRITEO preset
+  if (has_history()) {
+    FieldSpec* h = c.add_field();
+    h->set_name(kHistoryName);
+    h->set_share_rows_with(FieldName(kNumeric + options_.history_item_field));
+    h->mutable_list()->set_combiner(MEAN);
+    h->mutable_list()->set_max_length(options_.history_max_length);
+  }
+  return c;
+}
+
 std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
                         const DatagenResult& result) {
   const DatagenOptions& o = data.options();
@@ -855,6 +930,12 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
     json.AddRaw("high_cardinality_fields", fields)
         .Add("high_cardinality", o.high_cardinality)
         .Add("high_cardinality_zipf_exponent", o.high_cardinality_zipf_exponent);
+  }
+  if (data.has_history()) {
+    json.Add("history_mean_length", o.history_mean_length)
+        .Add("history_max_length", o.history_max_length)
+        .Add("history_item_field", SyntheticData::FieldName(kNumeric + o.history_item_field))
+        .Add("history_importance", o.history_importance);
   }
   return json.str();
 }

@@ -154,6 +154,18 @@ struct DatagenOptions {
   std::vector<int> high_cardinality_fields;
   uint64_t high_cardinality = 0;
   double high_cardinality_zipf_exponent = 0.5;
+  // A history list field (docs/DATAGEN.md "A history field"): with history_mean_length > 0 every
+  // row gets a 40th field, SyntheticData::kHistoryName, the list of ids a user "clicked before":
+  // ids of categorical field history_item_field (0-based: 2 is C3) drawn from that field's
+  // popularity law, as many as a geometric law with this mean gives, capped at
+  // history_max_length (1..4096). The teacher pools the list, the MEAN of the item field's per-id
+  // parameters times history_importance, into its first-order and FM terms (not the MLP's
+  // input); the trainee's field shares the item field's rows (SyntheticData::Features()).
+  // 0 (the default): no history field, and the data are bit for bit those of the other options.
+  double history_mean_length = 0;
+  int history_max_length = 50;
+  int history_item_field = 2;
+  double history_importance = 2.0;
 };
 
 // Parses "C3,C12" (categorical field names of the CRITEO preset) into 0-based categorical field
@@ -179,6 +191,8 @@ class SyntheticData {
   static constexpr int kHidden = 16;
   // The categorical key of a filled missing value: above every 32-bit key the generator draws.
   static constexpr uint64_t kMissingKey = uint64_t{1} << 32;
+  // The history list field (DatagenOptions::history_mean_length > 0): field kNumFields.
+  static constexpr char kHistoryName[] = "history";
 
   // Validates the options (INVALID_ARGUMENT naming the option), builds the samplers and
   // calibrates the teacher (tens of milliseconds with the defaults).
@@ -190,6 +204,12 @@ class SyntheticData {
   static std::string FieldName(int f);
 
   const DatagenOptions& options() const { return options_; }
+  // Fields per row: kNumFields, plus the history list field when there is one.
+  int num_fields() const { return stride_; }
+  bool has_history() const { return stride_ > kNumFields; }
+  // The features the rows are written and read with: the CRITEO preset, plus the history field
+  // (a MEAN list sharing the item field's rows) when there is one.
+  FeatureConfig Features() const;
   // Ids per categorical field after the cap, or high_cardinality for the high-cardinality fields
   // (26 entries, C1..C26).
   const std::vector<uint64_t>& cardinalities() const { return cardinalities_; }
@@ -229,8 +249,11 @@ class SyntheticData {
   // out[0 .. end - begin).
   void RawTerms(const RawRows& rows, int begin, int end, TeacherTerms* out) const;
   double Logit(const TeacherTerms& raw) const;
+  // The history list of row r pooled as the teacher sees it (zero for an empty list).
+  V16 HistoryParams(const RawRows& rows, int r) const;
 
   DatagenOptions options_;
+  int stride_ = kNumFields;  // fields per row
   std::vector<uint64_t> cardinalities_;
   std::vector<ZipfSampler> zipf_;
   // Teacher parameters.

@@ -39,6 +39,14 @@ absl::Status TrainStep::Stage(const Batch& batch, ParameterAccess* params, bool 
                                                    " fields, the model expects ",
                                                    model_.num_fields()));
   }
+  if (!batch.offsets.empty() &&
+      (batch.offsets.size() != static_cast<size_t>(batch.size) * batch.num_fields + 1 ||
+       batch.offsets.back() != static_cast<int64_t>(batch.ids.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch offsets: ", batch.offsets.size(), " offsets ending at ", batch.offsets.back(),
+        " for ", batch.size, " examples x ",
+        batch.num_fields, " fields and ", batch.ids.size(), " ids"));
+  }
   if (batch.size > towers() * batch_per_tower_) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size, " examples exceeds ",
                                                    towers(), " towers x ", batch_per_tower_));
@@ -211,8 +219,11 @@ absl::Status TrainStep::ComputeTower(int t, Tower* tower, const Staged& st, cons
   if (b == e) return absl::OkStatus();
   Tower::Input in;
   in.n = static_cast<int>(e - b);
-  in.slots = st.slots.data() + b * F;
-  in.scales = batch.values.data() + b * F;
+  // With lists the slice's entries start at offsets[b * F]; the tower rebases the offsets.
+  const int64_t first = batch.offsets.empty() ? b * F : batch.offsets[b * F];
+  in.slots = st.slots.data() + first;
+  in.scales = batch.values.data() + first;
+  in.offsets = batch.offsets.empty() ? nullptr : batch.offsets.data() + b * F;
   in.labels = batch.labels.data() + b;
   in.rows = st.rows.data();
   in.dense = dense;

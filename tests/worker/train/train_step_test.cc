@@ -4,6 +4,7 @@
 #include "worker/train/train_step.h"
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/metrics.h"
+#include "worker/params/dedup.h"
 #include "worker/params/local_params.h"
 #include "worker/tools/datagen.h"
 
@@ -342,6 +345,80 @@ TEST_F(TrainStepTest, MisuseIsAnError) {
   }
   auto fresh = TrainStep::Create(*model_, 2, kPerTower, 1);
   EXPECT_EQ((*fresh)->Stage(big, params.get(), false).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Lists through the step on datagen's history field (DatagenOptions::history_mean_length), the
+// quality target in miniature: DeepFM with the history pooled against the same model whose
+// history lists are emptied, on the same rows; the teacher's Bayes AUC bounds both.
+TEST(TrainStepLists, PoolingDatagensHistoryBeatsTheModelWithout) {
+  DatagenOptions o;
+  o.history_mean_length = 10;
+  o.history_max_length = 40;
+  o.max_cardinality = 2000;
+  auto data = SyntheticData::Create(o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto spec = FeatureSpec::Create(data->Features());
+  ASSERT_TRUE(spec.ok());
+  Config config;
+  *config.mutable_features() = data->Features();
+  config.mutable_model()->set_embedding_dim(8);
+  config.mutable_model()->add_hidden(32);
+  config.mutable_dense_optimizer()->set_type(ADAM);
+  config.mutable_dense_optimizer()->set_learning_rate(1e-3f);
+  auto model = Model::Create(config.model(), spec->num_fields());
+  ASSERT_TRUE(model.ok());
+  constexpr int kRows = 512, kTrain = 120, kTest = 16;
+  RawRows raw;
+  std::vector<float> probs;
+  std::vector<Batch> with(kTrain + kTest), without(kTrain + kTest);
+  AucAccumulator bayes;
+  for (int i = 0; i < kTrain + kTest; ++i) {
+    data->GenerateChunk(i, kRows, &raw, &probs);
+    if (i >= kTrain) bayes.Add(probs, raw.labels);
+    with[i].Clear(40);
+    spec->Encode(raw, &with[i]);
+    for (int r = 0; r < raw.size(); ++r) raw.StartList(r, 39);  // every history emptied
+    without[i].Clear(40);
+    spec->Encode(raw, &without[i]);
+  }
+  double auc[2];
+  for (int h = 0; h < 2; ++h) {
+    const std::vector<Batch>& batches = h ? with : without;
+    auto params = LocalParams::Create(**model, spec->total_rows(), config, 2);
+    ASSERT_TRUE(params.ok());
+    auto step = TrainStep::Create(**model, 2, kRows / 2, 1);
+    ASSERT_TRUE(step.ok());
+    for (int i = 0; i < kTrain; ++i) ASSERT_TRUE((*step)->Run(batches[i], i + 1, params->get()).ok());
+    auto tower = (*model)->CreateTower(kRows, 1);
+    ASSERT_TRUE(tower.ok());
+    std::vector<float> dense((*model)->dense_size()), rows, logits(kRows);
+    ASSERT_TRUE((*params)->Pull({}, nullptr, dense.data()).ok());
+    Deduper dedup;
+    std::vector<int64_t> unique;
+    std::vector<int32_t> slots;
+    AucAccumulator acc;
+    for (int i = kTrain; i < kTrain + kTest; ++i) {
+      const Batch& b = batches[i];
+      dedup.Run(b.ids, &unique, &slots);
+      rows.resize(unique.size() * (*model)->row_dim());
+      ASSERT_TRUE((*params)->Pull(unique, rows.data(), nullptr).ok());
+      Tower::Input in;
+      in.n = b.size;
+      in.slots = slots.data();
+      in.scales = b.values.data();
+      in.rows = rows.data();
+      in.dense = dense.data();
+      in.offsets = b.offsets.data();
+      ASSERT_TRUE((*tower)->Forward(in, logits.data()).ok());
+      for (int j = 0; j < b.size; ++j) acc.Add(ProbabilityOfLogit(logits[j]), b.labels[j]);
+    }
+    auc[h] = *acc.Auc();
+  }
+  const double bayes_auc = *bayes.Auc();
+  std::printf("test AUC without history %.4f, with history %.4f, Bayes %.4f\n", auc[0], auc[1],
+              bayes_auc);
+  EXPECT_GT(auc[1], auc[0] + 0.005);
+  EXPECT_LT(auc[1], bayes_auc);
 }
 
 }  // namespace

@@ -150,8 +150,15 @@ class CsvParser : public RowParser {
         }
         continue;
       }
-      if (text.empty()) continue;  // missing
       const size_t i = base + t;
+      if (spec_.field(t).list) {
+        if (absl::Status s = ParseList(rec, c, t, text, row, rows); !s.ok()) {
+          rows->PopRow();
+          return s;
+        }
+        continue;
+      }
+      if (text.empty()) continue;  // missing
       if (spec_.field(t).kind == CATEGORICAL) {
         if (!ParseHexKey(text.data(), comma, &rows->key[i])) rows->key[i] = HashBytes(text);
         rows->value[i] = 1.0;
@@ -166,11 +173,53 @@ class CsvParser : public RowParser {
     return absl::OkStatus();
   }
 
+  // A list column: items joined by the field's separator ("a|b:0.5|c"; empty text: an empty
+  // list), each an id as in a categorical column, optionally ":weight" (else 1). An empty item
+  // ("a||b") is refused.
+  absl::Status ParseList(const RecordRef& rec, int column, int f, absl::string_view text,
+                         int row, RawRows* rows) {
+    const FeatureSpec::Field& field = spec_.field(f);
+    rows->StartList(row, f);
+    if (text.empty()) return absl::OkStatus();
+    pieces_ = absl::StrSplit(text, field.separator);
+    ASSIGN_OR_RETURN(const size_t keep,
+                     ListLengthToKeep(rec, CSV, field, pieces_.size(), rows));
+    for (size_t j = 0; j < keep; ++j) {
+      const absl::string_view id = pieces_[j];
+      if (id.empty()) {
+        return BadRecord(rec, CSV, absl::StrCat("column ", column + 1, " (", field.name,
+                                                "): empty id ", j + 1, " in list ", Quote(text),
+                                                ": expected ids separated by '",
+                                                field.separator, "'"));
+      }
+      // "id:weight": the text after the last ':' is the weight.
+      absl::string_view key_text = id;
+      double weight = 1.0;
+      if (const size_t colon = id.rfind(':'); colon != absl::string_view::npos) {
+        key_text = id.substr(0, colon);
+        const absl::string_view w = id.substr(colon + 1);
+        if (key_text.empty() || !ParseNumber(w.data(), w.data() + w.size(), &weight)) {
+          return BadRecord(rec, CSV, absl::StrCat("column ", column + 1, " (", field.name,
+                                                  "): bad list item ", Quote(id),
+                                                  ": expected id or id:weight with a numeric "
+                                                  "weight"));
+        }
+      }
+      uint64_t key;
+      if (!ParseHexKey(key_text.data(), key_text.data() + key_text.size(), &key)) {
+        key = HashBytes(key_text);
+      }
+      rows->AddToList(row, f, key, weight);
+    }
+    return absl::OkStatus();
+  }
+
   // Per column: field index, kLabel or kIgnored (a column's name, in messages, is its field's:
   // the header matched them by name). The only memory a parser holds per column.
   const std::vector<int> target_;
   std::vector<absl::string_view> fields_;  // a quoted line's fields (views into unquoted_)
   std::string unquoted_;
+  std::vector<absl::string_view> pieces_;  // a list column's ids
 };
 
 }  // namespace
@@ -219,11 +268,59 @@ absl::StatusOr<std::unique_ptr<RecordParser>> NewCsvParser(const FeatureSpec& sp
   return std::unique_ptr<RecordParser>(new CsvParser(spec, std::move(target)));
 }
 
+namespace {
+
+// The CSV writer of a spec with list fields: DelimitedTextWriter's text for the other fields, and
+// a list as its items joined by the field's separator, each the key in hex with ":weight" when
+// the weight is not 1 (docs/FORMATS.md "Lists"). Field by field, not vectorized.
+class CsvListWriter : public BufferedRecordWriter {
+ public:
+  CsvListWriter(const FeatureSpec& spec, std::unique_ptr<BufferedWriter> out,
+                absl::string_view header)
+      : BufferedRecordWriter(CSV, spec, std::move(out), WritableRows{}) {
+    absl::StrAppend(out_->buffer(), header, "\n");
+  }
+
+ private:
+  absl::Status AppendRow(const RawRows& rows, int r, std::string* out) override {
+    char buf[kMaxLabelChars + kMaxNumberChars + kMaxHexKeyChars + 8];
+    out->append(buf, WriteLabel(rows.labels[r], buf) - buf);
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      out->push_back(',');
+      const size_t i = rows.Cell(r, f);
+      const FeatureSpec::Field& field = spec_.field(f);
+      if (field.list) {
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          if (j > 0) out->append(field.separator);
+          const size_t at = rows.list_begin[i] + j;
+          char* p = WriteHexKey(rows.list_key[at], buf);
+          if (rows.list_weight[at] != 1.0) {
+            *p++ = ':';
+            p = WriteNumber(rows.list_weight[at], p);
+          }
+          out->append(buf, p - buf);
+        }
+        continue;
+      }
+      if (!rows.present[i]) continue;
+      char* p = categorical_[f] ? WriteHexKey(rows.key[i], buf) : WriteNumber(rows.value[i], buf);
+      out->append(buf, p - buf);
+    }
+    out->push_back('\n');
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RecordWriter>> NewCsvWriter(const FeatureSpec& spec,
                                                            const std::string& path) {
   ASSIGN_OR_RETURN(auto out, BufferedWriter::Create(path));
   std::string header = spec.label_name();
   for (const auto& f : spec.fields()) absl::StrAppend(&header, ",", f.name);
+  if (spec.has_lists()) {
+    return std::unique_ptr<RecordWriter>(new CsvListWriter(spec, std::move(out), header));
+  }
   return std::unique_ptr<RecordWriter>(
       new DelimitedTextWriter(CSV, spec, std::move(out), ',', header));
 }

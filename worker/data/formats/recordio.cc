@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "aialgs/record.pb.h"
 #include "common/logging.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "common/record_frame.h"
 #include "common/status.h"
 #include "worker/data/formats/buffered_io.h"
@@ -184,12 +186,13 @@ class RecordIOParser : public RowParser {
     }
     rows->labels[row] = static_cast<float>(label);
 
-    // Features: one "values" tensor, or one tensor per field name.
+    // Features: one "values" tensor, or one tensor per field name. A list field is always its
+    // own tensor, in SageMaker's sparse form: keys = its ids, values = their weights.
     const auto& features = record.features();
     const auto values_it = values_is_field_ ? features.end() : features.find("values");
     if (values_it != features.end()) {
-      return Visit(rec, "features[\"values\"]", values_it->second,
-                   [&](const auto& t) { return FillRow(rec, t, base, rows); });
+      RETURN_IF_ERROR(Visit(rec, "features[\"values\"]", values_it->second,
+                            [&](const auto& t) { return FillRow(rec, t, base, rows); }));
     }
     for (const auto& entry : features) {
       // Not a structured binding: C++17 lambdas cannot capture one (clang refuses it).
@@ -198,6 +201,13 @@ class RecordIOParser : public RowParser {
       const auto it = index_.find(name);
       if (it == index_.end()) continue;
       const int f = it->second;
+      if (spec_.field(f).list) {
+        RETURN_IF_ERROR(Visit(rec, name, value, [&](const auto& t) {
+          return FillList(rec, name, t, f, row, rows);
+        }));
+        continue;
+      }
+      if (values_it != features.end()) continue;  // the "values" tensor holds the others
       RETURN_IF_ERROR(Visit(rec, name, value, [&](const auto& t) {
         if (t.values_size() > 1) {
           return BadRecord(rec, RECORDIO, absl::StrCat("features[\"", name, "\"] has ",
@@ -264,8 +274,38 @@ class RecordIOParser : public RowParser {
     return absl::OkStatus();
   }
 
+  // A list field's tensor: keys = the ids, values = one weight per id (or none: every weight is
+  // 1). Other lengths, or a list longer than max_length under REFUSE, make the record bad.
+  template <class Tensor>
+  absl::Status FillList(const RecordRef& rec, const std::string& name, const Tensor& t, int f,
+                        int row, RawRows* rows) const {
+    const FeatureSpec::Field& field = spec_.field(f);
+    if (t.values_size() != 0 && t.values_size() != t.keys_size()) {
+      return BadRecord(rec, RECORDIO, absl::StrCat("list field '", name, "': ", t.values_size(),
+                                                   " weights (values) for ", t.keys_size(),
+                                                   " ids (keys), expected one per id or none"));
+    }
+    rows->StartList(row, f);
+    ASSIGN_OR_RETURN(const size_t keep, ListLengthToKeep(rec, RECORDIO, field,
+                                                         static_cast<size_t>(t.keys_size()), rows));
+    for (size_t j = 0; j < keep; ++j) {
+      const double w = t.values_size() == 0 ? 1.0 : static_cast<double>(t.values(static_cast<int>(j)));
+      if (!std::isfinite(w)) {
+        return BadRecord(rec, RECORDIO, absl::StrCat("list field '", name, "': weight ", j + 1,
+                                                     " is not finite: ", w));
+      }
+      rows->AddToList(row, f, t.keys(static_cast<int>(j)), w);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status SetField(const RecordRef& rec, int f, double v, size_t base, RawRows* rows) const {
     const size_t i = base + f;
+    if (spec_.field(f).list) {
+      return BadRecord(rec, RECORDIO, absl::StrCat("features[\"values\"] sets list field '",
+                                                   spec_.field(f).name,
+                                                   "'; a list is a tensor of its own (keys = ids)"));
+    }
     if (spec_.field(f).kind == CATEGORICAL) {
       // 2^64 as a double: every smaller non-negative integral double converts exactly.
       if (!(v >= 0.0 && v < 18446744073709551616.0 && v == std::floor(v))) {
@@ -373,6 +413,59 @@ class RecordIOWriter : public BufferedRecordWriter {
   std::unique_ptr<uint8_t[]> buf_;  // one serialized Record
 };
 
+// The writer of a spec with list fields: the generated aialgs.data.Record, serialized
+// deterministically. features["values"] holds the other fields as RecordIOWriter writes them
+// (sparse Float64Tensor, shape [F]); each list field is features[name], a Float64Tensor with
+// keys = its ids and values = their weights (SageMaker's sparse form); the label as always.
+class RecordIOListWriter : public BufferedRecordWriter {
+ public:
+  RecordIOListWriter(const FeatureSpec& spec, std::unique_ptr<BufferedWriter> out)
+      : BufferedRecordWriter(RECORDIO, spec, std::move(out), WritableRows{}) {}
+
+ private:
+  absl::Status AppendRow(const RawRows& rows, int r, std::string* out) override {
+    constexpr uint64_t kMaxExact = uint64_t{1} << 53;
+    aialgs::data::Record record;
+    auto& features = *record.mutable_features();
+    auto* row = features["values"].mutable_float64_tensor();
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      const FeatureSpec::Field& field = spec_.field(f);
+      const size_t i = rows.Cell(r, f);
+      if (field.list) {
+        auto* t = features[field.name].mutable_float64_tensor();
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          t->add_keys(rows.list_key[rows.list_begin[i] + j]);
+          t->add_values(rows.list_weight[rows.list_begin[i] + j]);
+        }
+        continue;
+      }
+      if (!rows.present[i]) continue;
+      if (categorical_[f] && rows.key[i] >= kMaxExact) {
+        return RowError(r, absl::StrCat("categorical field '", field.name, "' key ", rows.key[i],
+                                        " is >= 2^53: RecordIO stores keys as doubles, which "
+                                        "cannot hold it exactly"));
+      }
+      row->add_keys(static_cast<uint64_t>(f));
+      row->add_values(categorical_[f] ? static_cast<double>(rows.key[i]) : rows.value[i]);
+    }
+    row->add_shape(static_cast<uint64_t>(spec_.num_fields()));
+    (*record.mutable_label())["values"].mutable_float32_tensor()->add_values(rows.labels[r]);
+    std::string payload;
+    {
+      google::protobuf::io::StringOutputStream stream(&payload);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.SetSerializationDeterministic(true);
+      record.SerializeToCodedStream(&coded);
+    }
+    if (payload.size() > kRecordIOMaxPart) {
+      return RowError(r, absl::StrCat("serialized record of ", payload.size(),
+                                      " bytes exceeds RecordIO's 2^29-byte limit"));
+    }
+    AppendRecordIOFrame(payload, out);
+    return absl::OkStatus();
+  }
+};
+
 }  // namespace
 
 void AppendRecordIOFrame(absl::string_view payload, std::string* out) {
@@ -405,6 +498,14 @@ std::unique_ptr<RecordParser> NewRecordIOParser(const FeatureSpec& spec) {
 absl::StatusOr<std::unique_ptr<RecordWriter>> NewRecordIOWriter(const FeatureSpec& spec,
                                                                 const std::string& path) {
   ASSIGN_OR_RETURN(auto out, BufferedWriter::Create(path));
+  if (spec.has_lists()) {
+    if (spec.FieldIndex("values") >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": a spec with list fields and a field named 'values' has no RecordIO form (the "
+          "row tensor is features[\"values\"])"));
+    }
+    return std::unique_ptr<RecordWriter>(new RecordIOListWriter(spec, std::move(out)));
+  }
   return std::unique_ptr<RecordWriter>(new RecordIOWriter(spec, std::move(out)));
 }
 

@@ -2,6 +2,7 @@
 #include "worker/data/formats/registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "worker/data/formats/criteo_tsv.h"
 #include "worker/data/formats/csv.h"
 #include "worker/data/formats/libsvm.h"
@@ -50,6 +51,12 @@ absl::StatusOr<std::unique_ptr<RecordSource>> OpenRecordSource(DataFormat format
 absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  absl::string_view csv_header) {
+  // Lists: CSV, LibSVM, TFRecord and RecordIO read them; Criteo TSV (the CRITEO preset's
+  // columns) refuses a spec with list fields rather than read one id of each (docs/FORMATS.md
+  // "Lists").
+  if (format == CRITEO_TSV) {
+    RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " readers")));
+  }
   switch (format) {
     case CRITEO_TSV: return NewCriteoTsvParser(spec);
     case CSV: return NewCsvParser(spec, csv_header);
@@ -63,6 +70,10 @@ absl::StatusOr<std::unique_ptr<RecordParser>> CreateRecordParser(DataFormat form
 absl::StatusOr<std::unique_ptr<RecordWriter>> CreateRecordWriter(DataFormat format,
                                                                  const FeatureSpec& spec,
                                                                  const std::string& path) {
+  // Every writer but Criteo TSV's writes lists.
+  if (format == CRITEO_TSV) {
+    RETURN_IF_ERROR(spec.RefuseLists(absl::StrCat(DataFormat_Name(format), " writers")));
+  }
   switch (format) {
     case CRITEO_TSV: return NewCriteoTsvWriter(spec, path);
     case CSV: return NewCsvWriter(spec, path);

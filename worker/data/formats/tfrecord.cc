@@ -10,6 +10,7 @@
 #include "common/record_frame.h"
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "tensorflow/example.pb.h"
 #include "worker/data/formats/buffered_io.h"
@@ -133,7 +134,13 @@ bool ForEachLengthDelimited(absl::string_view msg, Fn&& fn) {
 class TFRecordParser : public RowParser {
  public:
   explicit TFRecordParser(const FeatureSpec& spec) : RowParser(spec) {
-    for (int f = 0; f < spec.num_fields(); ++f) index_[spec.field(f).name] = f;
+    for (int f = 0; f < spec.num_fields(); ++f) {
+      index_[spec.field(f).name] = f;
+      if (!spec.field(f).weights_key.empty()) weights_index_[spec.field(f).weights_key] = f;
+    }
+    list_length_.assign(spec.num_fields(), -1);
+    weights_.resize(spec.num_fields());
+    has_weights_.assign(spec.num_fields(), 0);
   }
 
  private:
@@ -163,9 +170,15 @@ class TFRecordParser : public RowParser {
         return error.ok();
       });
     });
-    if (ok && !has_label) {
+    if (ok && error.ok() && !weights_index_.empty()) error = ApplyWeights(rec, row, rows);
+    if (ok && error.ok() && !has_label) {
       error = BadRecord(rec, TFRECORD, absl::StrCat("no label feature '", spec_.label_name(), "'"));
     }
+    for (int f : touched_) {
+      list_length_[f] = -1;
+      has_weights_[f] = 0;
+    }
+    touched_.clear();
     if (!ok && error.ok()) {
       error = absl::DataLossError(absl::StrCat(DescribeRecord(rec, TFRECORD), ": ",
                                                rec.data.size(),
@@ -179,10 +192,16 @@ class TFRecordParser : public RowParser {
                          int row, RawRows* rows, bool* has_label) {
     const bool is_label = name == spec_.label_name();
     int f = -1;
+    int weights_of = -1;
     if (!is_label) {
       const auto it = index_.find(name);
-      if (it == index_.end()) return absl::OkStatus();  // a feature this model does not use
-      f = it->second;
+      if (it != index_.end()) {
+        f = it->second;
+      } else if (const auto w = weights_index_.find(name); w != weights_index_.end()) {
+        weights_of = w->second;
+      } else {
+        return absl::OkStatus();  // a feature this model does not use
+      }
     }
     auto* feature = arena_.Create<tensorflow::Feature>();
     if (!feature->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -196,6 +215,28 @@ class TFRecordParser : public RowParser {
       case tensorflow::Feature::kBytesList: n = feature->bytes_list().value_size(); break;
       default: break;
     }
+    if (weights_of >= 0) {
+      const FeatureSpec::Field& field = spec_.field(weights_of);
+      if (n > 0 && !feature->has_float_list()) {
+        return BadRecord(rec, TFRECORD, absl::StrCat("list weights '", name, "' of field '",
+                                                     field.name, "' are not a float_list"));
+      }
+      std::vector<double>& w = weights_[weights_of];
+      w.clear();
+      for (int j = 0; j < n; ++j) {
+        const double v = feature->float_list().value(j);
+        if (!std::isfinite(v)) {
+          return BadRecord(rec, TFRECORD, absl::StrCat("list weights '", name, "' of field '",
+                                                       field.name, "': weight ", j + 1,
+                                                       " is not finite: ", v));
+        }
+        w.push_back(v);
+      }
+      has_weights_[weights_of] = 1;
+      touched_.push_back(weights_of);
+      return absl::OkStatus();
+    }
+    if (f >= 0 && spec_.field(f).list) return OnList(rec, name, *feature, n, f, row, rows);
     if (n > 1) {
       return BadRecord(rec, TFRECORD, absl::StrCat("feature '", name, "' has ", n,
                                                    " values, expected 1 (multi-valued "
@@ -252,7 +293,67 @@ class TFRecordParser : public RowParser {
     return absl::OkStatus();
   }
 
+  // A list field's feature: int64_list or bytes_list ids (any number, zero included).
+  absl::Status OnList(const RecordRef& rec, absl::string_view name,
+                      const tensorflow::Feature& feature, int n, int f, int row, RawRows* rows) {
+    const FeatureSpec::Field& field = spec_.field(f);
+    if (n > 0 && !feature.has_int64_list() && !feature.has_bytes_list()) {
+      return BadRecord(rec, TFRECORD, absl::StrCat("list feature '", name,
+                                                   "' is a float_list, expected int64_list or "
+                                                   "bytes_list"));
+    }
+    rows->StartList(row, f);  // a repeated key replaces the earlier list
+    list_length_[f] = n;
+    touched_.push_back(f);
+    ASSIGN_OR_RETURN(const size_t keep,
+                     ListLengthToKeep(rec, TFRECORD, field, static_cast<size_t>(n), rows));
+    for (size_t j = 0; j < keep; ++j) {
+      uint64_t key;
+      if (feature.has_int64_list()) {
+        key = static_cast<uint64_t>(feature.int64_list().value(static_cast<int>(j)));
+      } else {
+        const std::string& b = feature.bytes_list().value(static_cast<int>(j));
+        if (!ParseHexKey(b.data(), b.data() + b.size(), &key)) key = HashBytes(b);
+      }
+      rows->AddToList(row, f, key);
+    }
+    return absl::OkStatus();
+  }
+
+  // Gives each list the weights of its weights_key feature, once the whole record is read (the
+  // two features come in any order).
+  absl::Status ApplyWeights(const RecordRef& rec, int row, RawRows* rows) {
+    for (int f : touched_) {
+      if (!has_weights_[f]) continue;
+      const FeatureSpec::Field& field = spec_.field(f);
+      const std::vector<double>& w = weights_[f];
+      if (list_length_[f] < 0) {
+        if (w.empty()) continue;
+        return BadRecord(rec, TFRECORD, absl::StrCat("list field '", field.name, "': ", w.size(),
+                                                     " weights ('", field.weights_key,
+                                                     "') without ids"));
+      }
+      if (static_cast<int>(w.size()) != list_length_[f]) {
+        return BadRecord(rec, TFRECORD, absl::StrCat("list field '", field.name, "': ", w.size(),
+                                                     " weights ('", field.weights_key, "') for ",
+                                                     list_length_[f], " ids, expected one per id"));
+      }
+      const size_t i = rows->Cell(row, f);
+      for (uint32_t j = 0; j < rows->list_size[i]; ++j) {
+        rows->list_weight[rows->list_begin[i] + j] = w[j];
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::flat_hash_map<std::string, int> index_;  // field name -> index (string_view lookups)
+  absl::flat_hash_map<std::string, int> weights_index_;  // list.weights_key -> its field
+  // Per field, for the record being parsed: the list's length as given (-1: no list), and the
+  // weights of its weights_key feature; touched_ lists the fields to reset.
+  std::vector<int> list_length_;
+  std::vector<std::vector<double>> weights_;
+  std::vector<uint8_t> has_weights_;
+  std::vector<int> touched_;
   ScratchArena arena_;
 };
 
@@ -357,6 +458,72 @@ class TFRecordWriter : public BufferedRecordWriter {
   std::unique_ptr<uint8_t[]> buf_;  // one serialized Example
 };
 
+// The TFRecord writer of a spec with list fields: the generated tf.train.Example, serialized
+// deterministically (keys sorted, as TFRecordWriter writes them). A list is an int64_list of its
+// keys (empty for an empty or absent list), and, when the field has a weights_key and some
+// weight is not 1, the float_list of its weights under that key. Slower than TFRecordWriter,
+// and only used for such specs.
+class TFRecordListWriter : public BufferedRecordWriter {
+ public:
+  TFRecordListWriter(const FeatureSpec& spec, std::unique_ptr<BufferedWriter> out)
+      : BufferedRecordWriter(TFRECORD, spec, std::move(out), WritableRows{}) {}
+
+ private:
+  absl::Status AppendRow(const RawRows& rows, int r, std::string* out) override {
+    tensorflow::Example ex;
+    auto& features = *ex.mutable_features()->mutable_feature();
+    features[spec_.label_name()].mutable_float_list()->add_value(rows.labels[r]);
+    for (int f = 0; f < spec_.num_fields(); ++f) {
+      const FeatureSpec::Field& field = spec_.field(f);
+      const size_t i = rows.Cell(r, f);
+      if (field.list) {
+        auto* ids = features[field.name].mutable_int64_list();
+        bool weighted = false;
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          ids->add_value(static_cast<int64_t>(rows.list_key[rows.list_begin[i] + j]));
+          weighted |= rows.list_weight[rows.list_begin[i] + j] != 1.0;
+        }
+        if (!weighted) continue;
+        if (field.weights_key.empty()) {
+          return RowError(r, absl::StrCat("list field '", field.name,
+                                          "' has weights other than 1 and no list.weights_key "
+                                          "to write them under"));
+        }
+        auto* w = features[field.weights_key].mutable_float_list();
+        for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+          const double v = rows.list_weight[rows.list_begin[i] + j];
+          if (static_cast<double>(static_cast<float>(v)) != v) {
+            return RowError(r, absl::StrCat("list field '", field.name, "' weight ", v,
+                                            " has no exact float32 (a float_list)"));
+          }
+          w->add_value(static_cast<float>(v));
+        }
+        continue;
+      }
+      if (!rows.present[i]) continue;
+      if (categorical_[f]) {
+        features[field.name].mutable_int64_list()->add_value(static_cast<int64_t>(rows.key[i]));
+      } else {
+        const float v = static_cast<float>(rows.value[i]);
+        if (!std::isfinite(v)) {
+          return RowError(r, absl::StrCat("numeric field '", field.name, "' value ",
+                                          rows.value[i], " overflows float32"));
+        }
+        features[field.name].mutable_float_list()->add_value(v);
+      }
+    }
+    std::string bytes;
+    {
+      google::protobuf::io::StringOutputStream stream(&bytes);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.SetSerializationDeterministic(true);
+      ex.SerializeToCodedStream(&coded);
+    }
+    AppendTFRecordFrame(bytes, out);
+    return absl::OkStatus();
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordSource>> OpenTFRecordSource(
@@ -378,6 +545,9 @@ absl::StatusOr<std::unique_ptr<RecordWriter>> NewTFRecordWriter(const FeatureSpe
         "its features by name, so the two would collide (rename the field or the label)"));
   }
   ASSIGN_OR_RETURN(auto out, BufferedWriter::Create(path));
+  if (spec.has_lists()) {
+    return std::unique_ptr<RecordWriter>(new TFRecordListWriter(spec, std::move(out)));
+  }
   return std::unique_ptr<RecordWriter>(new TFRecordWriter(spec, std::move(out)));
 }
 

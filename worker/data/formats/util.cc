@@ -125,6 +125,20 @@ absl::Status BadRecord(const RecordRef& rec, DataFormat format, absl::string_vie
   return absl::InvalidArgumentError(absl::StrCat(DescribeRecord(rec, format), ": ", what));
 }
 
+absl::StatusOr<size_t> ListLengthToKeep(const RecordRef& rec, DataFormat format,
+                                        const FeatureSpec::Field& field, size_t length,
+                                        RawRows* rows) {
+  const size_t max = static_cast<size_t>(field.max_length);
+  if (length <= max) return length;
+  if (field.overflow == REFUSE) {
+    return BadRecord(rec, format, absl::StrCat("list field '", field.name, "' has ", length,
+                                               " ids, more than its list.max_length ", max,
+                                               " (list.overflow: REFUSE)"));
+  }
+  ++rows->truncated_lists;
+  return max;
+}
+
 namespace {
 google::protobuf::ArenaOptions ArenaWithBlock(char* block, size_t size) {
   google::protobuf::ArenaOptions o;
@@ -200,6 +214,16 @@ absl::Status BufferedRecordWriter::CheckRow(const RawRows& rows, int r) const {
   for (int f = 0; f < nf; ++f) {
     const size_t i = static_cast<size_t>(r) * nf + f;
     const FeatureSpec::Field& field = spec_.field(f);
+    if (field.list) {  // key / value unused; an absent list is written as an empty one
+      for (uint32_t j = 0; j < rows.ListSize(i); ++j) {
+        const double w = rows.list_weight[rows.list_begin[i] + j];
+        if (!std::isfinite(w)) {
+          return RowError(r, absl::StrCat("list field '", field.name, "' has non-finite weight ",
+                                          w, " (id ", j + 1, ")"));
+        }
+      }
+      continue;
+    }
     if (!rows.present[i]) {
       if (!rules_.missing_ok) {
         return RowError(r, absl::StrCat("field '", field.name, "' is missing; ",

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -159,6 +160,13 @@ inline char* WriteHexKey(uint64_t key, char* p) {
 std::string Quote(absl::string_view s);
 // INVALID_ARGUMENT "<file>:line 12: <what>" (or ": record 12" for binary formats).
 absl::Status BadRecord(const RecordRef& rec, DataFormat format, absl::string_view what);
+
+// How many of a list's `length` ids a reader keeps for list field `field`: all of them, or the
+// first max_length under TRUNCATE (counting the list in rows->truncated_lists); under REFUSE an
+// over-long list is a BadRecord naming the field.
+absl::StatusOr<size_t> ListLengthToKeep(const RecordRef& rec, DataFormat format,
+                                        const FeatureSpec::Field& field, size_t length,
+                                        RawRows* rows);
 
 // ---- Protobuf payloads (TFRecord, RecordIO). ----
 
