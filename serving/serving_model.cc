@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
   m->description_ = description;
   m->origin_ = std::move(origin);
   ASSIGN_OR_RETURN(m->spec_, FeatureSpec::Create(description.features()));
-  ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), m->spec_.num_fields()));
+  ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), ModelInputs{m->spec_.num_fields(), m->spec_.DenseNumericFields()}));
   // A description is read from files: refuse shapes no trained model has before allocating them.
   constexpr int64_t kMaxDense = int64_t{1} << 31;
   if (m->model_->dense_size() > kMaxDense) {

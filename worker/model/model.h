@@ -83,15 +83,29 @@ class Tower {
 // embedding_init_stddev, embedding_l2. Checkpoints record it (pstrain.ModelDescription.model).
 ModelConfig ResolveModelConfig(const ModelConfig& config);
 
+// What a model needs to know about its input fields (FeatureSpec, which worker/model does not
+// depend on, supplies it: FeatureSpec::DenseNumericFields()).
+struct ModelInputs {
+  int num_fields = 0;
+  // The NUMERIC fields with numeric_mode DENSE, increasing: their values (Tower::Input scales)
+  // feed DLRM's bottom MLP. Other models ignore them.
+  std::vector<int> dense_fields;
+};
+
 // Immutable after Create; safe to share across towers.
 class Model {
  public:
   virtual ~Model() = default;
 
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config,
+                                                       const ModelInputs& inputs);
+  // Create(config, {num_fields}): no field is a DENSE numeric one.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config, int num_fields);
 
   virtual int num_fields() const = 0;
   virtual int embedding_dim() const = 0;
+  // ModelInputs::dense_fields as Create got them.
+  virtual const std::vector<int>& dense_fields() const = 0;
   int row_dim() const { return 1 + embedding_dim(); }
   virtual int64_t dense_size() const = 0;
   virtual const std::vector<DenseTensor>& dense_layout() const = 0;
