@@ -22,6 +22,7 @@ struct DatagenFlags {
   DatagenOutput out;
   std::string format = "criteo_tsv";
   std::string high_cardinality_fields;
+  std::string interaction = "fm";
 };
 
 void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
@@ -56,6 +57,10 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
   flags->Double("high_cardinality_zipf_exponent", &options.high_cardinality_zipf_exponent,
                 "popularity skew of the high-cardinality fields' values (flatter than "
                 "--zipf_exponent: most values are new)");
+  flags->String("interaction", &f->interaction,
+                "the teacher's second-order term: fm (DeepFM-like, the default), cross (a "
+                "low-rank DCN-v2 cross layer) or dot (DLRM's pairwise dots, a weight per field "
+                "pair): docs/DATAGEN.md \"Teachers\"");
   flags->Bool("fill_missing", &options.fill_missing,
               "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
               "which cannot express a missing value)");
@@ -91,6 +96,12 @@ int RunDatagen(int argc, char** argv) {
         "datagen", absl::StrCat("--high_cardinality_fields: ", fields.status().message()), 2);
   }
   options.high_cardinality_fields = *std::move(fields);
+  auto interaction = ParseTeacherInteraction(f.interaction);
+  if (!interaction.ok()) {
+    return CommandError("datagen", absl::StrCat("--interaction: ", interaction.status().message()),
+                        2);
+  }
+  options.interaction = *interaction;
   if (out.format == LIBSVM) options.fill_missing = true;
   auto data = SyntheticData::Create(options);
   if (!data.ok()) return CommandError("datagen", data.status().message(), 2);
