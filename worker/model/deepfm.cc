@@ -1,5 +1,6 @@
 // Model::Create and the one tower behind every model type: DeepFM, LR, FM and Wide&Deep are the
-// same blocks (first order, FM term, MLP) switched on or off.
+// same blocks (first order, FM term, MLP) switched on or off; DCN_V2, DLRM and BLOCKS add the
+// cross network or the dot interaction through DenseBlocks (dense_blocks.h).
 #include <omp.h>
 
 #include <algorithm>
