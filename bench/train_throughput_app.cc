@@ -120,7 +120,7 @@ int Main(int argc, char** argv) {
       }
       Config config = *base;
       config.mutable_model()->set_precision(prec == "bf16" ? BF16 : F32);
-      auto model = Model::Create(config.model(), spec->num_fields());
+      auto model = Model::Create(config.model(), ModelInputs{spec->num_fields(), spec->DenseNumericFields()});
       if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
       // stale: as RunTraining with train.async_local_updates (one thread for pulls and pushes).
       const bool prefetch = mode == "stale";

@@ -123,7 +123,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   if (!thread_note.empty() && rank == 0) std::fprintf(stderr, "pstrain allreduce: %s\n", thread_note.c_str());
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
   AllreduceOptions ao;
   ASSIGN_OR_RETURN(ao.replica_budget_bytes,
                    CheckReplicaFits(config, spec, *model, rank, size, memory_check));

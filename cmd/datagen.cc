@@ -23,6 +23,7 @@ struct DatagenFlags {
   std::string format = "criteo_tsv";
   std::string high_cardinality_fields;
   std::string history_item_field = "C3";
+  std::string interaction = "fm";
 };
 
 void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
@@ -67,6 +68,10 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
                 "the categorical field whose ids (and rows) the history shares (C1..C26)");
   flags->Double("history_importance", &options.history_importance,
                 "weight of the pooled history in the teacher's first-order and FM terms");
+  flags->String("interaction", &f->interaction,
+                "the teacher's second-order term: fm (DeepFM-like, the default), cross (a "
+                "low-rank DCN-v2 cross layer) or dot (DLRM's pairwise dots, a weight per field "
+                "pair): docs/DATAGEN.md \"Teachers\"");
   flags->Bool("fill_missing", &options.fill_missing,
               "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
               "which cannot express a missing value)");
@@ -110,6 +115,12 @@ int RunDatagen(int argc, char** argv) {
                         2);
   }
   options.history_item_field = item->front();
+  auto interaction = ParseTeacherInteraction(f.interaction);
+  if (!interaction.ok()) {
+    return CommandError("datagen", absl::StrCat("--interaction: ", interaction.status().message()),
+                        2);
+  }
+  options.interaction = *interaction;
   if (out.format == LIBSVM) options.fill_missing = true;
   auto data = SyntheticData::Create(options);
   if (!data.ok()) return CommandError("datagen", data.status().message(), 2);

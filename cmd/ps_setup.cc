@@ -18,7 +18,7 @@ namespace pstrain {
 absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
                                                         int num_shards, ShardShape shape) {
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
   std::shared_ptr<const Model> model(std::move(created));
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();
   const int row_dim = shape.row_dim > 0 ? shape.row_dim : model->row_dim();

@@ -231,6 +231,17 @@ absl::Status ValidateConfig(const Config& c) {
   if (mlp_floats > kMaxDenseFloats) return bad("model.hidden", absl::StrCat("the layers after the first hold ", mlp_floats, " floats, more than ", kMaxDenseFloats));
   if (m.embedding_init_stddev() < 0) return bad("model.embedding_init_stddev", "must be >= 0");
   if (m.embedding_l2() < 0) return bad("model.embedding_l2", "must be >= 0");
+  if (m.has_blocks()) {
+    // The block grammar (ModelBlocks); the model checks the sizes that depend on the fields.
+    const ModelBlocks& b = m.blocks();
+    if (m.type() != DCN_V2 && m.type() != DLRM && m.type() != BLOCKS) return bad("model.blocks", absl::StrCat("is for model.type DCN_V2, DLRM or BLOCKS; ", ModelType_Name(m.type()), " is a fixed preset"));
+    if (b.has_cross_layers() && (b.cross_layers() < 1 || b.cross_layers() > 16)) return bad("model.blocks.cross_layers", absl::StrCat("must be in [1, 16], got ", b.cross_layers()));
+    if (b.cross_rank() < 0) return bad("model.blocks.cross_rank", absl::StrCat("must be >= 0 (0 = full rank), got ", b.cross_rank()));
+    if (b.bottom_hidden_size() > kMaxHiddenLayers) return bad("model.blocks.bottom_hidden", absl::StrCat("at most ", kMaxHiddenLayers, " layers, got ", b.bottom_hidden_size()));
+    for (int i = 0; i < b.bottom_hidden_size(); ++i) {
+      if (b.bottom_hidden(i) <= 0 || b.bottom_hidden(i) > kMaxLayerWidth) return bad(absl::StrCat("model.blocks.bottom_hidden[", i, "]"), absl::StrCat("must be in [1, ", kMaxLayerWidth, "], got ", b.bottom_hidden(i)));
+    }
+  }
   if (c.train().has_warm_start() && c.train().warm_start().from().empty()) {
     return bad("train.warm_start.from", "must name a model dir or a checkpoint (--warm_start_from)");
   }

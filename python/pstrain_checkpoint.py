@@ -12,6 +12,7 @@ docs/CHECKPOINT.md (checkpoints) and docs/SERVING.md (exports); this reader foll
     m.rows         float32 [N, D]   their weights [w, v_0 .. v_{k-1}] (D = 1 + k)
     m.dense        float32 [dense_size]
     m.tensors      {"bias", "mlp0/w", "mlp0/b", ..., "out/w", "out/b"}: views of m.dense, shaped
+                   (DCN_V2 / DLRM / BLOCKS add "cross<l>/..." or "bottom<l>/...": model.h)
     m.config       the model description (a dict: features, model, init_seed, ...); None for a
                    checkpoint written before checkpoints recorded it (MANIFEST version 1)
     m.fields       the feature layout: name, kind, offset, rows, seed of each field
@@ -147,9 +148,13 @@ _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              3: ("categorical_vocab_size", "uint", False), 4: ("numeric_vocab_size", "uint", False),
              5: ("numeric_mode", "int", False), 6: ("label_name", "string", False),
              7: ("hash_seed", "uint", False), 8: ("numeric_transform", "int", False)}
+_BLOCKS = {1: ("interaction", "int", False), 2: ("cross_layers", "int", False),
+           3: ("cross_rank", "int", False), 4: ("join", "int", False), 5: ("mlp", "bool", False),
+           6: ("bottom_hidden", "int", True)}
 _MODEL_CONFIG = {1: ("type", "int", False), 2: ("embedding_dim", "int", False),
                  3: ("hidden", "int", True), 4: ("precision", "int", False),
-                 5: ("embedding_init_stddev", "float", False), 6: ("embedding_l2", "float", False)}
+                 5: ("embedding_init_stddev", "float", False), 6: ("embedding_l2", "float", False),
+                 7: ("blocks", _BLOCKS, False)}
 _DESCRIPTION = {1: ("features", _FEATURES, False), 2: ("model", _MODEL_CONFIG, False),
                 3: ("init_seed", "uint", False), 4: ("init_rule", "int", False),
                 5: ("sparse_optimizer", _OPTIMIZER, False),
@@ -181,6 +186,8 @@ _DEFAULTS = {
     "field": {"kind": 0, "numeric_mode": 0, "numeric_transform": 0},
     "model": {"type": 0, "embedding_dim": 16, "hidden": [], "precision": 0,
               "embedding_init_stddev": 0.01, "embedding_l2": 0.0},
+    "blocks": {"interaction": 0, "cross_layers": 0, "cross_rank": 0, "join": 0, "mlp": False,
+               "bottom_hidden": []},
 }
 
 
@@ -241,7 +248,10 @@ _GOLDEN = 0x9E3779B97F4A7C15
 CATEGORICAL, NUMERIC = 0, 1
 BUCKET, DENSE = 0, 1
 LOG1P, NO_TRANSFORM = 0, 1
-DEEPFM, LR, FM, WIDE_DEEP = 0, 1, 2, 3
+DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS = 0, 1, 2, 3, 4, 5, 6
+# ModelBlocks (proto/pstrain/config.proto): the interaction and the join.
+NO_INTERACTION, FM_TERM, CROSS_V2, DOT = 0, 1, 2, 3
+STACKED, PARALLEL = 0, 1
 
 
 def fmix64(k):
@@ -333,7 +343,7 @@ class Model:
         self.row_dim, self.table_rows = row_dim, table_rows
         self.row_state, self.dense_state = row_state, dense_state
         self.step, self.version = step, version
-        self.fields, self.tensors = [], {}
+        self.fields, self.tensors, self.blocks, self.dense_fields = [], {}, None, []
         if config is not None:
             self._layout(tensors)
 
@@ -367,20 +377,57 @@ class Model:
         if self.row_dim != 1 + self.k:
             raise FormatError("%s: rows of %d floats, the description makes %d"
                               % (self.path, self.row_dim, 1 + self.k))
-        hidden = list(model["hidden"]) if self.model_type in (DEEPFM, WIDE_DEEP) else []
+        if self.model_type not in (DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS):
+            raise FormatError("%s: model type %d, this reader knows 0..6" % (self.path, self.model_type))
+        grammar = self.model_type in (DCN_V2, DLRM, BLOCKS)
+        # The block grammar: a checkpoint records the resolved blocks (ResolveModelConfig).
+        self.blocks = dict(_DEFAULTS["blocks"], **model.get("blocks", {})) if grammar else None
+        deep = self.model_type in (DEEPFM, WIDE_DEEP) or (grammar and self.blocks["mlp"])
+        hidden = list(model["hidden"]) if deep else []
         if self.model_type in (DEEPFM, WIDE_DEEP) and not hidden:
             hidden = [400, 400, 400]
+        self.dense_fields = [i for i, f in enumerate(self.fields)
+                             if f["kind"] == NUMERIC and f["numeric_mode"] == DENSE]
         # The dense layout (Model::dense_layout), unless the export lists it.
         if tensors is None:
             tensors, off, width = [("bias", 0, (1,))], 1, len(self.fields) * self.k
+
+            def add(name, shape):
+                nonlocal off
+                tensors.append((name, off, shape))
+                off += int(np.prod(shape))
+
+            interaction = self.blocks["interaction"] if grammar else NO_INTERACTION
+            if interaction == CROSS_V2:
+                D, r = width, self.blocks["cross_rank"]
+                for l in range(self.blocks["cross_layers"]):
+                    if r == 0:
+                        add("cross%d/w" % l, (D, D))
+                    else:
+                        add("cross%d/v" % l, (D, r))
+                        add("cross%d/u" % l, (r, D))
+                    add("cross%d/b" % l, (D,))
+                if not deep or self.blocks["join"] == PARALLEL:
+                    add("cross_out/w", (D, 1))
+                if not deep:
+                    add("cross_out/b", (1,))
+            elif interaction == DOT:
+                m = len(self.fields)
+                if self.dense_fields:
+                    w_in = len(self.dense_fields)
+                    for l, out in enumerate(list(self.blocks["bottom_hidden"]) + [self.k]):
+                        add("bottom%d/w" % l, (w_in, out))
+                        add("bottom%d/b" % l, (out,))
+                        w_in = out
+                    m += 1
+                width = (self.k if self.dense_fields else 0) + m * (m - 1) // 2
             if hidden:
                 for l, out in enumerate(hidden):
-                    tensors += [("mlp%d/w" % l, off, (width, out)),
-                                ("mlp%d/b" % l, off + width * out, (out,))]
-                    off += width * out + out
+                    add("mlp%d/w" % l, (width, out))
+                    add("mlp%d/b" % l, (out,))
                     width = out
-                tensors += [("out/w", off, (width, 1)), ("out/b", off + width, (1,))]
-                off += width + 1
+                add("out/w", (width, 1))
+                add("out/b", (1,))
         for name, off, shape in tensors:
             size = int(np.prod(shape))
             if off + size > len(self.dense):
@@ -472,20 +519,49 @@ class Model:
     # -- the forward pass -------------------------------------------------------------------------
     def logits(self, ids, scales):
         """Model outputs of encoded examples (float64):
-        bias + sum_f s_f w_f + FM term + MLP(concat_f s_f v_f) (worker/model/model.h)."""
+        bias + sum_f s_f w_f + FM term + MLP(concat_f s_f v_f) (worker/model/model.h), or the
+        block grammar's cross network / dot interaction (DCN_V2, DLRM, BLOCKS)."""
         ids = np.asarray(ids, dtype=np.int64)
         s = np.asarray(scales, dtype=np.float64)[..., None]
         rows = self.lookup(ids).astype(np.float64) * s  # [n, F, D], scaled
         w, v = rows[..., 0], rows[..., 1:]
         z = float(self.tensors["bias"][0]) + w.sum(axis=1)
-        if self.model_type in (DEEPFM, FM):
+        interaction = self.blocks["interaction"] if self.blocks is not None else NO_INTERACTION
+        if self.model_type in (DEEPFM, FM) or interaction == FM_TERM:
             z += 0.5 * ((v.sum(axis=1) ** 2) - (v ** 2).sum(axis=1)).sum(axis=1)
+        t = {name: a.astype(np.float64) for name, a in self.tensors.items()}
+        a = v.reshape(len(ids), -1)
+        if interaction == CROSS_V2:
+            # DCN-v2: x_{l+1} = x0 * (x_l W_l + b_l) + x_l, W_l = V_l U_l when low rank.
+            x0, xl, l = a, a, 0
+            while "cross%d/b" % l in t:
+                if "cross%d/w" % l in t:
+                    y = xl @ t["cross%d/w" % l]
+                else:
+                    y = (xl @ t["cross%d/v" % l]) @ t["cross%d/u" % l]
+                xl = x0 * (y + t["cross%d/b" % l]) + xl
+                l += 1
+            if "cross_out/w" in t:
+                z += (xl @ t["cross_out/w"])[:, 0]
+            if "cross_out/b" in t:
+                z += float(t["cross_out/b"][0])
+            if self.blocks["join"] == STACKED:
+                a = xl
+        elif interaction == DOT:
+            # DLRM: [bottom MLP(dense fields' values), the pairwise dots of [bottom, x_1..x_F]].
+            e, front = v, []
+            if self.dense_fields:
+                b, l = np.asarray(scales, dtype=np.float64)[:, self.dense_fields], 0
+                while "bottom%d/w" % l in t:
+                    b = np.maximum(b @ t["bottom%d/w" % l] + t["bottom%d/b" % l], 0.0)
+                    l += 1
+                e, front = np.concatenate([b[:, None, :], v], axis=1), [b]
+            i, j = np.triu_indices(e.shape[1], 1)
+            a = np.concatenate(front + [np.einsum("bik,bjk->bij", e, e)[:, i, j]], axis=1)
         if self.hidden:
-            a = v.reshape(len(ids), -1)
             for l in range(len(self.hidden)):
-                a = np.maximum(a @ self.tensors["mlp%d/w" % l].astype(np.float64)
-                               + self.tensors["mlp%d/b" % l].astype(np.float64), 0.0)
-            z += (a @ self.tensors["out/w"].astype(np.float64))[:, 0] + float(self.tensors["out/b"][0])
+                a = np.maximum(a @ t["mlp%d/w" % l] + t["mlp%d/b" % l], 0.0)
+            z += (a @ t["out/w"])[:, 0] + float(t["out/b"][0])
         return z
 
     def predict(self, ids, scales):

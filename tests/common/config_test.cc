@@ -394,3 +394,32 @@ TEST(Config, EarlyStoppingErrorsNameTheField) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// model.blocks (the block grammar) is checked by ValidateConfig, naming the field.
+TEST(Config, ModelBlocksAreValidated) {
+  auto expect_bad = [](const std::string& text, const std::string& needle) {
+    auto c = ParseConfigText(text, "x.textproto");
+    ASSERT_TRUE(c.ok()) << c.status();
+    Config copy = *c;
+    copy.mutable_data()->add_train()->add_path("x");
+    const absl::Status s = ValidateConfig(copy);
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(needle)) << text;
+  };
+  expect_bad("model { type: DEEPFM blocks { cross_layers: 2 } }", "is a fixed preset");
+  expect_bad("model { type: DCN_V2 blocks { cross_layers: 0 } }", "model.blocks.cross_layers");
+  expect_bad("model { type: DCN_V2 blocks { cross_rank: -1 } }", "model.blocks.cross_rank");
+  expect_bad("model { type: DLRM blocks { bottom_hidden: [64, 0] } }",
+             "model.blocks.bottom_hidden[1]");
+  auto ok = ParseConfigText("model { type: DLRM blocks { bottom_hidden: [64] } }", "x");
+  ASSERT_TRUE(ok.ok());
+  Config copy = *ok;
+  copy.mutable_data()->add_train()->add_path("x");
+  EXPECT_TRUE(ValidateConfig(copy).ok()) << ValidateConfig(copy);
+}
+
+}  // namespace
+}  // namespace pstrain

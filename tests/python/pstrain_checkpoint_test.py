@@ -235,5 +235,53 @@ class ServeClientTest(unittest.TestCase):
             server.stdout.close()
 
 
+# DCN_V2 (parallel, low rank) and DLRM (with DENSE numeric fields, so its bottom MLP): the reader's
+# forward pass of the export and of the checkpoint (whose layout it derives from the recorded
+# blocks) gives `pstrain predict`'s scores.
+BLOCK_MODELS = {
+    "dcn_v2": 'features { preset: CRITEO categorical_vocab_size: 20000 }\n'
+              'model { type: DCN_V2 embedding_dim: 8 hidden: [ 16 ] '
+              'blocks { cross_layers: 2 cross_rank: 4 join: PARALLEL } }\n',
+    "dcn_v2_stacked": 'features { preset: CRITEO categorical_vocab_size: 20000 }\n'
+                      'model { type: DCN_V2 embedding_dim: 4 hidden: [ 16 ] '
+                      'blocks { cross_layers: 2 } }\n',
+    "dlrm": 'features { preset: CRITEO categorical_vocab_size: 20000 numeric_mode: DENSE }\n'
+            'model { type: DLRM embedding_dim: 8 hidden: [ 16 ] blocks { bottom_hidden: [ 8 ] } }\n',
+}
+
+
+class BlockModelsReaderTest(unittest.TestCase):
+    def test_the_block_models_forward_pass_gives_the_cpp_scores(self):
+        d = Fixture.dir
+        base = "\n".join(l for l in CONFIG.splitlines()
+                         if not l.startswith(("features", "model")))
+        for name, model in BLOCK_MODELS.items():
+            with self.subTest(model=name):
+                config = os.path.join(d, name + ".textproto")
+                with open(config, "w") as f:
+                    f.write(base + "\n" + model)
+                mdir = os.path.join(d, name)
+                run("train", "--config", config, "--train", os.path.join(d, "train", "part-*"),
+                    "--model_dir", mdir)
+                scores = os.path.join(d, name + "_scores.tsv")
+                run("predict", "--model_dir", mdir, "--input", Fixture.test, "--out", scores)
+                want = np.loadtxt(scores, dtype=np.float64)[:, 0]
+                run("export", "--model_dir", mdir, "--out", mdir + "_export", "--rows", "f32")
+                for path in (mdir + "_export", mdir):
+                    m = pc.load(path)
+                    ids, scales, _ = m.encode_criteo(Fixture.lines)
+                    probs = m.predict(ids, scales)
+                    np.testing.assert_allclose(probs, want, rtol=0, atol=1e-5, err_msg=path)
+                    self.assertGreater(float(np.std(probs)), 1e-3)  # not a constant model
+                m = pc.load(mdir)
+                if name == "dlrm":
+                    self.assertEqual(m.dense_fields, list(range(13)))
+                    self.assertEqual(m.tensors["bottom1/w"].shape, (8, 8))
+                    self.assertEqual(m.tensors["mlp0/w"].shape, (8 + 40 * 39 // 2, 16))
+                elif name == "dcn_v2":
+                    self.assertEqual(m.tensors["cross1/v"].shape, (39 * 8, 4))
+                    self.assertEqual(m.tensors["cross_out/w"].shape, (39 * 8, 1))
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)

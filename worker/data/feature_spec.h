@@ -73,6 +73,15 @@ class FeatureSpec {
   FeatureConfig Resolved() const;
   // Index of the field with this name, or -1.
   int FieldIndex(const std::string& name) const;
+  // The NUMERIC fields with numeric_mode DENSE, increasing (ModelInputs::dense_fields: their
+  // values feed DLRM's bottom MLP).
+  std::vector<int> DenseNumericFields() const {
+    std::vector<int> dense;
+    for (int f = 0; f < num_fields(); ++f) {
+      if (fields_[f].kind == NUMERIC && fields_[f].numeric_mode == DENSE) dense.push_back(f);
+    }
+    return dense;
+  }
 
   // The FuxiCTR / Kaggle-winners bucket of a numeric value.
   static int64_t LogSquaredBucket(double x);

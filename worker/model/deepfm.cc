@@ -1,10 +1,13 @@
 // Model::Create and the one tower behind every model type: DeepFM, LR, FM and Wide&Deep are the
-// same blocks (first order, FM term, MLP) switched on or off.
+// same blocks (first order, FM term, MLP) switched on or off; DCN_V2, DLRM and BLOCKS add the
+// cross network or the dot interaction through DenseBlocks (dense_blocks.h).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +17,7 @@
 #include "common/parallel.h"
 #include "common/random.h"
 #include "common/status.h"
+#include "worker/model/dense_blocks.h"
 #include "worker/model/fm.h"
 #include "worker/model/isa.h"
 #include "worker/model/mlp.h"
@@ -30,12 +34,14 @@ namespace {
 // the thread count.
 class CtrTower : public Tower {
  public:
-  CtrTower(const SparseShape& shape, float l2, int max_batch, int threads, std::unique_ptr<Mlp> mlp)
+  CtrTower(const SparseShape& shape, float l2, int max_batch, int threads, std::unique_ptr<Mlp> mlp,
+           std::unique_ptr<DenseBlocks> blocks)
       : shape_(shape),
         l2_(l2),
         max_batch_(max_batch),
         threads_(threads),
         mlp_(std::move(mlp)),
+        blocks_(std::move(blocks)),
         z_(max_batch),
         g_(max_batch),
         sum_v_(shape.fm ? static_cast<size_t>(max_batch) * shape.dim : 0),
@@ -75,6 +81,8 @@ class CtrTower : public Tower {
     if (mlp_ != nullptr) {
       RETURN_IF_ERROR(mlp_->Backward(n, in.dense, g, dense_grad));
       dx0 = mlp_->input_grad();
+    } else if (blocks_ != nullptr) {
+      ASSIGN_OR_RETURN(dx0, blocks_->Backward(in, g, dense_grad));
     }
     const bool lists = in.offsets != nullptr;
     const int64_t num_entries = NumEntries(in);
@@ -138,6 +146,7 @@ class CtrTower : public Tower {
     omp_set_num_threads(threads_);
     float* x0_f32 = mlp_ != nullptr ? mlp_->input_f32() : nullptr;
     uint16_t* x0_bf16 = mlp_ != nullptr ? mlp_->input_bf16() : nullptr;
+    if (blocks_ != nullptr) x0_f32 = blocks_->x0();
     if (in.offsets != nullptr) {
       // The pooled vectors, for the FM term's backward (allocated by the first list batch).
       float* pooled = nullptr;
@@ -158,6 +167,7 @@ class CtrTower : public Tower {
       });
     }
     if (mlp_ != nullptr) RETURN_IF_ERROR(mlp_->Forward(in.n, in.dense, logits));
+    if (blocks_ != nullptr) RETURN_IF_ERROR(blocks_->Forward(in, logits));
     return absl::OkStatus();
   }
 
@@ -165,7 +175,8 @@ class CtrTower : public Tower {
   const float l2_;
   const int max_batch_;
   const int threads_;
-  std::unique_ptr<Mlp> mlp_;  // null for LR and FM
+  std::unique_ptr<Mlp> mlp_;             // the MLP on x0: DEEPFM, WIDE_DEEP (and such BLOCKS)
+  std::unique_ptr<DenseBlocks> blocks_;  // instead: CROSS_V2 or DOT models
   AlignedArray<float> z_, g_, sum_v_;
   AlignedArray<int32_t> entries_;  // [threads][entries of the slice]: each owner's entries
   AlignedArray<float> pooled_;     // [max_batch * F * k]: the list path's pooled x_f (fm)
@@ -174,10 +185,12 @@ class CtrTower : public Tower {
 
 class CtrModel : public Model {
  public:
-  static absl::StatusOr<std::unique_ptr<Model>> Make(const ModelConfig& config, int num_fields);
+  static absl::StatusOr<std::unique_ptr<Model>> Make(const ModelConfig& config,
+                                                     const ModelInputs& inputs);
 
   int num_fields() const override { return shape_.num_fields; }
   int embedding_dim() const override { return shape_.dim; }
+  const std::vector<int>& dense_fields() const override { return dense_fields_; }
   int64_t dense_size() const override { return dense_size_; }
   const std::vector<DenseTensor>& dense_layout() const override { return layout_; }
   double flops_per_example() const override { return flops_; }
@@ -214,8 +227,8 @@ class CtrModel : public Model {
       return absl::InvalidArgumentError(absl::StrCat(
           "CreateTower: max_batch ", max_batch, " x ", shape_.num_fields, " fields exceeds 2^31"));
     }
-    std::unique_ptr<Mlp> mlp;
-    if (shape_.deep) {
+    std::optional<Mlp::Options> mlp_options;
+    if (!hidden_.empty()) {
       Mlp::Options opt;
       opt.hidden = hidden_;
       opt.out_w = out_w_;
@@ -223,36 +236,77 @@ class CtrModel : public Model {
       opt.bf16 = config_.precision() == BF16;
       opt.max_batch = max_batch;
       opt.threads = intra_op_threads;
-      ASSIGN_OR_RETURN(mlp, Mlp::Create(opt));
+      mlp_options = opt;
     }
-    return std::unique_ptr<Tower>(
-        new CtrTower(shape_, config_.embedding_l2(), max_batch, intra_op_threads, std::move(mlp)));
+    std::unique_ptr<Mlp> mlp;
+    std::unique_ptr<DenseBlocks> blocks;
+    if (blocks_.has_value()) {
+      DenseBlocks::Options opt = *blocks_;
+      opt.mlp = mlp_options;
+      opt.max_batch = opt.cross.max_batch = opt.bottom.max_batch = max_batch;
+      opt.threads = opt.cross.threads = opt.bottom.threads = intra_op_threads;
+      ASSIGN_OR_RETURN(blocks, DenseBlocks::Create(opt));
+    } else if (mlp_options.has_value()) {
+      ASSIGN_OR_RETURN(mlp, Mlp::Create(*mlp_options));
+    }
+    return std::unique_ptr<Tower>(new CtrTower(shape_, config_.embedding_l2(), max_batch,
+                                               intra_op_threads, std::move(mlp),
+                                               std::move(blocks)));
   }
 
  private:
+  // Appends a tensor to the layout, bounded before anything is allocated (every tower holds a
+  // gradient of the dense size).
+  absl::Status Add(const std::string& name, std::vector<int64_t> shape) {
+    int64_t size = 1;
+    for (int64_t d : shape) size *= d;
+    if (dense_size_ + size > kMaxDenseFloats) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: ", name, " would make the model hold more than ", kMaxDenseFloats,
+                       " dense floats; expected a smaller model"));
+    }
+    layout_.push_back({name, dense_size_, std::move(shape)});
+    dense_size_ += size;
+    return absl::OkStatus();
+  }
+  absl::Status MakeBlocks(const ModelConfig& resolved);
+
   ModelConfig config_;
   SparseShape shape_;
+  std::vector<int> dense_fields_;
   std::vector<DenseTensor> layout_;
   std::vector<Mlp::Layer> hidden_;
   int64_t out_w_ = 0;
+  std::optional<DenseBlocks::Options> blocks_;  // CROSS_V2 and DOT models
   int64_t dense_size_ = 0;
   double flops_ = 0;
 };
 
-absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config, int num_fields) {
+bool IsBlockType(ModelType type) { return type == DCN_V2 || type == DLRM || type == BLOCKS; }
+
+absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
+                                                      const ModelInputs& inputs) {
   auto model = std::make_unique<CtrModel>();
   model->config_ = config;
   SparseShape& shape = model->shape_;
   const ModelType type = config.type();
-  if (type != DEEPFM && type != LR && type != FM && type != WIDE_DEEP) {
+  const int num_fields = inputs.num_fields;
+  if (type != DEEPFM && type != LR && type != FM && type != WIDE_DEEP && !IsBlockType(type)) {
     return absl::InvalidArgumentError(absl::StrCat("model.type ", type, " is not supported"));
   }
   if (num_fields <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("model: ", num_fields, " fields"));
   }
+  for (size_t i = 0; i < inputs.dense_fields.size(); ++i) {
+    const int f = inputs.dense_fields[i];
+    if (f < 0 || f >= num_fields || (i > 0 && f <= inputs.dense_fields[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: dense field ", f, " at ", i, ", expected increasing fields in [0, ", num_fields,
+          ")"));
+    }
+  }
+  model->dense_fields_ = inputs.dense_fields;
   shape.num_fields = num_fields;
-  shape.fm = type == DEEPFM || type == FM;
-  shape.deep = type == DEEPFM || type == WIDE_DEEP;
   // LR has no embedding: its rows are just [w].
   shape.dim = type == LR ? 0 : config.embedding_dim();
   if (type != LR && (shape.dim <= 0 || shape.dim > kMaxEmbeddingDim)) {
@@ -268,7 +322,18 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
         absl::StrCat("model.precision ", config.precision(), " is not supported"));
   }
   RETURN_IF_ERROR(CheckPrecisionSupported(config.precision(), KernelIsa()));
+  if (config.has_blocks() && !IsBlockType(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.blocks is set but model.type is ", ModelType_Name(type),
+        ", a fixed preset; expected type DCN_V2, DLRM or BLOCKS"));
+  }
+  if (IsBlockType(type)) {
+    RETURN_IF_ERROR(model->MakeBlocks(ResolveModelConfig(config)));
+    return std::unique_ptr<Model>(std::move(model));
+  }
 
+  shape.fm = type == DEEPFM || type == FM;
+  shape.deep = type == DEEPFM || type == WIDE_DEEP;
   model->layout_.push_back({"bias", 0, {1}});
   int64_t offset = 1;
   // FLOPs: 2 per multiply-add, 3 GEMM passes (forward, backward-data, backward-weights) per layer;
@@ -310,12 +375,184 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
   return std::unique_ptr<Model>(std::move(model));
 }
 
+// The grammar's models (DCN_V2, DLRM, BLOCKS) from their resolved config. The layout: "bias";
+// the bottom MLP "bottom<l>/{w,b}" (DOT with dense fields); the cross layers "cross<l>/{w,b}" or
+// "cross<l>/{v,u,b}"; the cross network's linear head "cross_out/w" (PARALLEL or no MLP) and
+// "cross_out/b" (no MLP); then the MLP "mlp<l>/{w,b}", "out/{w,b}" as in DeepFM.
+absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
+  const ModelBlocks& blocks = resolved.blocks();
+  SparseShape& shape = shape_;
+  const int F = shape.num_fields, k = shape.dim;
+  const int64_t D = int64_t{F} * k;
+  const bool mlp = blocks.mlp();
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("model.blocks: ", what));
+  };
+  dense_size_ = 0;
+  RETURN_IF_ERROR(Add("bias", {1}));
+  double flops = 4.0 * F;
+  int64_t mlp_in = D;
+  if ((resolved.type() == DCN_V2 && blocks.interaction() != ModelBlocks::CROSS_V2) ||
+      (resolved.type() == DLRM && blocks.interaction() != ModelBlocks::DOT)) {
+    return bad(absl::StrCat("interaction ", ModelBlocks::Interaction_Name(blocks.interaction()),
+                            " contradicts model.type ", ModelType_Name(resolved.type()),
+                            "; use type BLOCKS to choose the interaction"));
+  }
+  switch (blocks.interaction()) {
+    case ModelBlocks::NO_INTERACTION:
+    case ModelBlocks::FM_TERM:
+      // DeepFM's blocks, under another name: the tower's plain path.
+      shape.fm = blocks.interaction() == ModelBlocks::FM_TERM;
+      shape.deep = mlp;
+      if (!shape.fm && !mlp) return bad("no interaction and no MLP: use model.type LR");
+      if (shape.fm) flops += 8.0 * F * k;
+      break;
+    case ModelBlocks::CROSS_V2: {
+      shape.deep = true;
+      const int layers = blocks.cross_layers(), rank = blocks.cross_rank();
+      if (layers < 1 || layers > 16) {
+        return bad(absl::StrCat("cross_layers is ", layers, ", expected 1..16"));
+      }
+      if (rank < 0 || rank > D) {
+        return bad(absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. F*k = ", D));
+      }
+      DenseBlocks::Options opt;
+      opt.num_fields = F;
+      opt.dim = k;
+      opt.cross.dim = static_cast<int>(D);
+      opt.cross.rank = rank;
+      for (int l = 0; l < layers; ++l) {
+        const std::string name = absl::StrCat("cross", l);
+        CrossNetwork::Layer layer;
+        layer.w = dense_size_;
+        if (rank == 0) {
+          RETURN_IF_ERROR(Add(name + "/w", {D, D}));
+          flops += 6.0 * D * D;
+        } else {
+          RETURN_IF_ERROR(Add(name + "/v", {D, rank}));
+          layer.u = dense_size_;
+          RETURN_IF_ERROR(Add(name + "/u", {rank, D}));
+          flops += 12.0 * D * rank;
+        }
+        layer.b = dense_size_;
+        RETURN_IF_ERROR(Add(name + "/b", {D}));
+        flops += 8.0 * D;  // the elementwise forward and backward
+        opt.cross.layers.push_back(layer);
+      }
+      opt.parallel = mlp && blocks.join() == ModelBlocks::PARALLEL;
+      if (opt.parallel || !mlp) {
+        opt.cross_out_w = dense_size_;
+        RETURN_IF_ERROR(Add("cross_out/w", {D, 1}));
+        flops += 4.0 * D;
+      }
+      if (!mlp) {
+        opt.cross_out_b = dense_size_;
+        RETURN_IF_ERROR(Add("cross_out/b", {1}));
+      }
+      blocks_ = opt;
+      break;
+    }
+    case ModelBlocks::DOT: {
+      shape.deep = true;
+      if (!mlp) return bad("DOT needs the top MLP (blocks.mlp: true)");
+      DenseBlocks::Options opt;
+      opt.num_fields = F;
+      opt.dim = k;
+      opt.dot = true;
+      opt.dense_fields = dense_fields_;
+      const bool bottom = !dense_fields_.empty();
+      if (bottom) {
+        std::vector<int> widths(blocks.bottom_hidden().begin(), blocks.bottom_hidden().end());
+        widths.push_back(k);
+        int64_t in = static_cast<int64_t>(dense_fields_.size());
+        for (size_t l = 0; l < widths.size(); ++l) {
+          const int out = widths[l];
+          if (out <= 0 || out > 65536) {
+            return bad(absl::StrCat("bottom_hidden[", l, "] is ", out, ", expected 1..65536"));
+          }
+          const std::string name = absl::StrCat("bottom", l);
+          const int64_t w = dense_size_;
+          RETURN_IF_ERROR(Add(name + "/w", {in, out}));
+          opt.bottom.layers.push_back({static_cast<int>(in), out, w, dense_size_});
+          RETURN_IF_ERROR(Add(name + "/b", {out}));
+          flops += 4.0 * in * out;  // no backward-data into the data
+          in = out;
+        }
+      }
+      const int64_t m = F + (bottom ? 1 : 0);
+      const int64_t pairs = m * (m - 1) / 2;
+      mlp_in = (bottom ? k : 0) + pairs;
+      if (mlp_in <= 0) return bad("DOT over a single vector has no pairs");
+      flops += 6.0 * k * pairs;
+      blocks_ = opt;
+      break;
+    }
+    default:
+      return bad(absl::StrCat("interaction ", blocks.interaction(), " is not supported"));
+  }
+  if (mlp) {
+    int64_t in = mlp_in;
+    for (int l = 0; l < resolved.hidden_size(); ++l) {
+      const int out = resolved.hidden(l);
+      if (out <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.hidden[", l, "] is ", out, ", expected > 0"));
+      }
+      if (in > std::numeric_limits<int>::max()) return bad("the MLP's input is too wide");
+      const std::string name = absl::StrCat("mlp", l);
+      const int64_t w = dense_size_;
+      RETURN_IF_ERROR(Add(name + "/w", {in, out}));
+      hidden_.push_back({static_cast<int>(in), out, w, dense_size_});
+      RETURN_IF_ERROR(Add(name + "/b", {out}));
+      flops += 6.0 * in * out;
+      in = out;
+    }
+    out_w_ = dense_size_;
+    RETURN_IF_ERROR(Add("out/w", {in, 1}));
+    RETURN_IF_ERROR(Add("out/b", {1}));
+    flops += 6.0 * in;
+  }
+  flops_ = flops;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ModelConfig ResolveModelConfig(const ModelConfig& config) {
   ModelConfig c;
   c.set_type(config.type());
-  const bool deep = config.type() == DEEPFM || config.type() == WIDE_DEEP;
+  if (IsBlockType(config.type())) {
+    // The presets fill the blocks the config leaves unset; BLOCKS takes them as they are.
+    ModelBlocks& b = *c.mutable_blocks();
+    const ModelBlocks& in = config.blocks();
+    switch (config.type()) {
+      case DCN_V2:
+        b.set_interaction(ModelBlocks::CROSS_V2);
+        break;
+      case DLRM:
+        b.set_interaction(ModelBlocks::DOT);
+        break;
+      default:
+        b.set_interaction(in.interaction());
+    }
+    // A preset's interaction is its own: a contradicting one is kept so that Create refuses it.
+    if (in.has_interaction()) b.set_interaction(in.interaction());
+    b.set_mlp(in.has_mlp() ? in.mlp() : true);
+    if (b.interaction() == ModelBlocks::CROSS_V2) {
+      b.set_cross_layers(in.has_cross_layers() ? in.cross_layers() : 3);
+      b.set_cross_rank(in.cross_rank());
+      b.set_join(in.join());
+    }
+    if (b.interaction() == ModelBlocks::DOT) {
+      if (in.bottom_hidden_size() > 0 || config.type() != DLRM) {
+        *b.mutable_bottom_hidden() = in.bottom_hidden();
+      } else {
+        for (int w : {256, 64}) b.add_bottom_hidden(w);
+      }
+    }
+  }
+  const bool deep = config.type() == DEEPFM || config.type() == WIDE_DEEP ||
+                    (IsBlockType(config.type()) && c.blocks().mlp());
   c.set_embedding_dim(config.type() == LR ? 0 : config.embedding_dim());
   if (deep) {
     if (config.hidden().empty()) {
@@ -330,8 +567,15 @@ ModelConfig ResolveModelConfig(const ModelConfig& config) {
   return c;
 }
 
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
+                                                     const ModelInputs& inputs) {
+  return CtrModel::Make(config, inputs);
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, int num_fields) {
-  return CtrModel::Make(config, num_fields);
+  ModelInputs inputs;
+  inputs.num_fields = num_fields;
+  return CtrModel::Make(config, inputs);
 }
 
 }  // namespace pstrain

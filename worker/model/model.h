@@ -15,11 +15,17 @@
 //
 // Model types are the same blocks switched on or off: LR = bias + first order (its rows are just
 // [w]: embedding_dim() is 0), FM = LR + the FM term, WIDE_DEEP = LR + MLP, DEEPFM = all three.
+// The block grammar (ModelConfig.blocks, docs/CONFIG.md "Model blocks") adds DCN-v2's cross
+// network (cross_network.h) and DLRM's bottom MLP and dot interaction (bottom_mlp.h,
+// dot_interaction.h), composed by dense_blocks.h; DCN_V2 and DLRM are presets of it, BLOCKS takes
+// the blocks as given. Their tensors ("cross<l>/w", "bottom<l>/w", ...) join the dense vector
+// before the MLP's.
 // The MLP is ReLU hidden layers (ModelConfig.hidden, empty = 400,400,400) and a 1-unit linear
 // output; its weights "mlpI/w" are [in, out] row-major (element (i, o) at offset + i*out + o),
 // "out/w" is [in, 1]. Precision BF16 runs the MLP's matmuls in bf16 (AMX / AVX512-BF16 through
 // oneDNN) on per-step bf16 copies; parameters, gradients and optimizer state stay f32.
-// Implementation: worker/model/ (deepfm.cc, mlp.h, fm.h; reference.h is the double twin).
+// Implementation: worker/model/ (deepfm.cc, mlp.h, fm.h, dense_blocks.h; reference.h is the
+// double twin).
 #pragma once
 
 #include <cstdint>
@@ -87,18 +93,35 @@ class Tower {
 // `config` with every field that shapes the parameters or their initial values set to the value
 // Model::Create uses: type, embedding_dim (0 for LR, whose rows are [w]), hidden (400,400,400 when
 // empty for DEEPFM and WIDE_DEEP; cleared for LR and FM, which have no MLP), precision,
-// embedding_init_stddev, embedding_l2. Checkpoints record it (pstrain.ModelDescription.model).
+// embedding_init_stddev, embedding_l2; for DCN_V2, DLRM and BLOCKS also every field of blocks
+// that applies (the presets' defaults filled in; hidden as above when blocks.mlp). DEEPFM, LR, FM
+// and WIDE_DEEP resolve exactly as before the grammar (no blocks). Idempotent. Checkpoints record
+// it (pstrain.ModelDescription.model).
 ModelConfig ResolveModelConfig(const ModelConfig& config);
+
+// What a model needs to know about its input fields (FeatureSpec, which worker/model does not
+// depend on, supplies it: FeatureSpec::DenseNumericFields()).
+struct ModelInputs {
+  int num_fields = 0;
+  // The NUMERIC fields with numeric_mode DENSE, increasing: their values (Tower::Input scales)
+  // feed DLRM's bottom MLP. Other models ignore them.
+  std::vector<int> dense_fields;
+};
 
 // Immutable after Create; safe to share across towers.
 class Model {
  public:
   virtual ~Model() = default;
 
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config,
+                                                       const ModelInputs& inputs);
+  // Create(config, {num_fields}): no field is a DENSE numeric one.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config, int num_fields);
 
   virtual int num_fields() const = 0;
   virtual int embedding_dim() const = 0;
+  // ModelInputs::dense_fields as Create got them.
+  virtual const std::vector<int>& dense_fields() const = 0;
   int row_dim() const { return 1 + embedding_dim(); }
   virtual int64_t dense_size() const = 0;
   virtual const std::vector<DenseTensor>& dense_layout() const = 0;

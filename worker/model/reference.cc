@@ -21,16 +21,66 @@ const DenseTensor& Find(const Model& model, const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+bool Has(const Model& model, const std::string& name) {
+  for (const DenseTensor& t : model.dense_layout()) {
+    if (t.name == name) return true;
+  }
+  return false;
+}
+
+// y = x W + b (W "<name>/w" [in, out], b "<name>/b"), ReLU when relu.
+std::vector<double> Dense(const Model& model, const double* dense, const std::string& name,
+                          const std::vector<double>& x, bool relu) {
+  const DenseTensor& w = Find(model, name + "/w");
+  const DenseTensor& bias = Find(model, name + "/b");
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  PSTRAIN_CHECK(static_cast<int64_t>(x.size()) == rows) << name;
+  std::vector<double> y(cols);
+  for (int64_t o = 0; o < cols; ++o) {
+    double s = dense[bias.offset + o];
+    for (int64_t i = 0; i < rows; ++i) s += x[i] * dense[w.offset + i * cols + o];
+    y[o] = relu ? std::max(s, 0.0) : s;
+  }
+  return y;
+}
+
+// The MLP "mlp<l>" (ReLU) then "out": one logit.
+double ReferenceMlpLogit(const Model& model, const double* dense, std::vector<double> a) {
+  for (int l = 0; Has(model, absl::StrCat("mlp", l, "/w")); ++l) {
+    a = Dense(model, dense, absl::StrCat("mlp", l), a, /*relu=*/true);
+  }
+  return Dense(model, dense, "out", a, /*relu=*/false)[0];
+}
+
+double DotProduct(const std::vector<double>& a, const double* w) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * w[i];
+  return s;
+}
+
+}  // namespace
+
 std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& model,
                                     const ReferenceInput& in) {
   const int F = model.num_fields(), k = model.embedding_dim(), rd = model.row_dim();
-  const bool fm = config.type() == DEEPFM || config.type() == FM;
-  const bool deep = config.type() == DEEPFM || config.type() == WIDE_DEEP;
+  const ModelConfig resolved = ResolveModelConfig(config);
+  const ModelType type = resolved.type();
+  const bool grammar = type == DCN_V2 || type == DLRM || type == BLOCKS;
+  const ModelBlocks::Interaction interaction = resolved.blocks().interaction();
+  const bool fm = type == DEEPFM || type == FM ||
+                  (grammar && interaction == ModelBlocks::FM_TERM);
+  const bool deep = type == DEEPFM || type == WIDE_DEEP || (grammar && resolved.blocks().mlp());
+  const bool cross = grammar && interaction == ModelBlocks::CROSS_V2;
+  const bool dot = grammar && interaction == ModelBlocks::DOT;
+  const bool parallel = resolved.blocks().join() == ModelBlocks::PARALLEL;
+  const double* dense = in.dense;
   std::vector<double> logits(in.n);
   for (int b = 0; b < in.n; ++b) {
     // x = concat_f s_f v_f, and the first-order term.
     std::vector<double> x(static_cast<size_t>(F) * k);
-    double z = in.dense[0];
+    double z = dense[0];
     for (int f = 0; f < F; ++f) {
       // The entries of (b, f): one, or a list pooled as sum_i s_i row_i.
       const int64_t e = static_cast<int64_t>(b) * F + f;
@@ -53,29 +103,61 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
         z += 0.5 * (sum * sum - sq);
       }
     }
-    if (deep) {
-      std::vector<double> a = x;
-      for (int l = 0;; ++l) {
-        const std::string name = absl::StrCat("mlp", l);
-        bool found = false;
-        for (const DenseTensor& t : model.dense_layout()) found |= t.name == name + "/w";
-        if (!found) break;
-        const DenseTensor& w = Find(model, name + "/w");
-        const DenseTensor& bias = Find(model, name + "/b");
-        const int64_t rows = w.shape[0], cols = w.shape[1];
-        std::vector<double> next(cols);
-        for (int64_t o = 0; o < cols; ++o) {
-          double s = in.dense[bias.offset + o];
-          for (int64_t i = 0; i < rows; ++i) s += a[i] * in.dense[w.offset + i * cols + o];
-          next[o] = std::max(s, 0.0);
+    std::vector<double> mlp_in = x;
+    if (cross) {
+      // x_{l+1} = x0 * (x_l W_l + b_l) + x_l, W_l = V_l U_l when low rank.
+      const int64_t D = static_cast<int64_t>(x.size());
+      std::vector<double> xl = x;
+      for (int l = 0; Has(model, absl::StrCat("cross", l, "/b")); ++l) {
+        const std::string name = absl::StrCat("cross", l);
+        std::vector<double> y(D);
+        const double* bias = dense + Find(model, name + "/b").offset;
+        if (Has(model, name + "/w")) {
+          const double* w = dense + Find(model, name + "/w").offset;
+          for (int64_t o = 0; o < D; ++o) {
+            double s = bias[o];
+            for (int64_t i = 0; i < D; ++i) s += xl[i] * w[i * D + o];
+            y[o] = s;
+          }
+        } else {
+          const DenseTensor& v = Find(model, name + "/v");
+          const int64_t r = v.shape[1];
+          const double* u = dense + Find(model, name + "/u").offset;
+          std::vector<double> t(r, 0.0);
+          for (int64_t q = 0; q < r; ++q) {
+            for (int64_t i = 0; i < D; ++i) t[q] += xl[i] * dense[v.offset + i * r + q];
+          }
+          for (int64_t o = 0; o < D; ++o) {
+            double s = bias[o];
+            for (int64_t q = 0; q < r; ++q) s += t[q] * u[q * D + o];
+            y[o] = s;
+          }
         }
-        a.swap(next);
+        for (int64_t j = 0; j < D; ++j) xl[j] = x[j] * y[j] + xl[j];
       }
-      const DenseTensor& w = Find(model, "out/w");
-      double out = in.dense[Find(model, "out/b").offset];
-      for (size_t i = 0; i < a.size(); ++i) out += a[i] * in.dense[w.offset + i];
-      z += out;
+      if (!deep || parallel) z += DotProduct(xl, dense + Find(model, "cross_out/w").offset);
+      if (!deep) z += dense[Find(model, "cross_out/b").offset];
+      if (deep && !parallel) mlp_in = xl;
     }
+    if (dot) {
+      // e_0 = the bottom MLP over the dense fields' values (when there are any), then x_1..x_F.
+      std::vector<std::vector<double>> e;
+      mlp_in.clear();
+      if (!model.dense_fields().empty()) {
+        std::vector<double> a;
+        for (int f : model.dense_fields()) a.push_back(in.scales[b * F + f]);
+        for (int l = 0; Has(model, absl::StrCat("bottom", l, "/w")); ++l) {
+          a = Dense(model, dense, absl::StrCat("bottom", l), a, /*relu=*/true);
+        }
+        e.push_back(a);
+        mlp_in = a;
+      }
+      for (int f = 0; f < F; ++f) e.emplace_back(x.begin() + f * k, x.begin() + (f + 1) * k);
+      for (size_t i = 0; i < e.size(); ++i) {
+        for (size_t j = i + 1; j < e.size(); ++j) mlp_in.push_back(DotProduct(e[i], e[j].data()));
+      }
+    }
+    if (deep) z += ReferenceMlpLogit(model, dense, mlp_in);
     logits[b] = z;
   }
   return logits;
@@ -159,6 +241,117 @@ ReferenceMlpResult ReferenceMlp(const Mlp::Options& options, int n, const float*
     for (size_t i = 0; i < da.size(); ++i) r.input_grad[b * da.size() + i] = da[i];
   }
   return r;
+}
+
+ReferenceCrossResult ReferenceCross(const CrossNetwork::Options& options, int n, const float* x0,
+                                    const float* dense, int64_t dense_size,
+                                    const float* output_grad) {
+  const int64_t D = options.dim, r = options.rank;
+  const int L = static_cast<int>(options.layers.size());
+  ReferenceCrossResult res;
+  res.output.resize(n * D);
+  res.dense_grad.assign(dense_size, 0.0);
+  res.input_grad.assign(n * D, 0.0);
+  for (int b = 0; b < n; ++b) {
+    const std::vector<double> x(x0 + b * D, x0 + (b + 1) * D);
+    std::vector<std::vector<double>> xs{x}, ys, ts;
+    for (int l = 0; l < L; ++l) {
+      const CrossNetwork::Layer& layer = options.layers[l];
+      const std::vector<double>& xl = xs.back();
+      std::vector<double> y(D), t(r, 0.0);
+      if (r == 0) {
+        for (int64_t o = 0; o < D; ++o) {
+          double s = dense[layer.b + o];
+          for (int64_t i = 0; i < D; ++i) s += xl[i] * dense[layer.w + i * D + o];
+          y[o] = s;
+        }
+      } else {
+        for (int64_t q = 0; q < r; ++q) {
+          for (int64_t i = 0; i < D; ++i) t[q] += xl[i] * dense[layer.w + i * r + q];
+        }
+        for (int64_t o = 0; o < D; ++o) {
+          double s = dense[layer.b + o];
+          for (int64_t q = 0; q < r; ++q) s += t[q] * dense[layer.u + q * D + o];
+          y[o] = s;
+        }
+      }
+      std::vector<double> next(D);
+      for (int64_t j = 0; j < D; ++j) next[j] = x[j] * y[j] + xl[j];
+      ys.push_back(y);
+      ts.push_back(t);
+      xs.push_back(next);
+    }
+    for (int64_t j = 0; j < D; ++j) res.output[b * D + j] = xs.back()[j];
+    std::vector<double> g(output_grad + b * D, output_grad + (b + 1) * D), dx0(D, 0.0);
+    for (int l = L - 1; l >= 0; --l) {
+      const CrossNetwork::Layer& layer = options.layers[l];
+      std::vector<double> dy(D), gx = g;  // gx: the skip connection's share of d x_l
+      for (int64_t j = 0; j < D; ++j) {
+        dy[j] = g[j] * x[j];
+        dx0[j] += g[j] * ys[l][j];
+        res.dense_grad[layer.b + j] += dy[j];
+      }
+      if (r == 0) {
+        for (int64_t i = 0; i < D; ++i) {
+          for (int64_t o = 0; o < D; ++o) {
+            res.dense_grad[layer.w + i * D + o] += xs[l][i] * dy[o];
+            gx[i] += dy[o] * dense[layer.w + i * D + o];
+          }
+        }
+      } else {
+        std::vector<double> dt(r, 0.0);
+        for (int64_t q = 0; q < r; ++q) {
+          for (int64_t o = 0; o < D; ++o) {
+            res.dense_grad[layer.u + q * D + o] += ts[l][q] * dy[o];
+            dt[q] += dy[o] * dense[layer.u + q * D + o];
+          }
+        }
+        for (int64_t i = 0; i < D; ++i) {
+          for (int64_t q = 0; q < r; ++q) {
+            res.dense_grad[layer.w + i * r + q] += xs[l][i] * dt[q];
+            gx[i] += dt[q] * dense[layer.w + i * r + q];
+          }
+        }
+      }
+      g.swap(gx);
+    }
+    for (int64_t j = 0; j < D; ++j) res.input_grad[b * D + j] = dx0[j] + g[j];
+  }
+  return res;
+}
+
+ReferenceDotResult ReferenceDot(const DotShape& shape, int n, const float* front, const float* x0,
+                                const float* d_dots) {
+  const int m = shape.vectors(), k = shape.dim, F = shape.fields;
+  const int64_t P = shape.pairs();
+  const int first = shape.front ? 1 : 0;
+  ReferenceDotResult res;
+  res.dots.assign(n * P, 0.0);
+  res.front_grad.assign(shape.front ? n * k : 0, 0.0);
+  res.input_grad.assign(static_cast<size_t>(n) * F * k, 0.0);
+  for (int b = 0; b < n; ++b) {
+    auto e = [&](int i, int j) -> double {
+      return i < first ? front[b * k + j] : x0[(int64_t{b} * F + i - first) * k + j];
+    };
+    auto grad = [&](int i, int j) -> double& {
+      return i < first ? res.front_grad[b * k + j]
+                       : res.input_grad[(int64_t{b} * F + i - first) * k + j];
+    };
+    int64_t p = 0;
+    for (int i = 0; i < m; ++i) {
+      for (int j = i + 1; j < m; ++j, ++p) {
+        double s = 0;
+        for (int c = 0; c < k; ++c) s += e(i, c) * e(j, c);
+        res.dots[b * P + p] = s;
+        const double d = d_dots[b * P + p];
+        for (int c = 0; c < k; ++c) {
+          grad(i, c) += d * e(j, c);
+          grad(j, c) += d * e(i, c);
+        }
+      }
+    }
+  }
+  return res;
 }
 
 }  // namespace pstrain

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "pstrain/config.pb.h"
+#include "worker/model/cross_network.h"
+#include "worker/model/dot_interaction.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model.h"
 
@@ -26,7 +28,8 @@ struct ReferenceInput {
   const int32_t* offsets = nullptr;
 };
 
-// The n logits. `model` supplies the shapes (fields, k, dense layout); `config` the type.
+// The n logits. `model` supplies the shapes (fields, k, dense layout, dense fields); `config`
+// the type and blocks (every ModelType, DCN_V2, DLRM and BLOCKS included).
 std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& model,
                                     const ReferenceInput& in);
 
@@ -48,5 +51,24 @@ struct ReferenceMlpResult {
 ReferenceMlpResult ReferenceMlp(const Mlp::Options& options, int n, const float* x0,
                                 const float* dense, int64_t dense_size, const float* g,
                                 bool bf16_rounding);
+
+// The cross network's twin (worker/model/cross_network.h) in double: x_L from x0 [n, D], and
+// with output_grad [n, D] = d loss / d x_L the gradients of its tensors and of x0.
+struct ReferenceCrossResult {
+  std::vector<double> output;      // [n, D]
+  std::vector<double> dense_grad;  // [dense size]
+  std::vector<double> input_grad;  // [n, D]
+};
+ReferenceCrossResult ReferenceCross(const CrossNetwork::Options& options, int n, const float* x0,
+                                    const float* dense, int64_t dense_size,
+                                    const float* output_grad);
+
+// The dot interaction's twin (worker/model/dot_interaction.h) in double: dots [n, P], and with
+// d_dots [n, P] the gradients of front [n, k] (when shape.front) and x0 [n, F*k].
+struct ReferenceDotResult {
+  std::vector<double> dots, front_grad, input_grad;
+};
+ReferenceDotResult ReferenceDot(const DotShape& shape, int n, const float* front, const float* x0,
+                                const float* d_dots);
 
 }  // namespace pstrain

@@ -29,7 +29,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
 
   // The table's shape, as the shards have it (ShardOptionsForJob does the same).
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
   const int64_t rows = spec.total_rows();
   const int row_dim = model->row_dim();
   const int64_t dense_size = model->dense_size();

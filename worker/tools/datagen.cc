@@ -268,6 +268,26 @@ absl::Status CheckHighCardinality(const DatagenOptions& o) {
 
 }  // namespace
 
+absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& name) {
+  for (TeacherInteraction t :
+       {TeacherInteraction::kFm, TeacherInteraction::kCross, TeacherInteraction::kDot}) {
+    if (name == TeacherInteractionName(t)) return t;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("teacher interaction '", name, "', expected fm, cross or dot"));
+}
+
+const char* TeacherInteractionName(TeacherInteraction interaction) {
+  switch (interaction) {
+    case TeacherInteraction::kCross:
+      return "cross";
+    case TeacherInteraction::kDot:
+      return "dot";
+    default:
+      return "fm";
+  }
+}
+
 absl::StatusOr<std::vector<int>> ParseCategoricalFields(const std::string& names) {
   std::vector<int> fields;
   for (absl::string_view entry : absl::StrSplit(names, ',', absl::SkipEmpty())) {
@@ -520,8 +540,29 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
     }
   }
 
+  if (o.interaction != TeacherInteraction::kFm) {
+    // From a stream of its own, so that the FM teacher's draws above are untouched.
+    Rng second(SplitMix64(o.teacher_seed ^ 0x5ec0dd0000000000ull));
+    const int D = kFields * kFmDim;
+    if (o.interaction == TeacherInteraction::kCross) {
+      d.cross_v_.resize(kCrossRank * D);
+      d.cross_u_.resize(kCrossRank * D);
+      const double sd = 1.0 / std::sqrt(D);
+      for (float& v : d.cross_v_) v = static_cast<float>(sd * second.Normal());
+      for (float& u : d.cross_u_) u = static_cast<float>(sd * second.Normal());
+    } else {
+      d.pair_weight_.assign(kFields * kFields, 0.f);
+      for (int f = 0; f < kFields; ++f) {
+        for (int g = f + 1; g < kFields; ++g) {
+          d.pair_weight_[f * kFields + g] = static_cast<float>(second.Normal());
+        }
+      }
+    }
+  }
+
   // Calibration on rows from a teacher-derived seed: give the terms their share of the logit
-  // variance (60/20/20), then bisect the bias to the target mean probability.
+  // variance (60/20/20; 40/40/20 with a cross or dot interaction), then bisect the bias to the
+  // target mean probability.
   RawRows rows;
   rows.Clear(d.stride_);
   const int n = o.calibration_rows;
@@ -541,7 +582,8 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
       sq[i] += t[i] * t[i];
     }
   }
-  const double share[3] = {0.6, 0.2, 0.2};
+  const bool fm_teacher = o.interaction == TeacherInteraction::kFm;
+  const double share[3] = {fm_teacher ? 0.6 : 0.4, fm_teacher ? 0.2 : 0.4, 0.2};
   double* scale[3] = {&d.scale_first_, &d.scale_fm_, &d.scale_mlp_};
   for (int i = 0; i < 3; ++i) {
     mean[i] /= n;
@@ -665,10 +707,14 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
         sum += h;
         sum_sq += h * h;
       }
-      float fm = 0;
-      for (int d = 8; d < 16; ++d) fm += sum[d] * sum[d] - sum_sq[d];
       out[b0 - begin + r].first_order = sum[0];
-      out[b0 - begin + r].fm = 0.5 * fm;
+      if (options_.interaction == TeacherInteraction::kFm) {
+        float fm = 0;
+        for (int d = 8; d < 16; ++d) fm += sum[d] * sum[d] - sum_sq[d];
+        out[b0 - begin + r].fm = 0.5 * fm;
+      } else {
+        out[b0 - begin + r].fm = SecondOrder(params);
+      }
       // The MLP's input is bytes 1..4 of every field; four accumulators hide the FMA latency.
       V16 h[kEmbDim] = {b1_};
       for (int f = 0; f < kFields; ++f) {
@@ -703,6 +749,37 @@ SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r) cons
   }
   if (n == 0) return sum;
   return sum * param_scale_[f] * static_cast<float>(options_.history_importance / n);
+}
+
+double SyntheticData::SecondOrder(const V16* params) const {
+  // x = concat_f p_f, p_f = bytes 8..15 of field f's parameters.
+  constexpr int D = kFields * kFmDim;
+  float x[D];
+  for (int f = 0; f < kFields; ++f) {
+    for (int j = 0; j < kFmDim; ++j) x[f * kFmDim + j] = params[f][8 + j];
+  }
+  double term = 0;
+  if (options_.interaction == TeacherInteraction::kCross) {
+    for (int q = 0; q < kCrossRank; ++q) {
+      const float* v = cross_v_.data() + q * D;
+      const float* u = cross_u_.data() + q * D;
+      float xv = 0, xu = 0;
+      for (int i = 0; i < D; ++i) {
+        xv += x[i] * v[i];
+        xu += x[i] * u[i];
+      }
+      term += double{xv} * xu;
+    }
+  } else {
+    for (int f = 0; f < kFields; ++f) {
+      for (int g = f + 1; g < kFields; ++g) {
+        float dot = 0;
+        for (int j = 0; j < kFmDim; ++j) dot += x[f * kFmDim + j] * x[g * kFmDim + j];
+        term += double{pair_weight_[f * kFields + g]} * dot;
+      }
+    }
+  }
+  return term;
 }
 
 TeacherTerms SyntheticData::Terms(const RawRows& rows, int r) const {
@@ -920,6 +997,10 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
       .Add("fill_missing", o.fill_missing)
       .Add("bias", data.bias())
       .AddRaw("cardinalities", cards);
+  // Only when used, so that teacher.json stays byte for byte what it was without it.
+  if (o.interaction != TeacherInteraction::kFm) {
+    json.Add("interaction", TeacherInteractionName(o.interaction));
+  }
   // Only when used, so that teacher.json stays byte for byte what it was without them.
   if (!o.high_cardinality_fields.empty()) {
     std::string fields = "[";

@@ -28,6 +28,15 @@
 //                + a2 · 1/2 sum_d [(sum_f v_d(f, id_f))^2 - sum_f v_d(f, id_f)^2]  (FM, k = 8)
 //                + a3 · MLP(concat_f e(f, id_f))             (4 dims a field, 156-16-1, ReLU)
 //   label ~ Bernoulli(sigmoid(logit)).
+// DatagenOptions::interaction replaces the FM term by another second-order interaction of the
+// same per-field 8-dim vectors p_f (x = concat_f p_f, 312 dims), so that DCN-v2 and DLRM are
+// measured where they should win (docs/DATAGEN.md "Teachers"):
+//   kCross: a low-rank DCN-v2 cross layer, sum_j x_j (x V U)_j = sum_{q<16} (x . V_q)(x . U_q),
+//           V, U with N(0, 1/312) entries: products across embedding dimensions and fields;
+//   kDot:   DLRM's dot interaction with a linear top layer, sum_{f<g} c_fg <p_f, p_g>, c_fg
+//           ~ N(0, 1): each pair of fields has its own weight and sign (FM's are all 1).
+// Those teachers give the terms the variance shares 40/40/20 (first order, interaction, MLP).
+// kFm (the default) is the teacher above, bit for bit.
 // w, v and e of (field, id) are not stored: they are bytes of a hash of (teacher_seed, field, id)
 // times a per-field importance. The MLP's dense weights are drawn once from teacher_seed. So the
 // teacher's memory does not depend on the cardinalities: any id of any field has its parameters
@@ -125,6 +134,12 @@ class ZipfSampler {
   double h_x1_ = 0, h_n_ = 0, accept_ = 0;  // rejection-inversion constants
 };
 
+// The teacher's second-order term (see the teacher above).
+enum class TeacherInteraction { kFm, kCross, kDot };
+// "fm", "cross", "dot".
+absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& name);
+const char* TeacherInteractionName(TeacherInteraction interaction);
+
 struct DatagenOptions {
   uint64_t seed = 1;                  // which rows
   uint64_t teacher_seed = 1;          // which teacher (share it between train and test)
@@ -166,6 +181,8 @@ struct DatagenOptions {
   int history_max_length = 50;
   int history_item_field = 2;
   double history_importance = 2.0;
+  // The teacher's second-order term; kFm: the data are bit for bit those without this option.
+  TeacherInteraction interaction = TeacherInteraction::kFm;
 };
 
 // Parses "C3,C12" (categorical field names of the CRITEO preset) into 0-based categorical field
@@ -251,6 +268,8 @@ class SyntheticData {
   double Logit(const TeacherTerms& raw) const;
   // The history list of row r pooled as the teacher sees it (zero for an empty list).
   V16 HistoryParams(const RawRows& rows, int r) const;
+  // The kCross or kDot second-order term of one row's per-field parameters.
+  double SecondOrder(const V16* params) const;
 
   DatagenOptions options_;
   int stride_ = kNumFields;  // fields per row
@@ -271,6 +290,9 @@ class SyntheticData {
   V16 b1_ = {};
   float w2_[kHidden] = {};
   double scale_first_ = 1, scale_fm_ = 1, scale_mlp_ = 1, bias_ = 0;
+  // kCross: V and U, [kCrossRank][kFields * kFmDim] each; kDot: c, [kFields][kFields].
+  static constexpr int kCrossRank = 16;
+  std::vector<float> cross_v_, cross_u_, pair_weight_;
 };
 
 // `count` batches of exactly `rows` examples each from the datagen distribution, encoded by

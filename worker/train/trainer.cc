@@ -127,7 +127,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                      ConfigToText(effective))));
   }
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
   const bool prefetch_pulls = opts.prefetch_pulls || async_local;

@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Tuner>> Tuner::Create(const Config& config, Tuner
   space.default_inter = defaults.threads().inter_op_threads();
 
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), spec.num_fields()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
   std::unique_ptr<Tuner> t(
       new Tuner(config, std::move(options), std::move(spec), std::move(model)));
   t->space_ = space;

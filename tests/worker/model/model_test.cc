@@ -495,3 +495,292 @@ TEST(ResolveModelConfig, WritesTheValuesCreateUses) {
 
 }  // namespace
 }  // namespace pstrain
+
+// ---- The block grammar: DCN_V2, DLRM and BLOCKS ------------------------------------------------
+
+namespace pstrain {
+namespace {
+
+struct BlockCase {
+  std::string name;
+  ModelConfig config;
+  std::vector<int> dense_fields;
+};
+
+ModelConfig BlockConfig(ModelType type, int k, std::vector<int> hidden) {
+  return Config(type, k, std::move(hidden));
+}
+
+std::vector<BlockCase> BlockCases(int k) {
+  std::vector<BlockCase> cases;
+  cases.push_back({"DcnV2Stacked", BlockConfig(DCN_V2, k, {8, 6}), {}});
+  {
+    BlockCase c{"DcnV2ParallelLowRank", BlockConfig(DCN_V2, k, {8}), {}};
+    c.config.mutable_blocks()->set_join(ModelBlocks::PARALLEL);
+    c.config.mutable_blocks()->set_cross_rank(3);
+    c.config.mutable_blocks()->set_cross_layers(2);
+    cases.push_back(c);
+  }
+  {
+    BlockCase c{"CrossOnly", BlockConfig(BLOCKS, k, {}), {}};
+    c.config.mutable_blocks()->set_interaction(ModelBlocks::CROSS_V2);
+    c.config.mutable_blocks()->set_mlp(false);
+    c.config.mutable_blocks()->set_cross_layers(2);
+    cases.push_back(c);
+  }
+  {
+    BlockCase c{"Dlrm", BlockConfig(DLRM, k, {8, 6}), {0, 2}};
+    c.config.mutable_blocks()->add_bottom_hidden(5);
+    cases.push_back(c);
+  }
+  cases.push_back({"DlrmNoDenseFields", BlockConfig(DLRM, k, {8}), {}});
+  return cases;
+}
+
+std::unique_ptr<Model> CreateBlockModel(const BlockCase& c, int F) {
+  ModelInputs inputs;
+  inputs.num_fields = F;
+  inputs.dense_fields = c.dense_fields;
+  auto model = Model::Create(c.config, inputs);
+  EXPECT_TRUE(model.ok()) << c.name << ": " << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+TEST(BlockModelTest, ForwardMatchesReference) {
+  const int F = 5;
+  for (int k : {4, 16}) {
+    for (const BlockCase& c : BlockCases(k)) {
+      for (int n : {1, 7, 300}) {
+        std::unique_ptr<Model> model = CreateBlockModel(c, F);
+        ASSERT_NE(model, nullptr);
+        const Slice s = MakeSlice(*model, n, 3 + n + k);
+        for (int threads : {1, 2}) {
+          auto tower = model->CreateTower(n, threads);
+          ASSERT_TRUE(tower.ok()) << tower.status();
+          std::vector<float> logits(n);
+          ASSERT_TRUE((*tower)->Forward(s.input(), logits.data()).ok());
+          const std::vector<double> rows(s.rows.begin(), s.rows.end());
+          const std::vector<double> dense(s.dense.begin(), s.dense.end());
+          const std::vector<double> ref =
+              ReferenceLogits(c.config, *model, RefInput(s, rows, dense));
+          double max_abs = 0;
+          for (int b = 0; b < n; ++b) {
+            ASSERT_NEAR(logits[b], ref[b], 1e-5 * (1 + std::fabs(ref[b])))
+                << c.name << " k " << k << " n " << n << " threads " << threads << " example "
+                << b;
+            max_abs = std::max(max_abs, std::fabs(ref[b]));
+          }
+          if (n >= 7) {
+            EXPECT_GT(max_abs, 0.1) << c.name;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(BlockModelTest, GradientsMatchCentralDifferences) {
+  const int F = 4, n = 6;
+  for (int k : {3, 8}) {
+    for (const BlockCase& c : BlockCases(k)) {
+      for (float l2 : {0.f, 0.5f}) {
+        ModelConfig config = c.config;
+        config.set_embedding_l2(l2);
+        BlockCase with_l2 = c;
+        with_l2.config = config;
+        std::unique_ptr<Model> model = CreateBlockModel(with_l2, F);
+        ASSERT_NE(model, nullptr);
+        const Slice s = MakeSlice(*model, n, 5 + k);
+        const Grads g = RunTower(*model, s, /*threads=*/2, /*fill=*/0.25f);
+        std::vector<double> rows(s.rows.begin(), s.rows.end());
+        std::vector<double> dense(s.dense.begin(), s.dense.end());
+        const ReferenceInput in = RefInput(s, rows, dense);
+        EXPECT_NEAR(g.loss, ReferenceLoss(config, *model, in), 1e-5 * n) << c.name;
+        const double h = 1e-6;
+        auto check = [&](std::vector<double>* params, const std::vector<float>& grad,
+                         const std::string& what) {
+          double max_grad = 0;
+          for (size_t i = 0; i < params->size(); ++i) {
+            const double saved = (*params)[i];
+            (*params)[i] = saved + h;
+            const double up = ReferenceObjective(config, *model, in);
+            (*params)[i] = saved - h;
+            const double down = ReferenceObjective(config, *model, in);
+            (*params)[i] = saved;
+            const double fd = (up - down) / (2 * h);
+            ASSERT_NEAR(grad[i], fd, 2e-4 + 1e-3 * std::fabs(fd))
+                << c.name << " k " << k << " " << what << "[" << i << "]";
+            max_grad = std::max(max_grad, std::fabs(fd));
+          }
+          EXPECT_GT(max_grad, 1e-2) << c.name << " " << what << ": gradients are trivially zero";
+        };
+        check(&rows, g.rows, "row_grads");
+        check(&dense, g.dense, "dense_grad");
+        // Every tensor of the grammar's layout gets a gradient somewhere (none is disconnected).
+        for (const DenseTensor& t : model->dense_layout()) {
+          int64_t size = 1;
+          for (int64_t d : t.shape) size *= d;
+          double norm = 0;
+          for (int64_t i = 0; i < size; ++i) norm += std::fabs(g.dense[t.offset + i]);
+          EXPECT_GT(norm, 0) << c.name << ": " << t.name << " has no gradient";
+        }
+      }
+    }
+  }
+}
+
+TEST(BlockModelTest, OneAndTwoThreadsAgreeAndBatchSizesChange) {
+  const int F = 13;
+  for (const BlockCase& c : BlockCases(16)) {
+    std::unique_ptr<Model> model = CreateBlockModel(c, F);
+    ASSERT_NE(model, nullptr);
+    auto tower = model->CreateTower(200, 2);
+    ASSERT_TRUE(tower.ok());
+    for (int n : {200, 17, 200}) {
+      const Slice s = MakeSlice(*model, n, n);
+      const Grads one = RunTower(*model, s, 1);
+      std::vector<float> rows(s.rows.size()), dense(s.dense.size()), logits(n);
+      auto loss = (*tower)->ForwardBackward(s.input(), rows.data(), dense.data(), logits.data());
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      EXPECT_LT(RelDiff(logits, one.logits), 1e-5) << c.name;
+      EXPECT_LT(RelDiff(rows, one.rows), 1e-5) << c.name;
+      EXPECT_LT(RelDiff(dense, one.dense), 1e-5) << c.name;
+      EXPECT_NEAR(*loss, one.loss, 1e-5 * one.loss) << c.name;
+    }
+  }
+}
+
+TEST(BlockModelTest, Bf16IsCloseToF32) {
+  PSTRAIN_SKIP_UNLESS_BF16();
+  const int F = 13, n = 256;
+  for (const BlockCase& c : BlockCases(16)) {
+    BlockCase b16 = c;
+    b16.config.set_precision(BF16);
+    std::unique_ptr<Model> f32 = CreateBlockModel(c, F);
+    std::unique_ptr<Model> bf16 = CreateBlockModel(b16, F);
+    ASSERT_TRUE(f32 != nullptr && bf16 != nullptr);
+    const Slice s = MakeSlice(*f32, n, 99);
+    const Grads a = RunTower(*f32, s, 1);
+    const Grads b = RunTower(*bf16, s, 1);
+    EXPECT_LT(RelDiff(b.logits, a.logits), 3e-2) << c.name;
+    EXPECT_LT(RelDiff(b.rows, a.rows), 5e-2) << c.name;
+    EXPECT_NEAR(b.loss, a.loss, 1e-2 * a.loss) << c.name;
+    if (c.config.blocks().mlp() || !c.config.blocks().has_mlp()) {
+      EXPECT_NE(a.dense, b.dense) << c.name;  // the MLP really ran in bf16
+    }
+  }
+}
+
+TEST(BlockModelTest, LayoutOfThePresets) {
+  ModelConfig dcn = BlockConfig(DCN_V2, 4, {8});
+  auto m = Model::Create(dcn, 3);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<std::string> names;
+  for (const auto& t : (*m)->dense_layout()) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"bias", "cross0/w", "cross0/b", "cross1/w",
+                                             "cross1/b", "cross2/w", "cross2/b", "mlp0/w",
+                                             "mlp0/b", "out/w", "out/b"}));
+  EXPECT_EQ((*m)->dense_layout()[1].shape, (std::vector<int64_t>{12, 12}));
+  EXPECT_EQ((*m)->dense_size(), 1 + 3 * (144 + 12) + 12 * 8 + 8 + 8 + 1);
+
+  ModelConfig dlrm = BlockConfig(DLRM, 4, {8});
+  ModelInputs inputs;
+  inputs.num_fields = 5;
+  inputs.dense_fields = {1, 3};
+  auto d = Model::Create(dlrm, inputs);
+  ASSERT_TRUE(d.ok()) << d.status();
+  names.clear();
+  for (const auto& t : (*d)->dense_layout()) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"bias", "bottom0/w", "bottom0/b", "bottom1/w",
+                                             "bottom1/b", "bottom2/w", "bottom2/b", "mlp0/w",
+                                             "mlp0/b", "out/w", "out/b"}));
+  // Bottom 2 -> 256 -> 64 -> 4; the top MLP reads 4 + 6 * 5 / 2 = 19 inputs.
+  EXPECT_EQ((*d)->dense_layout()[5].shape, (std::vector<int64_t>{64, 4}));
+  EXPECT_EQ((*d)->dense_layout()[7].shape, (std::vector<int64_t>{19, 8}));
+  EXPECT_EQ((*d)->dense_fields(), (std::vector<int>{1, 3}));
+}
+
+TEST(BlockModelTest, RejectsBadBlocks) {
+  auto expect_bad = [](const ModelConfig& config, const std::string& needle,
+                       ModelInputs inputs = {4, {}}) {
+    auto m = Model::Create(config, inputs);
+    ASSERT_FALSE(m.ok()) << needle;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr(needle));
+  };
+  ModelConfig deepfm = Config(DEEPFM, 4, {8});
+  deepfm.mutable_blocks()->set_cross_layers(2);
+  expect_bad(deepfm, "fixed preset");
+  ModelConfig dcn = Config(DCN_V2, 4, {8});
+  dcn.mutable_blocks()->set_interaction(ModelBlocks::DOT);
+  expect_bad(dcn, "contradicts model.type DCN_V2");
+  dcn = Config(DCN_V2, 4, {8});
+  dcn.mutable_blocks()->set_cross_layers(0);
+  expect_bad(dcn, "cross_layers is 0");
+  dcn.mutable_blocks()->set_cross_layers(2);
+  dcn.mutable_blocks()->set_cross_rank(17);  // F*k = 16
+  expect_bad(dcn, "cross_rank is 17");
+  ModelConfig dlrm = Config(DLRM, 4, {8});
+  dlrm.mutable_blocks()->set_mlp(false);
+  expect_bad(dlrm, "DOT needs the top MLP");
+  dlrm = Config(DLRM, 4, {8});
+  dlrm.mutable_blocks()->add_bottom_hidden(-3);
+  expect_bad(dlrm, "bottom_hidden[0] is -3", {4, {1}});
+  expect_bad(Config(DLRM, 4, {8}), "dense field 7", {4, {7}});
+  expect_bad(Config(DLRM, 4, {8}), "dense field 1", {4, {2, 1}});
+  ModelConfig lr_like = Config(BLOCKS, 4, {8});
+  lr_like.mutable_blocks()->set_mlp(false);
+  expect_bad(lr_like, "use model.type LR");
+  // Full-rank cross layers over a wide x0 are bounded before anything is allocated.
+  ModelConfig huge = Config(DCN_V2, 1024, {8});
+  auto h = Model::Create(huge, 39);
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(std::string(h.status().message()), ::testing::HasSubstr("cross0/w"));
+}
+
+// BLOCKS spelling out DeepFM's blocks is DeepFM: the same layout and bit-identical results.
+TEST(BlockModelTest, BlocksWithTheFmTermIsDeepFm) {
+  ModelConfig blocks = Config(BLOCKS, 8, {16, 8});
+  blocks.mutable_blocks()->set_interaction(ModelBlocks::FM_TERM);
+  auto a = Model::Create(Config(DEEPFM, 8, {16, 8}), 6);
+  auto b = Model::Create(blocks, 6);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  ASSERT_EQ((*a)->dense_size(), (*b)->dense_size());
+  const Slice s = MakeSlice(**a, 50, 4);
+  const Grads ga = RunTower(**a, s, 2);
+  const Grads gb = RunTower(**b, s, 2);
+  EXPECT_EQ(ga.logits, gb.logits);
+  EXPECT_EQ(ga.rows, gb.rows);
+  EXPECT_EQ(ga.dense, gb.dense);
+}
+
+TEST(BlockModelTest, ResolveFillsThePresetsBlocks) {
+  ModelConfig dcn;
+  dcn.set_type(DCN_V2);
+  const ModelConfig r = ResolveModelConfig(dcn);
+  EXPECT_EQ(r.blocks().interaction(), ModelBlocks::CROSS_V2);
+  EXPECT_EQ(r.blocks().cross_layers(), 3);
+  EXPECT_TRUE(r.blocks().has_cross_rank() && r.blocks().has_join() && r.blocks().mlp());
+  EXPECT_EQ(r.hidden_size(), 3);
+  EXPECT_EQ(r.blocks().bottom_hidden_size(), 0);
+  ModelConfig dlrm;
+  dlrm.set_type(DLRM);
+  const ModelConfig rd = ResolveModelConfig(dlrm);
+  EXPECT_EQ(rd.blocks().interaction(), ModelBlocks::DOT);
+  EXPECT_EQ(std::vector<int>(rd.blocks().bottom_hidden().begin(),
+                             rd.blocks().bottom_hidden().end()),
+            (std::vector<int>{256, 64}));
+  EXPECT_FALSE(rd.blocks().has_cross_layers());
+  // The old presets resolve exactly as before: no blocks.
+  for (ModelType type : {DEEPFM, LR, FM, WIDE_DEEP}) {
+    ModelConfig c;
+    c.set_type(type);
+    EXPECT_FALSE(ResolveModelConfig(c).has_blocks()) << ModelType_Name(type);
+  }
+  // Resolving is idempotent, so a checkpoint's recorded model creates the same model.
+  EXPECT_EQ(ResolveModelConfig(r).SerializeAsString(), r.SerializeAsString());
+  EXPECT_EQ(ResolveModelConfig(rd).SerializeAsString(), rd.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -548,3 +548,74 @@ TEST(DatagenTest, RejectsBadOptions) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// The cross and dot teachers (DatagenOptions::interaction): the same rows as the FM teacher, other
+// labels; the interaction term has its calibrated share (40%) of the logit's variance; the
+// teacher is still a function of the visible row; bad names are refused.
+TEST(DatagenInteractionTest, CrossAndDotTeachersReplaceTheFmTerm) {
+  DatagenOptions o;
+  const SyntheticData fm = Make(o);
+  RawRows fm_rows;
+  std::vector<float> fm_probs;
+  fm.GenerateChunk(0, 4096, &fm_rows, &fm_probs);
+  for (TeacherInteraction t : {TeacherInteraction::kCross, TeacherInteraction::kDot}) {
+    SCOPED_TRACE(TeacherInteractionName(t));
+    o.interaction = t;
+    const SyntheticData d = Make(o);
+    RawRows rows;
+    std::vector<float> probs;
+    d.GenerateChunk(0, 4096, &rows, &probs);
+    EXPECT_EQ(rows.key, fm_rows.key);
+    EXPECT_EQ(rows.value, fm_rows.value);
+    EXPECT_NE(probs, fm_probs);
+    double mean[3] = {0, 0, 0}, sq[3] = {0, 0, 0}, fm_cov = 0, fm_sq = 0;
+    for (int r = 0; r < rows.size(); ++r) {
+      ASSERT_EQ(static_cast<float>(1 / (1 + std::exp(-d.TeacherLogit(rows, r)))), probs[r]);
+      const TeacherTerms terms = d.Terms(rows, r);
+      const double v[3] = {terms.first_order, terms.fm, terms.mlp};
+      for (int i = 0; i < 3; ++i) {
+        mean[i] += v[i];
+        sq[i] += v[i] * v[i];
+      }
+      const double f = fm.Terms(fm_rows, r).fm;
+      fm_cov += f * terms.fm;
+      fm_sq += f * f;
+    }
+    const int n = rows.size();
+    double var[3];
+    for (int i = 0; i < 3; ++i) var[i] = sq[i] / n - (mean[i] / n) * (mean[i] / n);
+    // Calibrated on other rows: the shares are 40/40/20 up to sampling error.
+    EXPECT_NEAR(var[1] / (var[0] + var[1] + var[2]), 0.4, 0.08);
+    EXPECT_NEAR(var[0] / (var[0] + var[1] + var[2]), 0.4, 0.08);
+    // Not the FM term under another name: little correlation with it.
+    EXPECT_LT(std::fabs(fm_cov) / std::sqrt(fm_sq * sq[1]), 0.5);
+    double positives = 0;
+    for (float l : rows.labels) positives += l;
+    EXPECT_NEAR(positives / n, 0.25, 0.03);
+  }
+  EXPECT_EQ(ParseTeacherInteraction("cross").value(), TeacherInteraction::kCross);
+  EXPECT_EQ(ParseTeacherInteraction("dot").value(), TeacherInteraction::kDot);
+  EXPECT_EQ(ParseTeacherInteraction("fm").value(), TeacherInteraction::kFm);
+  EXPECT_FALSE(ParseTeacherInteraction("din").ok());
+}
+
+// An explicit kFm is the default teacher, bit for bit (the golden of
+// DefaultDataAreUnchangedByTheHighCardinalityOption, and every probability).
+TEST(DatagenInteractionTest, TheFmTeacherIsUnchanged) {
+  DatagenOptions o;
+  o.interaction = TeacherInteraction::kFm;
+  RawRows rows;
+  std::vector<float> probs, default_probs;
+  Make(o).GenerateChunk(0, 4096, &rows, &probs);
+  double label_sum = 0;
+  for (float l : rows.labels) label_sum += l;
+  EXPECT_EQ(label_sum, 1034.0);
+  Make(DatagenOptions()).GenerateChunk(0, 4096, &rows, &default_probs);
+  EXPECT_EQ(probs, default_probs);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,90 @@
+// The cross network kernel (worker/model/cross_network.h) against its double twin
+// (ReferenceCross): forward and backward, full and low rank, several batch sizes and thread
+// counts, to 1e-5 relative.
+#include "worker/model/cross_network.h"
+
+#include <cmath>
+#include <vector>
+
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "worker/model/reference.h"
+
+namespace pstrain {
+namespace {
+
+double RelErr(const float* a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Case {
+  int dim, rank, layers, n, threads;
+};
+
+TEST(CrossNetworkTest, MatchesReference) {
+  for (const Case& c : {Case{12, 0, 1, 1, 1}, Case{12, 0, 3, 7, 2}, Case{64, 0, 2, 300, 2},
+                        Case{64, 8, 3, 300, 1}, Case{40, 4, 2, 33, 2}, Case{624, 32, 2, 64, 2}}) {
+    SCOPED_TRACE(testing::Message() << "D " << c.dim << " rank " << c.rank << " layers "
+                                    << c.layers << " n " << c.n << " threads " << c.threads);
+    CrossNetwork::Options opt;
+    opt.dim = c.dim;
+    opt.rank = c.rank;
+    opt.max_batch = c.n;
+    opt.threads = c.threads;
+    const int64_t D = c.dim, r = c.rank;
+    int64_t offset = 3;  // tensors start anywhere in the dense vector
+    for (int l = 0; l < c.layers; ++l) {
+      CrossNetwork::Layer layer;
+      layer.w = offset;
+      offset += r == 0 ? D * D : D * r;
+      layer.u = offset;
+      offset += r == 0 ? 0 : r * D;
+      layer.b = offset;
+      offset += D;
+      opt.layers.push_back(layer);
+    }
+    Rng rng(c.dim + c.n);
+    std::vector<float> dense(offset), x0(c.n * D), dout(c.n * D);
+    // Weights scaled so that x_L stays O(1) whatever the depth.
+    const double scale = r == 0 ? 1.0 / std::sqrt(D) : 1.0 / std::sqrt(std::sqrt(D * r));
+    for (float& v : dense) v = static_cast<float>(scale * rng.Normal());
+    for (float& v : x0) v = static_cast<float>(rng.Normal());
+    for (float& v : dout) v = static_cast<float>(rng.Normal());
+
+    auto net = CrossNetwork::Create(opt);
+    ASSERT_TRUE(net.ok()) << net.status();
+    std::copy(x0.begin(), x0.end(), (*net)->input());
+    ASSERT_TRUE((*net)->Forward(c.n, dense.data()).ok());
+    std::vector<float> grad(offset, 0.5f);  // Backward adds into it
+    ASSERT_TRUE((*net)->Backward(c.n, dense.data(), dout.data(), grad.data()).ok());
+    for (float& v : grad) v -= 0.5f;
+
+    const ReferenceCrossResult ref =
+        ReferenceCross(opt, c.n, x0.data(), dense.data(), offset, dout.data());
+    EXPECT_LT(RelErr((*net)->output(), ref.output), 1e-5);
+    EXPECT_LT(RelErr((*net)->input_grad(), ref.input_grad), 1e-5);
+    EXPECT_LT(RelErr(grad.data(), ref.dense_grad), 1e-5);
+    EXPECT_EQ(grad[0], 0.f);  // nothing outside its tensors
+  }
+}
+
+TEST(CrossNetworkTest, RejectsBadShapesAndBatches) {
+  CrossNetwork::Options opt;
+  opt.dim = 8;
+  opt.max_batch = 4;
+  EXPECT_FALSE(CrossNetwork::Create(opt).ok());  // no layers
+  opt.layers.push_back({0, 0, 64});
+  auto net = CrossNetwork::Create(opt);
+  ASSERT_TRUE(net.ok());
+  std::vector<float> dense(72);
+  EXPECT_EQ((*net)->Forward(5, dense.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*net)->Forward(0, dense.data()).ok());
+}
+
+}  // namespace
+}  // namespace pstrain

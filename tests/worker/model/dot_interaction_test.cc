@@ -1,0 +1,70 @@
+// DLRM's dot interaction kernel (worker/model/dot_interaction.h) against its double twin
+// (ReferenceDot): with and without the front (bottom MLP) vector, strided outputs, threads.
+#include "worker/model/dot_interaction.h"
+
+#include <cmath>
+#include <vector>
+
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "worker/model/reference.h"
+
+namespace pstrain {
+namespace {
+
+TEST(DotInteractionTest, MatchesReference) {
+  for (bool front : {false, true}) {
+    for (int F : {1, 2, 5, 39}) {
+      for (int k : {1, 4, 16}) {
+        if (!front && F == 1) continue;  // no pairs
+        SCOPED_TRACE(testing::Message() << "front " << front << " F " << F << " k " << k);
+        const DotShape shape{F, k, front};
+        const int n = 37, m = F + (front ? 1 : 0);
+        ASSERT_EQ(shape.pairs(), m * (m - 1) / 2);
+        const int64_t P = shape.pairs(), stride = P + 3;  // outputs inside a wider row
+        Rng rng(F * 100 + k);
+        std::vector<float> f(n * k), x0(n * F * k), d(n * stride);
+        for (float& v : f) v = static_cast<float>(rng.Normal());
+        for (float& v : x0) v = static_cast<float>(rng.Normal());
+        for (float& v : d) v = static_cast<float>(rng.Normal());
+        std::vector<float> dots(n * stride, 7.f), dfront(n * k, 9.f), dx0(n * F * k, 9.f);
+        DotForward(shape, n, front ? f.data() : nullptr, x0.data(), dots.data(), stride, 2);
+        DotBackward(shape, n, front ? f.data() : nullptr, x0.data(), d.data(), stride,
+                    front ? dfront.data() : nullptr, dx0.data(), 2);
+        std::vector<float> packed(n * P);
+        for (int b = 0; b < n; ++b) {
+          for (int64_t p = 0; p < P; ++p) packed[b * P + p] = d[b * stride + p];
+        }
+        const ReferenceDotResult ref =
+            ReferenceDot(shape, n, front ? f.data() : nullptr, x0.data(), packed.data());
+        for (int b = 0; b < n; ++b) {
+          for (int64_t p = 0; p < P; ++p) {
+            const double want = ref.dots[b * P + p];
+            ASSERT_NEAR(dots[b * stride + p], want, 1e-5 * (1 + std::fabs(want)));
+          }
+          for (int64_t p = P; p < stride; ++p) ASSERT_EQ(dots[b * stride + p], 7.f);  // untouched
+        }
+        for (size_t i = 0; i < dx0.size(); ++i) {
+          ASSERT_NEAR(dx0[i], ref.input_grad[i], 1e-5 * (1 + std::fabs(ref.input_grad[i])));
+        }
+        if (front) {
+          for (size_t i = 0; i < dfront.size(); ++i) {
+            ASSERT_NEAR(dfront[i], ref.front_grad[i], 1e-5 * (1 + std::fabs(ref.front_grad[i])));
+          }
+        }
+      }
+    }
+  }
+}
+
+// dots(i, j) = <e_i, e_j> in the documented order: (0,1), (0,2), (1,2) for three vectors.
+TEST(DotInteractionTest, PairOrderIsTheUpperTriangleByRows) {
+  const DotShape shape{2, 2, true};
+  const std::vector<float> front{1, 2}, x0{3, 4, 5, 6};
+  std::vector<float> dots(3);
+  DotForward(shape, 1, front.data(), x0.data(), dots.data(), 3, 1);
+  EXPECT_EQ(dots, (std::vector<float>{1 * 3 + 2 * 4, 1 * 5 + 2 * 6, 3 * 5 + 4 * 6}));
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,142 @@
+#include "worker/model/cross_network.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+#include "common/status.h"
+
+namespace pstrain {
+namespace {
+
+// db[j] += sum_b d[b, j] over n rows of width D: columns split over the threads, each summed in
+// example order (the same result for any thread count).
+void AddColumnSums(const float* d, int n, int64_t D, int threads, float* db) {
+  ParallelFor(D, threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int b = 0; b < n; ++b) {
+      const float* __restrict row = d + b * D;
+      float* __restrict out = db;
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) out[j] += row[j];
+    }
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CrossNetwork>> CrossNetwork::Create(const Options& options) {
+  if (options.dim <= 0 || options.rank < 0 || options.layers.empty() || options.max_batch <= 0 ||
+      options.threads <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossNetwork: dim ", options.dim, ", rank ", options.rank, ", ", options.layers.size(),
+        " layers, max_batch ", options.max_batch, ": expected positive sizes"));
+  }
+  std::unique_ptr<CrossNetwork> net(new CrossNetwork(options));
+  const size_t nd = static_cast<size_t>(options.max_batch) * options.dim;
+  const size_t L = options.layers.size();
+  for (size_t l = 0; l <= L; ++l) net->x_.emplace_back(nd);
+  for (size_t l = 0; l < L; ++l) {
+    net->y_.emplace_back(nd);
+    if (options.rank > 0) net->t_.emplace_back(static_cast<size_t>(options.max_batch) * options.rank);
+  }
+  net->g_ = AlignedArray<float>(nd);
+  net->dy_ = AlignedArray<float>(nd);
+  net->dx0_ = AlignedArray<float>(nd);
+  if (options.rank > 0) net->dt_ = AlignedArray<float>(static_cast<size_t>(options.max_batch) * options.rank);
+  return net;
+}
+
+absl::Status CrossNetwork::Forward(int n, const float* dense) {
+  if (n < 0 || n > opt_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CrossNetwork: batch of ", n, ", expected 0..", opt_.max_batch));
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t D = opt_.dim, r = opt_.rank;
+  const float* x0 = x_[0].data();
+  for (size_t l = 0; l < opt_.layers.size(); ++l) {
+    const Layer& layer = opt_.layers[l];
+    const float* x = x_[l].data();
+    float* y = y_[l].data();
+    if (r == 0) {
+      RETURN_IF_ERROR(gemm_.Run({n, D, D}, x, dense + layer.w, y));
+    } else {
+      RETURN_IF_ERROR(gemm_.Run({n, D, r}, x, dense + layer.w, t_[l].data()));
+      RETURN_IF_ERROR(gemm_.Run({n, r, D}, t_[l].data(), dense + layer.u, y));
+    }
+    float* next = x_[l + 1].data();
+    const float* bias = dense + layer.b;
+    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const float* __restrict x0b = x0 + b * D;
+        const float* __restrict xb = x + b * D;
+        const float* __restrict bb = bias;
+        float* __restrict yb = y + b * D;
+        float* __restrict out = next + b * D;
+#pragma omp simd
+        for (int64_t j = 0; j < D; ++j) {
+          const float yj = yb[j] + bb[j];
+          yb[j] = yj;
+          out[j] = x0b[j] * yj + xb[j];
+        }
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CrossNetwork::Backward(int n, const float* dense, const float* output_grad,
+                                    float* dense_grad) {
+  if (n < 0 || n > opt_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CrossNetwork: batch of ", n, ", expected 0..", opt_.max_batch));
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t D = opt_.dim, r = opt_.rank;
+  const float* x0 = x_[0].data();
+  float* g = g_.data();
+  float* dy = dy_.data();
+  float* dx0 = dx0_.data();
+  std::copy(output_grad, output_grad + n * D, g);
+  std::fill(dx0, dx0 + n * D, 0.f);
+  for (int l = static_cast<int>(opt_.layers.size()) - 1; l >= 0; --l) {
+    const Layer& layer = opt_.layers[l];
+    const float* y = y_[l].data();
+    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const float* __restrict gb = g + b * D;
+        const float* __restrict x0b = x0 + b * D;
+        const float* __restrict yb = y + b * D;
+        float* __restrict dyb = dy + b * D;
+        float* __restrict dx0b = dx0 + b * D;
+#pragma omp simd
+        for (int64_t j = 0; j < D; ++j) {
+          dyb[j] = gb[j] * x0b[j];
+          dx0b[j] += gb[j] * yb[j];
+        }
+      }
+    });
+    AddColumnSums(dy, n, D, opt_.threads, dense_grad + layer.b);
+    const float* x = x_[l].data();
+    if (r == 0) {
+      // dW += x_l^T dy; g = g + dy W^T (the skip connection's share is already in g).
+      RETURN_IF_ERROR(gemm_.Run({D, n, D, /*trans_a=*/true, false, /*accumulate=*/true}, x, dy,
+                                dense_grad + layer.w));
+      RETURN_IF_ERROR(gemm_.Run({n, D, D, false, /*trans_b=*/true, /*accumulate=*/true}, dy,
+                                dense + layer.w, g));
+    } else {
+      float* dt = dt_.data();
+      RETURN_IF_ERROR(gemm_.Run({r, n, D, true, false, true}, t_[l].data(), dy,
+                                dense_grad + layer.u));
+      RETURN_IF_ERROR(gemm_.Run({n, D, r, false, true, false}, dy, dense + layer.u, dt));
+      RETURN_IF_ERROR(gemm_.Run({D, n, r, true, false, true}, x, dt, dense_grad + layer.w));
+      RETURN_IF_ERROR(gemm_.Run({n, r, D, false, true, true}, dt, dense + layer.w, g));
+    }
+  }
+  ParallelFor(n * D, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx0[i] += g[i];
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,73 @@
+// DCN-v2's cross network (Wang et al. 2021) over x0 [n, D], D = F*k, in f32:
+//   x_{l+1} = x0 * y_l + x_l,  y_l = x_l W_l + b_l            (full rank; * is elementwise)
+//   y_l = (x_l V_l) U_l + b_l                                (low rank r: V_l [D, r], U_l [r, D])
+// for l < L; the output is x_L [n, D].
+//
+// Parameters live in the caller's flat dense vector (Model::dense_layout()): "cross<l>/w" [D, D]
+// row-major (full), or "cross<l>/v" [D, r] and "cross<l>/u" [r, D] (low rank), and "cross<l>/b"
+// [D]. The GEMMs run on oneDNN (Matmuls); the elementwise parts are row loops over examples.
+// Backward, from G = dL/dx_{l+1}:  dy = G * x0,  db += sum_b dy,  dW += x_l^T dy (or
+// dU += t^T dy, dt = dy U^T, dV += x_l^T dt with t = x_l V),  dx_l = G + dy W^T (or dt V^T),
+// dx0 += G * y_l; and x0 is also x_0, so dx0 += dx_0 at the end.
+//
+// Precision: f32 always. Under model.precision BF16 only the MLP runs in bf16 (the cross
+// network's share of a DCN-v2 step is small next to the MLP's).
+//
+// Thread-safety: none; one CrossNetwork per tower, driven from the tower's thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/model/matmul.h"
+#include "worker/model/simd.h"
+
+namespace pstrain {
+
+class CrossNetwork {
+ public:
+  struct Layer {
+    int64_t w = 0;  // full rank: offset of W_l [D, D]; low rank: offset of V_l [D, r]
+    int64_t u = 0;  // low rank: offset of U_l [r, D]
+    int64_t b = 0;  // offset of b_l [D]
+  };
+  struct Options {
+    int dim = 0;   // D
+    int rank = 0;  // 0 = full rank
+    std::vector<Layer> layers;
+    int max_batch = 0;
+    int threads = 1;
+  };
+
+  static absl::StatusOr<std::unique_ptr<CrossNetwork>> Create(const Options& options);
+  CrossNetwork(const CrossNetwork&) = delete;
+  CrossNetwork& operator=(const CrossNetwork&) = delete;
+
+  // Where the caller writes x0 [n, D] before Forward.
+  float* input() { return x_[0].data(); }
+  // x_L [n, D], valid after Forward.
+  const float* output() const { return x_.back().data(); }
+  // d(loss)/d x0 [n, D], valid after Backward.
+  const float* input_grad() const { return dx0_.data(); }
+
+  // Computes x_1 .. x_L for n <= max_batch examples from input().
+  absl::Status Forward(int n, const float* dense);
+  // After Forward(n, dense): ADDS d loss/d(its tensors) into dense_grad and writes input_grad(),
+  // given output_grad [n, D] = d loss / d x_L.
+  absl::Status Backward(int n, const float* dense, const float* output_grad, float* dense_grad);
+
+ private:
+  explicit CrossNetwork(const Options& options) : opt_(options) {}
+
+  Options opt_;
+  Matmuls gemm_;
+  std::vector<AlignedArray<float>> x_;  // x_0 .. x_L, each [max_batch, D]
+  std::vector<AlignedArray<float>> y_;  // y_l incl. b_l, [max_batch, D]
+  std::vector<AlignedArray<float>> t_;  // low rank: x_l V_l, [max_batch, r]
+  AlignedArray<float> g_, dy_, dt_, dx0_;
+};
+
+}  // namespace pstrain

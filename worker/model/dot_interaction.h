@@ -1,0 +1,35 @@
+// DLRM's interaction (Naumov et al. 2019; torchrec's InteractionArch): the pairwise dot products
+// of an example's m feature vectors of dimension k,
+//   dots[p(i, j)] = <e_i, e_j>,  0 <= i < j < m,  p in row-major order of the upper triangle
+//   ((0,1), (0,2), .., (0,m-1), (1,2), ..): P = m (m - 1) / 2 outputs,
+// where e_0 = front[b] (the bottom MLP's output) when the model has one, and the rest are the
+// fields' x_f = s_f v_f from x0 [n, F*k]. Vectorised loops over examples (k is small and the
+// pairs many, so a batched GEMM would mostly compute the lower triangle twice), f32.
+// Backward: d e_i += sum_{j != i} d dots[p(i, j)] e_j.
+//
+// Thread-safety: the functions are pure apart from their outputs; they split the examples over
+// `threads` with ParallelFor.
+#pragma once
+
+#include <cstdint>
+
+namespace pstrain {
+
+struct DotShape {
+  int fields = 0;      // F: the vectors in x0
+  int dim = 0;         // k
+  bool front = false;  // a front vector e_0 precedes the fields (m = F + 1)
+  int vectors() const { return fields + (front ? 1 : 0); }
+  int64_t pairs() const { return int64_t{vectors()} * (vectors() - 1) / 2; }
+};
+
+// dots[b * out_stride + p] for b < n. front: [n, k] or null when !shape.front; x0: [n, F*k].
+void DotForward(const DotShape& shape, int n, const float* front, const float* x0, float* dots,
+                int64_t out_stride, int threads);
+
+// Writes (not adds) d_front [n, k] (when shape.front) and dx0 [n, F*k] from
+// d_dots[b * in_stride + p].
+void DotBackward(const DotShape& shape, int n, const float* front, const float* x0,
+                 const float* d_dots, int64_t in_stride, float* d_front, float* dx0, int threads);
+
+}  // namespace pstrain

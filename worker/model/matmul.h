@@ -1,0 +1,50 @@
+// Plain f32 GEMMs on oneDNN for the dense blocks other than the MLP (cross network, DLRM's
+// bottom MLP): C[M, N] (+)= op(A)[M, K] op(B)[K, N], row-major, with either operand read
+// transposed through strides (no copy). Primitives are created once per shape and kept (a tower
+// sees a handful of batch sizes); the buffers are bound per call.
+//
+// Thread-safety: none; one Matmuls per tower. oneDNN takes its team size from the calling
+// thread's OpenMP thread count, which the tower sets.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "worker/model/simd.h"
+
+namespace pstrain {
+
+class Matmuls {
+ public:
+  struct Shape {
+    int64_t m = 0, k = 0, n = 0;
+    bool trans_a = false;     // A is stored [K, M] (row-major) and read as its transpose
+    bool trans_b = false;     // B is stored [N, K] and read as its transpose
+    bool accumulate = false;  // C += op(A) op(B) instead of C = op(A) op(B)
+  };
+
+  Matmuls();
+  Matmuls(const Matmuls&) = delete;
+  Matmuls& operator=(const Matmuls&) = delete;
+
+  // Runs the GEMM (creating its primitive on first use) and waits for it. INTERNAL with
+  // oneDNN's message when oneDNN fails.
+  absl::Status Run(const Shape& shape, const float* a, const float* b, float* c);
+
+ private:
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>;
+  struct Entry {
+    dnnl::matmul prim;
+    dnnl::memory::desc a, b, c, scratchpad;
+  };
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<Key, Entry> cache_;
+  AlignedArray<uint8_t> scratchpad_;
+};
+
+}  // namespace pstrain
