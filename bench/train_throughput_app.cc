@@ -59,6 +59,7 @@ struct Result {
 
 int Main(int argc, char** argv) {
   std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16", mode = "pipelined";
+  std::string config_path = "configs/deepfm_criteo.textproto";
   int steps = 20, windows = 5, batch = 1024, pool = 16, params_threads = 0;
   FlagSet flags("train_throughput_app", "Training-step throughput across towers x intra_op_threads.");
   flags.String("out", &out, "write the results as JSON here");
@@ -71,6 +72,9 @@ int Main(int argc, char** argv) {
   flags.Int("params_threads", &params_threads,
             "threads of the in-process stores' pull/push (0 = towers x intra, 1 with --mode stale)");
   flags.String("mode", &mode, "sync, pipelined, pushed or stale (see the top of the source)");
+  flags.String("config", &config_path,
+               "the config whose model and optimizers are measured (e.g. "
+               "configs/dcn_v2_criteo.textproto); its features must be the CRITEO preset's");
   if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   if (mode != "sync" && mode != "pipelined" && mode != "pushed" && mode != "stale") {
     std::fprintf(stderr, "--mode must be sync, pipelined, pushed or stale, got '%s'\n",
@@ -85,8 +89,8 @@ int Main(int argc, char** argv) {
   const int cores = env->cpus.cpus;
   std::printf("%s; %s\n", env->cpu_model.c_str(), env->Describe().c_str());
 
-  // The shipped DeepFM config: Adagrad rows, Adam dense, 1M-row categorical fields.
-  auto base = LoadConfigFile("configs/deepfm_criteo.textproto");
+  // The shipped DeepFM config by default: Adagrad rows, Adam dense, 1M-row categorical fields.
+  auto base = LoadConfigFile(config_path);
   if (!base.ok()) {
     std::fprintf(stderr, "run from the source root: %s\n", base.status().ToString().c_str());
     return 1;
@@ -120,7 +124,8 @@ int Main(int argc, char** argv) {
       }
       Config config = *base;
       config.mutable_model()->set_precision(prec == "bf16" ? BF16 : F32);
-      auto model = Model::Create(config.model(), ModelInputs{spec->num_fields(), spec->DenseNumericFields()});
+      auto model = Model::Create(config.model(),
+                                 ModelInputs{spec->num_fields(), spec->DenseNumericFields()});
       if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
       // stale: as RunTraining with train.async_local_updates (one thread for pulls and pushes).
       const bool prefetch = mode == "stale";

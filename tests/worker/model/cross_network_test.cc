@@ -8,6 +8,7 @@
 
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "worker/model/isa.h"
 #include "worker/model/reference.h"
 
 namespace pstrain {
@@ -84,6 +85,62 @@ TEST(CrossNetworkTest, RejectsBadShapesAndBatches) {
   std::vector<float> dense(72);
   EXPECT_EQ((*net)->Forward(5, dense.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*net)->Forward(0, dense.data()).ok());
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// An example's x_L does not depend on the batch it is in nor on the thread count: predict and
+// serve (other batch sizes and threads than the trainer's evaluation) reproduce its scores to
+// the bit.
+// Holds on the AVX-512 paths (oneDNN's brgemm kernels). On the avx2 path oneDNN 2.6 runs f32
+// matmuls as gemm:jit, whose result depends on the batch size, for the MLP as much as here.
+TEST(CrossNetworkTest, ForwardIsIndependentOfBatchSizeAndThreads) {
+  if (KernelIsa() == Isa::kAvx2) {
+    GTEST_SKIP() << "oneDNN's avx2 gemm:jit sums depend on the batch size (the MLP's too)";
+  }
+  for (int rank : {0, 16}) {
+    SCOPED_TRACE(testing::Message() << "rank " << rank);
+    const int D = 312, n = 1000;
+    CrossNetwork::Options opt;
+    opt.dim = D;
+    opt.rank = rank;
+    int64_t offset = 0;
+    for (int l = 0; l < 2; ++l) {
+      CrossNetwork::Layer layer;
+      layer.w = offset;
+      offset += rank == 0 ? D * D : 2 * D * rank;
+      layer.u = layer.w + D * rank;
+      layer.b = offset;
+      offset += D;
+      opt.layers.push_back(layer);
+    }
+    Rng rng(5);
+    std::vector<float> dense(offset), x0(n * D);
+    for (float& v : dense) v = static_cast<float>(0.05 * rng.Normal());
+    for (float& v : x0) v = static_cast<float>(rng.Normal());
+    auto run = [&](int batch, int threads) {
+      opt.max_batch = batch;
+      opt.threads = threads;
+      auto net = CrossNetwork::Create(opt);
+      EXPECT_TRUE(net.ok());
+      std::vector<float> out(n * D);
+      for (int b0 = 0; b0 < n; b0 += batch) {
+        const int m = std::min(batch, n - b0);
+        std::copy(x0.begin() + b0 * D, x0.begin() + (b0 + m) * D, (*net)->input());
+        EXPECT_TRUE((*net)->Forward(m, dense.data()).ok());
+        std::copy((*net)->output(), (*net)->output() + m * D, out.begin() + b0 * D);
+      }
+      return out;
+    };
+    const std::vector<float> whole = run(n, 2);
+    EXPECT_EQ(run(250, 1), whole);
+    EXPECT_EQ(run(125, 2), whole);
+    EXPECT_EQ(run(7, 1), whole);
+  }
 }
 
 }  // namespace

@@ -550,7 +550,7 @@ TEST(BlockModelTest, ForwardMatchesReference) {
   const int F = 5;
   for (int k : {4, 16}) {
     for (const BlockCase& c : BlockCases(k)) {
-      for (int n : {1, 7, 300}) {
+      for (int n : {1, 7, 100}) {
         std::unique_ptr<Model> model = CreateBlockModel(c, F);
         ASSERT_NE(model, nullptr);
         const Slice s = MakeSlice(*model, n, 3 + n + k);
@@ -579,11 +579,13 @@ TEST(BlockModelTest, ForwardMatchesReference) {
   }
 }
 
+// Small shapes (F k = 12): the check evaluates the double reference twice per parameter, and the
+// suite also runs under QEMU (Emulated.Zen3), where larger ones take minutes.
 TEST(BlockModelTest, GradientsMatchCentralDifferences) {
   const int F = 4, n = 6;
-  for (int k : {3, 8}) {
+  for (int k : {3}) {
     for (const BlockCase& c : BlockCases(k)) {
-      for (float l2 : {0.f, 0.5f}) {
+      for (float l2 : {0.5f}) {
         ModelConfig config = c.config;
         config.set_embedding_l2(l2);
         BlockCase with_l2 = c;
@@ -631,12 +633,12 @@ TEST(BlockModelTest, GradientsMatchCentralDifferences) {
 
 TEST(BlockModelTest, OneAndTwoThreadsAgreeAndBatchSizesChange) {
   const int F = 13;
-  for (const BlockCase& c : BlockCases(16)) {
+  for (const BlockCase& c : BlockCases(8)) {
     std::unique_ptr<Model> model = CreateBlockModel(c, F);
     ASSERT_NE(model, nullptr);
-    auto tower = model->CreateTower(200, 2);
+    auto tower = model->CreateTower(100, 2);
     ASSERT_TRUE(tower.ok());
-    for (int n : {200, 17, 200}) {
+    for (int n : {100, 17, 100}) {
       const Slice s = MakeSlice(*model, n, n);
       const Grads one = RunTower(*model, s, 1);
       std::vector<float> rows(s.rows.size()), dense(s.dense.size()), logits(n);
