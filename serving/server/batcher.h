@@ -1,7 +1,7 @@
 // Server-side batching of `pstrain serve` (TensorFlow Serving's BasicBatchScheduler, in
 // small): requests that arrive together are scored as one batch. Each request is a ScoreJob of n
-// encoded rows; `threads` scoring threads each take up to max_batch rows from the front of a
-// bounded queue, waiting for more only while the oldest queued request is younger than max_delay,
+// encoded rows (with Batch::offsets for a model with list fields); `threads` scoring threads each
+// take up to max_batch rows from the front of a bounded queue, waiting for more only while the oldest queued request is younger than max_delay,
 // then score them with a Scorer of their own. A request larger than max_batch is scored in
 // pieces, by one or several threads; a batch never mixes rows of two models (a request is scored
 // entirely by the model it was parsed for, also across a reload).
@@ -91,6 +91,9 @@ class Batcher {
   };
   explicit Batcher(Options options);
   void Loop();
+  // The pieces' n rows and padded - n copies of the last one, as one batch (offsets rebased when
+  // the rows carry lists).
+  static void Gather(const std::vector<Piece>& pieces, int n, int padded, int F, Batch* out);
   // Up to max_batch rows of the front job's model, from the front of the queue.
   void Take(std::vector<Piece>* pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
