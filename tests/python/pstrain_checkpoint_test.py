@@ -351,6 +351,17 @@ class ListsReaderTest(unittest.TestCase):
             m.encode_values([["i1", "a||b", "", 1.0]])
         self.assertIn("field 'history'", str(err.exception))
 
+        # A ListSpec field this reader does not know (a newer pooling) is refused, not ignored.
+        self.assertEqual(pc.parse_message(bytes([0x08, 0x01, 0x30, 0x02]), pc._LIST),
+                         {"combiner": 1, "_unknown": [6]})
+        config = {"features": {"preset": 0, "field": [
+            {"name": "a", "vocab_size": 10, "list": {"_unknown": [6]}}]},
+            "model": {"type": pc.FM, "embedding_dim": 4}}
+        with self.assertRaises(pc.FormatError) as err:
+            pc.Model("x", config, np.zeros(0, np.int64), np.zeros((0, 5), np.float32),
+                     np.zeros(1, np.float32), 5, 10)
+        self.assertIn("field 'a' list sets ListSpec field(s) [6]", str(err.exception))
+
         # `pstrain serve`: CSV rows with the label, and examples with the lists as text.
         import serve_client  # noqa: E402
         server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
