@@ -1,10 +1,11 @@
 // Server-side batching of `pstrain serve` (TensorFlow Serving's BasicBatchScheduler, in
 // small): requests that arrive together are scored as one batch. Each request is a ScoreJob of n
 // encoded rows (with Batch::offsets for a model with list fields); `threads` scoring threads each
-// take up to max_batch rows from the front of a bounded queue, waiting for more only while the oldest queued request is younger than max_delay,
-// then score them with a Scorer of their own. A request larger than max_batch is scored in
-// pieces, by one or several threads; a batch never mixes rows of two models (a request is scored
-// entirely by the model it was parsed for, also across a reload).
+// take up to max_batch rows from the front of a bounded queue, waiting for more only while the
+// oldest queued request is younger than max_delay, then score them with a Scorer of their own. A
+// request larger than max_batch is scored in pieces, by one or several threads; a batch never
+// mixes rows of two models (a request is scored entirely by the model it was parsed for, also
+// across a reload).
 //
 // Batch sizes are padded up to a few fixed sizes (1, 8, 16, 32, ..., max_batch: at most 8), so
 // that each scorer keeps one oneDNN plan per size instead of creating one for every size that

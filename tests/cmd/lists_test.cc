@@ -158,7 +158,8 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
                            &error))
       << error;
   const std::string listening = server.ReadLineContaining("listening on", 60000);
-  const int port = listening.empty() ? 0 : std::atoi(listening.substr(listening.rfind(':') + 1).c_str());
+  const int port =
+      listening.empty() ? 0 : std::atoi(listening.substr(listening.rfind(':') + 1).c_str());
   ASSERT_GT(port, 0) << listening;
   auto stub = Predictor::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                                      grpc::InsecureChannelCredentials()));

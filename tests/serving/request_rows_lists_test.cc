@@ -188,7 +188,9 @@ TEST(RequestRowsLists, BadListsNameTheRowAndField) {
     request.add_rows(c.row);
     const absl::Status s = Parse(request, spec).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.row;
-    for (const std::string& w : c.want) EXPECT_THAT(std::string(s.message()), HasSubstr(w)) << c.row;
+    for (const std::string& w : c.want) {
+      EXPECT_THAT(std::string(s.message()), HasSubstr(w)) << c.row;
+    }
   }
   PredictRequest request;
   request.add_examples();
@@ -196,7 +198,8 @@ TEST(RequestRowsLists, BadListsNameTheRowAndField) {
   f->set_name("hist");
   f->set_text("1|2|3|4");
   EXPECT_THAT(std::string(Parse(request, spec).status().message()),
-              AllOf(HasSubstr("example 1, field 2 (hist)"), HasSubstr("more than its list.max_length")));
+              AllOf(HasSubstr("example 1, field 2 (hist)"),
+                    HasSubstr("more than its list.max_length")));
 }
 
 }  // namespace
