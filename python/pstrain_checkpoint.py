@@ -20,7 +20,15 @@ docs/CHECKPOINT.md (checkpoints) and docs/SERVING.md (exports); this reader foll
 
     m.lookup(ids)                  rows of any ids: stored ones, else Model::InitRow's value
     m.encode_criteo(lines)         raw Criteo TSV lines -> (ids [n, F], scales [n, F], labels)
+    m.encode_values(rows)          rows of raw values (one per field) -> (ids, scales)
     m.predict(ids, scales)         probabilities of encoded examples (the model's forward pass)
+
+List fields (docs/FORMATS.md "Lists") and fields sharing another's rows are read as
+FeatureSpec encodes them: a list's value is its CSV text ("a|b:0.5|c", the field's separator) or
+a list of keys / (key, weight) pairs, cut to max_length (REFUSE: ValueError), each id's scale its
+weight times the combiner's normalization (MEAN, SUM, SQRTN); an empty list is the missing row.
+With list fields, ids and scales are [n, F, L] (padded with scale 0) and each field's rows are
+pooled before the interaction, as the C++ tower does.
 
 Every checksum is verified (CRC32C of every block, in pure Python: about 1 s per 5 MB; pass
 verify=False to skip it for large files). Damaged or inconsistent files raise FormatError naming
@@ -138,11 +146,14 @@ _OPTIMIZER = {1: ("type", "int", False), 2: ("learning_rate", "float", False),
               5: ("beta2", "float", False), 6: ("epsilon", "float", False),
               7: ("l1", "float", False), 8: ("l2", "float", False),
               9: ("lr_power", "float", False)}
+# ListSpec is read strictly (key 0): a field this reader does not know (a newer pooling) is
+# recorded under "_unknown" and refused, never ignored.
+_LIST = {0: "strict", 1: ("combiner", "int", False), 2: ("max_length", "int", False),
+         3: ("overflow", "int", False), 4: ("separator", "string", False),
+         5: ("weights_key", "string", False)}
 _FIELD = {1: ("name", "string", False), 2: ("kind", "int", False),
           3: ("numeric_mode", "int", False), 4: ("vocab_size", "uint", False),
-          5: ("numeric_transform", "int", False),
-          # Read only to refuse them (not supported here yet): docs/FORMATS.md "Lists".
-          6: ("list", {2: ("max_length", "int", False)}, False),
+          5: ("numeric_transform", "int", False), 6: ("list", _LIST, False),
           7: ("share_rows_with", "string", False)}
 _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              3: ("categorical_vocab_size", "uint", False), 4: ("numeric_vocab_size", "uint", False),
@@ -184,6 +195,7 @@ _DEFAULTS = {
                  "numeric_mode": 0, "label_name": "label", "hash_seed": 0x5EED,
                  "numeric_transform": 0, "field": []},
     "field": {"kind": 0, "numeric_mode": 0, "numeric_transform": 0},
+    "list": {"combiner": 0, "max_length": 64, "overflow": 0, "separator": "|"},
     "model": {"type": 0, "embedding_dim": 16, "hidden": [], "precision": 0,
               "embedding_init_stddev": 0.01, "embedding_l2": 0.0},
     "blocks": {"interaction": 0, "cross_layers": 0, "cross_rank": 0, "join": 0, "mlp": False,
@@ -210,7 +222,9 @@ def parse_message(buf, schema):
             raise FormatError("unsupported wire type %d of field %d" % (wire, number))
         if pos > len(buf):
             raise FormatError("truncated field %d" % number)
-        if number not in schema:
+        if number not in schema or number == 0:
+            if schema.get(0) == "strict":
+                out.setdefault("_unknown", []).append(number)
             continue
         name, kind, repeated = schema[number]
         if isinstance(kind, dict):
@@ -252,6 +266,10 @@ DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS = 0, 1, 2, 3, 4, 5, 6
 # ModelBlocks (proto/pstrain/config.proto): the interaction and the join.
 NO_INTERACTION, FM_TERM, CROSS_V2, DOT = 0, 1, 2, 3
 STACKED, PARALLEL = 0, 1
+# ListSpec (docs/FORMATS.md "Lists"): the combiners and what an over-long list does.
+MEAN, SUM, SQRTN = 0, 1, 2
+_HEX = frozenset("0123456789abcdefABCDEF")
+TRUNCATE, REFUSE = 0, 1
 
 
 def fmix64(k):
@@ -356,19 +374,42 @@ class Model:
             raise FormatError("%s: the model description's features are not resolved (preset set)"
                               % self.path)
         offset, seed0 = 0, features["hash_seed"]
-        for i, f in enumerate(features["field"]):
-            f = dict(_DEFAULTS["field"], **f)
-            for what in ("list", "share_rows_with"):
-                if what in f:
-                    raise FormatError("%s: field '%s' sets %s (list fields and shared rows): this "
-                                      "reader does not support them yet" % (self.path, f["name"], what))
+        specs = [dict(_DEFAULTS["field"], **f) for f in features["field"]]
+        names = [f["name"] for f in specs]
+        for i, f in enumerate(specs):
             dense = f["kind"] == NUMERIC and f["numeric_mode"] == DENSE
             rows = 2 if dense else f["vocab_size"]
-            self.fields.append({"name": f["name"], "kind": f["kind"],
-                                "numeric_mode": f["numeric_mode"],
-                                "numeric_transform": f["numeric_transform"], "rows": rows,
-                                "offset": offset, "seed": (seed0 * 1000003 + i) & _M64})
-            offset += rows
+            field = {"name": f["name"], "kind": f["kind"], "numeric_mode": f["numeric_mode"],
+                     "numeric_transform": f["numeric_transform"], "rows": rows,
+                     "offset": offset, "seed": (seed0 * 1000003 + i) & _M64, "list": None,
+                     "shares_rows_of": None}
+            if "list" in f:
+                spec = dict(_DEFAULTS["list"], **f["list"])
+                if "_unknown" in spec:
+                    raise FormatError("%s: field '%s' list sets ListSpec field(s) %s, which this "
+                                      "reader does not know (a newer pstrain's pooling)"
+                                      % (self.path, f["name"], spec["_unknown"]))
+                if spec["combiner"] not in (MEAN, SUM, SQRTN) or \
+                        spec["overflow"] not in (TRUNCATE, REFUSE) or spec["max_length"] < 1:
+                    raise FormatError("%s: field '%s' list %s: expected combiner 0..2, overflow "
+                                      "0..1, max_length >= 1" % (self.path, f["name"], spec))
+                field["list"] = spec
+            if "share_rows_with" in f:
+                # FeatureSpec::Create: the target's slice (offset, rows, hash seed) and no rows
+                # of its own; the target may come later.
+                t = names.index(f["share_rows_with"]) if f["share_rows_with"] in names else -1
+                if t < 0 or t == i or "share_rows_with" in specs[t]:
+                    raise FormatError("%s: field '%s' shares the rows of '%s', which is not a "
+                                      "field of its own rows" % (self.path, f["name"],
+                                                                 f["share_rows_with"]))
+                field["shares_rows_of"] = t
+            else:
+                offset += rows
+            self.fields.append(field)
+        for field in self.fields:
+            if field["shares_rows_of"] is not None:
+                target = self.fields[field["shares_rows_of"]]
+                field.update(offset=target["offset"], rows=target["rows"], seed=target["seed"])
         if offset != self.table_rows:
             raise FormatError("%s: the description's fields make %d rows, the file has %d"
                               % (self.path, offset, self.table_rows))
@@ -467,42 +508,97 @@ class Model:
         return out.reshape(np.shape(ids) + (self.row_dim,))
 
     # -- encoding raw rows ------------------------------------------------------------------------
+    def _categorical_key(self, v):
+        """A categorical value's raw key: an int, or text (1..16 hex digits, else hashed)."""
+        if isinstance(v, str):
+            try:
+                key = int(v, 16) if 1 <= len(v) <= 16 and all(c in _HEX for c in v) else None
+            except ValueError:
+                key = None
+            return key if key is not None else hash_bytes(v.encode())
+        return int(v)
+
+    def _row_of_key(self, field, key):
+        return field["offset"] + 1 + _reduce(hash_key(key, field["seed"]), field["rows"] - 1)
+
+    def _list_entries(self, r, field, v):
+        """A list field's value -> its entries [(row id, scale)] (FeatureSpec::EncodeList):
+        the first max_length ids (an over-long list under REFUSE is a ValueError naming the row
+        and field), each scale the id's weight times the combiner's normalization; an empty list,
+        or one whose MEAN / SQRTN denominator is 0, is the missing row."""
+        spec = field["list"]
+        if isinstance(v, str):  # the CSV syntax: "a|b:0.5|c"
+            items = []
+            for j, item in enumerate(v.split(spec["separator"]) if v else []):
+                key, colon, w = item.rpartition(":")
+                try:
+                    weight = float(w) if colon else 1.0
+                except ValueError:
+                    weight = math.nan
+                if not item or (colon and not key) or not math.isfinite(weight):
+                    raise ValueError("row %d, field '%s': bad list item %d %r: expected id or "
+                                     "id:weight" % (r, field["name"], j + 1, item))
+                items.append((key, weight) if colon else (item, 1.0))
+        else:  # keys, or (key, weight) pairs
+            items = [x if isinstance(x, tuple) else (x, 1.0) for x in v]
+        if len(items) > spec["max_length"]:
+            if spec["overflow"] == REFUSE:
+                raise ValueError("row %d, field '%s': list of %d ids, more than its "
+                                 "list.max_length %d (list.overflow: REFUSE)"
+                                 % (r, field["name"], len(items), spec["max_length"]))
+            items = items[:spec["max_length"]]
+        norm = 1.0
+        if spec["combiner"] != SUM:
+            d = sum(w if spec["combiner"] == MEAN else w * w for _, w in items)
+            d = math.sqrt(d) if spec["combiner"] == SQRTN else d
+            norm = 1.0 / d if d != 0.0 and math.isfinite(d) else 0.0
+        if not items or norm == 0.0:
+            return [(field["offset"], 1.0)]
+        return [(self._row_of_key(field, self._categorical_key(k)), float(np.float32(w * norm)))
+                for k, w in items]
+
     def encode_values(self, rows):
         """Encodes rows of raw values, one list of F values per row (None = missing; numbers for
-        numeric fields, int keys or text for categorical ones) -> (ids [n, F], scales [n, F])."""
+        numeric fields, int keys or text for categorical ones; for a list field, its text in the
+        CSV syntax "a|b:0.5|c" or a list of keys or (key, weight) pairs) -> (ids, scales), each
+        [n, F], or [n, F, L] padded with scale 0 when the model has list fields (L: the longest
+        list's length)."""
         n, nf = len(rows), len(self.fields)
-        ids = np.zeros((n, nf), dtype=np.int64)
-        scales = np.ones((n, nf), dtype=np.float32)
+        entries = [[None] * nf for _ in range(n)]
+        width = 1
         for r, values in enumerate(rows):
             if len(values) != nf:
                 raise ValueError("row %d: %d values, the model has %d fields" % (r, len(values), nf))
             for f, (field, v) in enumerate(zip(self.fields, values)):
-                if v is None or v == "":
-                    ids[r, f] = field["offset"]
-                    continue
-                if field["kind"] == CATEGORICAL:
-                    if isinstance(v, str):
-                        try:
-                            key = int(v, 16) if 1 <= len(v) <= 16 else None
-                        except ValueError:
-                            key = None
-                        v = key if key is not None else hash_bytes(v.encode())
-                    h = hash_key(int(v), field["seed"])
-                    ids[r, f] = field["offset"] + 1 + _reduce(h, field["rows"] - 1)
+                if field["list"] is not None and v is not None:
+                    entries[r][f] = self._list_entries(r, field, v)
+                    width = max(width, len(entries[r][f]))
+                elif v is None or v == "":
+                    entries[r][f] = [(field["offset"], 1.0)]
+                elif field["kind"] == CATEGORICAL:
+                    entries[r][f] = [(self._row_of_key(field, self._categorical_key(v)), 1.0)]
                 elif field["numeric_mode"] == DENSE:
                     x = float(v)
-                    ids[r, f] = field["offset"] + 1
-                    scales[r, f] = np.float32(math.log1p(max(x, 0.0))
-                                              if field["numeric_transform"] == LOG1P else x)
+                    entries[r][f] = [(field["offset"] + 1,
+                                      math.log1p(max(x, 0.0))
+                                      if field["numeric_transform"] == LOG1P else x)]
                 else:
                     b = log_squared_bucket(float(v)) & _M64
                     h = hash_key(b, field["seed"])
-                    ids[r, f] = field["offset"] + 1 + _reduce(h, field["rows"] - 1)
-        return ids, scales
+                    entries[r][f] = [(field["offset"] + 1 + _reduce(h, field["rows"] - 1), 1.0)]
+        lists = any(f["list"] is not None for f in self.fields)
+        ids = np.zeros((n, nf, width), dtype=np.int64)
+        scales = np.zeros((n, nf, width), dtype=np.float32)
+        for r in range(n):
+            for f in range(nf):
+                ids[r, f, :] = self.fields[f]["offset"]  # padding: a valid row, scale 0
+                for j, (row, scale) in enumerate(entries[r][f]):
+                    ids[r, f, j], scales[r, f, j] = row, scale
+        return (ids, scales) if lists else (ids[:, :, 0], scales[:, :, 0])
 
     def encode_criteo(self, lines, has_label=True):
-        """Raw Criteo TSV lines (label, then the F values; or the F values only) ->
-        (ids [n, F], scales [n, F], labels [n] or None)."""
+        """Raw Criteo TSV lines (label, then the F values; or the F values only; a list field's
+        value in the CSV syntax) -> (ids, scales, labels [n] or None), as encode_values."""
         rows, labels = [], []
         for line in lines:
             cols = line.rstrip("\r\n").split("\t")
@@ -510,7 +606,7 @@ class Model:
                 labels.append(float(cols[0]))
                 cols = cols[1:]
             cols += [""] * (len(self.fields) - len(cols))
-            rows.append([None if c == "" else
+            rows.append([c if f["list"] is not None else None if c == "" else
                          (c if f["kind"] == CATEGORICAL else float(c))
                          for f, c in zip(self.fields, cols)])
         ids, scales = self.encode_values(rows)
@@ -523,7 +619,10 @@ class Model:
         block grammar's cross network / dot interaction (DCN_V2, DLRM, BLOCKS)."""
         ids = np.asarray(ids, dtype=np.int64)
         s = np.asarray(scales, dtype=np.float64)[..., None]
-        rows = self.lookup(ids).astype(np.float64) * s  # [n, F, D], scaled
+        rows = self.lookup(ids).astype(np.float64) * s  # [n, F, D] (or [n, F, L, D]), scaled
+        if rows.ndim == 4:  # list fields: each (example, field) pools its entries
+            rows = rows.sum(axis=2)
+            scales = np.asarray(scales)[:, :, 0]  # DENSE numeric fields' values (never lists)
         w, v = rows[..., 0], rows[..., 1:]
         z = float(self.tensors["bias"][0]) + w.sum(axis=1)
         interaction = self.blocks["interaction"] if self.blocks is not None else NO_INTERACTION

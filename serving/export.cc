@@ -145,8 +145,6 @@ void DecodeRows(RowEncoding encoding, int row_dim, int64_t n, const char* data, 
 
 absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::string& base,
                                        const ExportOptions& options) {
-  // The exported files' readers (serve requests, the Python reader) take no lists yet.
-  RETURN_IF_ERROR(model.spec().RefuseLists("export (serve requests, the Python reader)"));
   ExportInfo info;
   info.version = options.version >= 0 ? options.version : model.origin().step;
   info.dir = absl::StrCat(base, "/", info.version);

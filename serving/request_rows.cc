@@ -25,10 +25,17 @@ absl::Status Bad(const char* kind, int row, const FeatureSpec& spec, int f, absl
                                                  spec.field(f).name, "): ", what));
 }
 
-// Sets field f of row r from text (empty = missing). `hash_text`: categorical text that is not hex
-// is hashed (CSV) rather than refused (TSV).
+// Sets field f of row r from text. A list field's text is a list as a CSV list column writes it
+// (ParseListText, the CSV reader's own code: "a|b:0.5|c", empty = an empty list); any other
+// field's empty text is missing. `hash_text`: categorical text that is not hex is hashed (CSV)
+// rather than refused (TSV); list items are always read as the CSV reader reads them.
 absl::Status SetFromText(const FeatureSpec& spec, int r, int f, absl::string_view text,
-                         bool hash_text, const char* kind, RawRows* rows) {
+                         bool hash_text, const char* kind, RawRows* rows,
+                         std::vector<absl::string_view>* pieces) {
+  if (spec.field(f).list) {
+    absl::Status s = ParseListText(text, spec, f, r, rows, pieces);
+    return s.ok() ? s : Bad(kind, r, spec, f, s.message());
+  }
   if (text.empty()) return absl::OkStatus();
   const char* b = text.data();
   const char* e = b + text.size();
@@ -54,11 +61,22 @@ absl::Status SetFromText(const FeatureSpec& spec, int r, int f, absl::string_vie
   return absl::OkStatus();
 }
 
+// A categorical key for field f of row r: a list field's list of that one id (weight 1).
+void SetKey(const FeatureSpec& spec, int r, int f, uint64_t key, RawRows* rows) {
+  if (spec.field(f).list) {
+    rows->StartList(r, f);
+    rows->AddToList(r, f, key);
+  } else {
+    rows->SetCategorical(r, f, key);
+  }
+}
+
 absl::Status ParseTextRows(const PredictRequest& req, const FeatureSpec& spec, RawRows* rows) {
   const char sep = req.row_format() == PredictRequest::CSV ? ',' : '\t';
   const bool csv = req.row_format() == PredictRequest::CSV;
   const int nf = spec.num_fields();
   const int want = nf + (req.rows_have_label() ? 1 : 0);
+  std::vector<absl::string_view> pieces;  // a list column's items
   for (int i = 0; i < req.rows_size(); ++i) {
     absl::string_view line = req.rows(i);
     if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
@@ -83,7 +101,7 @@ absl::Status ParseTextRows(const PredictRequest& req, const FeatureSpec& spec, R
     const int r = rows->AddRow(0.f);
     const int skip = req.rows_have_label() ? 1 : 0;
     for (int f = 0; f < nf; ++f) {
-      absl::Status s = SetFromText(spec, r, f, cols[f + skip], csv, "row", rows);
+      absl::Status s = SetFromText(spec, r, f, cols[f + skip], csv, "row", rows, &pieces);
       if (!s.ok()) return s;
     }
   }
@@ -93,6 +111,7 @@ absl::Status ParseTextRows(const PredictRequest& req, const FeatureSpec& spec, R
 absl::Status ParseExamples(const PredictRequest& req, const FeatureSpec& spec, RawRows* rows) {
   const int nf = spec.num_fields();
   std::vector<int> seen(nf, -1);
+  std::vector<absl::string_view> pieces;  // a list's items
   for (int i = 0; i < req.examples_size(); ++i) {
     const FeatureList& ex = req.examples(i);
     const int r = rows->AddRow(0.f);
@@ -116,7 +135,7 @@ absl::Status ParseExamples(const PredictRequest& req, const FeatureSpec& spec, R
           if (!categorical) {
             rows->SetNumeric(r, f, v);
           } else if (v >= 0 && v < 18446744073709551616.0 && v == std::floor(v)) {
-            rows->SetCategorical(r, f, static_cast<uint64_t>(v));
+            SetKey(spec, r, f, static_cast<uint64_t>(v), rows);
           } else {
             return Bad("example", i, spec, f,
                        absl::StrCat("number ", v, " for a categorical field: expected a whole "
@@ -125,7 +144,8 @@ absl::Status ParseExamples(const PredictRequest& req, const FeatureSpec& spec, R
           break;
         }
         case Feature::kText: {
-          absl::Status s = SetFromText(spec, r, f, feat.text(), /*hash_text=*/true, "example", rows);
+          absl::Status s = SetFromText(spec, r, f, feat.text(), /*hash_text=*/true, "example", rows,
+                                       &pieces);
           if (!s.ok()) return s;
           break;
         }
@@ -133,7 +153,7 @@ absl::Status ParseExamples(const PredictRequest& req, const FeatureSpec& spec, R
           if (!categorical) {
             return Bad("example", i, spec, f, "a key for a numeric field: give a number");
           }
-          rows->SetCategorical(r, f, feat.key());
+          SetKey(spec, r, f, feat.key(), rows);
           break;
       }
     }
@@ -158,7 +178,6 @@ absl::Status CheckRequestFields(const PredictRequest& request) {
 
 absl::Status ParseRequestRows(const PredictRequest& request, const FeatureSpec& spec,
                               RawRows* rows) {
-  if (absl::Status s = spec.RefuseLists("serve requests"); !s.ok()) return s;
   if (absl::Status s = CheckRequestFields(request); !s.ok()) return s;
   if (request.rows_size() > 0 && request.examples_size() > 0) {
     return absl::InvalidArgumentError(

@@ -85,12 +85,40 @@ void Batcher::Take(std::vector<Piece>* pieces) {
   }
 }
 
+// The pieces' n encoded rows, then copies of the last row up to `padded`, as one batch. A model
+// with list fields carries Batch::offsets: each piece's entries are the span its rows' offsets
+// name, and the merged offsets are rebased to start at 0.
+void Batcher::Gather(const std::vector<Piece>& pieces, int n, int padded, int F, Batch* out) {
+  out->Clear(F);
+  out->size = padded;
+  const bool jagged = !pieces.front().job->rows.offsets.empty();
+  if (jagged) out->offsets.push_back(0);
+  auto append = [&](const Batch& rows, int begin, int count) {
+    const size_t first = static_cast<size_t>(begin) * F;
+    const size_t cells = static_cast<size_t>(count) * F;
+    size_t from = first, to = first + cells;  // entries
+    if (jagged) {
+      from = rows.offsets[first];
+      to = rows.offsets[first + cells];
+      const int32_t shift = static_cast<int32_t>(out->ids.size()) - rows.offsets[first];
+      for (size_t c = 1; c <= cells; ++c) out->offsets.push_back(rows.offsets[first + c] + shift);
+    }
+    out->ids.insert(out->ids.end(), rows.ids.begin() + from, rows.ids.begin() + to);
+    out->values.insert(out->values.end(), rows.values.begin() + from, rows.values.begin() + to);
+  };
+  for (const Piece& p : pieces) append(p.job->rows, p.begin, p.count);
+  if (padded == n) return;
+  // Padding: copies of the last row (taken from its job: out may reallocate while appended to).
+  const Piece& last = pieces.back();
+  for (int r = n; r < padded; ++r) append(last.job->rows, last.begin + last.count - 1, 1);
+}
+
 void Batcher::Loop() {
   std::shared_ptr<const ServingModel> model;
   std::unique_ptr<Scorer> scorer;
   std::vector<Piece> pieces;
-  std::vector<int64_t> ids;
-  std::vector<float> values, probs, logits;
+  Batch batch;
+  std::vector<float> probs, logits;
   while (true) {
     pieces.clear();
     {
@@ -126,28 +154,11 @@ void Batcher::Loop() {
     }
     const int padded = PaddedSize(n);
     if (status.ok()) {
-      const int F = job_model->spec().num_fields();
-      ids.resize(static_cast<size_t>(padded) * F);
-      values.resize(ids.size());
-      size_t at = 0;
-      for (const Piece& p : pieces) {
-        const size_t len = static_cast<size_t>(p.count) * F;
-        std::memcpy(ids.data() + at, p.job->rows.ids.data() + static_cast<size_t>(p.begin) * F,
-                    len * sizeof(int64_t));
-        std::memcpy(values.data() + at,
-                    p.job->rows.values.data() + static_cast<size_t>(p.begin) * F,
-                    len * sizeof(float));
-        at += len;
-      }
-      for (int r = n; r < padded; ++r) {  // padding: copies of the last row
-        std::memcpy(ids.data() + static_cast<size_t>(r) * F,
-                    ids.data() + static_cast<size_t>(n - 1) * F, F * sizeof(int64_t));
-        std::memcpy(values.data() + static_cast<size_t>(r) * F,
-                    values.data() + static_cast<size_t>(n - 1) * F, F * sizeof(float));
-      }
+      Gather(pieces, n, padded, job_model->spec().num_fields(), &batch);
       probs.resize(padded);
       logits.resize(padded);
-      status = scorer->Score(padded, ids.data(), values.data(), logits.data(), probs.data());
+      status = scorer->Score(padded, batch.ids.data(), batch.values.data(), logits.data(),
+                             probs.data(), batch.offsets.empty() ? nullptr : batch.offsets.data());
     }
     {
       absl::MutexLock l(&mu_);

@@ -1,10 +1,11 @@
 // Server-side batching of `pstrain serve` (TensorFlow Serving's BasicBatchScheduler, in
 // small): requests that arrive together are scored as one batch. Each request is a ScoreJob of n
-// encoded rows; `threads` scoring threads each take up to max_batch rows from the front of a
-// bounded queue, waiting for more only while the oldest queued request is younger than max_delay,
-// then score them with a Scorer of their own. A request larger than max_batch is scored in
-// pieces, by one or several threads; a batch never mixes rows of two models (a request is scored
-// entirely by the model it was parsed for, also across a reload).
+// encoded rows (with Batch::offsets for a model with list fields); `threads` scoring threads each
+// take up to max_batch rows from the front of a bounded queue, waiting for more only while the
+// oldest queued request is younger than max_delay, then score them with a Scorer of their own. A
+// request larger than max_batch is scored in pieces, by one or several threads; a batch never
+// mixes rows of two models (a request is scored entirely by the model it was parsed for, also
+// across a reload).
 //
 // Batch sizes are padded up to a few fixed sizes (1, 8, 16, 32, ..., max_batch: at most 8), so
 // that each scorer keeps one oneDNN plan per size instead of creating one for every size that
@@ -91,6 +92,9 @@ class Batcher {
   };
   explicit Batcher(Options options);
   void Loop();
+  // The pieces' n rows and padded - n copies of the last one, as one batch (offsets rebased when
+  // the rows carry lists).
+  static void Gather(const std::vector<Piece>& pieces, int n, int padded, int F, Batch* out);
   // Up to max_batch rows of the front job's model, from the front of the queue.
   void Take(std::vector<Piece>* pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -1,18 +1,29 @@
 // List fields with real processes: `pstrain train`, 2-host PS jobs (`pstrain local`, ASYNC,
 // BOUNDED and SYNC) and a 2-rank `pstrain allreduce` learn from a history list that shares the
 // item field's rows (CSV); `pstrain predict` scores the trained model exactly as the trainer's
-// final evaluation did; `train` and a PS job warm-start from its checkpoint; `pstrain convert`
-// round-trips the lists; `pstrain export` refuses the model naming the list field (serving lists
-// is not built yet).
+// final evaluation did; `train` and a PS job warm-start from its checkpoint; `pstrain export` of
+// it served by `pstrain serve` scores CSV rows carrying the lists as predict did, and refuses a
+// bad list naming the row and field; `pstrain convert` round-trips the lists; a train job
+// stopped and resumed ends with the uninterrupted run's parameters; a PS checkpoint restores
+// onto another shard count and trains on.
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <fstream>
 #include <string>
+#include <vector>
 
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file.h"
 #include "common/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pstrain/serving.grpc.pb.h"
 #include "tests/cmd/job_files.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
@@ -118,13 +129,68 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
   EXPECT_GT(testing::ReadSummary(Dir() + "/warm_ps").fields().at("test_auc").number_value(),
             auc - 0.02);
 
-  // Serving lists is not built yet: export refuses, naming the field.
-  EXPECT_NE(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
+  // Export and serve: the test rows as CSV requests (with the label column) of several sizes,
+  // batched by the server, score as predict did (one scorer, other batch cuts: to 1e-6).
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
                                            "/export"),
                               120, &out),
-            0);
-  EXPECT_THAT(out, HasSubstr("'history'"));
-  EXPECT_THAT(out, HasSubstr("not support list fields yet"));
+            0)
+      << out;
+  std::vector<float> want;
+  {
+    std::ifstream in(Dir() + "/scores.tsv");
+    std::string line;
+    while (std::getline(in, line)) {
+      float p = NAN;
+      ASSERT_TRUE(absl::SimpleAtof(line.substr(0, line.find('\t')), &p)) << line;
+      want.push_back(p);
+    }
+  }
+  auto text = ReadFileToString(Dir() + "/test.csv");
+  ASSERT_TRUE(text.ok());
+  std::vector<std::string> rows = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+  rows.erase(rows.begin());  // the header
+  ASSERT_EQ(rows.size(), want.size());
+  testing::Subprocess server;
+  std::string error;
+  ASSERT_TRUE(server.Start({P(), "serve", "--model", Dir() + "/export", "--port", "0",
+                            "--threads", "2"},
+                           &error))
+      << error;
+  const std::string listening = server.ReadLineContaining("listening on", 60000);
+  const int port =
+      listening.empty() ? 0 : std::atoi(listening.substr(listening.rfind(':') + 1).c_str());
+  ASSERT_GT(port, 0) << listening;
+  auto stub = Predictor::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                     grpc::InsecureChannelCredentials()));
+  auto predict = [&](const PredictRequest& req, PredictResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return stub->Predict(&ctx, req, resp);
+  };
+  for (size_t begin = 0, size = 1; begin < rows.size(); begin += size, size = size * 3 + 1) {
+    PredictRequest req;
+    req.set_row_format(PredictRequest::CSV);
+    req.set_rows_have_label(true);
+    for (size_t i = begin; i < std::min(rows.size(), begin + size); ++i) req.add_rows(rows[i]);
+    PredictResponse resp;
+    const grpc::Status s = predict(req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.probabilities_size(), req.rows_size());
+    for (int i = 0; i < req.rows_size(); ++i) {
+      EXPECT_NEAR(resp.probabilities(i), want[begin + i], 1e-6) << "row " << begin + i;
+    }
+  }
+  PredictRequest bad;
+  bad.set_row_format(PredictRequest::CSV);
+  bad.add_rows("i1,i2|i3,u1");
+  bad.add_rows("i1,i2||i3,u1");
+  PredictResponse resp;
+  const grpc::Status s = predict(bad, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("row 1, field 2 (history): empty id 2"));
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.WaitExit(60000), 0);
 }
 
 // `pstrain convert` CSV -> TFRecord (shuffled, through its bucket files) -> CSV keeps every
@@ -193,6 +259,65 @@ TEST_F(ListsTest, AllreduceLearnsFromTheHistory) {
   const auto summary = testing::ReadSummary(m).fields();
   EXPECT_EQ(summary.at("examples").number_value(), 6 * 12000);
   EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << out;
+}
+
+// A train job stopped mid-epoch (train.max_steps) and resumed ends with the uninterrupted run's
+// parameters, to the byte, having trained the same examples.
+TEST_F(ListsTest, StopAndResumeEqualsUninterrupted) {
+  const std::string straight = Dir() + "/straight", stopped = Dir() + "/stopped";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(straight), " --epochs 2"), 300,
+                              &out),
+            0)
+      << out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(stopped),
+                                           " --epochs 2 --set train.max_steps=37"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::ReadSummary(stopped).fields().at("steps").number_value(), 37);
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(stopped), " --epochs 2"), 300,
+                              &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("resumed from " + stopped + "/ckpt-37"));
+  const auto a = testing::ReadSummary(straight).fields();
+  const auto b = testing::ReadSummary(stopped).fields();
+  EXPECT_EQ(b.at("examples").number_value(), a.at("examples").number_value());
+  EXPECT_EQ(b.at("test_auc").number_value(), a.at("test_auc").number_value());
+  const std::string last = absl::StrCat("/ckpt-", a.at("steps").number_value(), "/shard-0-of-1");
+  auto x = ReadFileToString(straight + last);
+  auto y = ReadFileToString(stopped + last);
+  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(*x == *y) << "final parameters differ after stop and resume";
+}
+
+// A checkpoint of a 3-host PS job stopped mid-run (train.max_steps; the list model's rows on 3
+// shards) restores onto 2 hosts, the rows re-partitioned, and trains on to the end.
+TEST_F(ListsTest, PsCheckpointRestoresOntoAnotherShardCount) {
+  const std::string m = Dir() + "/reshard";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 3 ", Args(m),
+                                           " --epochs 2 --set train.max_steps=100"),
+                              300, &out),
+            0)
+      << out;
+  const auto first = testing::ReadSummary(m).fields();
+  EXPECT_LT(first.at("examples").number_value(), 2 * 12000) << "not stopped mid-run";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(m), " --epochs 2"),
+                              300, &out),
+            0)
+      << out;
+  auto host1 = ReadFileToString(m + "/host-1/output.log");
+  ASSERT_TRUE(host1.ok()) << host1.status();
+  EXPECT_THAT(*host1, HasSubstr("(re-partitioned onto 2 shards)"));
+  EXPECT_THAT(*host1, HasSubstr("resumed from " + m + "/ckpt-"));
+  const auto second = testing::ReadSummary(m).fields();
+  // The data starts over (another number of readers): two more epochs after the first steps.
+  EXPECT_GT(second.at("steps").number_value(), first.at("steps").number_value()) << *host1;
+  EXPECT_GE(second.at("examples").number_value(), 2 * 12000) << *host1;
+  EXPECT_GT(second.at("test_auc").number_value(), 0.7) << out;
 }
 
 }  // namespace

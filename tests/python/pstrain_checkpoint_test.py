@@ -7,7 +7,8 @@ Trains a small DeepFM with `pstrain train` (every test process makes its own), t
 the reader's arrays are the checkpoint's, that its forward pass of the exported model gives the
 C++ scores (`pstrain predict`) to 1e-5, rows never trained included (its Model::InitRow twin),
 that an int8 export and a PS fixture read, that damage is refused, and that the gRPC client
-example scores through a real `pstrain serve` as the reader does.
+example scores through a real `pstrain serve` as the reader does; and the same for a model with
+list fields and shared rows (the reader, predict and serve agree).
 """
 
 import os
@@ -174,25 +175,6 @@ class ReaderTest(unittest.TestCase):
         with self.assertRaises(pc.FormatError):
             pc.load(os.path.join(Fixture.dir, "test"))  # not a model at all
 
-    def test_a_list_field_is_refused_naming_it(self):
-        # Lists (docs/FORMATS.md "Lists") are not read here yet: refused, never misread.
-        d = os.path.join(Fixture.dir, "lists")
-        os.makedirs(d)
-        with open(os.path.join(d, "t.csv"), "w") as f:
-            f.write("label,item,history\n1,i1,i2|i3\n0,i2,\n1,i3,i1\n")
-        with open(os.path.join(d, "c.textproto"), "w") as f:
-            f.write('data { train { name: "train" format: CSV } }\n'
-                    'features { preset: NO_PRESET field { name: "item" vocab_size: 100 }\n'
-                    '  field { name: "history" share_rows_with: "item" list {} } }\n'
-                    'model { type: FM embedding_dim: 4 }\n'
-                    'train { global_batch_size: 2 epochs: 1 }\n')
-        run("train", "--config", os.path.join(d, "c.textproto"), "--train",
-            os.path.join(d, "t.csv"), "--model_dir", os.path.join(d, "m"))
-        with self.assertRaises(pc.FormatError) as e:
-            pc.load(os.path.join(d, "m"))
-        self.assertIn("field 'history'", str(e.exception))
-        self.assertIn("does not support them yet", str(e.exception))
-
     def test_hashing_golden(self):
         # The golden values of tests/common/hash_test.cc.
         self.assertEqual(pc.hash_bytes(b""), 0xCBF29CE484222325)
@@ -281,6 +263,123 @@ class BlockModelsReaderTest(unittest.TestCase):
                 elif name == "dcn_v2":
                     self.assertEqual(m.tensors["cross1/v"].shape, (39 * 8, 4))
                     self.assertEqual(m.tensors["cross_out/w"].shape, (39 * 8, 1))
+
+
+# A DeepFM with list fields (docs/FORMATS.md "Lists"): `history` (MEAN, max_length 6, so that
+# longer lists are cut) shares the rows of `item`; `kw` is a SUM list with weights and its own
+# separator; `price` a DENSE number. The reader scores its export and its checkpoint as
+# `pstrain predict` does, and `pstrain serve` scores CSV rows and examples carrying the lists
+# alike.
+LIST_CONFIG = """
+data { train { name: "train" format: CSV } shuffle_buffer: 1000 }
+features {
+  preset: NO_PRESET
+  field { name: "item" vocab_size: 500 }
+  field { name: "history" share_rows_with: "item" list { combiner: MEAN max_length: 6 } }
+  field { name: "kw" vocab_size: 50 list { combiner: SUM separator: ";" } }
+  field { name: "price" kind: NUMERIC numeric_mode: DENSE }
+}
+model { type: DEEPFM embedding_dim: 4 hidden: [ 16 ] }
+sparse_optimizer { type: ADAGRAD learning_rate: 0.1 initial_accumulator: 0.0001 }
+dense_optimizer { type: ADAM learning_rate: 0.003 }
+train { batch_size: 64 epochs: 2 log_every_steps: 100000 }
+threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
+"""
+
+
+def list_csv(rows, seed):
+    """label,item,history,kw,price: a click is likelier when the item's topic (item % 4) is the
+    history's; lists of 0..9 ids (some empty, some over max_length), kw ids with weights."""
+    rng = np.random.RandomState(seed)
+    out = ["label,item,history,kw,price"]
+    for _ in range(rows):
+        topic, item = rng.randint(4), rng.randint(200)
+        click = rng.rand() < (0.8 if item % 4 == topic else 0.2)
+        hist = "|".join("i%d" % (4 * rng.randint(50) + topic) for _ in range(rng.randint(10)))
+        kw = ";".join("k%d:%g" % (rng.randint(30), rng.randint(1, 4) / 2.0)
+                      for _ in range(rng.randint(4)))
+        out.append("%d,i%d,%s,%s,%s" % (click, item, hist, kw, rng.randint(100)))
+    return "\n".join(out) + "\n"
+
+
+class ListsReaderTest(unittest.TestCase):
+    def test_lists_score_as_predict_and_serve(self):
+        d = os.path.join(Fixture.dir, "lists")
+        os.makedirs(d)
+        paths = {}
+        for name, text in (("train.csv", list_csv(3000, 1)), ("test.csv", list_csv(400, 2)),
+                           ("config.textproto", LIST_CONFIG)):
+            paths[name] = os.path.join(d, name)
+            with open(paths[name], "w") as f:
+                f.write(text)
+        mdir, export = os.path.join(d, "m"), os.path.join(d, "export")
+        run("train", "--config", paths["config.textproto"], "--train", paths["train.csv"],
+            "--model_dir", mdir)
+        scores = os.path.join(d, "scores.tsv")
+        run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format", "csv",
+            "--out", scores)
+        want = np.loadtxt(scores, dtype=np.float64)[:, 0]
+        run("export", "--model_dir", mdir, "--out", export, "--rows", "f32")
+        with open(paths["test.csv"]) as f:
+            lines = f.read().splitlines()[1:]
+        rows = [l.split(",")[1:] for l in lines]
+        values = [[c or None for c in r[:1]] + r[1:3] + [float(r[3])] for r in rows]
+        for path in (export, mdir):
+            m = pc.load(path)
+            self.assertEqual(m.fields[1]["offset"], m.fields[0]["offset"])  # shared rows
+            self.assertEqual(m.fields[1]["seed"], m.fields[0]["seed"])
+            self.assertEqual(m.fields[2]["list"]["separator"], ";")
+            ids, scales = m.encode_values(values)
+            self.assertEqual(ids.shape, (400, 4, 6))  # history cut to 6
+            probs = m.predict(ids, scales)
+            np.testing.assert_allclose(probs, want, rtol=0, atol=1e-5, err_msg=path)
+            self.assertGreater(float(np.std(probs)), 1e-2)  # the lists matter
+        # Truncation and the combiners, by hand: 8 ids cut to 6, MEAN over the kept weights;
+        # an empty list is the missing row; keys or (key, weight) pairs read as the text does.
+        m = pc.load(export)
+        a, sa = m.encode_values([["i1", "i1|i2|i3|i4|i5|i6|i7|i8", "k1:2;k2", 1.0]])
+        self.assertEqual(list(sa[0, 1]), [np.float32(1 / 6.0)] * 6)
+        self.assertEqual(list(sa[0, 2, :3]), [2.0, 1.0, 0.0])
+        self.assertEqual(a[0, 1, 0], a[0, 0, 0])  # history's i1 is item's i1's row
+        b, sb = m.encode_values([["i1", [0x1, "i2", "i3", "i4", "i5", "i6"], [("k1", 2.0), "k2"],
+                                  1.0]])
+        self.assertEqual(a[0, 2, 0], b[0, 2, 0])
+        self.assertEqual(list(sb[0, 2, :2]), [2.0, 1.0])
+        e, se = m.encode_values([["i1", "", None, 1.0]])
+        self.assertEqual((e[0, 1, 0], se[0, 1, 0]), (m.fields[1]["offset"], 1.0))
+        with self.assertRaises(ValueError) as err:
+            m.encode_values([["i1", "a||b", "", 1.0]])
+        self.assertIn("field 'history'", str(err.exception))
+
+        # A ListSpec field this reader does not know (a newer pooling) is refused, not ignored.
+        self.assertEqual(pc.parse_message(bytes([0x08, 0x01, 0x30, 0x02]), pc._LIST),
+                         {"combiner": 1, "_unknown": [6]})
+        config = {"features": {"preset": 0, "field": [
+            {"name": "a", "vocab_size": 10, "list": {"_unknown": [6]}}]},
+            "model": {"type": pc.FM, "embedding_dim": 4}}
+        with self.assertRaises(pc.FormatError) as err:
+            pc.Model("x", config, np.zeros(0, np.int64), np.zeros((0, 5), np.float32),
+                     np.zeros(1, np.float32), 5, 10)
+        self.assertIn("field 'a' list sets ListSpec field(s) [6]", str(err.exception))
+
+        # `pstrain serve`: CSV rows with the label, and examples with the lists as text.
+        import serve_client  # noqa: E402
+        server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
+                                  stdout=subprocess.PIPE, universal_newlines=True)
+        try:
+            line = server.stdout.readline()
+            self.assertIn("listening on", line)
+            client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(), timeout=30)
+            served, _ = client.predict_tsv(lines, have_label=True, csv=True)
+            np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+            examples = [{k: v for k, v in zip(("item", "history", "kw", "price"), r[:3] +
+                                             [float(r[3])]) if v != ""} for r in rows[:20]]
+            one, _ = client.predict_examples(examples)
+            np.testing.assert_allclose(one, want[:20], rtol=0, atol=1e-6)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0)
+            server.stdout.close()
 
 
 if __name__ == "__main__":

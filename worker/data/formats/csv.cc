@@ -173,45 +173,13 @@ class CsvParser : public RowParser {
     return absl::OkStatus();
   }
 
-  // A list column: items joined by the field's separator ("a|b:0.5|c"; empty text: an empty
-  // list), each an id as in a categorical column, optionally ":weight" (else 1). An empty item
-  // ("a||b") is refused.
+  // A list column: ParseListText's syntax ("a|b:0.5|c"), errors naming the record and column.
   absl::Status ParseList(const RecordRef& rec, int column, int f, absl::string_view text,
                          int row, RawRows* rows) {
-    const FeatureSpec::Field& field = spec_.field(f);
-    rows->StartList(row, f);
-    if (text.empty()) return absl::OkStatus();
-    pieces_ = absl::StrSplit(text, field.separator);
-    ASSIGN_OR_RETURN(const size_t keep,
-                     ListLengthToKeep(rec, CSV, field, pieces_.size(), rows));
-    for (size_t j = 0; j < keep; ++j) {
-      const absl::string_view id = pieces_[j];
-      if (id.empty()) {
-        return BadRecord(rec, CSV, absl::StrCat("column ", column + 1, " (", field.name,
-                                                "): empty id ", j + 1, " in list ", Quote(text),
-                                                ": expected ids separated by '",
-                                                field.separator, "'"));
-      }
-      // "id:weight": the text after the last ':' is the weight.
-      absl::string_view key_text = id;
-      double weight = 1.0;
-      if (const size_t colon = id.rfind(':'); colon != absl::string_view::npos) {
-        key_text = id.substr(0, colon);
-        const absl::string_view w = id.substr(colon + 1);
-        if (key_text.empty() || !ParseNumber(w.data(), w.data() + w.size(), &weight)) {
-          return BadRecord(rec, CSV, absl::StrCat("column ", column + 1, " (", field.name,
-                                                  "): bad list item ", Quote(id),
-                                                  ": expected id or id:weight with a numeric "
-                                                  "weight"));
-        }
-      }
-      uint64_t key;
-      if (!ParseHexKey(key_text.data(), key_text.data() + key_text.size(), &key)) {
-        key = HashBytes(key_text);
-      }
-      rows->AddToList(row, f, key, weight);
-    }
-    return absl::OkStatus();
+    absl::Status s = ParseListText(text, spec_, f, row, rows, &pieces_);
+    if (s.ok()) return s;
+    return BadRecord(rec, CSV, absl::StrCat("column ", column + 1, " (", spec_.field(f).name,
+                                            "): ", s.message()));
   }
 
   // Per column: field index, kLabel or kIgnored (a column's name, in messages, is its field's:

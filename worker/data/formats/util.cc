@@ -8,6 +8,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/hash.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -125,18 +127,60 @@ absl::Status BadRecord(const RecordRef& rec, DataFormat format, absl::string_vie
   return absl::InvalidArgumentError(absl::StrCat(DescribeRecord(rec, format), ": ", what));
 }
 
-absl::StatusOr<size_t> ListLengthToKeep(const RecordRef& rec, DataFormat format,
-                                        const FeatureSpec::Field& field, size_t length,
+absl::StatusOr<size_t> ListLengthToKeep(const FeatureSpec::Field& field, size_t length,
                                         RawRows* rows) {
   const size_t max = static_cast<size_t>(field.max_length);
   if (length <= max) return length;
   if (field.overflow == REFUSE) {
-    return BadRecord(rec, format, absl::StrCat("list field '", field.name, "' has ", length,
-                                               " ids, more than its list.max_length ", max,
-                                               " (list.overflow: REFUSE)"));
+    return absl::InvalidArgumentError(absl::StrCat("list field '", field.name, "' has ", length,
+                                                   " ids, more than its list.max_length ", max,
+                                                   " (list.overflow: REFUSE)"));
   }
   ++rows->truncated_lists;
   return max;
+}
+
+absl::StatusOr<size_t> ListLengthToKeep(const RecordRef& rec, DataFormat format,
+                                        const FeatureSpec::Field& field, size_t length,
+                                        RawRows* rows) {
+  absl::StatusOr<size_t> keep = ListLengthToKeep(field, length, rows);
+  if (!keep.ok()) return BadRecord(rec, format, keep.status().message());
+  return keep;
+}
+
+absl::Status ParseListText(absl::string_view text, const FeatureSpec& spec, int f, int row,
+                           RawRows* rows, std::vector<absl::string_view>* pieces) {
+  const FeatureSpec::Field& field = spec.field(f);
+  rows->StartList(row, f);
+  if (text.empty()) return absl::OkStatus();
+  *pieces = absl::StrSplit(text, field.separator);
+  ASSIGN_OR_RETURN(const size_t keep, ListLengthToKeep(field, pieces->size(), rows));
+  for (size_t j = 0; j < keep; ++j) {
+    const absl::string_view id = (*pieces)[j];
+    if (id.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("empty id ", j + 1, " in list ", Quote(text),
+                                                     ": expected ids separated by '",
+                                                     field.separator, "'"));
+    }
+    // "id:weight": the text after the last ':' is the weight.
+    absl::string_view key_text = id;
+    double weight = 1.0;
+    if (const size_t colon = id.rfind(':'); colon != absl::string_view::npos) {
+      key_text = id.substr(0, colon);
+      const absl::string_view w = id.substr(colon + 1);
+      if (key_text.empty() || !ParseNumber(w.data(), w.data() + w.size(), &weight)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad list item ", Quote(id),
+                         ": expected id or id:weight with a numeric weight"));
+      }
+    }
+    uint64_t key;
+    if (!ParseHexKey(key_text.data(), key_text.data() + key_text.size(), &key)) {
+      key = HashBytes(key_text);
+    }
+    rows->AddToList(row, f, key, weight);
+  }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -167,6 +167,19 @@ absl::Status BadRecord(const RecordRef& rec, DataFormat format, absl::string_vie
 absl::StatusOr<size_t> ListLengthToKeep(const RecordRef& rec, DataFormat format,
                                         const FeatureSpec::Field& field, size_t length,
                                         RawRows* rows);
+// The same without a record: under REFUSE, INVALID_ARGUMENT "list field 'hist' has 12 ids, more
+// than its list.max_length 10 (list.overflow: REFUSE)", for the caller to prefix with the place.
+absl::StatusOr<size_t> ListLengthToKeep(const FeatureSpec::Field& field, size_t length,
+                                        RawRows* rows);
+
+// A list as text, as a CSV list column and a serve request's text row write it (docs/FORMATS.md
+// "Lists"): items joined by the field's separator ("a|b:0.5|c"; empty text: an empty list), each
+// an id as in a categorical column (1..16 hex digits, else hashed), optionally ":weight" (else 1).
+// Starts list (row, f) of *rows and appends the ids ListLengthToKeep keeps. An empty item
+// ("a||b"), a bad weight or an over-long list under REFUSE is INVALID_ARGUMENT saying what is
+// wrong with the text, for the caller to prefix with where it is. `pieces` is scratch.
+absl::Status ParseListText(absl::string_view text, const FeatureSpec& spec, int f, int row,
+                           RawRows* rows, std::vector<absl::string_view>* pieces);
 
 // ---- Protobuf payloads (TFRecord, RecordIO). ----
 
