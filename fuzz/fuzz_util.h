@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -49,15 +52,26 @@ class MemFile {
 };
 
 // A directory of this process for the target `name`, made once: /dev/shm/pstrain_fuzz_<name>_<pid>
-// (tmpfs: no disk writes, no fsync cost) or $TMPDIR / /tmp when there is no /dev/shm.
+// (tmpfs: no disk writes, no fsync cost) or $TMPDIR / /tmp when there is no /dev/shm. Removed
+// when the process exits normally (libFuzzer's end of a timed run, the replay's end); a run that
+// crashes leaves it, beside its finding.
 inline std::string ScratchDir(const std::string& name) {
   struct stat st;
   const char* tmp = std::getenv("TMPDIR");
   const std::string root = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode)
                                ? "/dev/shm"
                                : (tmp != nullptr ? tmp : "/tmp");
+  static std::vector<std::string>* made = [] {
+    auto* dirs = new std::vector<std::string>;
+    std::atexit([] {
+      std::error_code ec;
+      for (const std::string& d : *made) std::filesystem::remove_all(d, ec);
+    });
+    return dirs;
+  }();
   std::string dir = absl::StrCat(root, "/pstrain_fuzz_", name, "_", getpid());
   (void)MakeDirs(dir);
+  made->push_back(dir);
   return dir;
 }
 

@@ -38,8 +38,7 @@ namespace {
 
 std::string Dir() {
   static const std::string dir = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string d = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/pstrain_fuzz_shard_", getpid());
+    std::string d = pstrain::fuzz::ScratchDir("shard");
     (void)pstrain::MakeDirs(d + "/ckpt-1");
     return d;
   }();
