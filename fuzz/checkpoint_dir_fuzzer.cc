@@ -12,7 +12,8 @@
 // Input: [keep byte] then entries [kind byte][2-byte step][2-byte length][bytes]:
 //   kind % 8: 0 LATEST, 1 BEST, 2 ckpt-<step>/MANIFEST, 3 ckpt-<step>/shard-0-of-1,
 //   4 ckpt-<step>/worker-0.state, 5 a symlink ckpt-<step> -> outside, 6 a symlink
-//   .removing-ckpt-<step>-1-1 -> outside, 7 a file of any name: the bytes are its path in the
+//   .removing-ckpt-<step>-1-1 -> outside (even step) or ckpt-<step>/shard-0-of-1 -> the file
+//   outside (odd step), 7 a file of any name: the bytes are its path in the
 //   directory, a newline, and its contents (a path ending in '/' is a directory; paths out of the
 //   directory and empty ones are skipped).
 // Seed corpus: fuzz/corpus/checkpoint_dir/ (directories `pstrain train` wrote, full and
@@ -91,7 +92,13 @@ void Build(pstrain::fuzz::InputReader* in, const Dirs& d) {
         fs::create_symlink(d.outside, ckpt, ec);
         break;
       case 6:
-        fs::create_symlink(d.outside, d.model + "/.removing-" + CheckpointName(step) + "-1-1", ec);
+        if (step % 2 == 0) {
+          fs::create_symlink(d.outside, d.model + "/.removing-" + CheckpointName(step) + "-1-1",
+                             ec);
+        } else if (NoLinkOnTheWay(d, ckpt)) {
+          fs::create_directories(ckpt, ec);
+          fs::create_symlink(d.precious, ckpt + "/shard-0-of-1", ec);
+        }
         break;
       default: {
         const size_t newline = bytes.find('\n');

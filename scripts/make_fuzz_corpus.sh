@@ -220,8 +220,8 @@ for name, keep in (("steps", 2), ("deltas", 1)):
         write("checkpoint_dir", name, bytes([keep]) + encode_dir(f"{tmp}/{name}"))
 if os.path.isdir(f"{tmp}/steps"):
     base = encode_dir(f"{tmp}/steps")
-    write("checkpoint_dir", "symlinks_out", bytes([1]) + base + entry(5, 0, b"") + entry(6, 1, b"") +
-          entry(5, 3, b""))
+    write("checkpoint_dir", "symlinks_out", bytes([1]) + base + entry(5, 0, b"") + entry(6, 0, b"") +
+          entry(6, 5, b"") + entry(5, 3, b""))
     write("checkpoint_dir", "best_and_strays", bytes([1]) + base + entry(1, 0, "ckpt-2\n") +
           entry(7, 0, "ckpt-007/\n") + entry(7, 0, ".removing-ckpt-1-9-9/x\ny") +
           entry(0, 0, " ckpt-4 \n"))
