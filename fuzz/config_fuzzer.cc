@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "fuzz/fuzz_util.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
 

@@ -22,10 +22,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/file.h"
+#include "common/logging.h"
 #include "worker/data/feature_spec.h"
 
 namespace pstrain {
 namespace fuzz {
+
+// Every refused input makes the code log a line or two: hundreds of MB a minute in a run's log,
+// and time. Only FATAL (a failed check, which aborts, and is a finding) is printed, unless
+// PSTRAIN_FUZZ_LOG is set (to see why a target's inputs are refused).
+inline const bool kQuietLogs = [] {
+  if (std::getenv("PSTRAIN_FUZZ_LOG") == nullptr) SetMinLogLevel(3);
+  return true;
+}();
 
 // An anonymous in-memory file holding `data`, closed at destruction; path() opens it again.
 class MemFile {
