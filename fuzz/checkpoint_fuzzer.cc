@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
 #include "common/file.h"
+#include "fuzz/fuzz_util.h"
 #include "fuzz/small_shard.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/state.pb.h"
@@ -18,12 +19,7 @@
 namespace {
 
 std::string Dir() {
-  static const std::string dir = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string d = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/pstrain_fuzz_ckpt_", getpid());
-    (void)pstrain::MakeDirs(d);
-    return d;
-  }();
+  static const std::string dir = pstrain::fuzz::ScratchDir("ckpt");
   return dir;
 }
 

@@ -1,9 +1,21 @@
 // libFuzzer target: the shard's request handlers (ps/server/shard_server.h) fed a sequence of
-// hostile requests, as the gRPC service would after parsing them: Pull (with the service's
-// CheckPull first), Push, Info, Report, Coordinate, SaveShard COPY / WRITE, and a ConsistencyState
-// restore. Input: records of [kind byte][2-byte length][serialized request]. A fresh SYNC shard of
-// 2 workers per input. Nothing may crash, spin or allocate without bound. Seed corpus:
-// fuzz/corpus/shard_requests/ (made by scripts/make_fuzz_corpus.sh from real requests).
+// hostile requests, two ways:
+//   - directly, as the gRPC service hands them over after parsing: Pull (with the service's
+//     CheckPull first), Push, Info, Report, Coordinate, SaveShard COPY / WRITE, a ConsistencyState
+//     restore, and the direct push of a host's own worker, on a fresh shard per input;
+//   - over gRPC (record kind 8..11): the record's bytes sent raw as a Pull, Push, Info or
+//     Coordinate call to a shard served on loopback TCP with a cluster secret (started once per
+//     process), so that they pass what a network caller's bytes pass: the secret's auth metadata
+//     processor (common/rpc/security.cc, before the message is read; the secret sent is the right
+//     one, none, or the record's first bytes), the message cap, gRPC's parse of the request, the
+//     handler's own secret check and then the handler.
+// The first byte picks the fresh shard's consistency mode (SYNC, ASYNC or BOUNDED with staleness
+// 0..3), its workers (1 + (byte / 12) % 8) and its table (64 rows in 2 partitions, or 1024 rows
+// in 4 when the top bit is set; row_dim 3, a dense slice of 5). Input after it: records of [kind byte]
+// [2-byte length][serialized request]. Nothing may crash, spin or allocate without bound. Seed
+// corpus: fuzz/corpus/shard_requests/ (made by scripts/make_fuzz_corpus.sh from real requests).
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +26,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/file.h"
+#include "common/rpc/security.h"
+#include "fuzz/fuzz_util.h"
 #include "fuzz/small_shard.h"
 #include "ps/server/shard_server.h"
 
@@ -22,32 +38,107 @@ namespace {
 
 std::string Dir() {
   static const std::string dir = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string d = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/pstrain_fuzz_shard_", getpid());
+    std::string d = pstrain::fuzz::ScratchDir("shard");
     (void)pstrain::MakeDirs(d + "/ckpt-1");
     return d;
   }();
   return dir;
 }
 
+constexpr char kSecret[] = "fuzz-cluster-secret-0123456789abcdef";
+
+// A SYNC shard of 2 workers served on loopback with a secret, and a raw stub to it.
+struct Served {
+  std::unique_ptr<pstrain::ShardServer> server;
+  std::unique_ptr<grpc::GenericStub> stub;
+};
+
+Served* Serve() {
+  using namespace pstrain;
+  auto* s = new Served;
+  ShardServer::Options o = fuzz::SmallSyncShard(SGD, ADAM);
+  o.data.checkpoint_dir = Dir();
+  o.security.secret = kSecret;
+  o.security.max_message_bytes = 1 << 16;
+  o.lease = absl::Seconds(30);
+  auto created = ShardServer::Create(o);
+  if (!created.ok()) fuzz::SetupFailed("shard_requests", created.status().ToString());
+  const absl::Status started = (*created)->Start("127.0.0.1:0");
+  if (!started.ok()) fuzz::SetupFailed("shard_requests", started.ToString());
+  s->server = *std::move(created);
+  RpcSecurity no_secret;  // the secret is added per call (or not), not by the channel
+  no_secret.max_message_bytes = o.security.max_message_bytes;
+  s->stub = std::make_unique<grpc::GenericStub>(MakeChannel(
+      "127.0.0.1:" + std::to_string(s->server->port()), no_secret, grpc::ChannelArguments()));
+  return s;
+}
+
+// Sends `body` raw as `method` with `secret` ("" = none), and waits for the answer (5 s at most).
+void RawCall(grpc::GenericStub* stub, const std::string& method, const std::string& body,
+             const std::string& secret) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  if (!secret.empty()) ctx.AddMetadata(pstrain::kSecretMetadataKey, secret);
+  const grpc::Slice slice(body);
+  const grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  stub->UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                  [&done](const grpc::Status&) { done.Notify(); });
+  done.WaitForNotification();
+}
+
+// A record sent over gRPC: kind 8..11 picks the method; the first byte of the record picks the
+// secret: the right one, none, or (printable ASCII, as gRPC's client requires) the next bytes.
+void OverGrpc(int kind, const std::string& msg) {
+  static Served* served = Serve();
+  static const char* const kMethods[] = {
+      "/pstrain.ParameterServer/Pull", "/pstrain.ParameterServer/Push",
+      "/pstrain.ParameterServer/Info", "/pstrain.ParameterServer/Coordinate"};
+  const uint8_t how = msg.empty() ? 0 : static_cast<uint8_t>(msg[0]);
+  std::string body = msg.empty() ? msg : msg.substr(1);
+  std::string secret = kSecret;
+  if (how % 4 == 1) secret.clear();
+  if (how % 4 == 2) {
+    secret = body.substr(0, how / 4);
+    for (char& c : secret) {
+      if (c < 0x21 || c > 0x7e) c = '?';
+    }
+    body = body.substr(secret.size());
+  }
+  RawCall(served->stub.get(), kMethods[kind - 8], body, secret);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pstrain;
+  if (size == 0) return 0;
   ShardServer::Options o = fuzz::SmallSyncShard(SGD, ADAM);
+  const Consistency modes[] = {SYNC, ASYNC, BOUNDED};
+  o.consistency = modes[data[0] % 3];
+  o.staleness = (data[0] / 3) % 4;
+  o.num_workers = 1 + (data[0] / 12) % 8;
+  const bool large = (data[0] & 0x80) != 0;
+  o.data.rows = large ? 1024 : 64;
+  o.data.partitions = large ? 4 : 2;
   o.data.checkpoint_dir = Dir();
   o.security.max_message_bytes = 1 << 16;
   o.lease = absl::Seconds(30);
   auto created = ShardServer::Create(o);
   if (!created.ok()) return 0;
   ShardServer& s = **created;
-  size_t at = 0;
+  size_t at = 1;
   for (int calls = 0; calls < 64 && at + 3 <= size; ++calls) {
     const uint8_t kind = data[at];
     const size_t len = std::min<size_t>(size - at - 3, data[at + 1] | (data[at + 2] << 8));
     const std::string msg(reinterpret_cast<const char*>(data + at + 3), len);
     at += 3 + len;
-    switch (kind % 8) {
+    if (kind % 12 >= 8) {
+      OverGrpc(kind % 12, msg);
+      continue;
+    }
+    switch (kind % 12) {
       case 0: {
         PullRequest req;
         if (!req.ParseFromString(msg)) break;

@@ -207,25 +207,41 @@ constexpr int kWidth = 8;
 #undef PSTRAIN_FM_BF16_HW
 }  // namespace fm_avx2
 
+#if defined(__clang__)  // clang ignores #pragma GCC target (the fuzz preset builds with clang)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#endif
 namespace fm_avx512 {
 constexpr int kWidth = 16;
 #define PSTRAIN_FM_BF16_HW 0
 #include "worker/model/fm_vec.inc"
 #undef PSTRAIN_FM_BF16_HW
 }  // namespace fm_avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)  // clang ignores #pragma GCC target (the fuzz preset builds with clang)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#endif
 namespace fm_avx512_bf16 {
 constexpr int kWidth = 16;
 #define PSTRAIN_FM_BF16_HW 1
 #include "worker/model/fm_vec.inc"
 #undef PSTRAIN_FM_BF16_HW
 }  // namespace fm_avx512_bf16
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 void SparseForward(const SparseShape& shape, const Tower::Input& in, float bias, int64_t begin,
                    int64_t end, float* logits, float* sum_v, float* x0_f32, uint16_t* x0_bf16) {

@@ -5,8 +5,12 @@
 namespace pstrain {
 namespace {
 
+#if defined(__clang__)  // clang ignores #pragma GCC target (the fuzz preset builds with clang)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#endif
 void FloatToBf16Avx512Bf16(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -19,7 +23,11 @@ void FloatToBf16Avx512Bf16(const float* src, uint16_t* dst, int64_t n) {
   }
   for (; i < n; ++i) dst[i] = FloatToBf16(src[i]);
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 }  // namespace
 
