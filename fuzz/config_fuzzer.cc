@@ -37,7 +37,9 @@ constexpr int kTowerBatch = 64;
 void Build(const Config& config) {
   auto spec = FeatureSpec::Create(config.features());
   if (!spec.ok()) return;
-  auto model = Model::Create(config.model(), spec->num_fields());
+  // With the DENSE numeric fields, as every caller: DLRM's bottom MLP is built over them.
+  auto model =
+      Model::Create(config.model(), ModelInputs{spec->num_fields(), spec->DenseNumericFields()});
   if (!model.ok()) return;
   const int64_t dense = (*model)->dense_size();
   if (dense > kBuildDenseFloats) return;
