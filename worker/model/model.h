@@ -106,6 +106,14 @@ struct ModelInputs {
   // The NUMERIC fields with numeric_mode DENSE, increasing: their values (Tower::Input scales)
   // feed DLRM's bottom MLP. Other models ignore them.
   std::vector<int> dense_fields;
+  // The list fields pooled by target attention (ListSpec.attention_target; target_attention.h):
+  // field f attends against the single-valued field target through ReLU layers `hidden`.
+  struct Attention {
+    int field = 0;
+    int target = 0;
+    std::vector<int> hidden;
+  };
+  std::vector<Attention> attention;
 };
 
 // Immutable after Create; safe to share across towers.
@@ -122,6 +130,8 @@ class Model {
   virtual int embedding_dim() const = 0;
   // ModelInputs::dense_fields as Create got them.
   virtual const std::vector<int>& dense_fields() const = 0;
+  // ModelInputs::attention as Create got them (empty for the model types that cannot use it).
+  virtual const std::vector<ModelInputs::Attention>& attention() const = 0;
   int row_dim() const { return 1 + embedding_dim(); }
   virtual int64_t dense_size() const = 0;
   virtual const std::vector<DenseTensor>& dense_layout() const = 0;
