@@ -12,6 +12,7 @@
 #include "ps/store/optimizer.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
+#include "worker/eval/model_inputs.h"
 
 namespace pstrain {
 namespace {} // namespace
@@ -22,8 +23,7 @@ ServingModel::ShapeOf(const ModelDescription &description) {
                    FeatureSpec::Create(description.features()));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
-      Model::Create(description.model(),
-                    ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+      Model::Create(description.model(), ModelInputsOf(spec)));
   Shape shape;
   shape.table_rows = static_cast<int64_t>(spec.total_rows());
   shape.row_dim = model->row_dim();
@@ -46,9 +46,7 @@ ServingModel::Create(const ModelDescription &description, Origin origin) {
   m->origin_ = std::move(origin);
   ASSIGN_OR_RETURN(m->spec_, FeatureSpec::Create(description.features()));
   ASSIGN_OR_RETURN(m->model_,
-                   Model::Create(description.model(),
-                                 ModelInputs{m->spec_.num_fields(),
-                                             m->spec_.DenseNumericFields()}));
+                   Model::Create(description.model(), ModelInputsOf(m->spec_)));
   OptimizerConfig none;
   none.set_type(SGD); // no optimizer state is kept: SGD's is empty
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,

@@ -20,6 +20,9 @@
 // dot_interaction.h), composed by dense_blocks.h; DCN_V2 and DLRM are presets of it, BLOCKS takes
 // the blocks as given. Their tensors ("cross<l>/w", "bottom<l>/w", ...) join the dense vector
 // before the MLP's.
+// A list field may be pooled by DIN's target attention against another field instead of by its
+// combiner (ModelInputs::attention, target_attention.h); DIN is the preset NO_INTERACTION + MLP
+// with such fields, whose "att<f>/..." tensors follow "bias".
 // The MLP is ReLU hidden layers (ModelConfig.hidden, empty = 400,400,400) and a 1-unit linear
 // output; its weights "mlpI/w" are [in, out] row-major (element (i, o) at offset + i*out + o),
 // "out/w" is [in, 1]. Precision BF16 runs the MLP's matmuls in bf16 (AMX / AVX512-BF16 through
