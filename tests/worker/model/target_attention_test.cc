@@ -349,6 +349,23 @@ TEST(TargetAttentionTest, AttentionIsNotTheCombinerSum) {
   EXPECT_GT(diff, 1e-3);
 }
 
+// Under precision BF16 the deep MLP reads a bf16 x0 (the attention itself stays f32): the
+// attended vector reaches it, the logits track f32 to bf16 accuracy.
+TEST(TargetAttentionTest, Bf16PrecisionWritesTheAttendedVectorInBf16) {
+  PSTRAIN_SKIP_UNLESS_BF16();
+  ModelConfig f32 = ModelCfg(DIN, 16);
+  ModelConfig bf16 = f32;
+  bf16.set_precision(BF16);
+  auto a = Model::Create(f32, Inputs());
+  auto b = Model::Create(bf16, Inputs());
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  const Slice s = MakeSlice(**a, 64, 10, 13);
+  const std::vector<float> want = RunForward(**a, s, 2);
+  const std::vector<float> got = RunForward(**b, s, 2);
+  for (int i = 0; i < s.n; ++i) EXPECT_NEAR(got[i], want[i], 3e-2 * (1 + std::fabs(want[i]))) << i;
+  ExpectMatchesReference(f32, **a, s, want);
+}
+
 TEST(TargetAttentionTest, ATargetWithOtherThanOneEntryIsRefused) {
   auto model = Model::Create(ModelCfg(DIN, 4), Inputs());
   ASSERT_TRUE(model.ok());
