@@ -248,7 +248,7 @@ absl::Status ValidateConfig(const Config& c) {
     if (!fs.has_list() || !fs.list().has_attention_target()) continue;
     const std::string path = absl::StrCat("features.field[", i, "] ('", fs.name(), "').list.attention_target");
     if (m.type() == LR || m.type() == FM || m.type() == DEEPFM || m.type() == WIDE_DEEP) return bad(path, absl::StrCat("model.type ", ModelType_Name(m.type()), " cannot pool by target attention; expected DIN, or DCN_V2, DLRM or BLOCKS without FM_TERM (docs/CONFIG.md \"DIN\")"));
-    if (m.blocks().interaction() == ModelBlocks::FM_TERM) return bad(path, "the FM_TERM interaction cannot take an attended field (not supported yet)");
+    if (m.blocks().interaction() == ModelBlocks::FM_TERM && m.blocks().has_mlp() && !m.blocks().mlp()) return bad(path, "the FM_TERM interaction takes an attended field only with the MLP (blocks.mlp: true)");
   }
   if (c.train().has_warm_start() && c.train().warm_start().from().empty()) {
     return bad("train.warm_start.from", "must name a model dir or a checkpoint (--warm_start_from)");

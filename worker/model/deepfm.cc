@@ -53,12 +53,13 @@ class CtrTower : public Tower {
   absl::Status Forward(const Input& in, float* logits) override {
     RETURN_IF_ERROR(Validate(in, /*training=*/false));
     if (logits == nullptr) return absl::InvalidArgumentError("Tower::Forward: logits is null");
-    return RunForward(in, logits, nullptr);
+    return RunForward(WithOffsets(in), logits, nullptr);
   }
 
-  absl::StatusOr<double> ForwardBackward(const Input& in, float* row_grads, float* dense_grad,
-                                         float* logits) override {
-    RETURN_IF_ERROR(Validate(in, /*training=*/true));
+  absl::StatusOr<double> ForwardBackward(const Input& in_arg, float* row_grads,
+                                         float* dense_grad, float* logits) override {
+    RETURN_IF_ERROR(Validate(in_arg, /*training=*/true));
+    const Input in = WithOffsets(in_arg);
     if (row_grads == nullptr || dense_grad == nullptr) {
       return absl::InvalidArgumentError("Tower::ForwardBackward: null gradient buffer");
     }
@@ -87,7 +88,7 @@ class CtrTower : public Tower {
       ASSIGN_OR_RETURN(dx0, blocks_->Backward(in, g, dense_grad));
     }
     if (attention_ != nullptr) {
-      ASSIGN_OR_RETURN(dx0, attention_->Backward(in, dx0, dense_grad));
+      ASSIGN_OR_RETURN(dx0, attention_->Backward(in, dx0, g, sum_v, dense_grad));
     }
     const bool lists = in.offsets != nullptr;
     const int64_t num_entries = NumEntries(in);
@@ -144,6 +145,20 @@ class CtrTower : public Tower {
     return absl::OkStatus();
   }
 
+  // Target attention with the FM term takes the list path (its pooled vectors): a batch without
+  // offsets gets one entry per cell.
+  Input WithOffsets(const Input& in) {
+    if (attention_ == nullptr || !shape_.fm || in.offsets != nullptr || in.n == 0) return in;
+    const int64_t cells = static_cast<int64_t>(in.n) * shape_.num_fields;
+    if (static_cast<int64_t>(iota_.size()) < cells + 1) {
+      iota_ = AlignedArray<int32_t>(static_cast<size_t>(max_batch_) * shape_.num_fields + 1);
+      for (size_t i = 0; i < iota_.size(); ++i) iota_[i] = static_cast<int32_t>(i);
+    }
+    Input out = in;
+    out.offsets = iota_.data();
+    return out;
+  }
+
   int64_t NumEntries(const Input& in) const {
     const int64_t cells = static_cast<int64_t>(in.n) * shape_.num_fields;
     return in.offsets != nullptr ? in.offsets[cells] - in.offsets[0] : cells;
@@ -151,6 +166,8 @@ class CtrTower : public Tower {
 
   // logits = the model's output; sum_v (when not null) keeps the FM sums for backward.
   absl::Status RunForward(const Input& in, float* logits, float* sum_v) {
+    // Target attention with the FM term replaces pooled vectors in the FM sums (list path).
+    if (attention_ != nullptr && shape_.fm && sum_v == nullptr) sum_v = sum_v_.data();
     // oneDNN's OpenMP runtime and ParallelFor take the team size from this thread's ICV; towers
     // run on threads the trainer creates, so set it on every call (cheap).
     omp_set_num_threads(threads_);
@@ -176,7 +193,9 @@ class CtrTower : public Tower {
         SparseForward(shape_, in, in.dense[0], begin, end, logits, sum_v, x0_f32, x0_bf16);
       });
     }
-    if (attention_ != nullptr) RETURN_IF_ERROR(attention_->Forward(in, x0_f32, x0_bf16));
+    if (attention_ != nullptr) {
+      RETURN_IF_ERROR(attention_->Forward(in, x0_f32, x0_bf16, logits, sum_v, pooled_.data()));
+    }
     if (mlp_ != nullptr) RETURN_IF_ERROR(mlp_->Forward(in.n, in.dense, logits));
     if (blocks_ != nullptr) RETURN_IF_ERROR(blocks_->Forward(in, logits));
     return absl::OkStatus();
@@ -192,6 +211,7 @@ class CtrTower : public Tower {
   AlignedArray<float> z_, g_, sum_v_;
   AlignedArray<int32_t> entries_;  // [threads][entries of the slice]: each owner's entries
   AlignedArray<float> pooled_;     // [max_batch * F * k]: the list path's pooled x_f (fm)
+  AlignedArray<int32_t> iota_;     // 0, 1, 2, ...: offsets of one entry per cell (WithOffsets)
   std::vector<double> loss_part_;
 };
 
@@ -446,10 +466,11 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
   if (!attention_inputs_.empty()) {
     // Target attention (target_attention.h): its tensors follow "bias". The FM term would need
     // the attended vectors in its sums' backward, which the list kernels do not take (yet).
-    if (blocks.interaction() == ModelBlocks::FM_TERM) {
-      return bad("FM_TERM with target attention (list.attention_target) is not supported");
+    if (blocks.interaction() == ModelBlocks::FM_TERM && !mlp) {
+      return bad("FM_TERM with target attention (list.attention_target) needs the MLP (mlp: true)");
     }
     TargetAttention::Options opt;
+    opt.fm = blocks.interaction() == ModelBlocks::FM_TERM;
     opt.num_fields = F;
     opt.dim = k;
     for (const ModelInputs::Attention& a : attention_inputs_) {

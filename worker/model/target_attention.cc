@@ -58,7 +58,8 @@ int64_t TargetAttention::CellBegin(const Tower::Input& in, int64_t cell) const {
   return in.offsets != nullptr ? in.offsets[cell] - in.offsets[0] : cell;
 }
 
-absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16) {
+absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16,
+                                      float* logits, float* sum_v, float* pooled) {
   const int n = in.n, F = opt_.num_fields, k = opt_.dim;
   const int64_t rd = 1 + k, w4 = 4 * int64_t{k};
   if (n <= 0) return absl::OkStatus();
@@ -87,6 +88,7 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
     st.padded = P;
     Reserve(&st.u, P * w4);
     Reserve(&st.a, R);
+    if (opt_.fm) Reserve(&st.x, int64_t{n} * k);
     // u_i = [e, c, e - c, e * c]; the padded rows are zero.
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
@@ -145,6 +147,19 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
           for (int j = 0; j < k; ++j) x[j] += w * e[j];
         }
         const int64_t off = (b * F + fd.field) * k;
+        if (opt_.fm) {
+          // Replacing old by x in the FM sum S changes the term by sum_j (x - old)_j (S - old)_j.
+          float* S = sum_v + b * k;
+          const float* old = pooled + off;
+          float delta = 0.f;
+          for (int j = 0; j < k; ++j) {
+            const float d = x[j] - old[j];
+            delta += d * (S[j] - old[j]);
+            S[j] += d;
+          }
+          logits[b] += delta;
+          std::copy(x, x + k, st.x.data() + b * k);
+        }
         if (x0_f32 != nullptr) {
           std::copy(x, x + k, x0_f32 + off);
         } else {
@@ -153,10 +168,20 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
       }
     });
   }
+  if (opt_.fm) {
+    // The attended cells' "pooled" is the final sum: SparseBackwardLists' FM term for their
+    // entries, g_b (sum_v - pooled), is then zero.
+    for (const Field& fd : opt_.fields) {
+      for (int64_t b = 0; b < n; ++b) {
+        std::copy(sum_v + b * k, sum_v + (b + 1) * k, pooled + (b * F + fd.field) * k);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, const float* dx0,
+                                                       const float* g, const float* sum_v,
                                                        float* dense_grad) {
   const int n = in.n, F = opt_.num_fields, k = opt_.dim;
   const int64_t rd = 1 + k, w4 = 4 * int64_t{k};
@@ -184,8 +209,15 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
     // rows get d h_L = 0. da is kept in the a buffer's place: a is not needed after this.
     float* dh = dz_[0].data();
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      float dx_fm[kMaxEmbeddingDim];
       for (int64_t b = begin; b < end; ++b) {
         const float* dx = dx0 + (b * F + fd.field) * k;
+        if (opt_.fm) {
+          // d loss / d x_f = the MLP's + the FM term's g_b (sum_v - x_f).
+          const float* x = st.x.data() + b * k;
+          for (int j = 0; j < k; ++j) dx_fm[j] = dx[j] + g[b] * (sum_v[b * k + j] - x[j]);
+          dx = dx_fm;
+        }
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
           const int64_t i = st.entry[r];
           const float s = in.scales[i];

@@ -57,6 +57,7 @@ class TargetAttention {
     int num_fields = 0;  // F
     int dim = 0;         // k
     std::vector<Field> fields;
+    bool fm = false;  // the model has the FM term (then the MLP too: dx0 carries d c)
     int threads = 1;
   };
 
@@ -66,12 +67,18 @@ class TargetAttention {
 
   // Overwrites the attended fields' cells of x0 [n, F*k] (exactly one of x0_f32 / x0_bf16) with
   // x_f. Keeps what Backward needs. INVALID_ARGUMENT when a target cell holds other than one entry.
-  absl::Status Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16);
+  // With fm, after SparseForwardLists: logits[b] += the FM term's change when x_f replaces the
+  // combiner's pooled vector (pooled[(b*F+f)*k ...]), sum_v[b*k ...] becomes the attended sum,
+  // and the attended cells of pooled are set to it, so that SparseBackwardLists adds no FM term
+  // for their entries (Backward folds d FM / d x_f = g_b (sum_v - x_f) into dx_f instead).
+  absl::Status Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16, float* logits,
+                       float* sum_v, float* pooled);
 
   // After Forward(in): ADDS the attention MLPs' gradients into dense_grad and returns dx0 adjusted
   // for the sparse backward (see above), [n, F*k], valid until the next call.
-  absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* dx0,
-                                        float* dense_grad);
+  // With fm, g[n] and sum_v (Forward's) add the FM term's gradient.
+  absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* dx0, const float* g,
+                                        const float* sum_v, float* dense_grad);
 
   // After Backward: adds d e_i into row_grads[slot_i * (1 + k) + 1 ...] for the attended entries
   // whose slot OwnerOfSlot(slot, owners) gives to `owner`, in entry order. Concurrent calls with
@@ -88,6 +95,7 @@ class TargetAttention {
     std::vector<AlignedArray<float>> h;  // [padded, out_l] after ReLU
     AlignedArray<float> a;            // [R]
     AlignedArray<float> de;           // [R, k]: d e_i after Backward
+    AlignedArray<float> x;            // [n, k]: x_f (fm)
   };
   explicit TargetAttention(const Options& options) : opt_(options) {}
   int64_t CellBegin(const Tower::Input& in, int64_t cell) const;

@@ -34,6 +34,14 @@ ModelConfig ModelCfg(ModelType type, int k, float l2 = 0.f) {
   return config;
 }
 
+// DeepFM's blocks (FM_TERM + MLP) under the grammar: the FM term takes the attended vector.
+ModelConfig DeepFmBlocks(int k, float l2 = 0.f) {
+  ModelConfig config = ModelCfg(BLOCKS, k, l2);
+  config.mutable_blocks()->set_interaction(ModelBlocks::FM_TERM);
+  config.mutable_blocks()->set_mlp(true);
+  return config;
+}
+
 ModelInputs Inputs(std::vector<int> hidden = {36}, bool two_lists = false) {
   ModelInputs inputs;
   inputs.num_fields = kFields;
@@ -165,13 +173,13 @@ TEST(TargetAttentionTest, TheAttentionMlpJoinsTheDenseVectorAfterTheBias) {
 
 // ---- Forward against the reference ------------------------------------------------------------
 
-using ForwardParam = std::tuple<Isa, int /*k*/, int /*n*/>;
+using ForwardParam = std::tuple<Isa, int /*k*/, int /*n*/, bool /*fm*/>;
 class TargetAttentionForwardTest : public ::testing::TestWithParam<ForwardParam> {};
 
 TEST_P(TargetAttentionForwardTest, MatchesReference) {
-  const auto [isa, k, n] = GetParam();
+  const auto [isa, k, n, fm] = GetParam();
   PSTRAIN_SCOPED_KERNEL_ISA(isa);
-  const ModelConfig config = ModelCfg(DIN, k);
+  const ModelConfig config = fm ? DeepFmBlocks(k) : ModelCfg(DIN, k);
   auto model = Model::Create(config, Inputs({36}, /*two_lists=*/true));
   ASSERT_TRUE(model.ok()) << model.status();
   const Slice s = MakeSlice(**model, n, 12, 3 + n + k);
@@ -185,11 +193,12 @@ TEST_P(TargetAttentionForwardTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Paths, TargetAttentionForwardTest,
                          ::testing::Combine(::testing::Values(Isa::kAvx2, Isa::kAvx512Core),
                                             ::testing::Values(3, 8, 16),
-                                            ::testing::Values(1, 9, 300)),
+                                            ::testing::Values(1, 9, 300), ::testing::Bool()),
                          [](const auto& info) {
                            return absl::StrCat(IsaName(std::get<0>(info.param)), "_k",
                                                std::get<1>(info.param), "_n",
-                                               std::get<2>(info.param));
+                                               std::get<2>(info.param),
+                                               std::get<3>(info.param) ? "_fm" : "");
                          });
 
 // The attended vector reaches the grammar's other dense blocks as well.
@@ -205,14 +214,15 @@ TEST(TargetAttentionTest, CrossAndDotModelsAttendToo) {
 
 // ---- Gradients against finite differences of the reference -----------------------------------
 
-using GradParam = std::tuple<Isa, int /*k*/, float /*l2*/, int /*threads*/, bool /*two layers*/>;
+using GradParam =
+    std::tuple<Isa, int /*k*/, float /*l2*/, int /*threads*/, bool /*two layers*/, bool /*fm*/>;
 class TargetAttentionGradientTest : public ::testing::TestWithParam<GradParam> {};
 
 TEST_P(TargetAttentionGradientTest, MatchesCentralDifferences) {
-  const auto [isa, k, l2, threads, two_layers] = GetParam();
+  const auto [isa, k, l2, threads, two_layers, fm] = GetParam();
   PSTRAIN_SCOPED_KERNEL_ISA(isa);
   const int n = 6;
-  const ModelConfig config = ModelCfg(DIN, k, l2);
+  const ModelConfig config = fm ? DeepFmBlocks(k, l2) : ModelCfg(DIN, k, l2);
   auto model = Model::Create(config, Inputs(two_layers ? std::vector<int>{6, 5}
                                                        : std::vector<int>{7},
                                             /*two_lists=*/two_layers));
@@ -257,11 +267,12 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, TargetAttentionGradientTest,
     ::testing::Combine(::testing::Values(Isa::kAvx2, Isa::kAvx512Core), ::testing::Values(3, 8),
                        ::testing::Values(0.f, 0.5f), ::testing::Values(1, 3),
-                       ::testing::Bool()),
+                       ::testing::Bool(), ::testing::Bool()),
     [](const auto& info) {
       return absl::StrCat(IsaName(std::get<0>(info.param)), "_k", std::get<1>(info.param),
                           std::get<2>(info.param) > 0 ? "_l2" : "", "_t", std::get<3>(info.param),
-                          std::get<4>(info.param) ? "_two_layers" : "");
+                          std::get<4>(info.param) ? "_two_layers" : "",
+                          std::get<5>(info.param) ? "_fm" : "");
     });
 
 // ---- Determinism, special lists ---------------------------------------------------------------
@@ -269,8 +280,11 @@ INSTANTIATE_TEST_SUITE_P(
 // Row gradients (history and candidate rows shared, many duplicates) and logits are the same to
 // the bit for 1, 2 and 3 threads: the owner partition sums each row in one order.
 TEST(TargetAttentionTest, RowGradientsAreBitIdenticalOverThreadCounts) {
+  for (bool fm : {false, true}) {
+  SCOPED_TRACE(fm ? "FM_TERM + MLP" : "DIN");
   const int n = 300;
-  auto model = Model::Create(ModelCfg(DIN, 16, 0.1f), Inputs({36}, /*two_lists=*/true));
+  auto model = Model::Create(fm ? DeepFmBlocks(16, 0.1f) : ModelCfg(DIN, 16, 0.1f),
+                             Inputs({36}, /*two_lists=*/true));
   ASSERT_TRUE(model.ok());
   Slice s = MakeSlice(**model, n, 20, 21);
   s.rows_used = 40;
@@ -285,6 +299,7 @@ TEST(TargetAttentionTest, RowGradientsAreBitIdenticalOverThreadCounts) {
       ASSERT_NEAR(t.dense[i], one.dense[i], 1e-5 * (1 + std::fabs(one.dense[i])))
           << threads << " threads, dense " << i;
     }
+  }
   }
 }
 
@@ -366,6 +381,31 @@ TEST(TargetAttentionTest, Bf16PrecisionWritesTheAttendedVectorInBf16) {
   ExpectMatchesReference(f32, **a, s, want);
 }
 
+// A batch without offsets (one entry per cell) gives what the same batch with explicit offsets
+// gives, also when the FM term takes the list path for the attention (the tower's own offsets).
+TEST(TargetAttentionTest, BatchesWithoutOffsetsMatchOneEntryLists) {
+  for (bool fm : {false, true}) {
+    const ModelConfig config = fm ? DeepFmBlocks(8) : ModelCfg(DIN, 8);
+    auto model = Model::Create(config, Inputs());
+    ASSERT_TRUE(model.ok());
+    const Slice s = MakeSlice(**model, 25, 1, 17);  // every cell one entry
+    const Grads with = RunTower(**model, s, 2);
+    Slice plain = s;
+    Tower::Input in = plain.input();
+    in.offsets = nullptr;
+    auto tower = (*model)->CreateTower(s.n, 2);
+    ASSERT_TRUE(tower.ok());
+    Grads without;
+    without.logits.assign(s.n, 0.f);
+    without.rows.assign(s.rows.size(), 0.f);
+    without.dense.assign(s.dense.size(), 0.f);
+    ASSERT_TRUE((*tower)->ForwardBackward(in, without.rows.data(), without.dense.data(),
+                                          without.logits.data()).ok());
+    EXPECT_EQ(without.logits, with.logits) << fm;
+    EXPECT_EQ(without.rows, with.rows) << fm;
+  }
+}
+
 TEST(TargetAttentionTest, ATargetWithOtherThanOneEntryIsRefused) {
   auto model = Model::Create(ModelCfg(DIN, 4), Inputs());
   ASSERT_TRUE(model.ok());
@@ -389,8 +429,10 @@ TEST(TargetAttentionTest, ModelTypesThatCannotAttendAreRefused) {
     EXPECT_NE(model.status().message().find("target attention"), std::string::npos)
         << model.status();
   }
-  ModelConfig fm = ModelCfg(BLOCKS, 4);
-  fm.mutable_blocks()->set_interaction(ModelBlocks::FM_TERM);
+  // The FM term takes the attended vector only with the MLP (which carries d c).
+  ModelConfig fm = DeepFmBlocks(4);
+  EXPECT_TRUE(Model::Create(fm, Inputs()).ok());
+  fm.mutable_blocks()->set_mlp(false);
   auto model = Model::Create(fm, Inputs());
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find("FM_TERM"), std::string::npos) << model.status();
