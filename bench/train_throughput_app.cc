@@ -39,6 +39,7 @@
 #include "common/flags.h"
 #include "common/json_writer.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/model/isa.h"
 #include "worker/model/model.h"
 #include "worker/params/local_params.h"
@@ -125,7 +126,7 @@ int Main(int argc, char** argv) {
       Config config = *base;
       config.mutable_model()->set_precision(prec == "bf16" ? BF16 : F32);
       auto model = Model::Create(config.model(),
-                                 ModelInputs{spec->num_fields(), spec->DenseNumericFields()});
+                                 ModelInputsOf(*spec));
       if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
       // stale: as RunTraining with train.async_local_updates (one thread for pulls and pushes).
       const bool prefetch = mode == "stale";

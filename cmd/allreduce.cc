@@ -29,6 +29,7 @@
 #include "worker/allreduce/replica_memory.h"
 #include "worker/data/feature_spec.h"
 #include "worker/data/file_list.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/model/model.h"
 #include "worker/train/trainer.h"
 
@@ -123,7 +124,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   if (!thread_note.empty() && rank == 0) std::fprintf(stderr, "pstrain allreduce: %s\n", thread_note.c_str());
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   AllreduceOptions ao;
   ASSIGN_OR_RETURN(ao.replica_budget_bytes,
                    CheckReplicaFits(config, spec, *model, rank, size, memory_check));

@@ -24,6 +24,7 @@ struct DatagenFlags {
   std::string high_cardinality_fields;
   std::string history_item_field = "C3";
   std::string interaction = "fm";
+  std::string history_pooling = "mean";
 };
 
 void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
@@ -68,6 +69,10 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
                 "the categorical field whose ids (and rows) the history shares (C1..C26)");
   flags->Double("history_importance", &options.history_importance,
                 "weight of the pooled history in the teacher's first-order and FM terms");
+  flags->String("history_pooling", &f->history_pooling,
+                "how the teacher pools the history: mean (the default) or attention (each id "
+                "weighted by its similarity to the row's item: docs/DATAGEN.md \"A history "
+                "field\")");
   flags->String("interaction", &f->interaction,
                 "the teacher's second-order term: fm (DeepFM-like, the default), cross (a "
                 "low-rank DCN-v2 cross layer) or dot (DLRM's pairwise dots, a weight per field "
@@ -115,6 +120,12 @@ int RunDatagen(int argc, char** argv) {
                         2);
   }
   options.history_item_field = item->front();
+  if (f.history_pooling != "mean" && f.history_pooling != "attention") {
+    return CommandError("datagen", absl::StrCat("--history_pooling: '", f.history_pooling,
+                                                "', expected mean or attention"),
+                        2);
+  }
+  options.history_attention = f.history_pooling == "attention";
   auto interaction = ParseTeacherInteraction(f.interaction);
   if (!interaction.ok()) {
     return CommandError("datagen", absl::StrCat("--interaction: ", interaction.status().message()),

@@ -10,6 +10,7 @@
 #include "common/rpc/security.h"
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/model/model.h"
 #include "worker/train/checkpoint.h"
 
@@ -18,7 +19,7 @@ namespace pstrain {
 absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
                                                         int num_shards, ShardShape shape) {
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();
   const int row_dim = shape.row_dim > 0 ? shape.row_dim : model->row_dim();

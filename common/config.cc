@@ -234,13 +234,21 @@ absl::Status ValidateConfig(const Config& c) {
   if (m.has_blocks()) {
     // The block grammar (ModelBlocks); the model checks the sizes that depend on the fields.
     const ModelBlocks& b = m.blocks();
-    if (m.type() != DCN_V2 && m.type() != DLRM && m.type() != BLOCKS) return bad("model.blocks", absl::StrCat("is for model.type DCN_V2, DLRM or BLOCKS; ", ModelType_Name(m.type()), " is a fixed preset"));
+    if (m.type() != DCN_V2 && m.type() != DLRM && m.type() != BLOCKS && m.type() != DIN) return bad("model.blocks", absl::StrCat("is for model.type DCN_V2, DLRM, DIN or BLOCKS; ", ModelType_Name(m.type()), " is a fixed preset"));
     if (b.has_cross_layers() && (b.cross_layers() < 1 || b.cross_layers() > 16)) return bad("model.blocks.cross_layers", absl::StrCat("must be in [1, 16], got ", b.cross_layers()));
     if (b.cross_rank() < 0) return bad("model.blocks.cross_rank", absl::StrCat("must be >= 0 (0 = full rank), got ", b.cross_rank()));
     if (b.bottom_hidden_size() > kMaxHiddenLayers) return bad("model.blocks.bottom_hidden", absl::StrCat("at most ", kMaxHiddenLayers, " layers, got ", b.bottom_hidden_size()));
     for (int i = 0; i < b.bottom_hidden_size(); ++i) {
       if (b.bottom_hidden(i) <= 0 || b.bottom_hidden(i) > kMaxLayerWidth) return bad(absl::StrCat("model.blocks.bottom_hidden[", i, "]"), absl::StrCat("must be in [1, ", kMaxLayerWidth, "], got ", b.bottom_hidden(i)));
     }
+  }
+  // Target attention (ListSpec.attention_target; the feature spec checks the target field).
+  for (int i = 0; i < c.features().field_size(); ++i) {
+    const FieldSpec& fs = c.features().field(i);
+    if (!fs.has_list() || !fs.list().has_attention_target()) continue;
+    const std::string path = absl::StrCat("features.field[", i, "] ('", fs.name(), "').list.attention_target");
+    if (m.type() == LR || m.type() == FM || m.type() == DEEPFM || m.type() == WIDE_DEEP) return bad(path, absl::StrCat("model.type ", ModelType_Name(m.type()), " cannot pool by target attention; expected DIN, or DCN_V2, DLRM or BLOCKS without FM_TERM (docs/CONFIG.md \"DIN\")"));
+    if (m.blocks().interaction() == ModelBlocks::FM_TERM && m.blocks().has_mlp() && !m.blocks().mlp()) return bad(path, "the FM_TERM interaction takes an attended field only with the MLP (blocks.mlp: true)");
   }
   if (c.train().has_warm_start() && c.train().warm_start().from().empty()) {
     return bad("train.warm_start.from", "must name a model dir or a checkpoint (--warm_start_from)");

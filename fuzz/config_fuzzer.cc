@@ -23,6 +23,7 @@
 #include "common/config.h"
 #include "fuzz/fuzz_util.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/model/model.h"
 
 namespace {
@@ -37,9 +38,8 @@ constexpr int kTowerBatch = 64;
 void Build(const Config& config) {
   auto spec = FeatureSpec::Create(config.features());
   if (!spec.ok()) return;
-  // With the DENSE numeric fields, as every caller: DLRM's bottom MLP is built over them.
-  auto model =
-      Model::Create(config.model(), ModelInputs{spec->num_fields(), spec->DenseNumericFields()});
+  // With the DENSE numeric and attention fields, as every caller (ModelInputsOf).
+  auto model = Model::Create(config.model(), ModelInputsOf(*spec));
   if (!model.ok()) return;
   const int64_t dense = (*model)->dense_size();
   if (dense > kBuildDenseFloats) return;

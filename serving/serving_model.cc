@@ -12,6 +12,7 @@
 #include "ps/store/optimizer.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
+#include "worker/eval/model_inputs.h"
 
 namespace pstrain {
 namespace {
@@ -21,8 +22,7 @@ namespace {
 absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription& description) {
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(description.features()));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                   Model::Create(description.model(),
-                                 ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+                   Model::Create(description.model(), ModelInputsOf(spec)));
   Shape shape;
   shape.table_rows = static_cast<int64_t>(spec.total_rows());
   shape.row_dim = model->row_dim();
@@ -42,9 +42,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
   m->description_ = description;
   m->origin_ = std::move(origin);
   ASSIGN_OR_RETURN(m->spec_, FeatureSpec::Create(description.features()));
-  ASSIGN_OR_RETURN(m->model_,
-                   Model::Create(description.model(), ModelInputs{m->spec_.num_fields(),
-                                                                  m->spec_.DenseNumericFields()}));
+  ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), ModelInputsOf(m->spec_)));
   OptimizerConfig none;
   none.set_type(SGD);  // no optimizer state is kept: SGD's is empty
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(none));

@@ -132,6 +132,48 @@ absl::StatusOr<FeatureSpec> FeatureSpec::Create(const FeatureConfig& config) {
     f.rows = t.rows;
     f.seed = t.seed;
   }
+  // Target attention (list.attention_target): the target is another single-valued CATEGORICAL
+  // field of the same embedding dimension (every field has the model's).
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].has_list() || !specs[i].list().has_attention_target()) continue;
+    const std::string& name = specs[i].name();
+    const std::string& target = specs[i].list().attention_target();
+    const std::string where = absl::StrCat("config features field '", name,
+                                           "' list.attention_target '", target, "'");
+    int t = -1;
+    for (size_t j = 0; j < specs.size(); ++j) {
+      if (specs[j].name() == target) t = static_cast<int>(j);
+    }
+    if (t < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": no such field"));
+    if (t == static_cast<int>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": names the field itself"));
+    }
+    if (specs[t].has_list()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the target holds lists; expected a single-valued CATEGORICAL field"));
+    }
+    if (specs[t].kind() != CATEGORICAL) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the target is NUMERIC; expected a single-valued CATEGORICAL field"));
+    }
+    Field& f = spec.fields_[i];
+    f.attention_target = t;
+    f.attention_hidden.assign(specs[i].list().attention_hidden().begin(),
+                              specs[i].list().attention_hidden().end());
+    if (f.attention_hidden.empty()) f.attention_hidden = {36};
+    for (size_t l = 0; l < f.attention_hidden.size(); ++l) {
+      if (f.attention_hidden[l] <= 0 || f.attention_hidden[l] > 4096) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config features field '", name, "' list.attention_hidden[", l, "]: ",
+            f.attention_hidden[l], ", expected 1..4096"));
+      }
+    }
+    if (f.attention_hidden.size() > 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config features field '", name, "' list.attention_hidden: ",
+          f.attention_hidden.size(), " layers, expected at most 16"));
+    }
+  }
   spec.total_rows_ = offset;
   for (const Field& f : spec.fields_) {
     if (f.weights_key.empty()) continue;
@@ -163,6 +205,10 @@ FeatureConfig FeatureSpec::Resolved() const {
       l->set_overflow(f.overflow);
       l->set_separator(f.separator);
       if (!f.weights_key.empty()) l->set_weights_key(f.weights_key);
+      if (f.attention_target >= 0) {
+        l->set_attention_target(fields_[f.attention_target].name);
+        for (int w : f.attention_hidden) l->add_attention_hidden(w);
+      }
     }
     if (f.shares_rows_of >= 0) fs->set_share_rows_with(fields_[f.shares_rows_of].name);
   }

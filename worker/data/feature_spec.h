@@ -44,6 +44,10 @@ class FeatureSpec {
     std::string separator;
     std::string weights_key;
     int shares_rows_of = -1;  // the field whose slice this one uses (share_rows_with), or -1
+    // list.attention_target: the target field's index, or -1 (combiner pooling), and the
+    // attention MLP's widths (36 when the config lists none).
+    int attention_target = -1;
+    std::vector<int> attention_hidden;
   };
 
   // Expands the preset, applies explicit fields, assigns offsets. Errors name the field path.

@@ -23,6 +23,7 @@
 #include "worker/model/mlp.h"
 #include "worker/model/model.h"
 #include "worker/model/simd.h"
+#include "worker/model/target_attention.h"
 
 namespace pstrain {
 namespace {
@@ -35,13 +36,14 @@ namespace {
 class CtrTower : public Tower {
  public:
   CtrTower(const SparseShape& shape, float l2, int max_batch, int threads, std::unique_ptr<Mlp> mlp,
-           std::unique_ptr<DenseBlocks> blocks)
+           std::unique_ptr<DenseBlocks> blocks, std::unique_ptr<TargetAttention> attention)
       : shape_(shape),
         l2_(l2),
         max_batch_(max_batch),
         threads_(threads),
         mlp_(std::move(mlp)),
         blocks_(std::move(blocks)),
+        attention_(std::move(attention)),
         z_(max_batch),
         g_(max_batch),
         sum_v_(shape.fm ? static_cast<size_t>(max_batch) * shape.dim : 0),
@@ -51,12 +53,13 @@ class CtrTower : public Tower {
   absl::Status Forward(const Input& in, float* logits) override {
     RETURN_IF_ERROR(Validate(in, /*training=*/false));
     if (logits == nullptr) return absl::InvalidArgumentError("Tower::Forward: logits is null");
-    return RunForward(in, logits, nullptr);
+    return RunForward(WithOffsets(in), logits, nullptr);
   }
 
-  absl::StatusOr<double> ForwardBackward(const Input& in, float* row_grads, float* dense_grad,
-                                         float* logits) override {
-    RETURN_IF_ERROR(Validate(in, /*training=*/true));
+  absl::StatusOr<double> ForwardBackward(const Input& in_arg, float* row_grads,
+                                         float* dense_grad, float* logits) override {
+    RETURN_IF_ERROR(Validate(in_arg, /*training=*/true));
+    const Input in = WithOffsets(in_arg);
     if (row_grads == nullptr || dense_grad == nullptr) {
       return absl::InvalidArgumentError("Tower::ForwardBackward: null gradient buffer");
     }
@@ -84,6 +87,9 @@ class CtrTower : public Tower {
     } else if (blocks_ != nullptr) {
       ASSIGN_OR_RETURN(dx0, blocks_->Backward(in, g, dense_grad));
     }
+    if (attention_ != nullptr) {
+      ASSIGN_OR_RETURN(dx0, attention_->Backward(in, dx0, g, sum_v, dense_grad));
+    }
     const bool lists = in.offsets != nullptr;
     const int64_t num_entries = NumEntries(in);
     auto backward = [&](const int32_t* entries, int64_t count) {
@@ -96,6 +102,7 @@ class CtrTower : public Tower {
     };
     if (threads_ == 1) {
       backward(nullptr, num_entries);
+      if (attention_ != nullptr) attention_->AddRowGrads(in, 0, 1, row_grads);
     } else {
       // Each owner's entries (a list batch may hold more entries than max_batch * F).
       if (entries_.size() < static_cast<size_t>(threads_) * num_entries) {
@@ -107,6 +114,10 @@ class CtrTower : public Tower {
           const int64_t count =
               SelectOwnedEntries(in.slots, num_entries, static_cast<int>(owner), threads_, mine);
           backward(mine, count);
+          // The attended entries' d e_i, after the sparse backward's terms: one order per row.
+          if (attention_ != nullptr) {
+            attention_->AddRowGrads(in, static_cast<int>(owner), threads_, row_grads);
+          }
         }
       });
     }
@@ -134,6 +145,20 @@ class CtrTower : public Tower {
     return absl::OkStatus();
   }
 
+  // Target attention with the FM term takes the list path (its pooled vectors): a batch without
+  // offsets gets one entry per cell.
+  Input WithOffsets(const Input& in) {
+    if (attention_ == nullptr || !shape_.fm || in.offsets != nullptr || in.n == 0) return in;
+    const int64_t cells = static_cast<int64_t>(in.n) * shape_.num_fields;
+    if (static_cast<int64_t>(iota_.size()) < cells + 1) {
+      iota_ = AlignedArray<int32_t>(static_cast<size_t>(max_batch_) * shape_.num_fields + 1);
+      for (size_t i = 0; i < iota_.size(); ++i) iota_[i] = static_cast<int32_t>(i);
+    }
+    Input out = in;
+    out.offsets = iota_.data();
+    return out;
+  }
+
   int64_t NumEntries(const Input& in) const {
     const int64_t cells = static_cast<int64_t>(in.n) * shape_.num_fields;
     return in.offsets != nullptr ? in.offsets[cells] - in.offsets[0] : cells;
@@ -141,6 +166,8 @@ class CtrTower : public Tower {
 
   // logits = the model's output; sum_v (when not null) keeps the FM sums for backward.
   absl::Status RunForward(const Input& in, float* logits, float* sum_v) {
+    // Target attention with the FM term replaces pooled vectors in the FM sums (list path).
+    if (attention_ != nullptr && shape_.fm && sum_v == nullptr) sum_v = sum_v_.data();
     // oneDNN's OpenMP runtime and ParallelFor take the team size from this thread's ICV; towers
     // run on threads the trainer creates, so set it on every call (cheap).
     omp_set_num_threads(threads_);
@@ -166,6 +193,9 @@ class CtrTower : public Tower {
         SparseForward(shape_, in, in.dense[0], begin, end, logits, sum_v, x0_f32, x0_bf16);
       });
     }
+    if (attention_ != nullptr) {
+      RETURN_IF_ERROR(attention_->Forward(in, x0_f32, x0_bf16, logits, sum_v, pooled_.data()));
+    }
     if (mlp_ != nullptr) RETURN_IF_ERROR(mlp_->Forward(in.n, in.dense, logits));
     if (blocks_ != nullptr) RETURN_IF_ERROR(blocks_->Forward(in, logits));
     return absl::OkStatus();
@@ -177,9 +207,11 @@ class CtrTower : public Tower {
   const int threads_;
   std::unique_ptr<Mlp> mlp_;             // the MLP on x0: DEEPFM, WIDE_DEEP (and such BLOCKS)
   std::unique_ptr<DenseBlocks> blocks_;  // instead: CROSS_V2 or DOT models
+  std::unique_ptr<TargetAttention> attention_;  // list fields pooled by target attention (DIN)
   AlignedArray<float> z_, g_, sum_v_;
   AlignedArray<int32_t> entries_;  // [threads][entries of the slice]: each owner's entries
   AlignedArray<float> pooled_;     // [max_batch * F * k]: the list path's pooled x_f (fm)
+  AlignedArray<int32_t> iota_;     // 0, 1, 2, ...: offsets of one entry per cell (WithOffsets)
   std::vector<double> loss_part_;
 };
 
@@ -191,6 +223,9 @@ class CtrModel : public Model {
   int num_fields() const override { return shape_.num_fields; }
   int embedding_dim() const override { return shape_.dim; }
   const std::vector<int>& dense_fields() const override { return dense_fields_; }
+  const std::vector<ModelInputs::Attention>& attention() const override {
+    return attention_inputs_;
+  }
   int64_t dense_size() const override { return dense_size_; }
   const std::vector<DenseTensor>& dense_layout() const override { return layout_; }
   double flops_per_example() const override { return flops_; }
@@ -249,9 +284,15 @@ class CtrModel : public Model {
     } else if (mlp_options.has_value()) {
       ASSIGN_OR_RETURN(mlp, Mlp::Create(*mlp_options));
     }
+    std::unique_ptr<TargetAttention> attention;
+    if (attention_.has_value()) {
+      TargetAttention::Options opt = *attention_;
+      opt.threads = intra_op_threads;
+      ASSIGN_OR_RETURN(attention, TargetAttention::Create(opt));
+    }
     return std::unique_ptr<Tower>(new CtrTower(shape_, config_.embedding_l2(), max_batch,
                                                intra_op_threads, std::move(mlp),
-                                               std::move(blocks)));
+                                               std::move(blocks), std::move(attention)));
   }
 
  private:
@@ -278,11 +319,15 @@ class CtrModel : public Model {
   std::vector<Mlp::Layer> hidden_;
   int64_t out_w_ = 0;
   std::optional<DenseBlocks::Options> blocks_;  // CROSS_V2 and DOT models
+  std::vector<ModelInputs::Attention> attention_inputs_;
+  std::optional<TargetAttention::Options> attention_;  // list.attention_target fields
   int64_t dense_size_ = 0;
   double flops_ = 0;
 };
 
-bool IsBlockType(ModelType type) { return type == DCN_V2 || type == DLRM || type == BLOCKS; }
+bool IsBlockType(ModelType type) {
+  return type == DCN_V2 || type == DLRM || type == BLOCKS || type == DIN;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
                                                       const ModelInputs& inputs) {
@@ -306,6 +351,24 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
     }
   }
   model->dense_fields_ = inputs.dense_fields;
+  for (size_t i = 0; i < inputs.attention.size(); ++i) {
+    const ModelInputs::Attention& a = inputs.attention[i];
+    if (a.field < 0 || a.field >= num_fields || a.target < 0 || a.target >= num_fields ||
+        a.field == a.target || a.hidden.empty() ||
+        (i > 0 && a.field <= inputs.attention[i - 1].field)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: attention ", i, " (field ", a.field, ", target ", a.target,
+          "), expected increasing distinct fields in [0, ", num_fields, ") and hidden layers"));
+    }
+  }
+  if (!inputs.attention.empty() && !IsBlockType(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: field ", inputs.attention[0].field,
+        " is pooled by target attention (list.attention_target), which model.type ",
+        ModelType_Name(type),
+        " cannot use; expected DIN, or DCN_V2, DLRM or BLOCKS without FM_TERM"));
+  }
+  model->attention_inputs_ = inputs.attention;
   shape.num_fields = num_fields;
   // LR has no embedding: its rows are just [w].
   shape.dim = type == LR ? 0 : config.embedding_dim();
@@ -391,6 +454,51 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
   dense_size_ = 0;
   RETURN_IF_ERROR(Add("bias", {1}));
   double flops = 4.0 * F;
+  if (resolved.type() == DIN && blocks.interaction() != ModelBlocks::NO_INTERACTION) {
+    return bad(absl::StrCat("interaction ", ModelBlocks::Interaction_Name(blocks.interaction()),
+                            " contradicts model.type DIN; use type BLOCKS to choose it"));
+  }
+  if (resolved.type() == DIN && attention_inputs_.empty()) {
+    return absl::InvalidArgumentError(
+        "model.type DIN: no list field has list.attention_target; expected the history field "
+        "to name its candidate field (docs/CONFIG.md \"DIN\")");
+  }
+  if (!attention_inputs_.empty()) {
+    // Target attention (target_attention.h): its tensors follow "bias". The FM term would need
+    // the attended vectors in its sums' backward, which the list kernels do not take (yet).
+    if (blocks.interaction() == ModelBlocks::FM_TERM && !mlp) {
+      return bad("FM_TERM with target attention (list.attention_target) needs the MLP (mlp: true)");
+    }
+    TargetAttention::Options opt;
+    opt.fm = blocks.interaction() == ModelBlocks::FM_TERM;
+    opt.num_fields = F;
+    opt.dim = k;
+    for (const ModelInputs::Attention& a : attention_inputs_) {
+      TargetAttention::Field fd;
+      fd.field = a.field;
+      fd.target = a.target;
+      int64_t in = 4 * int64_t{k};
+      for (size_t l = 0; l < a.hidden.size(); ++l) {
+        const int out = a.hidden[l];
+        if (out <= 0 || out > 65536) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "model: field ", a.field, " attention_hidden[", l, "] is ", out, ", expected 1..65536"));
+        }
+        const std::string name = absl::StrCat("att", a.field, "/mlp", l);
+        const int64_t w = dense_size_;
+        RETURN_IF_ERROR(Add(name + "/w", {in, out}));
+        fd.hidden.push_back({static_cast<int>(in), out, w, dense_size_});
+        RETURN_IF_ERROR(Add(name + "/b", {out}));
+        in = out;
+      }
+      fd.out_w = dense_size_;
+      RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/w"), {in, 1}));
+      fd.out_b = dense_size_;
+      RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/b"), {1}));
+      opt.fields.push_back(std::move(fd));
+    }
+    attention_ = std::move(opt);
+  }
   int64_t mlp_in = D;
   if ((resolved.type() == DCN_V2 && blocks.interaction() != ModelBlocks::CROSS_V2) ||
       (resolved.type() == DLRM && blocks.interaction() != ModelBlocks::DOT)) {
@@ -531,6 +639,9 @@ ModelConfig ResolveModelConfig(const ModelConfig& config) {
         break;
       case DLRM:
         b.set_interaction(ModelBlocks::DOT);
+        break;
+      case DIN:
+        b.set_interaction(ModelBlocks::NO_INTERACTION);
         break;
       default:
         b.set_interaction(in.interaction());

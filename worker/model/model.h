@@ -20,6 +20,9 @@
 // dot_interaction.h), composed by dense_blocks.h; DCN_V2 and DLRM are presets of it, BLOCKS takes
 // the blocks as given. Their tensors ("cross<l>/w", "bottom<l>/w", ...) join the dense vector
 // before the MLP's.
+// A list field may be pooled by DIN's target attention against another field instead of by its
+// combiner (ModelInputs::attention, target_attention.h); DIN is the preset NO_INTERACTION + MLP
+// with such fields, whose "att<f>/..." tensors follow "bias".
 // The MLP is ReLU hidden layers (ModelConfig.hidden, empty = 400,400,400) and a 1-unit linear
 // output; its weights "mlpI/w" are [in, out] row-major (element (i, o) at offset + i*out + o),
 // "out/w" is [in, 1]. Precision BF16 runs the MLP's matmuls in bf16 (AMX / AVX512-BF16 through
@@ -106,6 +109,14 @@ struct ModelInputs {
   // The NUMERIC fields with numeric_mode DENSE, increasing: their values (Tower::Input scales)
   // feed DLRM's bottom MLP. Other models ignore them.
   std::vector<int> dense_fields;
+  // The list fields pooled by target attention (ListSpec.attention_target; target_attention.h):
+  // field f attends against the single-valued field target through ReLU layers `hidden`.
+  struct Attention {
+    int field = 0;
+    int target = 0;
+    std::vector<int> hidden;
+  };
+  std::vector<Attention> attention;
 };
 
 // Immutable after Create; safe to share across towers.
@@ -122,6 +133,8 @@ class Model {
   virtual int embedding_dim() const = 0;
   // ModelInputs::dense_fields as Create got them.
   virtual const std::vector<int>& dense_fields() const = 0;
+  // ModelInputs::attention as Create got them (empty for the model types that cannot use it).
+  virtual const std::vector<ModelInputs::Attention>& attention() const = 0;
   int row_dim() const { return 1 + embedding_dim(); }
   virtual int64_t dense_size() const = 0;
   virtual const std::vector<DenseTensor>& dense_layout() const = 0;

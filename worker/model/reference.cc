@@ -67,7 +67,7 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
   const int F = model.num_fields(), k = model.embedding_dim(), rd = model.row_dim();
   const ModelConfig resolved = ResolveModelConfig(config);
   const ModelType type = resolved.type();
-  const bool grammar = type == DCN_V2 || type == DLRM || type == BLOCKS;
+  const bool grammar = type == DCN_V2 || type == DLRM || type == BLOCKS || type == DIN;
   const ModelBlocks::Interaction interaction = resolved.blocks().interaction();
   const bool fm = type == DEEPFM || type == FM ||
                   (grammar && interaction == ModelBlocks::FM_TERM);
@@ -92,6 +92,32 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
         z += s * row[0];
         for (int j = 0; j < k; ++j) x[f * k + j] += s * row[1 + j];
       }
+    }
+    // Target attention (target_attention.h): x_f = sum_i s_i a_i e_i, a_i = MLP_att([e, c, e - c,
+    // e * c]), c = x_t (the target holds one entry). The first-order term keeps the sum above.
+    for (const ModelInputs::Attention& att : model.attention()) {
+      const int f = att.field, t = att.target;
+      const int64_t e = static_cast<int64_t>(b) * F + f;
+      const int64_t lo = in.offsets != nullptr ? in.offsets[e] - in.offsets[0] : e;
+      const int64_t hi = in.offsets != nullptr ? in.offsets[e + 1] - in.offsets[0] : e + 1;
+      std::vector<double> pooled(k, 0.0);
+      for (int64_t i = lo; i < hi; ++i) {
+        const double* v = in.rows + static_cast<int64_t>(in.slots[i]) * rd + 1;
+        std::vector<double> u(4 * static_cast<size_t>(k));
+        for (int j = 0; j < k; ++j) {
+          const double c = x[t * k + j];
+          u[j] = v[j];
+          u[k + j] = c;
+          u[2 * k + j] = v[j] - c;
+          u[3 * k + j] = v[j] * c;
+        }
+        for (int l = 0; Has(model, absl::StrCat("att", f, "/mlp", l, "/w")); ++l) {
+          u = Dense(model, dense, absl::StrCat("att", f, "/mlp", l), u, /*relu=*/true);
+        }
+        const double a = Dense(model, dense, absl::StrCat("att", f, "/out"), u, /*relu=*/false)[0];
+        for (int j = 0; j < k; ++j) pooled[j] += in.scales[i] * a * v[j];
+      }
+      for (int j = 0; j < k; ++j) x[f * k + j] = pooled[j];
     }
     if (fm) {
       for (int j = 0; j < k; ++j) {

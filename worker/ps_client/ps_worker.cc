@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/model/model.h"
 #include "worker/ps_client/ps_job.h"
 #include "worker/ps_client/ps_client.h"
@@ -29,7 +30,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
 
   // The table's shape, as the shards have it (ShardOptionsForJob does the same).
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   const int64_t rows = spec.total_rows();
   const int row_dim = model->row_dim();
   const int64_t dense_size = model->dense_size();

@@ -454,6 +454,10 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
         "datagen: history_mean_length must be in [0, 1000] (0: no history field), got ",
         o.history_mean_length));
   }
+  if (o.history_attention && !(o.history_mean_length > 0)) {
+    return absl::InvalidArgumentError(
+        "datagen: history_pooling attention needs a history field (history_mean_length > 0)");
+  }
   if (o.history_mean_length > 0) {
     if (o.history_max_length < 1 || o.history_max_length > kMaxListLength) {
       return absl::InvalidArgumentError(absl::StrCat("datagen: history_max_length must be in [1, ",
@@ -703,7 +707,7 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
         sum_sq += p * p;
       }
       if (has_history()) {  // the pooled history joins the first-order and FM sums
-        const V16 h = HistoryParams(rows, b0 + r);
+        const V16 h = HistoryParams(rows, b0 + r, params[kNumeric + options_.history_item_field]);
         sum += h;
         sum_sq += h * h;
       }
@@ -728,7 +732,8 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
   }
 }
 
-SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r) const {
+SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r,
+                                                const V16& candidate) const {
   // The item field's parameters of each id (as RawTerms computes them), averaged.
   const int f = kNumeric + options_.history_item_field;
   const size_t cell = static_cast<size_t>(r) * stride_ + kFields;
@@ -744,6 +749,17 @@ SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r) cons
       V16 q;
       BytesToFloats(reinterpret_cast<const int8_t*>(d), &q);
       p = p * rot_cos_ + q * rot_sin_;
+    }
+    if (options_.history_attention) {
+      // w = 2 max(0, cos) over the FM dims 8..15 (the scale of p_c cancels).
+      float dot = 0, pp = 0, cc = 0;
+      for (int d = 8; d < 16; ++d) {
+        dot += p[d] * candidate[d];
+        pp += p[d] * p[d];
+        cc += candidate[d] * candidate[d];
+      }
+      const float denom = std::sqrt(pp * cc);
+      p *= denom > 0 ? 2.f * std::max(dot, 0.f) / denom : 0.f;
     }
     sum += p;
   }
@@ -1017,6 +1033,7 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
         .Add("history_max_length", o.history_max_length)
         .Add("history_item_field", SyntheticData::FieldName(kNumeric + o.history_item_field))
         .Add("history_importance", o.history_importance);
+    if (o.history_attention) json.Add("history_pooling", "attention");
   }
   return json.str();
 }

@@ -181,6 +181,12 @@ struct DatagenOptions {
   int history_max_length = 50;
   int history_item_field = 2;
   double history_importance = 2.0;
+  // How the teacher pools the history. false (MEAN, the default): as above, bit for bit.
+  // true (attention, `--history_pooling attention`): id i's parameters p_i are weighted by
+  // w_i = 2 max(0, cos(p_i, p_c)) over their FM part (dims 8..15), p_c the row's item field's
+  // parameters, pooled = importance * sum_i w_i p_i / n: ids like the candidate count, the others
+  // not, which no fixed combiner can express (DIN's target attention can).
+  bool history_attention = false;
   // The teacher's second-order term; kFm: the data are bit for bit those without this option.
   TeacherInteraction interaction = TeacherInteraction::kFm;
 };
@@ -267,7 +273,8 @@ class SyntheticData {
   void RawTerms(const RawRows& rows, int begin, int end, TeacherTerms* out) const;
   double Logit(const TeacherTerms& raw) const;
   // The history list of row r pooled as the teacher sees it (zero for an empty list).
-  V16 HistoryParams(const RawRows& rows, int r) const;
+  // With history_attention, `candidate` (the item field's parameters) weights the ids.
+  V16 HistoryParams(const RawRows& rows, int r, const V16& candidate) const;
   // The kCross or kDot second-order term of one row's per-field parameters.
   double SecondOrder(const V16* params) const;
 

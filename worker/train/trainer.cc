@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "worker/data/feature_spec.h"
 #include "worker/eval/evaluator.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/model/isa.h"
 #include "worker/model/model.h"
 #include "worker/params/local_params.h"
@@ -127,7 +128,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                      ConfigToText(effective))));
   }
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+  ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
   const bool prefetch_pulls = opts.prefetch_pulls || async_local;

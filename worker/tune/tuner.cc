@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "worker/data/pipeline.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/params/local_params.h"
 #include "worker/train/train_step.h"
 #include "worker/tune/report.h"
@@ -50,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Tuner>> Tuner::Create(const Config& config, Tuner
   space.default_inter = defaults.threads().inter_op_threads();
 
   ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), ModelInputs{spec.num_fields(), spec.DenseNumericFields()}));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), ModelInputsOf(spec)));
   std::unique_ptr<Tuner> t(
       new Tuner(config, std::move(options), std::move(spec), std::move(model)));
   t->space_ = space;

@@ -93,5 +93,45 @@ TEST(DatagenHistory, RefusesBadOptions) {
   EXPECT_FALSE(SyntheticData::Create(o).ok());
 }
 
+// --history_pooling attention (DatagenOptions::history_attention): the same rows, another teacher
+// that weights each history id by its similarity to the row's item. An id unlike the candidate
+// (cos <= 0) adds nothing, so replacing it by another such id leaves the logit unchanged, which
+// MEAN pooling never does.
+TEST(DatagenHistory, AttentionTeacherWeightsIdsBySimilarityToTheItem) {
+  DatagenOptions o = WithHistory(10, 40);
+  auto mean = SyntheticData::Create(o);
+  o.history_attention = true;
+  auto attention = SyntheticData::Create(o);
+  ASSERT_TRUE(mean.ok() && attention.ok()) << attention.status();
+  RawRows rows, same;
+  std::vector<float> mean_probs, probs;
+  mean->GenerateChunk(0, 2000, &same, &mean_probs);
+  attention->GenerateChunk(0, 2000, &rows, &probs);
+  EXPECT_EQ(rows.key, same.key);
+  EXPECT_EQ(rows.list_key, same.list_key);
+  EXPECT_NE(probs, mean_probs);
+
+  // Find rows whose history holds exactly one id: swapping that id changes the logit under both
+  // teachers except when the attention teacher gives both ids weight 0.
+  int changed_mean = 0, zero_weight = 0;
+  for (int r = 0; r < rows.size(); ++r) {
+    const size_t cell = rows.Cell(r, 39);
+    if (rows.ListSize(cell) != 1) continue;
+    RawRows other = rows;
+    other.list_key[other.list_begin[cell]] ^= 0x5555;
+    if (mean->TeacherLogit(other, r) != mean->TeacherLogit(rows, r)) ++changed_mean;
+    if (attention->TeacherLogit(other, r) == attention->TeacherLogit(rows, r)) ++zero_weight;
+  }
+  EXPECT_GT(changed_mean, 50);
+  // Two random ids both unlike the item: about a quarter of the rows.
+  EXPECT_GT(zero_weight, changed_mean / 10);
+  EXPECT_LT(zero_weight, changed_mean * 6 / 10);
+
+  // Attention needs a history.
+  DatagenOptions none;
+  none.history_attention = true;
+  EXPECT_FALSE(SyntheticData::Create(none).ok());
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -1,0 +1,314 @@
+#include "worker/model/target_attention.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+#include "common/status.h"
+#include "worker/model/fm.h"
+
+namespace pstrain {
+namespace {
+
+// The GEMMs' M for R stacked rows: R rounded up to a multiple of max(32, 2^floor(log2 R) / 8),
+// so at most ~8 shapes per octave reach the primitive cache and at most 1/8 of the rows is padding.
+int64_t PaddedRows(int64_t r) {
+  int64_t q = 32;
+  while (q * 16 <= r) q *= 2;
+  return (r + q - 1) / q * q;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TargetAttention>> TargetAttention::Create(const Options& options) {
+  const int F = options.num_fields, k = options.dim;
+  if (F <= 0 || k <= 0 || options.threads <= 0 || options.fields.empty()) {
+    return absl::InvalidArgumentError(
+        "TargetAttention needs fields > 0, dim > 0, threads > 0 and an attended field");
+  }
+  for (size_t a = 0; a < options.fields.size(); ++a) {
+    const Field& fd = options.fields[a];
+    if (fd.field < 0 || fd.field >= F || fd.target < 0 || fd.target >= F ||
+        fd.field == fd.target || fd.hidden.empty() || fd.hidden[0].in != 4 * k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TargetAttention field ", a, ": bad field, target or layer sizes"));
+    }
+    for (size_t l = 0; l < fd.hidden.size(); ++l) {
+      const Mlp::Layer& layer = fd.hidden[l];
+      if (layer.out <= 0 || (l > 0 && layer.in != fd.hidden[l - 1].out)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("TargetAttention field ", a, " layer ", l, " has bad sizes"));
+      }
+    }
+  }
+  std::unique_ptr<TargetAttention> att(new TargetAttention(options));
+  att->state_.resize(options.fields.size());
+  for (size_t a = 0; a < options.fields.size(); ++a) {
+    att->state_[a].h.resize(options.fields[a].hidden.size());
+  }
+  return att;
+}
+
+void TargetAttention::Reserve(AlignedArray<float>* a, int64_t size) {
+  if (static_cast<int64_t>(a->size()) < size) *a = AlignedArray<float>(static_cast<size_t>(size));
+}
+
+int64_t TargetAttention::CellBegin(const Tower::Input& in, int64_t cell) const {
+  return in.offsets != nullptr ? in.offsets[cell] - in.offsets[0] : cell;
+}
+
+absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16,
+                                      float* logits, float* sum_v, float* pooled) {
+  const int n = in.n, F = opt_.num_fields, k = opt_.dim;
+  const int64_t rd = 1 + k, w4 = 4 * int64_t{k};
+  if (n <= 0) return absl::OkStatus();
+  for (size_t a = 0; a < opt_.fields.size(); ++a) {
+    const Field& fd = opt_.fields[a];
+    State& st = state_[a];
+    // The stacked rows: example b's entries of field f.
+    st.cell_begin.assign(static_cast<size_t>(n) + 1, 0);
+    st.entry.clear();
+    for (int b = 0; b < n; ++b) {
+      const int64_t t = int64_t{b} * F + fd.target;
+      if (CellBegin(in, t + 1) - CellBegin(in, t) != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TargetAttention: example ", b, " holds ", CellBegin(in, t + 1) - CellBegin(in, t),
+            " entries of the attention target field ", fd.target, ", expected exactly 1"));
+      }
+      const int64_t cell = int64_t{b} * F + fd.field;
+      for (int64_t i = CellBegin(in, cell); i < CellBegin(in, cell + 1); ++i) {
+        st.entry.push_back(i);
+      }
+      st.cell_begin[b + 1] = static_cast<int64_t>(st.entry.size());
+    }
+    const int64_t R = static_cast<int64_t>(st.entry.size());
+    const int64_t P = PaddedRows(R);
+    st.rows = R;
+    st.padded = P;
+    Reserve(&st.u, P * w4);
+    Reserve(&st.a, R);
+    if (opt_.fm) Reserve(&st.x, int64_t{n} * k);
+    // u_i = [e, c, e - c, e * c]; the padded rows are zero.
+    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t t = CellBegin(in, b * F + fd.target);
+        const float st_scale = in.scales[t];
+        const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
+        for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+          const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
+          float* u = st.u.data() + r * w4;
+          for (int j = 0; j < k; ++j) {
+            const float c = st_scale * vt[j];
+            u[j] = e[j];
+            u[k + j] = c;
+            u[2 * k + j] = e[j] - c;
+            u[3 * k + j] = e[j] * c;
+          }
+        }
+      }
+    });
+    std::memset(st.u.data() + R * w4, 0, sizeof(float) * (P - R) * w4);
+    // The hidden layers.
+    const float* src = st.u.data();
+    for (size_t l = 0; l < fd.hidden.size(); ++l) {
+      const Mlp::Layer& layer = fd.hidden[l];
+      Reserve(&st.h[l], P * layer.out);
+      float* h = st.h[l].data();
+      RETURN_IF_ERROR(gemm_.Run({P, layer.in, layer.out}, src, in.dense + layer.w, h));
+      const float* bias = in.dense + layer.b;
+      const int64_t N = layer.out;
+      ParallelFor(P, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          float* __restrict row = h + r * N;
+#pragma omp simd
+          for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + bias[j], 0.f);
+        }
+      });
+      src = h;
+    }
+    // The output unit, then x_f = sum_i s_i a_i e_i.
+    const int64_t H = fd.hidden.back().out;
+    const float* ow = in.dense + fd.out_w;
+    const float ob = in.dense[fd.out_b];
+    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      float x[kMaxEmbeddingDim];
+      for (int64_t b = begin; b < end; ++b) {
+        std::fill(x, x + k, 0.f);
+        for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+          const float* hr = src + r * H;
+          float dot = 0.f;
+          for (int64_t j = 0; j < H; ++j) dot += hr[j] * ow[j];
+          const float ar = dot + ob;
+          st.a[r] = ar;
+          const int64_t i = st.entry[r];
+          const float w = in.scales[i] * ar;
+          const float* e = in.rows + int64_t{in.slots[i]} * rd + 1;
+          for (int j = 0; j < k; ++j) x[j] += w * e[j];
+        }
+        const int64_t off = (b * F + fd.field) * k;
+        if (opt_.fm) {
+          // Replacing old by x in the FM sum S changes the term by sum_j (x - old)_j (S - old)_j.
+          float* S = sum_v + b * k;
+          const float* old = pooled + off;
+          float delta = 0.f;
+          for (int j = 0; j < k; ++j) {
+            const float d = x[j] - old[j];
+            delta += d * (S[j] - old[j]);
+            S[j] += d;
+          }
+          logits[b] += delta;
+          std::copy(x, x + k, st.x.data() + b * k);
+        }
+        if (x0_f32 != nullptr) {
+          std::copy(x, x + k, x0_f32 + off);
+        } else {
+          for (int j = 0; j < k; ++j) x0_bf16[off + j] = FloatToBf16(x[j]);
+        }
+      }
+    });
+  }
+  if (opt_.fm) {
+    // The attended cells' "pooled" is the final sum: SparseBackwardLists' FM term for their
+    // entries, g_b (sum_v - pooled), is then zero.
+    for (const Field& fd : opt_.fields) {
+      for (int64_t b = 0; b < n; ++b) {
+        std::copy(sum_v + b * k, sum_v + (b + 1) * k, pooled + (b * F + fd.field) * k);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, const float* dx0,
+                                                       const float* g, const float* sum_v,
+                                                       float* dense_grad) {
+  const int n = in.n, F = opt_.num_fields, k = opt_.dim;
+  const int64_t rd = 1 + k, w4 = 4 * int64_t{k};
+  const int64_t D = int64_t{F} * k;
+  Reserve(&dx0_, int64_t{std::max(n, 1)} * D);
+  if (n <= 0) return dx0_.data();
+  std::copy(dx0, dx0 + n * D, dx0_.data());
+  for (const Field& fd : opt_.fields) {
+    for (int b = 0; b < n; ++b) std::fill_n(dx0_.data() + b * D + int64_t{fd.field} * k, k, 0.f);
+  }
+  for (size_t a = 0; a < opt_.fields.size(); ++a) {
+    const Field& fd = opt_.fields[a];
+    State& st = state_[a];
+    const int64_t R = st.rows, P = st.padded;
+    const int64_t H = fd.hidden.back().out;
+    int64_t width = 0;
+    for (const Mlp::Layer& layer : fd.hidden) width = std::max<int64_t>(width, layer.out);
+    Reserve(&dz_[0], P * width);
+    Reserve(&dz_[1], P * width);
+    Reserve(&du_, P * w4);
+    Reserve(&st.de, R * k);
+    const float* ow = in.dense + fd.out_w;
+    const float* hl = st.h.back().data();
+    // da_i = s_i (dx_f . e_i), the direct d e_i = s_i a_i dx_f, and d h_L = da_i out/w; padded
+    // rows get d h_L = 0. da is kept in the a buffer's place: a is not needed after this.
+    float* dh = dz_[0].data();
+    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      float dx_fm[kMaxEmbeddingDim];
+      for (int64_t b = begin; b < end; ++b) {
+        const float* dx = dx0 + (b * F + fd.field) * k;
+        if (opt_.fm) {
+          // d loss / d x_f = the MLP's + the FM term's g_b (sum_v - x_f).
+          const float* x = st.x.data() + b * k;
+          for (int j = 0; j < k; ++j) dx_fm[j] = dx[j] + g[b] * (sum_v[b * k + j] - x[j]);
+          dx = dx_fm;
+        }
+        for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+          const int64_t i = st.entry[r];
+          const float s = in.scales[i];
+          const float* e = in.rows + int64_t{in.slots[i]} * rd + 1;
+          float dot = 0.f;
+          for (int j = 0; j < k; ++j) dot += dx[j] * e[j];
+          const float da = s * dot;
+          float* de = st.de.data() + r * k;
+          for (int j = 0; j < k; ++j) de[j] = s * st.a[r] * dx[j];
+          st.a[r] = da;
+          for (int64_t j = 0; j < H; ++j) dh[r * H + j] = da * ow[j];
+        }
+      }
+    });
+    std::memset(dh + R * H, 0, sizeof(float) * (P - R) * H);
+    // out/w and out/b: columns over the threads, each summed in row order.
+    float* gow = dense_grad + fd.out_w;
+    ParallelFor(H, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      for (int64_t r = 0; r < R; ++r) {
+        const float da = st.a[r];
+        for (int64_t j = begin; j < end; ++j) gow[j] += da * hl[r * H + j];
+      }
+    });
+    float gob = 0.f;
+    for (int64_t r = 0; r < R; ++r) gob += st.a[r];
+    dense_grad[fd.out_b] += gob;
+    // The hidden layers, last to first: dz = dh masked by ReLU; db, dW, then dh of the layer below.
+    int cur = 0;
+    for (int l = static_cast<int>(fd.hidden.size()) - 1; l >= 0; --l) {
+      const Mlp::Layer& layer = fd.hidden[l];
+      const int64_t N = layer.out;
+      const float* h = st.h[l].data();
+      float* dz = dz_[cur].data();
+      ParallelFor(R, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+#pragma omp simd
+          for (int64_t j = 0; j < N; ++j) dz[r * N + j] = h[r * N + j] > 0.f ? dz[r * N + j] : 0.f;
+        }
+      });
+      float* gb = dense_grad + layer.b;
+      ParallelFor(N, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t j = begin; j < end; ++j) gb[j] += dz[r * N + j];
+        }
+      });
+      const float* below = l > 0 ? st.h[l - 1].data() : st.u.data();
+      RETURN_IF_ERROR(gemm_.Run({layer.in, P, N, /*trans_a=*/true, false, /*accumulate=*/true},
+                                below, dz, dense_grad + layer.w));
+      float* dbelow = l > 0 ? dz_[1 - cur].data() : du_.data();
+      RETURN_IF_ERROR(gemm_.Run({P, N, layer.in, false, /*trans_b=*/true, false}, dz,
+                                in.dense + layer.w, dbelow));
+      cur = 1 - cur;
+    }
+    // d e_i += du[0:k] + du[2k:3k] + du[3k:4k] * c; the target's cell gets dc (summed per
+    // example in row order).
+    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t t = CellBegin(in, b * F + fd.target);
+        const float ts = in.scales[t];
+        const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
+        float* dc = dx0_.data() + b * D + int64_t{fd.target} * k;
+        for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+          const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
+          const float* du = du_.data() + r * w4;
+          float* de = st.de.data() + r * k;
+          for (int j = 0; j < k; ++j) {
+            const float c = ts * vt[j];
+            de[j] += du[j] + du[2 * k + j] + du[3 * k + j] * c;
+            dc[j] += du[k + j] - du[2 * k + j] + du[3 * k + j] * e[j];
+          }
+        }
+      }
+    });
+  }
+  return dx0_.data();
+}
+
+void TargetAttention::AddRowGrads(const Tower::Input& in, int owner, int owners,
+                                  float* row_grads) const {
+  const int64_t rd = 1 + opt_.dim;
+  const int k = opt_.dim;
+  for (size_t a = 0; a < opt_.fields.size(); ++a) {
+    const State& st = state_[a];
+    for (int64_t r = 0; r < st.rows; ++r) {
+      const int32_t slot = in.slots[st.entry[r]];
+      if (owners > 1 && OwnerOfSlot(slot, owners) != owner) continue;
+      float* g = row_grads + int64_t{slot} * rd + 1;
+      const float* de = st.de.data() + r * k;
+      for (int j = 0; j < k; ++j) g[j] += de[j];
+    }
+  }
+}
+
+}  // namespace pstrain

@@ -1,0 +1,113 @@
+// DIN's target attention (Zhou et al., KDD 2018, "Deep Interest Network"): a list field f (the
+// user's history) is pooled by weights that an attention MLP computes against a single-valued
+// target field t of the same example (the candidate item), instead of by its combiner:
+//
+//   u_i = [e_i, c, e_i - c, e_i * c]                       (4k; * elementwise)
+//   a_i = MLP_att(u_i) = h_L(u_i) . out/w + out/b          (h_l = ReLU(h_{l-1} W_l + b_l))
+//   x_f = sum_i s_i a_i e_i                                (no softmax, as in DIN)
+//
+// e_i = v_{slot_i} is entry i's embedding (unscaled), s_i its scale (Batch::values: the list's
+// weight times the combiner's normalization; SUM with unit weights is DIN's plain sum) and
+// c = s_t v_t the target's x. x_f replaces the field's combiner-pooled vector in x0; the
+// first-order term of f keeps the combiner's pooling (fm.h). The MLP's tensors "att<f>/mlp<l>/w"
+// [in, out] row-major, "att<f>/mlp<l>/b", "att<f>/out/w" [H, 1], "att<f>/out/b" live in the
+// dense vector.
+//
+// Compute: the entries of every example of the slice are stacked into one [R, 4k] matrix per
+// attended field, and each layer is one oneDNN matmul over it (Matmuls, f32; R rounded up to a
+// few sizes per octave so that the primitive cache stays small, the padded rows zero in the
+// gradients). Bias, ReLU, the output unit and the pooling are row loops over ParallelFor, each
+// output written by one thread in a fixed order.
+//
+// Backward, given dx0 = d loss / d x0 [n, F*k]:
+//   da_i = s_i (dx_f . e_i);  d e_i = s_i a_i dx_f + du_i[0:k] + du_i[2k:3k] + du_i[3k:4k] * c
+//   dc   = sum over i and attended fields of du_i[k:2k] - du_i[2k:3k] + du_i[3k:4k] * e_i
+// The rows' gradients: the tower's sparse backward takes AdjustedInputGrad (dx0 with the attended
+// fields' cells zeroed, so that it adds only their first-order and L2 terms, and dc added to the
+// target's cell: d row_t = s_t (dx0_t + dc)), then AddRowGrads adds each attended entry's d e_i
+// with the same owner partition (fm.h SelectOwnedEntries), walking entries in order: every row's
+// gradient is summed in one order whatever the thread count.
+//
+// Thread-safety: none; one TargetAttention per tower.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/model/matmul.h"
+#include "worker/model/mlp.h"
+#include "worker/model/model.h"
+#include "worker/model/simd.h"
+
+namespace pstrain {
+
+class TargetAttention {
+ public:
+  struct Field {
+    int field = 0;                   // f: the attended (list) field
+    int target = 0;                  // t: its single-valued target field
+    std::vector<Mlp::Layer> hidden;  // at least one; hidden[0].in == 4k
+    int64_t out_w = 0;               // [hidden.back().out]
+    int64_t out_b = 0;               // [1]
+  };
+  struct Options {
+    int num_fields = 0;  // F
+    int dim = 0;         // k
+    std::vector<Field> fields;
+    bool fm = false;  // the model has the FM term (then the MLP too: dx0 carries d c)
+    int threads = 1;
+  };
+
+  static absl::StatusOr<std::unique_ptr<TargetAttention>> Create(const Options& options);
+  TargetAttention(const TargetAttention&) = delete;
+  TargetAttention& operator=(const TargetAttention&) = delete;
+
+  // Overwrites the attended fields' cells of x0 [n, F*k] (exactly one of x0_f32 / x0_bf16) with
+  // x_f. Keeps what Backward needs. INVALID_ARGUMENT when a target cell holds other than one entry.
+  // With fm, after SparseForwardLists: logits[b] += the FM term's change when x_f replaces the
+  // combiner's pooled vector (pooled[(b*F+f)*k ...]), sum_v[b*k ...] becomes the attended sum,
+  // and the attended cells of pooled are set to it, so that SparseBackwardLists adds no FM term
+  // for their entries (Backward folds d FM / d x_f = g_b (sum_v - x_f) into dx_f instead).
+  absl::Status Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16, float* logits,
+                       float* sum_v, float* pooled);
+
+  // After Forward(in): ADDS the attention MLPs' gradients into dense_grad and returns dx0 adjusted
+  // for the sparse backward (see above), [n, F*k], valid until the next call.
+  // With fm, g[n] and sum_v (Forward's) add the FM term's gradient.
+  absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* dx0, const float* g,
+                                        const float* sum_v, float* dense_grad);
+
+  // After Backward: adds d e_i into row_grads[slot_i * (1 + k) + 1 ...] for the attended entries
+  // whose slot OwnerOfSlot(slot, owners) gives to `owner`, in entry order. Concurrent calls with
+  // distinct owners of one partition are safe.
+  void AddRowGrads(const Tower::Input& in, int owner, int owners, float* row_grads) const;
+
+ private:
+  // One attended field's stacked rows and activations.
+  struct State {
+    std::vector<int64_t> entry;       // [R]: the slice entry of each stacked row
+    std::vector<int64_t> cell_begin;  // [n + 1]: example b's rows [cell_begin[b], cell_begin[b+1])
+    int64_t rows = 0, padded = 0;     // R and the GEMMs' M (>= R, the rest zero)
+    AlignedArray<float> u;            // [padded, 4k]
+    std::vector<AlignedArray<float>> h;  // [padded, out_l] after ReLU
+    AlignedArray<float> a;            // [R]
+    AlignedArray<float> de;           // [R, k]: d e_i after Backward
+    AlignedArray<float> x;            // [n, k]: x_f (fm)
+  };
+  explicit TargetAttention(const Options& options) : opt_(options) {}
+  int64_t CellBegin(const Tower::Input& in, int64_t cell) const;
+  static void Reserve(AlignedArray<float>* a, int64_t size);
+
+  Options opt_;
+  Matmuls gemm_;
+  std::vector<State> state_;
+  AlignedArray<float> dx0_;    // the adjusted dx0
+  AlignedArray<float> dz_[2];  // d loss / d pre-activation, ping-pong
+  AlignedArray<float> du_;     // [padded, 4k]
+  AlignedArray<float> partial_;
+};
+
+}  // namespace pstrain
