@@ -247,6 +247,10 @@ std::unique_ptr<LocalParams> TrainParams(const Config& config) {
   EXPECT_EQ((*model)->dense_size(), kTrainDenseSize);
   auto params = LocalParams::Create(**model, kTrainRows, config, 1);
   EXPECT_TRUE(params.ok()) << params.status();
+  // The parameters initialize new rows through the model (Model::InitRow): it must outlive them.
+  static std::vector<std::unique_ptr<Model>>* const models =
+      new std::vector<std::unique_ptr<Model>>();
+  models->push_back(std::move(*model));
   return params.ok() ? std::move(params).value() : nullptr;
 }
 

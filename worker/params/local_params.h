@@ -28,6 +28,7 @@ class LocalParams : public ParameterAccess, private InProcessParams {
  public:
   // One embedding store for rows [0, total_rows) initialized lazily by model.InitRow(row, seed),
   // and one dense store initialized by model.InitDense(seed). `threads` splits each Pull/Push.
+  // `model` must outlive the parameters: a row's first pull or push calls its InitRow.
   static absl::StatusOr<std::unique_ptr<LocalParams>> Create(const Model& model,
                                                              int64_t total_rows,
                                                              const Config& config, int threads);

@@ -517,6 +517,9 @@ class TrainerDivergence : public ::testing::TestWithParam<DivergenceCase> {
     EXPECT_TRUE(model.ok()) << model.status();
     auto params = LocalParams::Create(**model, spec->total_rows(), c,
                                       threads.towers() * threads.intra_op_threads());
+    // The parameters initialize new rows through the model (Model::InitRow): it must outlive
+    // them, so the fixture keeps every model it made until the suite ends.
+    models_.push_back(std::move(*model));
     EXPECT_TRUE(params.ok()) << params.status();
     return params.ok() ? std::move(*params) : nullptr;
   }
@@ -543,8 +546,10 @@ class TrainerDivergence : public ::testing::TestWithParam<DivergenceCase> {
   }
 
   static std::string dir_;
+  static std::vector<std::unique_ptr<Model>> models_;
 };
 std::string TrainerDivergence::dir_;
+std::vector<std::unique_ptr<Model>> TrainerDivergence::models_;
 
 // The divergence ends training within the step, with FAILED_PRECONDITION naming the step and the
 // last good checkpoint, and nothing is saved after it: not the checkpoint the schedule or a
