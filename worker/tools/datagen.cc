@@ -570,7 +570,7 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   }
 
   // Calibration on rows from a teacher-derived seed: give the terms their share of the logit
-  // variance (60/20/20; 40/40/20 with a cross or dot interaction), then bisect the bias to the
+  // variance (60/20/20; 40/40/20 with a cross, dot or cross3 interaction), then bisect the bias to the
   // target mean probability.
   RawRows rows;
   rows.Clear(d.stride_);
