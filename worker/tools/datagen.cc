@@ -570,8 +570,8 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   }
 
   // Calibration on rows from a teacher-derived seed: give the terms their share of the logit
-  // variance (60/20/20; 40/40/20 with a cross, dot or cross3 interaction), then bisect the bias to the
-  // target mean probability.
+  // variance (60/20/20; 40/40/20 with a cross, dot or cross3 interaction), then bisect the bias
+  // to the target mean probability.
   RawRows rows;
   rows.Clear(d.stride_);
   const int n = o.calibration_rows;
