@@ -1,6 +1,8 @@
-// The machine's GEMM roof for DeepFM's MLP shapes, measured with the same oneDNN matmul the towers
-// use (plain [M,K] x [K,N] row-major f32 or bf16, f32 or bf16 output), so that end-to-end
-// throughput can be quoted as a fraction of what the MLP could reach on this CPU.
+// The machine's GEMM roof, measured with the same oneDNN matmul the towers use (row-major f32 or
+// bf16, an operand optionally read transposed as backward passes read it), so that end-to-end
+// throughput can be quoted as a fraction of what the model's GEMMs could reach on this CPU: for
+// DeepFM's MLP shapes (DeepFmMlpRoofGflops), or for any list of shapes (GemmsRoofGflops; the
+// model's own list is bench/model_gemms.h's).
 //
 // Header-only: used by bench/gemm_peak_bench.cc and by end-to-end benchmark apps.
 #pragma once
@@ -9,32 +11,43 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
 
-// GFLOP/s (2 M N K per product) of C[M,N] = A[M,K] B[K,N] on `threads` OpenMP threads: the
-// median over `runs` timed runs of about 30 ms each, after a warm-up. DeepFM's shapes are M = 1024
-// examples, K = 624 (39 fields x 16) or 400, N = 400. Sets the calling thread's OpenMP thread
-// count to `threads` (oneDNN's OpenMP runtime takes it from there). Returns 0 if oneDNN cannot
-// create or run the primitive (e.g. bf16 on a CPU without AVX512-BF16 or AMX).
-inline double GemmPeakGflops(bool bf16, int threads, int m = 1024, int k = 624, int n = 400,
-                             int runs = 5) {
+// One GEMM C[M,N] = op(A)[M,K] op(B)[K,N], row-major, an operand read transposed through its
+// layout (trans_a: A stored [K, M]; trans_b: B stored [N, K]) as a backward pass reads it.
+struct GemmShape {
+  int64_t m = 0, k = 0, n = 0;
+  bool trans_a = false, trans_b = false;
+  bool bf16 = false;
+  double flops() const { return 2.0 * m * k * n; }
+};
+
+// GFLOP/s (2 M N K per product) of `shape` on `threads` OpenMP threads: the median over `runs`
+// timed runs of about 30 ms each, after a warm-up. Sets the calling thread's OpenMP thread count
+// to `threads` (oneDNN's OpenMP runtime takes it from there). Returns 0 if oneDNN cannot create or
+// run the primitive (e.g. bf16 on a CPU without AVX512-BF16 or AMX).
+inline double GemmShapeGflops(const GemmShape& shape, int threads, int runs = 5) {
   using dnnl::memory;
   using Clock = std::chrono::steady_clock;
   omp_set_num_threads(threads);
+  const int64_t m = shape.m, k = shape.k, n = shape.n;
   try {
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
-    const memory::data_type dt = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-    const memory::desc a_md({m, k}, dt, memory::format_tag::ab);
-    const memory::desc b_md({k, n}, dt, memory::format_tag::ab);
-    const memory::desc c_md({m, n}, dt, memory::format_tag::ab);
+    const memory::data_type dt = shape.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+    using tag = memory::format_tag;
+    const memory::desc a_md({m, k}, dt, shape.trans_a ? tag::ba : tag::ab);
+    const memory::desc b_md({k, n}, dt, shape.trans_b ? tag::ba : tag::ab);
+    const memory::desc c_md({m, n}, dt, tag::ab);
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
     const dnnl::matmul matmul(pd);
     memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
@@ -55,7 +68,7 @@ inline double GemmPeakGflops(bool bf16, int threads, int m = 1024, int k = 624, 
     std::vector<double> gflops;
     for (int r = 0; r < std::max(runs, 1); ++r) {
       t = run(iters) / iters;
-      gflops.push_back(2.0 * m * n * k / t * 1e-9);
+      gflops.push_back(shape.flops() / t * 1e-9);
     }
     std::nth_element(gflops.begin(), gflops.begin() + gflops.size() / 2, gflops.end());
     return gflops[gflops.size() / 2];
@@ -64,20 +77,56 @@ inline double GemmPeakGflops(bool bf16, int threads, int m = 1024, int k = 624, 
   }
 }
 
-// The summed GFLOP/s of `streams` single-threaded GEMMs running at the same time on their own
-// threads: the roof of `streams` towers of one thread each, which contend for the cores (two
-// vCPUs may share a physical core), the caches and memory bandwidth as the towers do.
-inline double ConcurrentGemmPeakGflops(bool bf16, int streams, int m = 1024, int k = 624,
-                                       int n = 400, int runs = 5) {
+// GemmShapeGflops of the plain C[M,N] = A[M,K] B[K,N]. DeepFM's shapes are M = 1024 examples,
+// K = 624 (39 fields x 16) or 400, N = 400.
+inline double GemmPeakGflops(bool bf16, int threads, int m = 1024, int k = 624, int n = 400,
+                             int runs = 5) {
+  GemmShape shape;
+  shape.m = m;
+  shape.k = k;
+  shape.n = n;
+  shape.bf16 = bf16;
+  return GemmShapeGflops(shape, threads, runs);
+}
+
+// The summed GFLOP/s of `streams` single-threaded GEMMs of `shape` running at the same time on
+// their own threads: the roof of `streams` towers of one thread each, which contend for the cores
+// (two vCPUs may share a physical core), the caches and memory bandwidth as the towers do.
+inline double ConcurrentGemmShapeGflops(const GemmShape& shape, int streams, int runs = 5) {
   std::vector<double> each(streams, 0.0);
   std::vector<std::thread> threads;
   for (int s = 0; s < streams; ++s) {
-    threads.emplace_back([&, s] { each[s] = GemmPeakGflops(bf16, 1, m, k, n, runs); });
+    threads.emplace_back([&, s] { each[s] = GemmShapeGflops(shape, 1, runs); });
   }
   for (std::thread& t : threads) t.join();
   double sum = 0;
   for (double g : each) sum += g;
   return sum;
+}
+
+inline double ConcurrentGemmPeakGflops(bool bf16, int streams, int m = 1024, int k = 624,
+                                       int n = 400, int runs = 5) {
+  GemmShape shape;
+  shape.m = m;
+  shape.k = k;
+  shape.n = n;
+  shape.bf16 = bf16;
+  return ConcurrentGemmShapeGflops(shape, streams, runs);
+}
+
+// The roof of a list of GEMMs (each run `count` times a step): their FLOPs over the time they
+// would take if each ran at its own measured rate, i.e. the FLOP-weighted harmonic mean of the
+// rates. `rate` measures one shape in GFLOP/s. 0 if any shape cannot run.
+template <typename Rate>
+double GemmsRoofGflops(const std::vector<std::pair<GemmShape, int>>& gemms, Rate rate) {
+  double flops = 0, seconds = 0;
+  for (const auto& [shape, count] : gemms) {
+    const double g = rate(shape);
+    if (g <= 0) return 0.0;
+    flops += count * shape.flops();
+    seconds += count * shape.flops() / g;
+  }
+  return seconds > 0 ? flops / seconds : 0.0;
 }
 
 // The MLP roof of DeepFM k=16, F=39, 400-400-400 in GFLOP/s: GemmPeakGflops at K = 624 and

@@ -4,7 +4,11 @@
 // intra_op_threads, in f32 and bf16. In the same run: oneDNN's GEMM peak (f32, bf16) on the MLP's
 // shapes, and each setting's achieved model FLOP/s as a fraction of that peak; and the roof of the
 // setting's own GEMMs (M = the per-tower batch; T towers of one thread: T single-threaded GEMMs at
-// once), which separates small-M efficiency and core contention from the rest of the step.
+// once), which separates small-M efficiency and core contention from the rest of the step; and
+// the roof of the model's own GEMMs (bench/model_gemms.h: every GEMM of its forward,
+// backward-data and backward-weights at the tower's batch, each shape measured the same way), so
+// that DCN-v2's cross layers and DLRM's bottom and top MLPs are set against their own shapes.
+// --model deepfm|dcn_v2|dlrm is --config configs/<model>_criteo.textproto.
 //
 // --mode picks how the step is driven (worker/train/train_step.h):
 //   sync      Run per step: stage, train, flush (no overlap);
@@ -19,7 +23,7 @@
 //
 // usage: train_throughput_app [--out results.json] [--steps 20] [--windows 5]
 //                             [--settings 1x1,1x2,2x1] [--precisions f32,bf16]
-//                             [--mode pipelined]
+//                             [--mode pipelined] [--model dcn_v2 | --config C]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -33,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/app_util.h"
 #include "bench/gemm_peak.h"
+#include "bench/model_gemms.h"
 #include "cmd/launcher.h"
 #include "common/config.h"
 #include "common/file.h"
@@ -54,13 +59,20 @@ struct Result {
   int towers, intra;
   std::string precision;
   double ex_per_sec, model_gflops, peak_gflops, tower_roof_gflops;
+  // The roof of the model's own GEMMs at this setting (0: the model has none).
+  double own_roof_gflops;
   StepProfile profile_fraction;
   double unique_rows_per_step;
 };
 
+// The step's model FLOP/s over the roof of the model's own GEMMs; 0 when it has none.
+double OwnFraction(const Result& r) {
+  return r.own_roof_gflops > 0 ? r.model_gflops / r.own_roof_gflops : 0.0;
+}
+
 int Main(int argc, char** argv) {
   std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16", mode = "pipelined";
-  std::string config_path = "configs/deepfm_criteo.textproto";
+  std::string config_path = "configs/deepfm_criteo.textproto", model_name;
   int steps = 20, windows = 5, batch = 1024, pool = 16, params_threads = 0;
   FlagSet flags("train_throughput_app", "Training-step throughput across towers x intra_op_threads.");
   flags.String("out", &out, "write the results as JSON here");
@@ -76,7 +88,17 @@ int Main(int argc, char** argv) {
   flags.String("config", &config_path,
                "the config whose model and optimizers are measured (e.g. "
                "configs/dcn_v2_criteo.textproto); its features must be the CRITEO preset's");
+  flags.String("model", &model_name,
+               "deepfm, dcn_v2 or dlrm: --config configs/<model>_criteo.textproto");
   if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
+  if (!model_name.empty()) {
+    if (model_name != "deepfm" && model_name != "dcn_v2" && model_name != "dlrm") {
+      std::fprintf(stderr, "--model must be deepfm, dcn_v2 or dlrm, got '%s'\n",
+                   model_name.c_str());
+      return 2;
+    }
+    config_path = absl::StrCat("configs/", model_name, "_criteo.textproto");
+  }
   if (mode != "sync" && mode != "pipelined" && mode != "pushed" && mode != "stale") {
     std::fprintf(stderr, "--mode must be sync, pipelined, pushed or stale, got '%s'\n",
                  mode.c_str());
@@ -165,16 +187,25 @@ int Main(int argc, char** argv) {
       // This setting's own GEMM roof, measured now (after its steps, on the same warm machine).
       r.tower_roof_gflops = I == 1 ? ConcurrentGemmPeakGflops(bf16, T, batch)
                                    : GemmPeakGflops(bf16, T * I, batch);
+      // The model's own GEMMs, measured the same way, right after.
+      const std::vector<std::pair<GemmShape, int>> gemms = ModelStepGemms(**model, batch, bf16);
+      r.own_roof_gflops = gemms.empty() ? 0.0 : GemmsRoofGflops(gemms, [&](const GemmShape& g) {
+        return I == 1 ? ConcurrentGemmShapeGflops(g, T) : GemmShapeGflops(g, T * I);
+      });
+      const double gemm_share =
+          ModelStepGemmFlopsPerExample(**model, batch, bf16) / (*model)->flops_per_example();
       r.profile_fraction = {p.dedup / elapsed, p.pull / elapsed, p.compute / elapsed,
                             p.reduce / elapsed, p.push / elapsed};
       r.unique_rows_per_step = timing->unique_rows_per_step;
       results.push_back(r);
       std::printf("%-5s %s towers=%d intra=%d: %8.0f ex/s (%6.0f per core), %6.1f GFLOP/s = %.2f of peak,"
-                  " %.2f of its GEMMs' roof (%.0f GFLOP/s at M=%d);"
+                  " %.2f of its GEMMs' roof (%.0f GFLOP/s at M=%d),"
+                  " %.2f of the model's own GEMMs' roof (%.0f GFLOP/s, %zu shapes, %.0f%% of its FLOPs);"
                   " dedup %.0f%% pull %.0f%% towers %.0f%% reduce %.0f%% push %.0f%%\n",
                   r.precision.c_str(), mode.c_str(), T, I, r.ex_per_sec, r.ex_per_sec / std::min(cores, T * I),
                   r.model_gflops, r.model_gflops / r.peak_gflops,
                   r.model_gflops / r.tower_roof_gflops, r.tower_roof_gflops, batch,
+                  OwnFraction(r), r.own_roof_gflops, gemms.size(), 100 * gemm_share,
                   100 * r.profile_fraction.dedup, 100 * r.profile_fraction.pull,
                   100 * r.profile_fraction.compute, 100 * r.profile_fraction.reduce,
                   100 * r.profile_fraction.push);
@@ -185,14 +216,14 @@ int Main(int argc, char** argv) {
   // Markdown table, ratios within this run.
   double best_f32 = 0;
   for (const auto& r : results) if (r.precision == "f32") best_f32 = std::max(best_f32, r.ex_per_sec);
-  std::printf("\n| precision | towers x intra_op | ex/s | ex/s per core | model GFLOP/s | of GEMM peak | of its GEMMs' roof | vs best f32 |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| precision | towers x intra_op | ex/s | ex/s per core | model GFLOP/s | of GEMM peak | of its GEMMs' roof | of the model's own GEMMs' roof | vs best f32 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   std::string json = "[";
   for (const auto& r : results) {
     const int used = std::min(cores, r.towers * r.intra);
-    std::printf("| %s | %d x %d | %.0f | %.0f | %.1f | %.2f | %.2f | %.2f |\n", r.precision.c_str(),
+    std::printf("| %s | %d x %d | %.0f | %.0f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", r.precision.c_str(),
                 r.towers, r.intra, r.ex_per_sec, r.ex_per_sec / used, r.model_gflops,
-                r.model_gflops / r.peak_gflops, r.model_gflops / r.tower_roof_gflops,
+                r.model_gflops / r.peak_gflops, r.model_gflops / r.tower_roof_gflops, OwnFraction(r),
                 best_f32 > 0 ? r.ex_per_sec / best_f32 : 0);
     if (json.size() > 1) json += ",";
     json += JsonObject()
@@ -202,6 +233,8 @@ int Main(int argc, char** argv) {
                 .Add("fraction_of_peak", r.model_gflops / r.peak_gflops)
                 .Add("tower_gemm_roof_gflops", r.tower_roof_gflops)
                 .Add("fraction_of_tower_gemm_roof", r.model_gflops / r.tower_roof_gflops)
+                .Add("model_gemm_roof_gflops", r.own_roof_gflops)
+                .Add("fraction_of_model_gemm_roof", OwnFraction(r))
                 .Add("unique_rows_per_step", r.unique_rows_per_step)
                 .Add("dedup", r.profile_fraction.dedup).Add("pull", r.profile_fraction.pull)
                 .Add("towers_compute", r.profile_fraction.compute)

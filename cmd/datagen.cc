@@ -75,8 +75,9 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
                 "field\")");
   flags->String("interaction", &f->interaction,
                 "the teacher's second-order term: fm (DeepFM-like, the default), cross (a "
-                "low-rank DCN-v2 cross layer) or dot (DLRM's pairwise dots, a weight per field "
-                "pair): docs/DATAGEN.md \"Teachers\"");
+                "low-rank DCN-v2 cross layer), dot (DLRM's pairwise dots, a weight per field "
+                "pair) or cross3 (the third-order term of two cross layers): docs/DATAGEN.md "
+                "\"Teachers\"");
   flags->Bool("fill_missing", &options.fill_missing,
               "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
               "which cannot express a missing value)");

@@ -102,21 +102,41 @@ absl::Status CrossNetwork::Backward(int n, const float* dense, const float* outp
   for (int l = static_cast<int>(opt_.layers.size()) - 1; l >= 0; --l) {
     const Layer& layer = opt_.layers[l];
     const float* y = y_[l].data();
-    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
+    float* db = dense_grad + layer.b;
+    if (opt_.threads == 1) {
+      // One pass: db's column sums in example order, as AddColumnSums adds them.
+      for (int64_t b = 0; b < n; ++b) {
         const float* __restrict gb = g + b * D;
         const float* __restrict x0b = x0 + b * D;
         const float* __restrict yb = y + b * D;
         float* __restrict dyb = dy + b * D;
         float* __restrict dx0b = dx0 + b * D;
+        float* __restrict dbb = db;
 #pragma omp simd
         for (int64_t j = 0; j < D; ++j) {
-          dyb[j] = gb[j] * x0b[j];
+          const float d = gb[j] * x0b[j];
+          dyb[j] = d;
+          dbb[j] += d;
           dx0b[j] += gb[j] * yb[j];
         }
       }
-    });
-    AddColumnSums(dy, n, D, opt_.threads, dense_grad + layer.b);
+    } else {
+      ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const float* __restrict gb = g + b * D;
+          const float* __restrict x0b = x0 + b * D;
+          const float* __restrict yb = y + b * D;
+          float* __restrict dyb = dy + b * D;
+          float* __restrict dx0b = dx0 + b * D;
+#pragma omp simd
+          for (int64_t j = 0; j < D; ++j) {
+            dyb[j] = gb[j] * x0b[j];
+            dx0b[j] += gb[j] * yb[j];
+          }
+        }
+      });
+      AddColumnSums(dy, n, D, opt_.threads, db);
+    }
     const float* x = x_[l].data();
     if (r == 0) {
       // dW += x_l^T dy; g = g + dy W^T (the skip connection's share is already in g).

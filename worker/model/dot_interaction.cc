@@ -19,13 +19,6 @@ inline const float* Vector(const DotShape& s, const float* front, const float* x
   return x0 + (b * s.fields + i) * k;
 }
 
-inline float DotK(const float* __restrict a, const float* __restrict c, int k) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < k; ++j) sum += a[j] * c[j];
-  return sum;
-}
-
 inline void Axpy(float alpha, const float* __restrict x, float* __restrict y, int k) {
 #pragma omp simd
   for (int j = 0; j < k; ++j) y[j] += alpha * x[j];
@@ -37,11 +30,27 @@ void DotForward(const DotShape& shape, int n, const float* front, const float* x
                 int64_t out_stride, int threads) {
   const int m = shape.vectors(), k = shape.dim;
   ParallelFor(n, threads, [&](int, int, int64_t begin, int64_t end) {
+    // The example's vectors transposed, et[d * m + j] = e_j[d]: row i's dots <e_i, e_j>, j > i,
+    // are then k vector FMAs over j into the (contiguous) outputs, with no horizontal sums.
+    std::vector<float> et(static_cast<size_t>(k) * m);
     for (int64_t b = begin; b < end; ++b) {
+      for (int j = 0; j < m; ++j) {
+        const float* ej = Vector(shape, front, x0, b, j);
+        for (int d = 0; d < k; ++d) et[static_cast<size_t>(d) * m + j] = ej[d];
+      }
       float* out = dots + b * out_stride;
-      for (int i = 0; i < m; ++i) {
+      for (int i = 0; i < m - 1; ++i) {
         const float* ei = Vector(shape, front, x0, b, i);
-        for (int j = i + 1; j < m; ++j) *out++ = DotK(ei, Vector(shape, front, x0, b, j), k);
+        const int count = m - 1 - i;  // row[t] is the output of (i, i + 1 + t)
+        float* __restrict row = out;
+        std::fill(row, row + count, 0.f);
+        for (int d = 0; d < k; ++d) {
+          const float a = ei[d];
+          const float* __restrict col = et.data() + static_cast<size_t>(d) * m + i + 1;
+#pragma omp simd
+          for (int t = 0; t < count; ++t) row[t] += a * col[t];
+        }
+        out += count;
       }
     }
   });

@@ -4,7 +4,8 @@
 //   ((0,1), (0,2), .., (0,m-1), (1,2), ..): P = m (m - 1) / 2 outputs,
 // where e_0 = front[b] (the bottom MLP's output) when the model has one, and the rest are the
 // fields' x_f = s_f v_f from x0 [n, F*k]. Vectorised loops over examples (k is small and the
-// pairs many, so a batched GEMM would mostly compute the lower triangle twice), f32.
+// pairs many, so a batched GEMM would mostly compute the lower triangle twice), f32: forward
+// vectorises over j (the example's vectors transposed, no horizontal sums), backward over k.
 // Backward: d e_i += sum_{j != i} d dots[p(i, j)] e_j.
 //
 // Thread-safety: the functions are pure apart from their outputs; they split the examples over

@@ -270,11 +270,12 @@ absl::Status CheckHighCardinality(const DatagenOptions& o) {
 
 absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& name) {
   for (TeacherInteraction t :
-       {TeacherInteraction::kFm, TeacherInteraction::kCross, TeacherInteraction::kDot}) {
+       {TeacherInteraction::kFm, TeacherInteraction::kCross, TeacherInteraction::kDot,
+        TeacherInteraction::kCross3}) {
     if (name == TeacherInteractionName(t)) return t;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("teacher interaction '", name, "', expected fm, cross or dot"));
+      absl::StrCat("teacher interaction '", name, "', expected fm, cross, dot or cross3"));
 }
 
 const char* TeacherInteractionName(TeacherInteraction interaction) {
@@ -283,6 +284,8 @@ const char* TeacherInteractionName(TeacherInteraction interaction) {
       return "cross";
     case TeacherInteraction::kDot:
       return "dot";
+    case TeacherInteraction::kCross3:
+      return "cross3";
     default:
       return "fm";
   }
@@ -554,6 +557,12 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
       const double sd = 1.0 / std::sqrt(D);
       for (float& v : d.cross_v_) v = static_cast<float>(sd * second.Normal());
       for (float& u : d.cross_u_) u = static_cast<float>(sd * second.Normal());
+    } else if (o.interaction == TeacherInteraction::kCross3) {
+      const double sd = 1.0 / std::sqrt(D);
+      for (std::vector<float>* m : {&d.cross_v_, &d.cross_u_, &d.cross2_v_, &d.cross2_u_}) {
+        m->resize(kCrossRank * D);
+        for (float& w : *m) w = static_cast<float>(sd * second.Normal());
+      }
     } else {
       d.pair_weight_.assign(kFields * kFields, 0.f);
       for (int f = 0; f < kFields; ++f) {
@@ -565,8 +574,8 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   }
 
   // Calibration on rows from a teacher-derived seed: give the terms their share of the logit
-  // variance (60/20/20; 40/40/20 with a cross or dot interaction), then bisect the bias to the
-  // target mean probability.
+  // variance (60/20/20; 40/40/20 with a cross, dot or cross3 interaction), then bisect the bias
+  // to the target mean probability.
   RawRows rows;
   rows.Clear(d.stride_);
   const int n = o.calibration_rows;
@@ -785,6 +794,27 @@ double SyntheticData::SecondOrder(const V16* params) const {
         xu += x[i] * u[i];
       }
       term += double{xv} * xu;
+    }
+  } else if (options_.interaction == TeacherInteraction::kCross3) {
+    // z = x * (x V U); term = x . (z V2 U2) = sum_q (z . V2_q)(x . U2_q).
+    float z[D] = {};
+    for (int q = 0; q < kCrossRank; ++q) {
+      const float* v = cross_v_.data() + q * D;
+      const float* u = cross_u_.data() + q * D;
+      float xv = 0;
+      for (int i = 0; i < D; ++i) xv += x[i] * v[i];
+      for (int i = 0; i < D; ++i) z[i] += xv * u[i];
+    }
+    for (int i = 0; i < D; ++i) z[i] *= x[i];
+    for (int q = 0; q < kCrossRank; ++q) {
+      const float* v = cross2_v_.data() + q * D;
+      const float* u = cross2_u_.data() + q * D;
+      float zv = 0, xu = 0;
+      for (int i = 0; i < D; ++i) {
+        zv += z[i] * v[i];
+        xu += x[i] * u[i];
+      }
+      term += double{zv} * xu;
     }
   } else {
     for (int f = 0; f < kFields; ++f) {

@@ -34,7 +34,11 @@
 //   kCross: a low-rank DCN-v2 cross layer, sum_j x_j (x V U)_j = sum_{q<16} (x . V_q)(x . U_q),
 //           V, U with N(0, 1/312) entries: products across embedding dimensions and fields;
 //   kDot:   DLRM's dot interaction with a linear top layer, sum_{f<g} c_fg <p_f, p_g>, c_fg
-//           ~ N(0, 1): each pair of fields has its own weight and sign (FM's are all 1).
+//           ~ N(0, 1): each pair of fields has its own weight and sign (FM's are all 1);
+//   kCross3: the third-order term of two stacked low-rank cross layers, sum_j x_j (z V2 U2)_j with
+//           z = x * (x V U) (elementwise), V, U, V2, U2 of rank 16 ~ N(0, 1/312): products of three
+//           embedding entries, which no second-order term (FM, one cross layer, dots) expresses
+//           and a cross network of two or more layers does.
 // Those teachers give the terms the variance shares 40/40/20 (first order, interaction, MLP).
 // kFm (the default) is the teacher above, bit for bit.
 // w, v and e of (field, id) are not stored: they are bytes of a hash of (teacher_seed, field, id)
@@ -135,8 +139,8 @@ class ZipfSampler {
 };
 
 // The teacher's second-order term (see the teacher above).
-enum class TeacherInteraction { kFm, kCross, kDot };
-// "fm", "cross", "dot".
+enum class TeacherInteraction { kFm, kCross, kDot, kCross3 };
+// "fm", "cross", "dot", "cross3".
 absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& name);
 const char* TeacherInteractionName(TeacherInteraction interaction);
 
@@ -275,7 +279,7 @@ class SyntheticData {
   // The history list of row r pooled as the teacher sees it (zero for an empty list).
   // With history_attention, `candidate` (the item field's parameters) weights the ids.
   V16 HistoryParams(const RawRows& rows, int r, const V16& candidate) const;
-  // The kCross or kDot second-order term of one row's per-field parameters.
+  // The kCross, kDot or kCross3 interaction term of one row's per-field parameters.
   double SecondOrder(const V16* params) const;
 
   DatagenOptions options_;
@@ -297,9 +301,10 @@ class SyntheticData {
   V16 b1_ = {};
   float w2_[kHidden] = {};
   double scale_first_ = 1, scale_fm_ = 1, scale_mlp_ = 1, bias_ = 0;
-  // kCross: V and U, [kCrossRank][kFields * kFmDim] each; kDot: c, [kFields][kFields].
+  // kCross: V and U, [kCrossRank][kFields * kFmDim] each; kDot: c, [kFields][kFields];
+  // kCross3: V, U as kCross's and the second layer's V2, U2 (the same shapes).
   static constexpr int kCrossRank = 16;
-  std::vector<float> cross_v_, cross_u_, pair_weight_;
+  std::vector<float> cross_v_, cross_u_, pair_weight_, cross2_v_, cross2_u_;
 };
 
 // `count` batches of exactly `rows` examples each from the datagen distribution, encoded by

@@ -561,7 +561,8 @@ TEST(DatagenInteractionTest, CrossAndDotTeachersReplaceTheFmTerm) {
   RawRows fm_rows;
   std::vector<float> fm_probs;
   fm.GenerateChunk(0, 4096, &fm_rows, &fm_probs);
-  for (TeacherInteraction t : {TeacherInteraction::kCross, TeacherInteraction::kDot}) {
+  for (TeacherInteraction t : {TeacherInteraction::kCross, TeacherInteraction::kDot,
+                               TeacherInteraction::kCross3}) {
     SCOPED_TRACE(TeacherInteractionName(t));
     o.interaction = t;
     const SyntheticData d = Make(o);
@@ -599,7 +600,42 @@ TEST(DatagenInteractionTest, CrossAndDotTeachersReplaceTheFmTerm) {
   EXPECT_EQ(ParseTeacherInteraction("cross").value(), TeacherInteraction::kCross);
   EXPECT_EQ(ParseTeacherInteraction("dot").value(), TeacherInteraction::kDot);
   EXPECT_EQ(ParseTeacherInteraction("fm").value(), TeacherInteraction::kFm);
+  EXPECT_EQ(ParseTeacherInteraction("cross3").value(), TeacherInteraction::kCross3);
   EXPECT_FALSE(ParseTeacherInteraction("din").ok());
+}
+
+// Adding the cross3 teacher left the cross and dot teachers' labels as they were (goldens from
+// before it existed), and cross3's interaction term is not the cross teacher's (the third-order
+// term of two cross layers is nearly uncorrelated with the one layer's second-order term).
+TEST(DatagenInteractionTest, CrossThreeIsANewTermAndLeavesTheOthersUnchanged) {
+  DatagenOptions o;
+  RawRows rows;
+  std::vector<float> probs;
+  double sums[3] = {0, 0, 0};
+  std::vector<double> terms[2];
+  int i = 0;
+  for (TeacherInteraction t : {TeacherInteraction::kCross, TeacherInteraction::kDot,
+                               TeacherInteraction::kCross3}) {
+    o.interaction = t;
+    const SyntheticData d = Make(o);
+    d.GenerateChunk(0, 4096, &rows, &probs);
+    for (float l : rows.labels) sums[i] += l;
+    if (t != TeacherInteraction::kDot) {
+      for (int r = 0; r < rows.size(); ++r) terms[i / 2].push_back(d.Terms(rows, r).fm);
+    }
+    ++i;
+  }
+  // Goldens of the cross and dot teachers from before kCross3 existed.
+  EXPECT_EQ(sums[0], 976.0);
+  EXPECT_EQ(sums[1], 1011.0);
+  EXPECT_GT(sums[2], 0);
+  double cov = 0, sa = 0, sb = 0;
+  for (size_t r = 0; r < terms[0].size(); ++r) {
+    cov += terms[0][r] * terms[1][r];
+    sa += terms[0][r] * terms[0][r];
+    sb += terms[1][r] * terms[1][r];
+  }
+  EXPECT_LT(std::fabs(cov) / std::sqrt(sa * sb), 0.3);
 }
 
 // An explicit kFm is the default teacher, bit for bit (the golden of

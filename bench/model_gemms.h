@@ -1,0 +1,70 @@
+// The GEMMs one training step of a model runs, read off its dense layout (Model::dense_layout()),
+// so that a benchmark can measure the roof of the model's own shapes (bench/gemm_peak.h's
+// GemmsRoofGflops) rather than DeepFM's.
+//
+// Every 2-D weight "<block>/w", "<block>/v" or "<block>/u" of shape [K, N] is a layer
+// Y[M, N] = X[M, K] W at the tower's batch M, and a step runs three GEMMs for it:
+//   forward          Y = X W                  (M, K, N)
+//   backward-weights dW += X^T dY             (K, M, N), X read transposed
+//   backward-data    dX = dY W^T              (M, N, K), W read transposed
+// except the backward-data of DLRM's first bottom layer ("bottom0/w"), whose input is the data.
+// This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U) and
+// bottom_mlp.cc run them. The MLP's ("mlp<l>/w", "out/w") run in bf16 under model.precision BF16;
+// the other blocks always run in f32 (worker/model/cross_network.h). Layers with N = 1 (the
+// output layer "out/w", DCN-v2's linear head "cross_out/w") are dot-product loops, not GEMMs,
+// and are left out, as is the other non-GEMM work (the FM term, DLRM's dots, the cross network's
+// elementwise passes, activations): ModelStepGemmFlopsPerExample says what share that leaves.
+#pragma once
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "bench/gemm_peak.h"
+#include "worker/model/model.h"
+
+namespace pstrain {
+
+// The distinct GEMM shapes of one training step of `model` at `batch` examples a tower, each
+// with how many times the step runs it.
+inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model, int batch,
+                                                             bool bf16) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>;
+  std::map<Key, int> counts;
+  auto add = [&](int64_t m, int64_t k, int64_t n, bool ta, bool tb, bool low) {
+    ++counts[Key{m, k, n, ta, tb, low}];
+  };
+  for (const DenseTensor& t : model.dense_layout()) {
+    if (t.shape.size() != 2) continue;
+    if (!absl::EndsWith(t.name, "/w") && !absl::EndsWith(t.name, "/v") &&
+        !absl::EndsWith(t.name, "/u")) {
+      continue;
+    }
+    const int64_t K = t.shape[0], N = t.shape[1], M = batch;
+    if (K <= 1 || N <= 1) continue;
+    const bool low =
+        bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/"));
+    add(M, K, N, false, false, low);
+    add(K, M, N, true, false, low);
+    if (t.name != "bottom0/w") add(M, N, K, false, true, low);
+  }
+  std::vector<std::pair<GemmShape, int>> gemms;
+  for (const auto& [key, count] : counts) {
+    GemmShape s;
+    std::tie(s.m, s.k, s.n, s.trans_a, s.trans_b, s.bf16) = key;
+    gemms.emplace_back(s, count);
+  }
+  return gemms;
+}
+
+// The FLOPs per example of ModelStepGemms (to set against Model::flops_per_example()).
+inline double ModelStepGemmFlopsPerExample(const Model& model, int batch, bool bf16) {
+  double flops = 0;
+  for (const auto& [s, count] : ModelStepGemms(model, batch, bf16)) flops += count * s.flops();
+  return flops / batch;
+}
+
+}  // namespace pstrain

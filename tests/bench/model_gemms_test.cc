@@ -1,0 +1,78 @@
+// bench/model_gemms.h: the GEMMs of a step, read off the shipped DCN-v2 and DLRM models' dense
+// layouts, are the ones their blocks run (counted against the models' own FLOP counts).
+#include "bench/model_gemms.h"
+
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "pstrain/config.pb.h"
+#include "worker/model/model.h"
+
+namespace pstrain {
+namespace {
+
+using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
+
+std::map<Key, std::pair<int, bool>> Shapes(const Model& model, int batch, bool bf16) {
+  std::map<Key, std::pair<int, bool>> out;
+  for (const auto& [s, count] : ModelStepGemms(model, batch, bf16)) {
+    out[Key{s.m, s.k, s.n, s.trans_a, s.trans_b}] = {count, s.bf16};
+  }
+  return out;
+}
+
+ModelConfig Preset(ModelType type) {
+  ModelConfig c;
+  c.set_type(type);
+  c.set_embedding_dim(16);
+  for (int h : {400, 400, 400}) c.add_hidden(h);
+  if (type == DCN_V2) c.mutable_blocks()->set_cross_layers(3);
+  if (type == DLRM) {
+    c.mutable_blocks()->add_bottom_hidden(256);
+    c.mutable_blocks()->add_bottom_hidden(64);
+  }
+  return c;
+}
+
+TEST(ModelGemmsTest, DcnV2CrossLayersAndMlpForwardAndBothBackwards) {
+  auto model = Model::Create(Preset(DCN_V2), ModelInputs{39, {}});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto shapes = Shapes(**model, 1024, /*bf16=*/true);
+  // 3 cross layers [624, 624]: forward, backward-weights (x read transposed), backward-data.
+  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, false}), std::make_pair(3, false));
+  EXPECT_EQ(shapes.at(Key{624, 1024, 624, true, false}), std::make_pair(3, false));
+  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, true}), std::make_pair(3, false));
+  // The MLP 624-400-400-400 in bf16 (the output layer, N = 1, is not a GEMM).
+  EXPECT_EQ(shapes.at(Key{1024, 624, 400, false, false}), std::make_pair(1, true));
+  EXPECT_EQ(shapes.at(Key{1024, 400, 624, false, true}), std::make_pair(1, true));
+  EXPECT_EQ(shapes.at(Key{1024, 400, 400, false, false}), std::make_pair(2, true));
+  EXPECT_EQ(shapes.size(), 9u);
+  const double gemm = 6.0 * (3 * 624 * 624 + 624 * 400 + 2 * 400 * 400);
+  EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true), gemm);
+  // The model's own count adds the non-GEMM work only: the output layer and elementwise passes.
+  EXPECT_GT((*model)->flops_per_example(), gemm);
+  EXPECT_LT((*model)->flops_per_example(), gemm * 1.01);
+}
+
+TEST(ModelGemmsTest, DlrmHasNoBackwardDataIntoTheNumericInputs) {
+  std::vector<int> dense(13);
+  for (int f = 0; f < 13; ++f) dense[f] = f;
+  auto model = Model::Create(Preset(DLRM), ModelInputs{39, dense});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto shapes = Shapes(**model, 512, /*bf16=*/false);
+  EXPECT_EQ(shapes.count(Key{512, 13, 256, false, false}), 1u);
+  EXPECT_EQ(shapes.count(Key{13, 512, 256, true, false}), 1u);
+  EXPECT_EQ(shapes.count(Key{512, 256, 13, false, true}), 0u);
+  // The top MLP reads [bottom output (16), 40 * 39 / 2 = 780 dots].
+  EXPECT_EQ(shapes.at(Key{512, 796, 400, false, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.size(), 14u);
+  const double gemm = 4.0 * 13 * 256 + 6.0 * (256 * 64 + 64 * 16) +
+                      6.0 * (796 * 400 + 2 * 400 * 400);
+  EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 512, false), gemm);
+}
+
+}  // namespace
+}  // namespace pstrain
