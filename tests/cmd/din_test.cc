@@ -2,8 +2,8 @@
 // with real processes: `pstrain train` learns from the history, `pstrain predict` scores the
 // checkpoint exactly as the trainer's final evaluation did, a 2-host ASYNC PS job and a 2-rank
 // `pstrain allreduce` train it (the attention MLP is part of the dense vector, so both carry it
-// unchanged), and `pstrain export` refuses the model naming the list field (serving lists is not
-// built yet). The data is tests/cmd/lists_test.cc's.
+// unchanged), and its export, served by `pstrain serve`, scores as predict did. The data is
+// tests/cmd/lists_test.cc's.
 #include <unistd.h>
 
 #include <string>
@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cmd/job_files.h"
+#include "tests/cmd/served_export.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
 
@@ -105,12 +106,14 @@ TEST_F(DinTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
   EXPECT_EQ(predicted.at("auc").number_value(), auc);
   EXPECT_EQ(predicted.at("examples").number_value(), 2000);
 
-  // Serving lists is not built yet: export refuses, naming the field.
-  EXPECT_NE(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
+  // Its export, served by `pstrain serve`, scores the test rows as predict did.
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
                                            "/export"),
                               120, &out),
-            0);
-  EXPECT_THAT(out, HasSubstr("'history'"));
+            0)
+      << out;
+  testing::ServedExport served(P(), Dir() + "/export");
+  served.ExpectCsvScoresAsPredicted(Dir() + "/test.csv", Dir() + "/scores.tsv");
 }
 
 TEST_F(DinTest, AsyncPsJobLearns) {

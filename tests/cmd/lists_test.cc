@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "pstrain/serving.grpc.pb.h"
 #include "tests/cmd/job_files.h"
+#include "tests/cmd/served_export.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
 
@@ -136,61 +137,16 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
                               120, &out),
             0)
       << out;
-  std::vector<float> want;
-  {
-    std::ifstream in(Dir() + "/scores.tsv");
-    std::string line;
-    while (std::getline(in, line)) {
-      float p = NAN;
-      ASSERT_TRUE(absl::SimpleAtof(line.substr(0, line.find('\t')), &p)) << line;
-      want.push_back(p);
-    }
-  }
-  auto text = ReadFileToString(Dir() + "/test.csv");
-  ASSERT_TRUE(text.ok());
-  std::vector<std::string> rows = absl::StrSplit(*text, '\n', absl::SkipEmpty());
-  rows.erase(rows.begin());  // the header
-  ASSERT_EQ(rows.size(), want.size());
-  testing::Subprocess server;
-  std::string error;
-  ASSERT_TRUE(server.Start({P(), "serve", "--model", Dir() + "/export", "--port", "0",
-                            "--threads", "2"},
-                           &error))
-      << error;
-  const std::string listening = server.ReadLineContaining("listening on", 60000);
-  const int port =
-      listening.empty() ? 0 : std::atoi(listening.substr(listening.rfind(':') + 1).c_str());
-  ASSERT_GT(port, 0) << listening;
-  auto stub = Predictor::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                     grpc::InsecureChannelCredentials()));
-  auto predict = [&](const PredictRequest& req, PredictResponse* resp) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    return stub->Predict(&ctx, req, resp);
-  };
-  for (size_t begin = 0, size = 1; begin < rows.size(); begin += size, size = size * 3 + 1) {
-    PredictRequest req;
-    req.set_row_format(PredictRequest::CSV);
-    req.set_rows_have_label(true);
-    for (size_t i = begin; i < std::min(rows.size(), begin + size); ++i) req.add_rows(rows[i]);
-    PredictResponse resp;
-    const grpc::Status s = predict(req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    ASSERT_EQ(resp.probabilities_size(), req.rows_size());
-    for (int i = 0; i < req.rows_size(); ++i) {
-      EXPECT_NEAR(resp.probabilities(i), want[begin + i], 1e-6) << "row " << begin + i;
-    }
-  }
+  testing::ServedExport served(P(), Dir() + "/export");
+  served.ExpectCsvScoresAsPredicted(Dir() + "/test.csv", Dir() + "/scores.tsv");
   PredictRequest bad;
   bad.set_row_format(PredictRequest::CSV);
   bad.add_rows("i1,i2|i3,u1");
   bad.add_rows("i1,i2||i3,u1");
   PredictResponse resp;
-  const grpc::Status s = predict(bad, &resp);
+  const grpc::Status s = served.Predict(bad, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("row 1, field 2 (history): empty id 2"));
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.WaitExit(60000), 0);
 }
 
 // `pstrain convert` CSV -> TFRecord (shuffled, through its bucket files) -> CSV keeps every
