@@ -222,6 +222,9 @@ class CtrModel : public Model {
 
   int num_fields() const override { return shape_.num_fields; }
   int embedding_dim() const override { return shape_.dim; }
+  const std::vector<int>& field_dims() const override { return field_dims_; }
+  const std::vector<char>& fm_excluded() const override { return fm_excluded_; }
+  int row_dim() const override { return shape_.row_dim(); }
   const std::vector<int>& dense_fields() const override { return dense_fields_; }
   const std::vector<ModelInputs::Attention>& attention() const override {
     return attention_inputs_;
@@ -249,6 +252,8 @@ class CtrModel : public Model {
     Rng rng(HashKey(static_cast<uint64_t>(row_id), seed));
     const double stddev = config_.embedding_init_stddev();
     for (int j = 0; j < shape_.dim; ++j) row[1 + j] = static_cast<float>(stddev * rng.Normal());
+    // A stride wider than the default table's rows (per-field dims): the slot's tail is 0.
+    std::fill(row + 1 + shape_.dim, row + shape_.row_dim(), 0.f);
   }
 
   absl::StatusOr<std::unique_ptr<Tower>> CreateTower(int max_batch,
@@ -311,10 +316,18 @@ class CtrModel : public Model {
     return absl::OkStatus();
   }
   absl::Status MakeBlocks(const ModelConfig& resolved);
+  // Sets shape_.layout from field_dims_ and fm_excluded_ once shape_.fm is known: null when
+  // every field has dim k and is in the FM term; refuses a field of another dim in the FM term.
+  absl::Status SetLayout();
+  int NumFmFields() const {
+    return static_cast<int>(std::count(fm_excluded_.begin(), fm_excluded_.end(), 0));
+  }
 
   ModelConfig config_;
   SparseShape shape_;
   std::vector<int> dense_fields_;
+  std::vector<int> field_dims_;    // [F]: d_f (0 for LR)
+  std::vector<char> fm_excluded_;  // [F]: 1 = out of the FM term (all 0 without one)
   std::vector<DenseTensor> layout_;
   std::vector<Mlp::Layer> hidden_;
   int64_t out_w_ = 0;
@@ -376,6 +389,28 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("model.embedding_dim is ", shape.dim, ", expected 1..", kMaxEmbeddingDim));
   }
+  const auto& dims = inputs.field_dims;
+  const auto& excluded = inputs.fm_excluded;
+  if (type != LR && !dims.empty() && static_cast<int>(dims.size()) != num_fields) {
+    return absl::InvalidArgumentError(absl::StrCat("model: ", dims.size(),
+                                                   " field dims for ", num_fields, " fields"));
+  }
+  if (type != LR && !excluded.empty() && static_cast<int>(excluded.size()) != num_fields) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: ", excluded.size(), " fm_excluded flags for ", num_fields, " fields"));
+  }
+  model->field_dims_.assign(num_fields, shape.dim);
+  model->fm_excluded_.assign(num_fields, 0);
+  for (int f = 0; type != LR && f < static_cast<int>(dims.size()); ++f) {
+    if (dims[f] <= 0 || dims[f] > kMaxEmbeddingDim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: field ", f, " has embedding dim ", dims[f], ", expected 1..", kMaxEmbeddingDim));
+    }
+    model->field_dims_[f] = dims[f];
+  }
+  for (int f = 0; type != LR && f < static_cast<int>(excluded.size()); ++f) {
+    model->fm_excluded_[f] = excluded[f] != 0;  // kept by SetLayout only with an FM term
+  }
   if (!(config.embedding_init_stddev() >= 0.f) || !(config.embedding_l2() >= 0.f)) {
     return absl::InvalidArgumentError(
         "model.embedding_init_stddev and model.embedding_l2 must be >= 0");
@@ -397,16 +432,17 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
 
   shape.fm = type == DEEPFM || type == FM;
   shape.deep = type == DEEPFM || type == WIDE_DEEP;
+  RETURN_IF_ERROR(model->SetLayout());
   model->layout_.push_back({"bias", 0, {1}});
   int64_t offset = 1;
   // FLOPs: 2 per multiply-add, 3 GEMM passes (forward, backward-data, backward-weights) per layer;
   // the first-order and FM terms count their multiply-adds forward (2 F + 4 F k) and backward
   // (2 F + 4 F k) likewise.
-  double flops = 4.0 * num_fields + (shape.fm ? 8.0 * num_fields * shape.dim : 0.0);
+  double flops = 4.0 * num_fields + (shape.fm ? 8.0 * model->NumFmFields() * shape.dim : 0.0);
   if (shape.deep) {
     std::vector<int> widths(config.hidden().begin(), config.hidden().end());
     if (widths.empty()) widths = {400, 400, 400};
-    int64_t in = int64_t{num_fields} * shape.dim;
+    int64_t in = shape.x0_width();
     for (size_t l = 0; l < widths.size(); ++l) {
       const int out = widths[l];
       if (out <= 0) {
@@ -438,6 +474,39 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
   return std::unique_ptr<Model>(std::move(model));
 }
 
+absl::Status CtrModel::SetLayout() {
+  SparseShape& shape = shape_;
+  const int F = shape.num_fields, k = shape.dim;
+  if (!shape.fm) std::fill(fm_excluded_.begin(), fm_excluded_.end(), 0);
+  bool uniform = true;
+  for (int f = 0; f < F; ++f) {
+    if (field_dims_[f] != k) {
+      if (shape.fm && !fm_excluded_[f]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model: field ", f, " has dim ", field_dims_[f], " but the FM term crosses dim ", k,
+            " (model.embedding_dim); set its table's fm_join: EXCLUDE"));
+      }
+      uniform = false;
+    }
+    if (fm_excluded_[f]) uniform = false;
+  }
+  if (uniform) {
+    shape.layout = nullptr;  // the fixed-k kernels, bit-identical to a model without tables
+    return absl::OkStatus();
+  }
+  auto layout = std::make_shared<FieldLayout>();
+  layout->max_dim = k;
+  for (int f = 0; f < F; ++f) {
+    layout->dim.push_back(field_dims_[f]);
+    layout->offset.push_back(layout->width);
+    layout->fm.push_back(shape.fm && !fm_excluded_[f] ? 1 : 0);
+    layout->width += field_dims_[f];
+    layout->max_dim = std::max(layout->max_dim, field_dims_[f]);
+  }
+  shape.layout = std::move(layout);
+  return absl::OkStatus();
+}
+
 // The grammar's models (DCN_V2, DLRM, BLOCKS) from their resolved config. The layout: "bias";
 // the bottom MLP "bottom<l>/{w,b}" (DOT with dense fields); the cross layers "cross<l>/{w,b}" or
 // "cross<l>/{v,u,b}"; the cross network's linear head "cross_out/w" (PARALLEL or no MLP) and
@@ -446,8 +515,11 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
   const ModelBlocks& blocks = resolved.blocks();
   SparseShape& shape = shape_;
   const int F = shape.num_fields, k = shape.dim;
-  const int64_t D = int64_t{F} * k;
   const bool mlp = blocks.mlp();
+  // The FM term's fields and the per-field layout first: every block below reads x0's width.
+  shape.fm = blocks.interaction() == ModelBlocks::FM_TERM;
+  RETURN_IF_ERROR(SetLayout());
+  const int64_t D = shape.x0_width();
   auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("model.blocks: ", what));
   };
@@ -469,15 +541,30 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
     if (blocks.interaction() == ModelBlocks::FM_TERM && !mlp) {
       return bad("FM_TERM with target attention (list.attention_target) needs the MLP (mlp: true)");
     }
+    if (shape.fm && shape.layout != nullptr) {
+      return bad("FM_TERM with target attention (list.attention_target) needs every field of dim "
+                 "model.embedding_dim and in the FM term (per-field dims or fm_join: EXCLUDE with "
+                 "attention and the FM term are not supported yet)");
+    }
     TargetAttention::Options opt;
-    opt.fm = blocks.interaction() == ModelBlocks::FM_TERM;
+    opt.fm = shape.fm;
     opt.num_fields = F;
     opt.dim = k;
+    opt.row_dim = shape.row_dim();
+    opt.x0_width = D;
+    for (int f = 0; f < F; ++f) opt.x0_offset.push_back(shape.x0_offset(f));
     for (const ModelInputs::Attention& a : attention_inputs_) {
       TargetAttention::Field fd;
       fd.field = a.field;
       fd.target = a.target;
-      int64_t in = 4 * int64_t{k};
+      fd.dim = field_dims_[a.field];
+      if (field_dims_[a.target] != fd.dim) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model: field ", a.field, " (dim ", fd.dim, ") attends against field ", a.target,
+            " (dim ", field_dims_[a.target], "); target attention needs the same dim for both: "
+            "expected their tables to have one dim"));
+      }
+      int64_t in = 4 * int64_t{fd.dim};
       for (size_t l = 0; l < a.hidden.size(); ++l) {
         const int out = a.hidden[l];
         if (out <= 0 || out > 65536) {
@@ -513,7 +600,7 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
       shape.fm = blocks.interaction() == ModelBlocks::FM_TERM;
       shape.deep = mlp;
       if (!shape.fm && !mlp) return bad("no interaction and no MLP: use model.type LR");
-      if (shape.fm) flops += 8.0 * F * k;
+      if (shape.fm) flops += 8.0 * NumFmFields() * k;
       break;
     case ModelBlocks::CROSS_V2: {
       shape.deep = true;
@@ -522,7 +609,7 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
         return bad(absl::StrCat("cross_layers is ", layers, ", expected 1..16"));
       }
       if (rank < 0 || rank > D) {
-        return bad(absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. F*k = ", D));
+        return bad(absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. x0's width ", D));
       }
       DenseBlocks::Options opt;
       opt.num_fields = F;
@@ -563,6 +650,14 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
     case ModelBlocks::DOT: {
       shape.deep = true;
       if (!mlp) return bad("DOT needs the top MLP (blocks.mlp: true)");
+      for (int f = 0; f < F; ++f) {
+        if (field_dims_[f] != k) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "model: field ", f, " has dim ", field_dims_[f], " but DOT takes the dot products "
+              "of vectors of one dim, model.embedding_dim = ", k, "; expected every field's table "
+              "to have dim ", k));
+        }
+      }
       DenseBlocks::Options opt;
       opt.num_fields = F;
       opt.dim = k;

@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<DenseBlocks>> DenseBlocks::Create(const Options& 
   }
   std::unique_ptr<DenseBlocks> blocks(new DenseBlocks(options));
   const size_t batch = options.max_batch;
-  const int64_t D = int64_t{options.num_fields} * options.dim;
+  // x0's width: the cross network's (per-field dims make it sum_f d_f), F*k for DOT.
+  const int64_t D = cross ? int64_t{options.cross.dim} : int64_t{options.num_fields} * options.dim;
   if (cross) {
     const bool head = options.parallel || !options.mlp.has_value();
     if (head != (options.cross_out_w >= 0) ||
@@ -83,7 +84,7 @@ absl::Status DenseBlocks::Forward(const Tower::Input& in, float* logits) {
   const int n = in.n;
   if (n <= 0) return absl::OkStatus();
   const float* dense = in.dense;
-  const int64_t D = int64_t{opt_.num_fields} * opt_.dim;
+  const int64_t D = X0Width();
   if (cross_ != nullptr) {
     RETURN_IF_ERROR(cross_->Forward(n, dense));
     if (mlp_ != nullptr) {
@@ -138,7 +139,7 @@ absl::StatusOr<const float*> DenseBlocks::Backward(const Tower::Input& in, const
                                                    float* dense_grad) {
   const int n = in.n;
   const float* dense = in.dense;
-  const int64_t D = int64_t{opt_.num_fields} * opt_.dim;
+  const int64_t D = X0Width();
   if (n <= 0) return dx0_.data() != nullptr ? dx0_.data() : x0();
   if (mlp_ != nullptr) RETURN_IF_ERROR(mlp_->Backward(n, dense, g, dense_grad));
   if (cross_ != nullptr) {

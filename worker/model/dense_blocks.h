@@ -55,18 +55,24 @@ class DenseBlocks {
   DenseBlocks(const DenseBlocks&) = delete;
   DenseBlocks& operator=(const DenseBlocks&) = delete;
 
-  // Where SparseForward writes x0 [n, F*k] (f32) before Forward.
+  // Where SparseForward writes x0 [n, D] (f32) before Forward: D = cross.dim for CROSS_V2 (sum_f
+  // d_f with per-field dims), F*k for DOT (whose fields all have dim k).
   float* x0();
 
   // logits[b] += the blocks' output for b < in.n. Keeps what Backward needs.
   absl::Status Forward(const Tower::Input& in, float* logits);
 
   // After Forward(in): ADDS d(sum_b g_b logit_b)/d(dense) into dense_grad for the blocks' tensors
-  // and returns d(sum_b g_b logit_b)/d x0 [n, F*k], valid until the next call.
+  // and returns d(sum_b g_b logit_b)/d x0 [n, D], valid until the next call.
   absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* g, float* dense_grad);
 
  private:
   explicit DenseBlocks(const Options& options) : opt_(options) {}
+  // x0's floats per example: the cross network's width (sum_f d_f with per-field dims), or F*k.
+  int64_t X0Width() const {
+    return !opt_.cross.layers.empty() ? int64_t{opt_.cross.dim}
+                                      : int64_t{opt_.num_fields} * opt_.dim;
+  }
   // Copies [n, width] f32 rows into the MLP's input buffer (converting under bf16).
   void ToMlpInput(const float* src, int n, int64_t width);
   int64_t top_width() const;

@@ -196,6 +196,104 @@ void SparseBackwardListsImpl(const SparseShape& shape, const Tower::Input& in, c
   }
 }
 
+// The general path for per-field dims (shape.layout, fm.h): plain loops over each field's d_f,
+// for one entry per cell (kLists false) or the list path. Not the hot path of a uniform model,
+// which keeps the fixed-k kernels; reference.cc is its twin.
+template <bool kLists>
+void MixedForward(const SparseShape& shape, const Tower::Input& in, float bias, int64_t begin,
+                  int64_t end, float* logits, float* sum_v, float* pooled, float* x0_f32,
+                  uint16_t* x0_bf16) {
+  const FieldLayout& lay = *shape.layout;
+  const int F = shape.num_fields;
+  const int k = shape.dim;
+  const int64_t rd = shape.row_dim(), D = lay.width;
+  const bool fm = shape.fm;
+  const int32_t base = kLists ? in.offsets[0] : 0;
+  alignas(64) float sum[kMaxEmbeddingDim];
+  alignas(64) float sq[kMaxEmbeddingDim];
+  alignas(64) float x[kMaxEmbeddingDim];
+  for (int64_t b = begin; b < end; ++b) {
+    float first = 0.f;
+    for (int j = 0; j < k; ++j) sum[j] = sq[j] = 0.f;
+    for (int f = 0; f < F; ++f) {
+      const int64_t e = b * F + f;
+      const int64_t lo = kLists ? in.offsets[e] - base : e;
+      const int64_t hi = kLists ? in.offsets[e + 1] - base : e + 1;
+      const int d = lay.dim[f];
+      for (int j = 0; j < d; ++j) x[j] = 0.f;
+      for (int64_t i = lo; i < hi; ++i) {
+        const float s = in.scales[i];
+        const float* r = in.rows + in.slots[i] * rd;
+        first += s * r[0];
+        for (int j = 0; j < d; ++j) x[j] += s * r[1 + j];
+      }
+      if (fm && lay.fm[f]) {  // d == k (Model::Create)
+        for (int j = 0; j < k; ++j) {
+          sum[j] += x[j];
+          sq[j] += x[j] * x[j];
+        }
+        if (pooled != nullptr) std::copy(x, x + k, pooled + e * k);
+      }
+      if (x0_f32 != nullptr) {
+        std::copy(x, x + d, x0_f32 + b * D + lay.offset[f]);
+      } else if (x0_bf16 != nullptr) {
+        FloatToBf16(x, x0_bf16 + b * D + lay.offset[f], d);
+      }
+    }
+    float second = 0.f;
+    if (fm) {
+      for (int j = 0; j < k; ++j) second += sum[j] * sum[j] - sq[j];
+      second *= 0.5f;
+      if (sum_v != nullptr) std::copy(sum, sum + k, sum_v + b * k);
+    }
+    logits[b] = bias + first + second;
+  }
+}
+
+template <bool kLists>
+void MixedBackward(const SparseShape& shape, const Tower::Input& in, const float* g,
+                   const float* sum_v, const float* pooled, const float* dx0, float l2,
+                   const int32_t* entries, int64_t num_entries, float* row_grads) {
+  const FieldLayout& lay = *shape.layout;
+  const int F = shape.num_fields;
+  const int k = shape.dim;
+  const int64_t rd = shape.row_dim(), D = lay.width;
+  const bool fm = shape.fm, deep = shape.deep;
+  const int32_t base = kLists ? in.offsets[0] : 0;
+  // Entries increase, so the cell e = b*F + f and the example b only move forward.
+  int64_t e = 0, b = 0, b_end = F;
+  for (int64_t n = 0; n < num_entries; ++n) {
+    const int64_t i = entries != nullptr ? entries[n] : n;
+    if (kLists) {
+      while (i >= in.offsets[e + 1] - base) ++e;
+    } else {
+      e = i;
+    }
+    while (e >= b_end) {
+      ++b;
+      b_end += F;
+    }
+    const int f = static_cast<int>(e - (b_end - F));
+    const int d = lay.dim[f];
+    const float s = in.scales[i];
+    const int64_t slot = in.slots[i];
+    const float* r = in.rows + slot * rd;
+    float* gr = row_grads + slot * rd;
+    const float gb = g[b];
+    gr[0] += gb * s + l2 * r[0];
+    const bool in_fm = fm && lay.fm[f];
+    const float* sv = in_fm ? sum_v + b * k : nullptr;
+    const float* px = in_fm && kLists ? pooled + e * k : nullptr;
+    const float* dx = deep ? dx0 + b * D + lay.offset[f] : nullptr;
+    for (int j = 0; j < d; ++j) {
+      float dj = 0.f;
+      if (in_fm) dj = gb * (sv[j] - (kLists ? px[j] : s * r[1 + j]));
+      if (deep) dj += dx[j];
+      gr[1 + j] += s * dj + l2 * r[1 + j];
+    }
+  }
+}
+
 }  // namespace
 
 // The vector variants (worker/model/fm_vec.inc): AVX2 at the build's baseline; AVX-512, and
@@ -245,6 +343,10 @@ constexpr int kWidth = 16;
 
 void SparseForward(const SparseShape& shape, const Tower::Input& in, float bias, int64_t begin,
                    int64_t end, float* logits, float* sum_v, float* x0_f32, uint16_t* x0_bf16) {
+  if (shape.layout != nullptr) {
+    return MixedForward<false>(shape, in, bias, begin, end, logits, sum_v, nullptr, x0_f32,
+                               x0_bf16);
+  }
   if ((shape.fm || shape.deep) && shape.dim > 0) {
     const Isa isa = KernelIsa();
     if (isa >= Isa::kAvx512CoreBf16 &&
@@ -266,6 +368,10 @@ void SparseForward(const SparseShape& shape, const Tower::Input& in, float bias,
 void SparseBackward(const SparseShape& shape, const Tower::Input& in, const float* g,
                     const float* sum_v, const float* dx0, float l2, const int32_t* entries,
                     int64_t num_entries, float* row_grads) {
+  if (shape.layout != nullptr) {
+    return MixedBackward<false>(shape, in, g, sum_v, nullptr, dx0, l2, entries, num_entries,
+                                row_grads);
+  }
   if ((shape.fm || shape.deep) && shape.dim > 0) {
     if (KernelIsa() >= Isa::kAvx512Core &&
         fm_avx512::BackwardAnyK(shape, in, g, sum_v, dx0, l2, entries, num_entries, row_grads)) {
@@ -284,6 +390,10 @@ void SparseBackward(const SparseShape& shape, const Tower::Input& in, const floa
 void SparseForwardLists(const SparseShape& shape, const Tower::Input& in, float bias,
                         int64_t begin, int64_t end, float* logits, float* sum_v, float* pooled,
                         float* x0_f32, uint16_t* x0_bf16) {
+  if (shape.layout != nullptr) {
+    return MixedForward<true>(shape, in, bias, begin, end, logits, sum_v, pooled, x0_f32,
+                              x0_bf16);
+  }
   if ((shape.fm || shape.deep) && shape.dim > 0) {
     const Isa isa = KernelIsa();
     if (isa >= Isa::kAvx512CoreBf16 &&
@@ -308,6 +418,10 @@ void SparseForwardLists(const SparseShape& shape, const Tower::Input& in, float 
 void SparseBackwardLists(const SparseShape& shape, const Tower::Input& in, const float* g,
                          const float* sum_v, const float* pooled, const float* dx0, float l2,
                          const int32_t* entries, int64_t num_entries, float* row_grads) {
+  if (shape.layout != nullptr) {
+    return MixedBackward<true>(shape, in, g, sum_v, pooled, dx0, l2, entries, num_entries,
+                               row_grads);
+  }
   if ((shape.fm || shape.deep) && shape.dim > 0) {
     if (KernelIsa() >= Isa::kAvx512Core &&
         fm_avx512::BackwardListsAnyK(shape, in, g, sum_v, pooled, dx0, l2, entries, num_entries,

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "worker/model/model.h"
 
@@ -20,14 +22,45 @@ namespace pstrain {
 // Largest embedding dimension the kernels accept (Model::Create enforces it).
 inline constexpr int kMaxEmbeddingDim = 1024;
 
+// Per-field embedding dims (ModelInputs::field_dims) when some field's dim is not k or some field
+// is out of the FM term. Then x0 [n, width] holds field f's d_f floats at [offset[f], offset[f] +
+// d_f) of each example, rows have the stride 1 + max_dim, and the FM term sums the fields with
+// fm[f] (each of dim k). The kernels take a general path for it (plain loops, not the fixed-k
+// vector kernels).
+struct FieldLayout {
+  std::vector<int> dim;         // [F]: d_f
+  std::vector<int64_t> offset;  // [F]: sum of d_g for g < f
+  std::vector<char> fm;         // [F]: 1 = in the FM term (only read when SparseShape::fm)
+  int64_t width = 0;            // D = sum_f d_f
+  int max_dim = 0;              // max(k, max_f d_f)
+};
+
 struct SparseShape {
   int num_fields = 0;  // F
   int dim = 0;         // k; 0 exactly when neither fm nor deep (LR: a row is just [w])
   bool fm = false;     // the FM second-order term is part of the logit
   bool deep = false;   // x0 = concat_f x_f ([n, F*k]) feeds an MLP
-  int row_dim() const { return 1 + dim; }
+  // Null: every field has dim k and is in the FM term (the fixed-k kernels). Shared by the model
+  // and its towers; immutable.
+  std::shared_ptr<const FieldLayout> layout;
+  int row_dim() const { return 1 + (layout != nullptr ? layout->max_dim : dim); }
+  // x0's floats per example.
+  int64_t x0_width() const {
+    return layout != nullptr ? layout->width : int64_t{num_fields} * dim;
+  }
+  // Where field f's x_f starts in example b's x0.
+  int64_t x0_offset(int f) const {
+    return layout != nullptr ? layout->offset[f] : int64_t{f} * dim;
+  }
+  int field_dim(int f) const { return layout != nullptr ? layout->dim[f] : dim; }
 };
 
+// With shape.layout set, every kernel below takes the general path: field f's row is [w, v_0 ..
+// v_{d_f-1}] in a slot of row_dim() floats, x0 is [n, layout->width] with f at layout->offset[f]
+// (dx0 likewise), only the fields with layout->fm[f] enter the FM sums (sum_v stays [n, k],
+// pooled [n*F, k] with only those fields' cells written), and the gradients touch only [0, 1 +
+// d_f) of a row's slot. The formulas below read k as d_f and e*k as b*width + offset[f].
+//
 // Forward over examples [begin, end):
 //   logits[b] = bias + sum_f s_f w_f + (fm ? 0.5 sum_j [(sum_f x_fj)^2 - sum_f x_fj^2] : 0)
 //   sum_v[b*k + j] = sum_f x_fj                 (when fm and sum_v != nullptr; for backward)

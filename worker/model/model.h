@@ -3,7 +3,10 @@
 //
 // Parameters:
 //   sparse rows: each global row id (FeatureSpec) has row_dim() = 1 + k floats, laid out as
-//                [w, v_0 .. v_{k-1}]: the first-order weight, then the k-dim embedding.
+//                [w, v_0 .. v_{k-1}]: the first-order weight, then the k-dim embedding. With
+//                per-field dims (ModelInputs::field_dims, one per table) a row of a field of dim
+//                d is [w, v_0 .. v_{d-1}] in a slot of the common stride row_dim() = 1 + max dim,
+//                and x0 = concat_f s_f v_f has sum_f d_f floats.
 //   dense:       one flat float vector of dense_size() floats: the global bias, then each MLP
 //                layer's weights and biases (see DenseLayout). Flat so that the PS can split it
 //                by size and allreduce can fuse it into one buffer.
@@ -117,6 +120,13 @@ struct ModelInputs {
     std::vector<int> hidden;
   };
   std::vector<Attention> attention;
+  // Per field, its embedding dim d_f (its table's dim); empty = every field has model.embedding_dim
+  // (k). A row of field f uses floats [0, 1 + d_f) of its slot of Model::row_dim() floats (the
+  // rest is 0 on pull and ignored on push), and f contributes d_f floats to x0. LR ignores it.
+  std::vector<int> field_dims;
+  // Per field, 1 = the field is not in the FM term (its table's fm_join: EXCLUDE); empty = none
+  // excluded. Every field in the FM term must have d_f == k (Model::Create refuses otherwise).
+  std::vector<char> fm_excluded;
 };
 
 // Immutable after Create; safe to share across towers.
@@ -135,7 +145,15 @@ class Model {
   virtual const std::vector<int>& dense_fields() const = 0;
   // ModelInputs::attention as Create got them (empty for the model types that cannot use it).
   virtual const std::vector<ModelInputs::Attention>& attention() const = 0;
-  int row_dim() const { return 1 + embedding_dim(); }
+  // ModelInputs::field_dims resolved: [num_fields], each field's dim (every entry k when the
+  // inputs left it empty; 0 for LR).
+  virtual const std::vector<int>& field_dims() const = 0;
+  // ModelInputs::fm_excluded resolved: [num_fields], 1 = not in the FM term (all 0 for the models
+  // without one).
+  virtual const std::vector<char>& fm_excluded() const = 0;
+  // The stride of a pulled row: 1 + max(k, max field_dims) (1 for LR). Row u lives at
+  // rows[u * row_dim()]; a row of a field of dim d uses its first 1 + d floats.
+  virtual int row_dim() const = 0;
   virtual int64_t dense_size() const = 0;
   virtual const std::vector<DenseTensor>& dense_layout() const = 0;
   // Forward+backward FLOPs per example (for throughput reports against the GEMM peak).

@@ -65,6 +65,11 @@ double DotProduct(const std::vector<double>& a, const double* w) {
 std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& model,
                                     const ReferenceInput& in) {
   const int F = model.num_fields(), k = model.embedding_dim(), rd = model.row_dim();
+  // Per-field dims: field f's d_f floats start at off[f] of x (f*k when every field has dim k).
+  const std::vector<int>& dims = model.field_dims();
+  const std::vector<char>& excluded = model.fm_excluded();
+  std::vector<int64_t> off(F + 1, 0);
+  for (int f = 0; f < F; ++f) off[f + 1] = off[f] + dims[f];
   const ModelConfig resolved = ResolveModelConfig(config);
   const ModelType type = resolved.type();
   const bool grammar = type == DCN_V2 || type == DLRM || type == BLOCKS || type == DIN;
@@ -79,7 +84,7 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
   std::vector<double> logits(in.n);
   for (int b = 0; b < in.n; ++b) {
     // x = concat_f s_f v_f, and the first-order term.
-    std::vector<double> x(static_cast<size_t>(F) * k);
+    std::vector<double> x(static_cast<size_t>(off[F]));
     double z = dense[0];
     for (int f = 0; f < F; ++f) {
       // The entries of (b, f): one, or a list pooled as sum_i s_i row_i.
@@ -90,7 +95,7 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
         const double s = in.scales[i];
         const double* row = in.rows + static_cast<int64_t>(in.slots[i]) * rd;
         z += s * row[0];
-        for (int j = 0; j < k; ++j) x[f * k + j] += s * row[1 + j];
+        for (int j = 0; j < dims[f]; ++j) x[off[f] + j] += s * row[1 + j];
       }
     }
     // Target attention (target_attention.h): x_f = sum_i s_i a_i e_i, a_i = MLP_att([e, c, e - c,
@@ -100,31 +105,33 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
       const int64_t e = static_cast<int64_t>(b) * F + f;
       const int64_t lo = in.offsets != nullptr ? in.offsets[e] - in.offsets[0] : e;
       const int64_t hi = in.offsets != nullptr ? in.offsets[e + 1] - in.offsets[0] : e + 1;
-      std::vector<double> pooled(k, 0.0);
+      const int d = dims[f];  // == dims[t] (Model::Create)
+      std::vector<double> pooled(d, 0.0);
       for (int64_t i = lo; i < hi; ++i) {
         const double* v = in.rows + static_cast<int64_t>(in.slots[i]) * rd + 1;
-        std::vector<double> u(4 * static_cast<size_t>(k));
-        for (int j = 0; j < k; ++j) {
-          const double c = x[t * k + j];
+        std::vector<double> u(4 * static_cast<size_t>(d));
+        for (int j = 0; j < d; ++j) {
+          const double c = x[off[t] + j];
           u[j] = v[j];
-          u[k + j] = c;
-          u[2 * k + j] = v[j] - c;
-          u[3 * k + j] = v[j] * c;
+          u[d + j] = c;
+          u[2 * d + j] = v[j] - c;
+          u[3 * d + j] = v[j] * c;
         }
         for (int l = 0; Has(model, absl::StrCat("att", f, "/mlp", l, "/w")); ++l) {
           u = Dense(model, dense, absl::StrCat("att", f, "/mlp", l), u, /*relu=*/true);
         }
         const double a = Dense(model, dense, absl::StrCat("att", f, "/out"), u, /*relu=*/false)[0];
-        for (int j = 0; j < k; ++j) pooled[j] += in.scales[i] * a * v[j];
+        for (int j = 0; j < d; ++j) pooled[j] += in.scales[i] * a * v[j];
       }
-      for (int j = 0; j < k; ++j) x[f * k + j] = pooled[j];
+      for (int j = 0; j < d; ++j) x[off[f] + j] = pooled[j];
     }
     if (fm) {
       for (int j = 0; j < k; ++j) {
         double sum = 0, sq = 0;
         for (int f = 0; f < F; ++f) {
-          sum += x[f * k + j];
-          sq += x[f * k + j] * x[f * k + j];
+          if (excluded[f]) continue;  // the fields in the FM term have d_f == k
+          sum += x[off[f] + j];
+          sq += x[off[f] + j] * x[off[f] + j];
         }
         z += 0.5 * (sum * sum - sq);
       }
@@ -178,7 +185,7 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
         e.push_back(a);
         mlp_in = a;
       }
-      for (int f = 0; f < F; ++f) e.emplace_back(x.begin() + f * k, x.begin() + (f + 1) * k);
+      for (int f = 0; f < F; ++f) e.emplace_back(x.begin() + off[f], x.begin() + off[f + 1]);
       for (size_t i = 0; i < e.size(); ++i) {
         for (size_t j = i + 1; j < e.size(); ++j) mlp_in.push_back(DotProduct(e[i], e[j].data()));
       }
@@ -201,11 +208,16 @@ double ReferenceLoss(const ModelConfig& config, const Model& model, const Refere
 double ReferenceObjective(const ModelConfig& config, const Model& model, const ReferenceInput& in) {
   double penalty = 0;
   const int F = model.num_fields(), rd = model.row_dim();
-  const int64_t entries =
-      in.offsets != nullptr ? in.offsets[in.n * F] - in.offsets[0] : int64_t{in.n} * F;
-  for (int64_t e = 0; e < entries; ++e) {
-    const double* row = in.rows + static_cast<int64_t>(in.slots[e]) * rd;
-    for (int j = 0; j < rd; ++j) penalty += row[j] * row[j];
+  // Each entry's field, for its row's width 1 + d_f (the stride's tail is not a parameter).
+  const int64_t cells = int64_t{in.n} * F;
+  for (int64_t c = 0; c < cells; ++c) {
+    const int64_t lo = in.offsets != nullptr ? in.offsets[c] - in.offsets[0] : c;
+    const int64_t hi = in.offsets != nullptr ? in.offsets[c + 1] - in.offsets[0] : c + 1;
+    const int width = 1 + model.field_dims()[c % F];
+    for (int64_t e = lo; e < hi; ++e) {
+      const double* row = in.rows + static_cast<int64_t>(in.slots[e]) * rd;
+      for (int j = 0; j < width; ++j) penalty += row[j] * row[j];
+    }
   }
   return ReferenceLoss(config, model, in) + 0.5 * config.embedding_l2() * penalty;
 }

@@ -28,7 +28,8 @@ struct ReferenceInput {
   const int32_t* offsets = nullptr;
 };
 
-// The n logits. `model` supplies the shapes (fields, k, dense layout, dense fields); `config`
+// The n logits. `model` supplies the shapes (fields, k, per-field dims and FM exclusions, dense
+// layout, dense fields); `config`
 // the type and blocks (every ModelType, DCN_V2, DLRM and BLOCKS included).
 std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& model,
                                     const ReferenceInput& in);
@@ -36,8 +37,9 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
 // sum_b sigmoid cross-entropy(logit_b, label_b): what Tower::ForwardBackward returns.
 double ReferenceLoss(const ModelConfig& config, const Model& model, const ReferenceInput& in);
 
-// ReferenceLoss + (embedding_l2 / 2) * sum over entries (b, f) (every list entry) of |row_{slots[b*F+f]}|^2 (the
-// whole row [w, v]): the objective whose gradient Tower::ForwardBackward adds.
+// ReferenceLoss + (embedding_l2 / 2) * sum over entries (b, f) (every list entry) of
+// |row_{slots[b*F+f]}|^2 (the whole row [w, v], its first 1 + d_f floats with per-field dims): the
+// objective whose gradient Tower::ForwardBackward adds.
 double ReferenceObjective(const ModelConfig& config, const Model& model, const ReferenceInput& in);
 
 // The MLP kernel's twin (worker/model/mlp.h), forward and backward in double. With

@@ -27,10 +27,15 @@ absl::StatusOr<std::unique_ptr<TargetAttention>> TargetAttention::Create(const O
     return absl::InvalidArgumentError(
         "TargetAttention needs fields > 0, dim > 0, threads > 0 and an attended field");
   }
+  if (!options.x0_offset.empty() && static_cast<int>(options.x0_offset.size()) != F) {
+    return absl::InvalidArgumentError("TargetAttention: x0_offset needs one offset per field");
+  }
   for (size_t a = 0; a < options.fields.size(); ++a) {
     const Field& fd = options.fields[a];
+    const int d = fd.dim > 0 ? fd.dim : k;
     if (fd.field < 0 || fd.field >= F || fd.target < 0 || fd.target >= F ||
-        fd.field == fd.target || fd.hidden.empty() || fd.hidden[0].in != 4 * k) {
+        fd.field == fd.target || fd.hidden.empty() || fd.hidden[0].in != 4 * d ||
+        d > kMaxEmbeddingDim || (options.fm && d != k)) {
       return absl::InvalidArgumentError(
           absl::StrCat("TargetAttention field ", a, ": bad field, target or layer sizes"));
     }
@@ -60,11 +65,13 @@ int64_t TargetAttention::CellBegin(const Tower::Input& in, int64_t cell) const {
 
 absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16,
                                       float* logits, float* sum_v, float* pooled) {
-  const int n = in.n, F = opt_.num_fields, k = opt_.dim;
-  const int64_t rd = 1 + k, w4 = 4 * int64_t{k};
+  const int n = in.n, F = opt_.num_fields;
+  const int64_t rd = RowDim(), D = X0Width();
   if (n <= 0) return absl::OkStatus();
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const Field& fd = opt_.fields[a];
+    const int k = Dim(fd);  // the field's dim (== opt_.dim with fm)
+    const int64_t w4 = 4 * int64_t{k};
     State& st = state_[a];
     // The stacked rows: example b's entries of field f.
     st.cell_begin.assign(static_cast<size_t>(n) + 1, 0);
@@ -146,11 +153,11 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
           const float* e = in.rows + int64_t{in.slots[i]} * rd + 1;
           for (int j = 0; j < k; ++j) x[j] += w * e[j];
         }
-        const int64_t off = (b * F + fd.field) * k;
+        const int64_t off = b * D + X0Offset(fd.field);
         if (opt_.fm) {
           // Replacing old by x in the FM sum S changes the term by sum_j (x - old)_j (S - old)_j.
           float* S = sum_v + b * k;
-          const float* old = pooled + off;
+          const float* old = pooled + (b * F + fd.field) * k;
           float delta = 0.f;
           for (int j = 0; j < k; ++j) {
             const float d = x[j] - old[j];
@@ -171,6 +178,7 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
   if (opt_.fm) {
     // The attended cells' "pooled" is the final sum: SparseBackwardLists' FM term for their
     // entries, g_b (sum_v - pooled), is then zero.
+    const int k = opt_.dim;
     for (const Field& fd : opt_.fields) {
       for (int64_t b = 0; b < n; ++b) {
         std::copy(sum_v + b * k, sum_v + (b + 1) * k, pooled + (b * F + fd.field) * k);
@@ -183,17 +191,18 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
 absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, const float* dx0,
                                                        const float* g, const float* sum_v,
                                                        float* dense_grad) {
-  const int n = in.n, F = opt_.num_fields, k = opt_.dim;
-  const int64_t rd = 1 + k, w4 = 4 * int64_t{k};
-  const int64_t D = int64_t{F} * k;
+  const int n = in.n, F = opt_.num_fields;
+  const int64_t rd = RowDim(), D = X0Width();
   Reserve(&dx0_, int64_t{std::max(n, 1)} * D);
   if (n <= 0) return dx0_.data();
   std::copy(dx0, dx0 + n * D, dx0_.data());
   for (const Field& fd : opt_.fields) {
-    for (int b = 0; b < n; ++b) std::fill_n(dx0_.data() + b * D + int64_t{fd.field} * k, k, 0.f);
+    for (int b = 0; b < n; ++b) std::fill_n(dx0_.data() + b * D + X0Offset(fd.field), Dim(fd), 0.f);
   }
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const Field& fd = opt_.fields[a];
+    const int k = Dim(fd);
+    const int64_t w4 = 4 * int64_t{k};
     State& st = state_[a];
     const int64_t R = st.rows, P = st.padded;
     const int64_t H = fd.hidden.back().out;
@@ -211,7 +220,7 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       float dx_fm[kMaxEmbeddingDim];
       for (int64_t b = begin; b < end; ++b) {
-        const float* dx = dx0 + (b * F + fd.field) * k;
+        const float* dx = dx0 + b * D + X0Offset(fd.field);
         if (opt_.fm) {
           // d loss / d x_f = the MLP's + the FM term's g_b (sum_v - x_f).
           const float* x = st.x.data() + b * k;
@@ -278,7 +287,7 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
         const int64_t t = CellBegin(in, b * F + fd.target);
         const float ts = in.scales[t];
         const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
-        float* dc = dx0_.data() + b * D + int64_t{fd.target} * k;
+        float* dc = dx0_.data() + b * D + X0Offset(fd.target);
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
           const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
           const float* du = du_.data() + r * w4;
@@ -297,10 +306,10 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
 
 void TargetAttention::AddRowGrads(const Tower::Input& in, int owner, int owners,
                                   float* row_grads) const {
-  const int64_t rd = 1 + opt_.dim;
-  const int k = opt_.dim;
+  const int64_t rd = RowDim();
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const State& st = state_[a];
+    const int k = Dim(opt_.fields[a]);
     for (int64_t r = 0; r < st.rows; ++r) {
       const int32_t slot = in.slots[st.entry[r]];
       if (owners > 1 && OwnerOfSlot(slot, owners) != owner) continue;

@@ -49,15 +49,22 @@ class TargetAttention {
   struct Field {
     int field = 0;                   // f: the attended (list) field
     int target = 0;                  // t: its single-valued target field
-    std::vector<Mlp::Layer> hidden;  // at least one; hidden[0].in == 4k
+    int dim = 0;                     // d: f's and t's dim (per-field dims); 0 = Options::dim
+    std::vector<Mlp::Layer> hidden;  // at least one; hidden[0].in == 4d
     int64_t out_w = 0;               // [hidden.back().out]
     int64_t out_b = 0;               // [1]
   };
   struct Options {
     int num_fields = 0;  // F
     int dim = 0;         // k
+    // Per-field dims (fm.h FieldLayout): the rows' stride, x0's width and each field's offset in
+    // it; 0 / empty = the uniform layout (1 + k, F*k, f*k).
+    int row_dim = 0;
+    int64_t x0_width = 0;
+    std::vector<int64_t> x0_offset;
     std::vector<Field> fields;
-    bool fm = false;  // the model has the FM term (then the MLP too: dx0 carries d c)
+    bool fm = false;  // the model has the FM term (then the MLP too: dx0 carries d c; the uniform
+                     // layout only)
     int threads = 1;
   };
 
@@ -65,7 +72,7 @@ class TargetAttention {
   TargetAttention(const TargetAttention&) = delete;
   TargetAttention& operator=(const TargetAttention&) = delete;
 
-  // Overwrites the attended fields' cells of x0 [n, F*k] (exactly one of x0_f32 / x0_bf16) with
+  // Overwrites the attended fields' cells of x0 [n, x0_width] (exactly one of x0_f32 / x0_bf16) with
   // x_f. Keeps what Backward needs. INVALID_ARGUMENT when a target cell holds other than one entry.
   // With fm, after SparseForwardLists: logits[b] += the FM term's change when x_f replaces the
   // combiner's pooled vector (pooled[(b*F+f)*k ...]), sum_v[b*k ...] becomes the attended sum,
@@ -80,7 +87,7 @@ class TargetAttention {
   absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* dx0, const float* g,
                                         const float* sum_v, float* dense_grad);
 
-  // After Backward: adds d e_i into row_grads[slot_i * (1 + k) + 1 ...] for the attended entries
+  // After Backward: adds d e_i into row_grads[slot_i * row_dim + 1 ...] for the attended entries
   // whose slot OwnerOfSlot(slot, owners) gives to `owner`, in entry order. Concurrent calls with
   // distinct owners of one partition are safe.
   void AddRowGrads(const Tower::Input& in, int owner, int owners, float* row_grads) const;
@@ -98,6 +105,14 @@ class TargetAttention {
     AlignedArray<float> x;            // [n, k]: x_f (fm)
   };
   explicit TargetAttention(const Options& options) : opt_(options) {}
+  int64_t RowDim() const { return opt_.row_dim > 0 ? opt_.row_dim : 1 + opt_.dim; }
+  int64_t X0Width() const {
+    return opt_.x0_width > 0 ? opt_.x0_width : int64_t{opt_.num_fields} * opt_.dim;
+  }
+  int64_t X0Offset(int f) const {
+    return opt_.x0_offset.empty() ? int64_t{f} * opt_.dim : opt_.x0_offset[f];
+  }
+  int Dim(const Field& fd) const { return fd.dim > 0 ? fd.dim : opt_.dim; }
   int64_t CellBegin(const Tower::Input& in, int64_t cell) const;
   static void Reserve(AlignedArray<float>* a, int64_t size);
 
