@@ -299,6 +299,40 @@ BENCHMARK(BM_TowerForwardBackward)
     ->Args({WIDE_DEEP, 0, 1})
     ->UseRealTime();
 
+// Per-field dims (ModelInputs::field_dims) at DeepFM's shape, one thread, f32. layout 0: every
+// field k = 16 (the fixed-k kernels); 1: the same shapes with one field out of the FM term, which
+// sends the sparse kernels down the general path (fm.h FieldLayout) at equal work; 2: mixed dims,
+// fields cycling 16 (in the FM term), 8 and 4 (excluded), x0 of 364 floats instead of 624.
+void BM_TowerFieldDims(benchmark::State& state) {
+  const int layout = static_cast<int>(state.range(0));
+  ModelConfig config;
+  config.set_type(DEEPFM);
+  config.set_embedding_dim(kDim);
+  config.set_embedding_l2(1e-5f);
+  ModelInputs inputs;
+  inputs.num_fields = kFields;
+  if (layout == 1) {
+    inputs.fm_excluded.assign(kFields, 0);
+    inputs.fm_excluded[kFields - 1] = 1;
+  } else if (layout == 2) {
+    for (int f = 0; f < kFields; ++f) {
+      inputs.field_dims.push_back(f % 3 == 0 ? 16 : f % 3 == 1 ? 8 : 4);
+      inputs.fm_excluded.push_back(f % 3 != 0);
+    }
+  }
+  auto model = std::move(Model::Create(config, inputs)).value();
+  const Data d = MakeData(*model);
+  auto tower = std::move(model->CreateTower(kBatch, 1)).value();
+  std::vector<float> row_grads(d.rows.size()), dense_grad(d.dense.size()), logits(kBatch);
+  omp_set_num_threads(1);
+  const StepTimes t = TimeSteps(state, [&] {
+    return tower->ForwardBackward(d.input(), row_grads.data(), dense_grad.data(), logits.data())
+        .ok();
+  });
+  TowerCounters(state, *model, 1, t);
+}
+BENCHMARK(BM_TowerFieldDims)->ArgName("layout")->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
+
 // Evaluation: forward only.
 void BM_TowerForward(benchmark::State& state) {
   const bool bf16 = state.range(0) != 0;
