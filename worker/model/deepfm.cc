@@ -125,6 +125,11 @@ class CtrModel : public Model {
     return absl::OkStatus();
   }
   absl::Status MakeBlocks(const ModelConfig& resolved);
+  // MakeBlocks' parts, each appending its tensors to the layout (and its FLOPs to *flops).
+  absl::Status MakeAttention(const ModelBlocks& blocks);
+  absl::Status MakeCross(const ModelBlocks& blocks, double* flops);
+  absl::StatusOr<int64_t> MakeDot(const ModelBlocks& blocks, double* flops);
+  absl::Status MakeTopMlp(const ModelConfig& resolved, int64_t in, double* flops);
   // Sets shape_.layout from field_dims_ and fm_excluded_ once shape_.fm is known: null when
   // every field has dim k and is in the FM term; refuses a field of another dim in the FM term.
   absl::Status SetLayout();
@@ -146,6 +151,10 @@ class CtrModel : public Model {
   int64_t dense_size_ = 0;
   double flops_ = 0;
 };
+
+absl::Status BlocksError(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("model.blocks: ", what));
+}
 
 bool IsBlockType(ModelType type) {
   return type == DCN_V2 || type == DLRM || type == BLOCKS || type == DIN;
@@ -323,208 +332,237 @@ absl::Status CtrModel::SetLayout() {
 absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
   const ModelBlocks& blocks = resolved.blocks();
   SparseShape& shape = shape_;
-  const int F = shape.num_fields, k = shape.dim;
   const bool mlp = blocks.mlp();
   // The FM term's fields and the per-field layout first: every block below reads x0's width.
   shape.fm = blocks.interaction() == ModelBlocks::FM_TERM;
   RETURN_IF_ERROR(SetLayout());
-  const int64_t D = shape.x0_width();
-  auto bad = [](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("model.blocks: ", what));
-  };
   dense_size_ = 0;
   RETURN_IF_ERROR(Add("bias", {1}));
-  double flops = 4.0 * F;
+  double flops = 4.0 * shape.num_fields;
   if (resolved.type() == DIN && blocks.interaction() != ModelBlocks::NO_INTERACTION) {
-    return bad(absl::StrCat("interaction ", ModelBlocks::Interaction_Name(blocks.interaction()),
-                            " contradicts model.type DIN; use type BLOCKS to choose it"));
+    return BlocksError(absl::StrCat("interaction ",
+                                    ModelBlocks::Interaction_Name(blocks.interaction()),
+                                    " contradicts model.type DIN; use type BLOCKS to choose it"));
   }
   if (resolved.type() == DIN && attention_inputs_.empty()) {
     return absl::InvalidArgumentError(
         "model.type DIN: no list field has list.attention_target; expected the history field "
         "to name its candidate field (docs/CONFIG.md \"DIN\")");
   }
-  if (!attention_inputs_.empty()) {
-    // Target attention (target_attention.h): its tensors follow "bias". The FM term would need
-    // the attended vectors in its sums' backward, which the list kernels do not take (yet).
-    if (blocks.interaction() == ModelBlocks::FM_TERM && !mlp) {
-      return bad("FM_TERM with target attention (list.attention_target) needs the MLP (mlp: true)");
-    }
-    if (shape.fm && shape.layout != nullptr) {
-      return bad("FM_TERM with target attention (list.attention_target) needs every field of dim "
-                 "model.embedding_dim and in the FM term (per-field dims or fm_join: EXCLUDE with "
-                 "attention and the FM term are not supported yet)");
-    }
-    TargetAttention::Options opt;
-    opt.fm = shape.fm;
-    opt.num_fields = F;
-    opt.dim = k;
-    opt.row_dim = shape.row_dim();
-    opt.x0_width = D;
-    for (int f = 0; f < F; ++f) opt.x0_offset.push_back(shape.x0_offset(f));
-    for (const ModelInputs::Attention& a : attention_inputs_) {
-      TargetAttention::Field fd;
-      fd.field = a.field;
-      fd.target = a.target;
-      fd.dim = field_dims_[a.field];
-      if (field_dims_[a.target] != fd.dim) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model: field ", a.field, " (dim ", fd.dim, ") attends against field ", a.target,
-            " (dim ", field_dims_[a.target], "); target attention needs the same dim for both: "
-            "expected their tables to have one dim"));
-      }
-      int64_t in = 4 * int64_t{fd.dim};
-      for (size_t l = 0; l < a.hidden.size(); ++l) {
-        const int out = a.hidden[l];
-        if (out <= 0 || out > 65536) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "model: field ", a.field, " attention_hidden[", l, "] is ", out, ", expected 1..65536"));
-        }
-        const std::string name = absl::StrCat("att", a.field, "/mlp", l);
-        const int64_t w = dense_size_;
-        RETURN_IF_ERROR(Add(name + "/w", {in, out}));
-        fd.hidden.push_back({static_cast<int>(in), out, w, dense_size_});
-        RETURN_IF_ERROR(Add(name + "/b", {out}));
-        in = out;
-      }
-      fd.out_w = dense_size_;
-      RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/w"), {in, 1}));
-      fd.out_b = dense_size_;
-      RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/b"), {1}));
-      opt.fields.push_back(std::move(fd));
-    }
-    attention_ = std::move(opt);
-  }
-  int64_t mlp_in = D;
+  if (!attention_inputs_.empty()) RETURN_IF_ERROR(MakeAttention(blocks));
+  int64_t mlp_in = shape.x0_width();
   if ((resolved.type() == DCN_V2 && blocks.interaction() != ModelBlocks::CROSS_V2) ||
       (resolved.type() == DLRM && blocks.interaction() != ModelBlocks::DOT)) {
-    return bad(absl::StrCat("interaction ", ModelBlocks::Interaction_Name(blocks.interaction()),
-                            " contradicts model.type ", ModelType_Name(resolved.type()),
-                            "; use type BLOCKS to choose the interaction"));
+    return BlocksError(absl::StrCat("interaction ",
+                                    ModelBlocks::Interaction_Name(blocks.interaction()),
+                                    " contradicts model.type ", ModelType_Name(resolved.type()),
+                                    "; use type BLOCKS to choose the interaction"));
   }
   switch (blocks.interaction()) {
     case ModelBlocks::NO_INTERACTION:
     case ModelBlocks::FM_TERM:
       // DeepFM's blocks, under another name: the tower's plain path.
-      shape.fm = blocks.interaction() == ModelBlocks::FM_TERM;
       shape.deep = mlp;
-      if (!shape.fm && !mlp) return bad("no interaction and no MLP: use model.type LR");
-      if (shape.fm) flops += 8.0 * NumFmFields() * k;
+      if (!shape.fm && !mlp) return BlocksError("no interaction and no MLP: use model.type LR");
+      if (shape.fm) flops += 8.0 * NumFmFields() * shape.dim;
       break;
-    case ModelBlocks::CROSS_V2: {
+    case ModelBlocks::CROSS_V2:
       shape.deep = true;
-      const int layers = blocks.cross_layers(), rank = blocks.cross_rank();
-      if (layers < 1 || layers > 16) {
-        return bad(absl::StrCat("cross_layers is ", layers, ", expected 1..16"));
-      }
-      if (rank < 0 || rank > D) {
-        return bad(absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. x0's width ", D));
-      }
-      DenseBlocks::Options opt;
-      opt.num_fields = F;
-      opt.dim = k;
-      opt.cross.dim = static_cast<int>(D);
-      opt.cross.rank = rank;
-      for (int l = 0; l < layers; ++l) {
-        const std::string name = absl::StrCat("cross", l);
-        CrossNetwork::Layer layer;
-        layer.w = dense_size_;
-        if (rank == 0) {
-          RETURN_IF_ERROR(Add(name + "/w", {D, D}));
-          flops += 6.0 * D * D;
-        } else {
-          RETURN_IF_ERROR(Add(name + "/v", {D, rank}));
-          layer.u = dense_size_;
-          RETURN_IF_ERROR(Add(name + "/u", {rank, D}));
-          flops += 12.0 * D * rank;
-        }
-        layer.b = dense_size_;
-        RETURN_IF_ERROR(Add(name + "/b", {D}));
-        flops += 8.0 * D;  // the elementwise forward and backward
-        opt.cross.layers.push_back(layer);
-      }
-      opt.parallel = mlp && blocks.join() == ModelBlocks::PARALLEL;
-      if (opt.parallel || !mlp) {
-        opt.cross_out_w = dense_size_;
-        RETURN_IF_ERROR(Add("cross_out/w", {D, 1}));
-        flops += 4.0 * D;
-      }
-      if (!mlp) {
-        opt.cross_out_b = dense_size_;
-        RETURN_IF_ERROR(Add("cross_out/b", {1}));
-      }
-      blocks_ = opt;
+      RETURN_IF_ERROR(MakeCross(blocks, &flops));
       break;
-    }
     case ModelBlocks::DOT: {
       shape.deep = true;
-      if (!mlp) return bad("DOT needs the top MLP (blocks.mlp: true)");
-      for (int f = 0; f < F; ++f) {
-        if (field_dims_[f] != k) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "model: field ", f, " has dim ", field_dims_[f], " but DOT takes the dot products "
-              "of vectors of one dim, model.embedding_dim = ", k, "; expected every field's table "
-              "to have dim ", k));
-        }
-      }
-      DenseBlocks::Options opt;
-      opt.num_fields = F;
-      opt.dim = k;
-      opt.dot = true;
-      opt.dense_fields = dense_fields_;
-      const bool bottom = !dense_fields_.empty();
-      if (bottom) {
-        std::vector<int> widths(blocks.bottom_hidden().begin(), blocks.bottom_hidden().end());
-        widths.push_back(k);
-        int64_t in = static_cast<int64_t>(dense_fields_.size());
-        for (size_t l = 0; l < widths.size(); ++l) {
-          const int out = widths[l];
-          if (out <= 0 || out > 65536) {
-            return bad(absl::StrCat("bottom_hidden[", l, "] is ", out, ", expected 1..65536"));
-          }
-          const std::string name = absl::StrCat("bottom", l);
-          const int64_t w = dense_size_;
-          RETURN_IF_ERROR(Add(name + "/w", {in, out}));
-          opt.bottom.layers.push_back({static_cast<int>(in), out, w, dense_size_});
-          RETURN_IF_ERROR(Add(name + "/b", {out}));
-          flops += 4.0 * in * out;  // no backward-data into the data
-          in = out;
-        }
-      }
-      const int64_t m = F + (bottom ? 1 : 0);
-      const int64_t pairs = m * (m - 1) / 2;
-      mlp_in = (bottom ? k : 0) + pairs;
-      if (mlp_in <= 0) return bad("DOT over a single vector has no pairs");
-      flops += 6.0 * k * pairs;
-      blocks_ = opt;
+      if (!mlp) return BlocksError("DOT needs the top MLP (blocks.mlp: true)");
+      ASSIGN_OR_RETURN(mlp_in, MakeDot(blocks, &flops));
       break;
     }
     default:
-      return bad(absl::StrCat("interaction ", blocks.interaction(), " is not supported"));
+      return BlocksError(
+          absl::StrCat("interaction ", blocks.interaction(), " is not supported"));
   }
-  if (mlp) {
-    int64_t in = mlp_in;
-    for (int l = 0; l < resolved.hidden_size(); ++l) {
-      const int out = resolved.hidden(l);
-      if (out <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model.hidden[", l, "] is ", out, ", expected > 0"));
+  if (mlp) RETURN_IF_ERROR(MakeTopMlp(resolved, mlp_in, &flops));
+  flops_ = flops;
+  return absl::OkStatus();
+}
+
+// Target attention (target_attention.h): its tensors follow "bias". The FM term would need the
+// attended vectors in its sums' backward, which the list kernels do not take (yet).
+absl::Status CtrModel::MakeAttention(const ModelBlocks& blocks) {
+  const SparseShape& shape = shape_;
+  const int F = shape.num_fields, k = shape.dim;
+  const int64_t D = shape.x0_width();
+  const bool mlp = blocks.mlp();
+  if (blocks.interaction() == ModelBlocks::FM_TERM && !mlp) {
+    return BlocksError(
+        "FM_TERM with target attention (list.attention_target) needs the MLP (mlp: true)");
+  }
+  if (shape.fm && shape.layout != nullptr) {
+    return BlocksError(
+        "FM_TERM with target attention (list.attention_target) needs every field of dim "
+        "model.embedding_dim and in the FM term (per-field dims or fm_join: EXCLUDE with "
+        "attention and the FM term are not supported yet)");
+  }
+  TargetAttention::Options opt;
+  opt.fm = shape.fm;
+  opt.num_fields = F;
+  opt.dim = k;
+  opt.row_dim = shape.row_dim();
+  opt.x0_width = D;
+  for (int f = 0; f < F; ++f) opt.x0_offset.push_back(shape.x0_offset(f));
+  for (const ModelInputs::Attention& a : attention_inputs_) {
+    TargetAttention::Field fd;
+    fd.field = a.field;
+    fd.target = a.target;
+    fd.dim = field_dims_[a.field];
+    if (field_dims_[a.target] != fd.dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: field ", a.field, " (dim ", fd.dim, ") attends against field ", a.target,
+          " (dim ", field_dims_[a.target], "); target attention needs the same dim for both: "
+          "expected their tables to have one dim"));
+    }
+    int64_t in = 4 * int64_t{fd.dim};
+    for (size_t l = 0; l < a.hidden.size(); ++l) {
+      const int out = a.hidden[l];
+      if (out <= 0 || out > 65536) {
+        return absl::InvalidArgumentError(absl::StrCat("model: field ", a.field,
+                                                       " attention_hidden[", l, "] is ", out,
+                                                       ", expected 1..65536"));
       }
-      if (in > std::numeric_limits<int>::max()) return bad("the MLP's input is too wide");
-      const std::string name = absl::StrCat("mlp", l);
+      const std::string name = absl::StrCat("att", a.field, "/mlp", l);
       const int64_t w = dense_size_;
       RETURN_IF_ERROR(Add(name + "/w", {in, out}));
-      hidden_.push_back({static_cast<int>(in), out, w, dense_size_});
+      fd.hidden.push_back({static_cast<int>(in), out, w, dense_size_});
       RETURN_IF_ERROR(Add(name + "/b", {out}));
-      flops += 6.0 * in * out;
       in = out;
     }
-    out_w_ = dense_size_;
-    RETURN_IF_ERROR(Add("out/w", {in, 1}));
-    RETURN_IF_ERROR(Add("out/b", {1}));
-    flops += 6.0 * in;
+    fd.out_w = dense_size_;
+    RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/w"), {in, 1}));
+    fd.out_b = dense_size_;
+    RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/b"), {1}));
+    opt.fields.push_back(std::move(fd));
   }
-  flops_ = flops;
+  attention_ = std::move(opt);
+  return absl::OkStatus();
+}
+
+// DCN-v2's cross network on x0 (cross_network.h): "cross<l>/..." and its linear head.
+absl::Status CtrModel::MakeCross(const ModelBlocks& blocks, double* flops) {
+  const SparseShape& shape = shape_;
+  const int F = shape.num_fields, k = shape.dim;
+  const int64_t D = shape.x0_width();
+  const bool mlp = blocks.mlp();
+  const int layers = blocks.cross_layers(), rank = blocks.cross_rank();
+  if (layers < 1 || layers > 16) {
+    return BlocksError(absl::StrCat("cross_layers is ", layers, ", expected 1..16"));
+  }
+  if (rank < 0 || rank > D) {
+    return BlocksError(
+        absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. x0's width ", D));
+  }
+  DenseBlocks::Options opt;
+  opt.num_fields = F;
+  opt.dim = k;
+  opt.cross.dim = static_cast<int>(D);
+  opt.cross.rank = rank;
+  for (int l = 0; l < layers; ++l) {
+    const std::string name = absl::StrCat("cross", l);
+    CrossNetwork::Layer layer;
+    layer.w = dense_size_;
+    if (rank == 0) {
+      RETURN_IF_ERROR(Add(name + "/w", {D, D}));
+      *flops += 6.0 * D * D;
+    } else {
+      RETURN_IF_ERROR(Add(name + "/v", {D, rank}));
+      layer.u = dense_size_;
+      RETURN_IF_ERROR(Add(name + "/u", {rank, D}));
+      *flops += 12.0 * D * rank;
+    }
+    layer.b = dense_size_;
+    RETURN_IF_ERROR(Add(name + "/b", {D}));
+    *flops += 8.0 * D;  // the elementwise forward and backward
+    opt.cross.layers.push_back(layer);
+  }
+  opt.parallel = mlp && blocks.join() == ModelBlocks::PARALLEL;
+  if (opt.parallel || !mlp) {
+    opt.cross_out_w = dense_size_;
+    RETURN_IF_ERROR(Add("cross_out/w", {D, 1}));
+    *flops += 4.0 * D;
+  }
+  if (!mlp) {
+    opt.cross_out_b = dense_size_;
+    RETURN_IF_ERROR(Add("cross_out/b", {1}));
+  }
+  blocks_ = opt;
+  return absl::OkStatus();
+}
+
+// DLRM's dot interaction (dot_interaction.h) and its bottom MLP over the dense fields. Returns
+// the top MLP's input width.
+absl::StatusOr<int64_t> CtrModel::MakeDot(const ModelBlocks& blocks, double* flops) {
+  const SparseShape& shape = shape_;
+  const int F = shape.num_fields, k = shape.dim;
+  for (int f = 0; f < F; ++f) {
+    if (field_dims_[f] != k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: field ", f, " has dim ", field_dims_[f], " but DOT takes the dot products "
+          "of vectors of one dim, model.embedding_dim = ", k, "; expected every field's table "
+          "to have dim ", k));
+    }
+  }
+  DenseBlocks::Options opt;
+  opt.num_fields = F;
+  opt.dim = k;
+  opt.dot = true;
+  opt.dense_fields = dense_fields_;
+  const bool bottom = !dense_fields_.empty();
+  if (bottom) {
+    std::vector<int> widths(blocks.bottom_hidden().begin(), blocks.bottom_hidden().end());
+    widths.push_back(k);
+    int64_t in = static_cast<int64_t>(dense_fields_.size());
+    for (size_t l = 0; l < widths.size(); ++l) {
+      const int out = widths[l];
+      if (out <= 0 || out > 65536) {
+        return BlocksError(absl::StrCat("bottom_hidden[", l, "] is ", out, ", expected 1..65536"));
+      }
+      const std::string name = absl::StrCat("bottom", l);
+      const int64_t w = dense_size_;
+      RETURN_IF_ERROR(Add(name + "/w", {in, out}));
+      opt.bottom.layers.push_back({static_cast<int>(in), out, w, dense_size_});
+      RETURN_IF_ERROR(Add(name + "/b", {out}));
+      *flops += 4.0 * in * out;  // no backward-data into the data
+      in = out;
+    }
+  }
+  const int64_t m = F + (bottom ? 1 : 0);
+  const int64_t pairs = m * (m - 1) / 2;
+  const int64_t mlp_in = (bottom ? k : 0) + pairs;
+  if (mlp_in <= 0) return BlocksError("DOT over a single vector has no pairs");
+  *flops += 6.0 * k * pairs;
+  blocks_ = opt;
+  return mlp_in;
+}
+
+// The (top) MLP "mlp<l>/{w,b}", "out/{w,b}" on `in` inputs, as in DeepFM.
+absl::Status CtrModel::MakeTopMlp(const ModelConfig& resolved, int64_t in, double* flops) {
+  for (int l = 0; l < resolved.hidden_size(); ++l) {
+    const int out = resolved.hidden(l);
+    if (out <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.hidden[", l, "] is ", out, ", expected > 0"));
+    }
+    if (in > std::numeric_limits<int>::max()) return BlocksError("the MLP's input is too wide");
+    const std::string name = absl::StrCat("mlp", l);
+    const int64_t w = dense_size_;
+    RETURN_IF_ERROR(Add(name + "/w", {in, out}));
+    hidden_.push_back({static_cast<int>(in), out, w, dense_size_});
+    RETURN_IF_ERROR(Add(name + "/b", {out}));
+    *flops += 6.0 * in * out;
+    in = out;
+  }
+  out_w_ = dense_size_;
+  RETURN_IF_ERROR(Add("out/w", {in, 1}));
+  RETURN_IF_ERROR(Add("out/b", {1}));
+  *flops += 6.0 * in;
   return absl::OkStatus();
 }
 

@@ -72,8 +72,8 @@ class TargetAttention {
   TargetAttention(const TargetAttention&) = delete;
   TargetAttention& operator=(const TargetAttention&) = delete;
 
-  // Overwrites the attended fields' cells of x0 [n, x0_width] (exactly one of x0_f32 / x0_bf16) with
-  // x_f. Keeps what Backward needs. INVALID_ARGUMENT when a target cell holds other than one entry.
+  // Overwrites the attended fields' cells of x0 [n, x0_width] (exactly one of x0_f32 / x0_bf16)
+  // with x_f. Keeps what Backward needs. INVALID_ARGUMENT when a target cell holds other than one entry.
   // With fm, after SparseForwardLists: logits[b] += the FM term's change when x_f replaces the
   // combiner's pooled vector (pooled[(b*F+f)*k ...]), sum_v[b*k ...] becomes the attended sum,
   // and the attended cells of pooled are set to it, so that SparseBackwardLists adds no FM term
