@@ -12,6 +12,8 @@
 #include "cmd/commands.h"
 #include "common/config.h"
 #include "common/flags.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -68,6 +70,28 @@ int RunConfig(int argc, char** argv) {
   if (auto code = ParseTrainingCommand("config", argc, argv, &flags, tf, &config)) return *code;
   if (all) FillDefaults(&config);
   if (print) std::printf("%s", ConfigToText(config).c_str());
+  if (print && config.features().table_size() > 0) {
+    // The tables as the job lays them out (FeatureSpec): comments, so the text stays a config.
+    absl::StatusOr<FeatureSpec> spec =
+        FeatureSpec::Create(config.features(), ResolveModelConfig(config.model()));
+    if (!spec.ok()) {
+      std::fprintf(stderr, "pstrain config: %s\n", std::string(spec.status().message()).c_str());
+      return 2;
+    }
+    std::printf("# Tables (global rows [offset, offset + rows), a row = 1 + dim floats):\n");
+    for (const FeatureSpec::Table& t : spec->tables()) {
+      std::string fields;
+      for (const FeatureSpec::Field& f : spec->fields()) {
+        if (&spec->tables()[f.table] == &t) fields += (fields.empty() ? "" : ", ") + f.name;
+      }
+      std::printf("#   %s: dim %d, rows %llu at offset %llu, partitions %s, fields %s\n",
+                  t.is_default ? "(default: the fields naming no table)" : t.name.c_str(), t.dim,
+                  static_cast<unsigned long long>(t.rows),
+                  static_cast<unsigned long long>(t.offset),
+                  t.partitions > 0 ? std::to_string(t.partitions).c_str() : "the cluster's",
+                  fields.c_str());
+    }
+  }
   return 0;
 }
 

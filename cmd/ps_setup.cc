@@ -18,7 +18,8 @@ namespace pstrain {
 
 absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
                                                         int num_shards, ShardShape shape) {
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();

@@ -20,7 +20,8 @@ namespace {
 }  // namespace
 
 absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription& description) {
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(description.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(description.features(), description.model()));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Create(description.model(), ModelInputsOf(spec)));
   Shape shape;
@@ -41,7 +42,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
   std::unique_ptr<ServingModel> m(new ServingModel());
   m->description_ = description;
   m->origin_ = std::move(origin);
-  ASSIGN_OR_RETURN(m->spec_, FeatureSpec::Create(description.features()));
+  ASSIGN_OR_RETURN(m->spec_,
+                   FeatureSpec::Create(description.features(), description.model()));
   ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), ModelInputsOf(m->spec_)));
   OptimizerConfig none;
   none.set_type(SGD);  // no optimizer state is kept: SGD's is empty

@@ -7,8 +7,10 @@
 
 namespace pstrain {
 
-// The field count, the DENSE numeric fields and the target-attention fields
-// (ListSpec.attention_target).
+// The field count, the DENSE numeric fields, the target-attention fields
+// (ListSpec.attention_target) and, when the config names tables, each field's dim and whether it
+// stays out of the FM term (its table's fm_join). A spec without named tables leaves field_dims
+// and fm_excluded empty: every field has model.embedding_dim, the model of before tables.
 inline ModelInputs ModelInputsOf(const FeatureSpec& spec) {
   ModelInputs inputs;
   inputs.num_fields = spec.num_fields();
@@ -17,6 +19,10 @@ inline ModelInputs ModelInputsOf(const FeatureSpec& spec) {
     const FeatureSpec::Field& field = spec.field(f);
     if (field.attention_target >= 0) {
       inputs.attention.push_back({f, field.attention_target, field.attention_hidden});
+    }
+    if (spec.has_named_tables()) {
+      inputs.field_dims.push_back(field.dim);
+      inputs.fm_excluded.push_back(field.fm_excluded ? 1 : 0);
     }
   }
   return inputs;

@@ -117,6 +117,13 @@ struct ModelInputs {
     std::vector<int> hidden;
   };
   std::vector<Attention> attention;
+  // Per field, its embedding dim d_f (its table's dim); empty = every field has model.embedding_dim
+  // (k). A row of field f uses floats [0, 1 + d_f) of its slot of Model::row_dim() floats (the
+  // rest is 0 on pull and ignored on push), and f contributes d_f floats to x0. LR ignores it.
+  std::vector<int> field_dims;
+  // Per field, 1 = the field is not in the FM term (its table's fm_join: EXCLUDE); empty = none
+  // excluded. Every field in the FM term must have d_f == k (Model::Create refuses otherwise).
+  std::vector<char> fm_excluded;
 };
 
 // Immutable after Create; safe to share across towers.

@@ -29,7 +29,8 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   const std::string ckpt_dir = JobCheckpointDir(config);
 
   // The table's shape, as the shards have it (ShardOptionsForJob does the same).
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   const int64_t rows = spec.total_rows();
   const int row_dim = model->row_dim();

@@ -127,7 +127,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                      " cores; threads resolved). Reproduce: pstrain train --config <this file>\n",
                      ConfigToText(effective))));
   }
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();

@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<Tuner>> Tuner::Create(const Config& config, Tuner
   ResolveThreadDefaults(cores, &defaults, options.omp_num_threads);
   space.default_inter = defaults.threads().inter_op_threads();
 
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), ModelInputsOf(spec)));
   std::unique_ptr<Tuner> t(
       new Tuner(config, std::move(options), std::move(spec), std::move(model)));
