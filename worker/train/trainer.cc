@@ -140,8 +140,10 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (params == nullptr) {
     // Asynchronous updates keep the optimizer and the gather off the towers' cores' OpenMP
     // teams: one thread each, overlapping the towers.
+    ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec, *model, config.sparse_optimizer(),
+                                                      config.train().seed()));
     ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config,
-                                                async_local ? 1 : T * I));
+                                                async_local ? 1 : T * I, std::move(tables)));
     if (async_local) local->EnableBackgroundPush();
     params = local.get();
     ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));

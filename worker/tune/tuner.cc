@@ -105,8 +105,10 @@ absl::StatusOr<double> Tuner::Measure(const TuneCandidate& c) const {
   config.mutable_threads()->set_intra_op_threads(c.intra);
   config.mutable_threads()->set_inter_op_threads(c.inter);
   config.mutable_train()->set_batch_size(c.batch());
-  ASSIGN_OR_RETURN(auto params,
-                   LocalParams::Create(*model_, spec_.total_rows(), config, c.towers * c.intra));
+  ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec_, *model_, config.sparse_optimizer(),
+                                                    config.train().seed()));
+  ASSIGN_OR_RETURN(auto params, LocalParams::Create(*model_, spec_.total_rows(), config,
+                                                    c.towers * c.intra, std::move(tables)));
   ASSIGN_OR_RETURN(auto step, TrainStep::Create(*model_, c.towers, c.batch(), c.intra));
   int64_t global_step = 0;
   absl::StatusOr<StepTiming> t;
