@@ -75,6 +75,15 @@ TEST_F(TablesTest, ConfigShowsTheTables) {
                              "fields item, history"));
   EXPECT_THAT(out, HasSubstr("#   small: dim 4, rows 500 at offset 2000, partitions 3, "
                              "fields user"));
+  // --all shows the schema's defaults, but not in place of what a table or a field inherits
+  // (a table's initializer scale and optimizer overrides, a field's table): those stay unset.
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " config --all ", Args(Dir() + "/c")), 60, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("fm_join: EXCLUDE"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("stddev: 0\n")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("learning_rate: 0\n")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("table: \"\"")));
   // A table whose dim differs from the model's under the FM term, fm_join left at REFUSE.
   ASSERT_NE(testing::RunShell(absl::StrCat(P(), " config ", Args(Dir() + "/c"),
                                            " --set features.table[1].fm_join=REFUSE"),
