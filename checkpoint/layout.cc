@@ -530,9 +530,38 @@ absl::Status CompareModelDescriptions(const ModelDescription& saved, const Model
       return differ(where + ".numeric_transform", NumericTransform_Name(a.numeric_transform()),
                     NumericTransform_Name(b.numeric_transform()));
     }
+    if (a.table() != b.table()) {
+      auto named = [](const FieldSpec& f) {
+        return f.has_table() ? absl::StrCat("'", f.table(), "'") : std::string("no table");
+      };
+      return differ(where + ".table", named(a), named(b));
+    }
     if (a.vocab_size() != b.vocab_size()) {
       return differ(where + ".vocab_size", a.vocab_size(), b.vocab_size());
     }
+  }
+  // The tables (FeatureConfig.table): rows are stored by global id, so each table must keep its
+  // place, dim and rows. A checkpoint of before tables records none, and matches a config with
+  // none.
+  const int nt = std::min(fa.table_size(), fb.table_size());
+  for (int t = 0; t < nt; ++t) {
+    const TableConfig& a = fa.table(t);
+    const TableConfig& b = fb.table(t);
+    const std::string where = absl::StrCat("features.table[", t, "] '", a.name(), "'");
+    if (a.name() != b.name()) {
+      return differ(absl::StrCat("features.table[", t, "].name"), absl::StrCat("'", a.name(), "'"),
+                    absl::StrCat("'", b.name(), "'"));
+    }
+    if (a.dim() != b.dim()) return differ(where + ".dim", a.dim(), b.dim());
+    if (a.rows() != b.rows()) return differ(where + ".rows", a.rows(), b.rows());
+  }
+  if (fa.table_size() != fb.table_size()) {
+    const bool more = fa.table_size() > fb.table_size();
+    const TableConfig& extra = more ? fa.table(nt) : fb.table(nt);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "features: ", fa.table_size(), " tables in ", saved_name, ", ", fb.table_size(), " in ",
+        wanted_name, " (table[", nt, "] '", extra.name(), "' is only in ",
+        more ? saved_name : wanted_name, ")"));
   }
   if (fa.field_size() != fb.field_size()) {
     const bool more = fa.field_size() > fb.field_size();

@@ -123,12 +123,16 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
       ResolveThreadDefaults(cores, &config, Launch().omp_num_threads, rank, size);
   if (!thread_note.empty() && rank == 0) std::fprintf(stderr, "pstrain allreduce: %s\n", thread_note.c_str());
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   AllreduceOptions ao;
   ASSIGN_OR_RETURN(ao.replica_budget_bytes,
                    CheckReplicaFits(config, spec, *model, rank, size, memory_check));
-  ASSIGN_OR_RETURN(auto replica, LocalParams::Create(*model, spec.total_rows(), config, threads));
+  ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec, *model, config.sparse_optimizer(),
+                                                    config.train().seed()));
+  ASSIGN_OR_RETURN(auto replica, LocalParams::Create(*model, spec.total_rows(), config, threads,
+                                                     std::move(tables)));
 
   ao.sparse_as_dense = config.allreduce().sparse_as_dense();
   ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;

@@ -3,7 +3,9 @@
 // validated), as a text proto that `--config` accepts. What `pstrain train` writes to
 // <model_dir>/config.textproto is the same text after the thread settings are resolved.
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
@@ -12,6 +14,8 @@
 #include "cmd/commands.h"
 #include "common/config.h"
 #include "common/flags.h"
+#include "worker/data/feature_spec.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -20,6 +24,15 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 
+// Fields whose unset state means "inherit" rather than the schema default (a table's optimizer
+// overrides and initializer scale, a field's table): filling them would change the config.
+bool UnsetMeansInherit(const FieldDescriptor* f) {
+  const std::string& n = f->full_name();
+  return f->containing_type()->full_name() == "pstrain.TableOptimizer" ||
+         n == "pstrain.TableInitializer.stddev" || n == "pstrain.TableInitializer.limit" ||
+         n == "pstrain.FieldSpec.table";
+}
+
 // Sets every unset singular field of `m` (recursively, into every set or singular sub-message)
 // to its schema default, so that the printed text shows the value each field has.
 void FillDefaults(Message* m) {
@@ -27,6 +40,7 @@ void FillDefaults(Message* m) {
   const auto* d = m->GetDescriptor();
   for (int i = 0; i < d->field_count(); ++i) {
     const FieldDescriptor* f = d->field(i);
+    if (UnsetMeansInherit(f)) continue;
     if (f->is_repeated()) {
       if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
         for (int j = 0; j < r->FieldSize(*m, f); ++j) FillDefaults(r->MutableRepeatedMessage(m, f, j));
@@ -66,8 +80,35 @@ int RunConfig(int argc, char** argv) {
   flags.Bool("print", &print, "print the config (the default; kept for `pstrain config --print`)");
   Config config;
   if (auto code = ParseTrainingCommand("config", argc, argv, &flags, tf, &config)) return *code;
+  // The tables as the job lays them out (FeatureSpec), of the config as given (before --all).
+  std::optional<FeatureSpec> spec;
+  if (config.features().table_size() > 0) {
+    absl::StatusOr<FeatureSpec> made =
+        FeatureSpec::Create(config.features(), ResolveModelConfig(config.model()));
+    if (!made.ok()) {
+      std::fprintf(stderr, "pstrain config: %s\n", std::string(made.status().message()).c_str());
+      return 2;
+    }
+    spec = *std::move(made);
+  }
   if (all) FillDefaults(&config);
   if (print) std::printf("%s", ConfigToText(config).c_str());
+  if (print && spec.has_value()) {
+    // Comments, so that the text stays a config.
+    std::printf("# Tables (global rows [offset, offset + rows), a row = 1 + dim floats):\n");
+    for (const FeatureSpec::Table& t : spec->tables()) {
+      std::string fields;
+      for (const FeatureSpec::Field& f : spec->fields()) {
+        if (&spec->tables()[f.table] == &t) fields += (fields.empty() ? "" : ", ") + f.name;
+      }
+      std::printf("#   %s: dim %d, rows %llu at offset %llu, partitions %s, fields %s\n",
+                  t.is_default ? "(default: the fields naming no table)" : t.name.c_str(), t.dim,
+                  static_cast<unsigned long long>(t.rows),
+                  static_cast<unsigned long long>(t.offset),
+                  t.partitions > 0 ? std::to_string(t.partitions).c_str() : "the cluster's",
+                  fields.c_str());
+    }
+  }
   return 0;
 }
 

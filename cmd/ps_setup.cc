@@ -18,7 +18,8 @@ namespace pstrain {
 
 absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
                                                         int num_shards, ShardShape shape) {
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();
@@ -26,15 +27,29 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
   const int64_t dense_size = shape.dense_size >= 0 ? shape.dense_size : model->dense_size();
   ShardServer::Options o =
       ShardServer::OptionsFromConfig(config, shard, num_shards, rows, row_dim, dense_size);
+  // The tables' own partitions (TableSplitsOf), as every worker's client has them; only for
+  // the job's own row space (a shape given for another one keeps the one-table map).
+  if (rows == static_cast<int64_t>(spec.total_rows())) {
+    o.data.table_splits = TableSplitsOf(spec, config.cluster(), num_shards);
+    if (!o.data.table_splits.empty()) {
+      o.data.partitions = PartitionMap(o.data.table_splits, num_shards).partitions();
+    }
+  }
   o.security.max_message_bytes =
       MaxMessageBytes(config, spec.num_fields(), row_dim, dense_size);
   const uint64_t seed = config.train().seed();
+  // The tables' initializers and optimizers (StoreTablesOf), as `train` and allreduce have them;
+  // the lambdas hold the model, which the initializer reads.
+  ASSIGN_OR_RETURN(StoreTables tables,
+                   StoreTablesOf(spec, *model, config.sparse_optimizer(), seed));
+  o.data.range_optimizers = std::move(tables.optimizers);
+  RowInit init = std::move(tables.row_init);
   if (row_dim == model->row_dim()) {
-    o.data.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
+    o.data.row_init = [model, init](int64_t row, float* out) { init(row, out); };
   } else {
-    o.data.row_init = [model, seed, row_dim](int64_t row, float* out) {
+    o.data.row_init = [model, init, row_dim](int64_t row, float* out) {
       std::vector<float> full(model->row_dim());
-      model->InitRow(row, seed, full.data());
+      init(row, full.data());
       std::fill(out, out + row_dim, 0.f);
       std::memcpy(out, full.data(), sizeof(float) * std::min(row_dim, model->row_dim()));
     };

@@ -33,6 +33,14 @@ absl::Status ValidateConfig(const Config& config);
 inline constexpr int kMaxListLength = 4096;
 absl::Status ValidateListSpec(const FieldSpec& field, absl::string_view path);
 
+// One features.table entry on its own (FeatureSpec::Create checks names against the fields and
+// each other): name [A-Za-z0-9_]+, dim in [0, kMaxTableDim], rows >= 2, initializer stddev >= 0
+// and UNIFORM limit > 0, optimizer overrides in OptimizerConfig's ranges, partitions in
+// [0, kMaxTablePartitions]. `path` prefixes the error ("features.table[2]").
+inline constexpr int kMaxTableDim = 1024;
+inline constexpr int kMaxTablePartitions = 1 << 16;
+absl::Status ValidateTableConfig(const TableConfig& table, absl::string_view path);
+
 // Fills the defaults a proto2 schema cannot state: an absent dense_optimizer becomes
 // { type: ADAM learning_rate: 0.001 } (OptimizerConfig's own defaults are the sparse side's).
 // BuildConfig (cmd/cli.h) calls it after loading --config and before the --set overrides, so

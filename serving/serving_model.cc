@@ -20,7 +20,8 @@ namespace {
 }  // namespace
 
 absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription& description) {
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(description.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(description.features(), description.model()));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Create(description.model(), ModelInputsOf(spec)));
   Shape shape;
@@ -41,7 +42,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
   std::unique_ptr<ServingModel> m(new ServingModel());
   m->description_ = description;
   m->origin_ = std::move(origin);
-  ASSIGN_OR_RETURN(m->spec_, FeatureSpec::Create(description.features()));
+  ASSIGN_OR_RETURN(m->spec_,
+                   FeatureSpec::Create(description.features(), description.model()));
   ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), ModelInputsOf(m->spec_)));
   OptimizerConfig none;
   none.set_type(SGD);  // no optimizer state is kept: SGD's is empty
@@ -51,9 +53,11 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
   o.end = static_cast<int64_t>(m->spec_.total_rows());
   o.dim = m->model_->row_dim();
   o.optimizer = std::move(optimizer);
-  const Model* model = m->model_.get();
-  const uint64_t seed = description.init_seed();
-  o.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
+  // Untrained rows read as their initial value: the tables' initializers (StoreTablesOf).
+  // Serving keeps no optimizer state, so the tables' optimizers are left out.
+  ASSIGN_OR_RETURN(StoreTables tables,
+                   StoreTablesOf(m->spec_, *m->model_, none, description.init_seed()));
+  o.row_init = std::move(tables.row_init);
   ASSIGN_OR_RETURN(m->rows_, EmbeddingStore::Create(std::move(o)));
   m->dense_.assign(m->model_->dense_size(), 0.f);
   return m;

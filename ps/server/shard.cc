@@ -23,7 +23,8 @@ uint64_t RandomIncarnation(Env* env) {
 
 Shard::Shard(Options options)
     : opt_(std::move(options)),
-      map_(opt_.rows, opt_.partitions, opt_.num_shards),
+      map_(opt_.table_splits.empty() ? PartitionMap(opt_.rows, opt_.partitions, opt_.num_shards)
+                                     : PartitionMap(opt_.table_splits, opt_.num_shards)),
       incarnation_(RandomIncarnation(opt_.env)),
       start_time_(opt_.env->MonotonicNow()) {}
 
@@ -63,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
     eo.dim = o.row_dim;
     eo.optimizer = sparse_opt;
     eo.row_init = o.row_init;
+    eo.range_optimizers = o.range_optimizers;
     eo.threads = o.threads;
     eo.row_versions = o.scale_row_lr_by_staleness;
     ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));

@@ -67,11 +67,18 @@ class Shard {
     int num_shards = 1;      // S
     int64_t rows = 0;        // V, the table's rows, > 0
     int partitions = 1;      // P >= 1 (P < S leaves some shards without rows)
+    // Tables with partitions of their own (PartitionMap's TableSplit, in row order; their rows
+    // sum to `rows` and their partitions, clamped to their rows, to `partitions`). Empty: one
+    // table of `rows` rows in `partitions` partitions.
+    std::vector<PartitionMap::TableSplit> table_splits;
     int row_dim = 0;         // floats per row, > 0
     int64_t dense_size = 0;  // floats of the whole dense vector, >= 0
     OptimizerConfig sparse_optimizer;
     OptimizerConfig dense_optimizer;
     RowInit row_init;      // null = zeros; a pure function of the row id (see EmbeddingStore)
+    // The tables with optimizer settings of their own (EmbeddingStore::Options::
+    // range_optimizers, ps/store/table_rows.h); empty: every row uses sparse_optimizer.
+    std::vector<EmbeddingStore::Options::RangeOptimizer> range_optimizers;
     DenseInit dense_init;  // null = zeros
     int threads = 1;       // OpenMP threads one request's gather / update is split over
     // ASYNC: a dense push's learning rate / its staleness (DenseStore::scale_lr_by_staleness).

@@ -43,6 +43,14 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> EmbeddingStore::Create(Options o
   if (o.optimizer == nullptr) {
     return absl::InvalidArgumentError("embedding store: no optimizer given");
   }
+  for (const auto& r : o.range_optimizers) {
+    if (r.optimizer == nullptr || r.optimizer->type() != o.optimizer->type() ||
+        r.optimizer->StateFloats(o.dim) != o.optimizer->StateFloats(o.dim) || r.end < r.begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "embedding store: the optimizer of rows [", r.begin, ", ", r.end, ") must be a ",
+          OptimizerType_Name(o.optimizer->type()), " as the store's"));
+    }
+  }
   if (o.chunk_rows < 64 || (o.chunk_rows & (o.chunk_rows - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "embedding store: chunk_rows must be a power of two >= 64, got ", o.chunk_rows));
@@ -212,6 +220,11 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
   const int dim = opt_.dim;
   const Optimizer& optimizer = *opt_.optimizer;
   const double lr = optimizer.LearningRate(step);
+  // Rows of a range with its own optimizer (a table's): that optimizer, at its own rate.
+  std::vector<double> range_lr(opt_.range_optimizers.size());
+  for (size_t r = 0; r < range_lr.size(); ++r) {
+    range_lr[r] = opt_.range_optimizers[r].optimizer->LearningRate(step);
+  }
   const int version_at = opt_.row_versions ? dim + state_floats_ : -1;  // after the slots
   const bool versioned = version_at >= 0 && computed_from != nullptr;
   ParallelFor(ids.size(), ThreadsFor(ids.size(), threads > 0 ? threads : opt_.threads),
@@ -238,16 +251,25 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                     }
                     SetStamp(row, generation);
                   }
+                  const Optimizer* row_opt = &optimizer;
+                  double row_lr = lr;
+                  for (size_t r = 0; r < range_lr.size(); ++r) {
+                    const Options::RangeOptimizer& ro = opt_.range_optimizers[r];
+                    if (ids[i] >= ro.begin && ids[i] < ro.end) {
+                      row_opt = ro.optimizer.get();
+                      row_lr = range_lr[r];
+                      break;
+                    }
+                  }
                   if (fresh) {
                     if (opt_.row_init) {
                       opt_.row_init(ids[i], row);
                     } else {
                       std::memset(row, 0, dim * sizeof(float));
                     }
-                    optimizer.InitState(row + dim, dim);
+                    row_opt->InitState(row + dim, dim);
                     if (version_at >= 0) StoreVersion(row + version_at, 0);
                   }
-                  double row_lr = lr;
                   if (version_at >= 0) {
                     const uint32_t now = LoadVersion(row + version_at);
                     if (versioned) {
@@ -257,11 +279,11 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                       ++updates;
                       sum += tau;
                       max = std::max(max, tau);
-                      if (tau > 1) row_lr = lr / static_cast<double>(tau);
+                      if (tau > 1) row_lr /= static_cast<double>(tau);
                     }
                     StoreVersion(row + version_at, now + 1);
                   }
-                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, row_lr);
+                  row_opt->ApplyRow(row, row + dim, grads + i * dim, dim, row_lr);
                 }
                 if (updates > 0) {
                   stale_updates_.fetch_add(updates, std::memory_order_relaxed);
@@ -561,7 +583,7 @@ absl::Status EmbeddingStore::RestoreRows(absl::Span<const int64_t> ids, const fl
                   if (state != nullptr) {
                     std::memcpy(row + dim, state + i * sf, sf * sizeof(float));
                   } else {
-                    opt_.optimizer->InitState(row + dim, dim);
+                    OptimizerOf(ids[i]).InitState(row + dim, dim);
                   }
                   SetStamp(row, 0);  // as restored: not changed since any checkpoint
                   if (opt_.row_versions) StoreVersion(row + dim + sf, 0);

@@ -118,6 +118,16 @@ class EmbeddingStore {
     int chunk_rows = 4096;
     // Keep a version per row, and scale a versioned Apply's learning rate per row (see above).
     bool row_versions = false;
+    // The optimizers of global row ranges with settings of their own (a table's overrides of the
+    // sparse optimizer, FeatureConfig.table.optimizer; ps/store/table_rows.h): a row in an
+    // entry's [begin, end) is initialized and updated by its optimizer, every other row by
+    // `optimizer`. Each must be of `optimizer`'s type (the same slots); entries are disjoint.
+    struct RangeOptimizer {
+      int64_t begin = 0;
+      int64_t end = 0;
+      std::shared_ptr<const Optimizer> optimizer;
+    };
+    std::vector<RangeOptimizer> range_optimizers;
   };
   // The staleness of the versioned row updates applied so far.
   struct Staleness {
@@ -285,6 +295,13 @@ class EmbeddingStore {
   // The stored row of `row`, giving it a slot if it has none; then sets *fresh and the caller
   // must fill the row. Caller holds the row's stripe (exclusively).
   float* ClaimRow(int64_t row, bool* fresh);
+  // The optimizer of a row: its range's (Options::range_optimizers) or the store's.
+  const Optimizer& OptimizerOf(int64_t row) const {
+    for (const Options::RangeOptimizer& r : opt_.range_optimizers) {
+      if (row >= r.begin && row < r.end) return *r.optimizer;
+    }
+    return *opt_.optimizer;
+  }
   void RaiseLastStep(int64_t step);
   // The generation stamp of a stored row (the word before its weights), read and written
   // atomically: Apply writes it under the row's lock, a delta's stamp pass reads it without.

@@ -1,5 +1,7 @@
 #include "ps/store/partition.h"
 
+#include <algorithm>
+
 #include "common/logging.h"
 
 namespace pstrain {
@@ -12,11 +14,31 @@ PartitionMap::PartitionMap(int64_t rows, int partitions, int shards)
   rem_ = rows % partitions;
 }
 
+PartitionMap::PartitionMap(const std::vector<TableSplit>& tables, int shards)
+    : rows_(0), partitions_(0), shards_(shards), base_(0), rem_(0) {
+  PSTRAIN_CHECK(!tables.empty() && shards >= 1) << "tables=" << tables.size() << " shards=" << shards;
+  begins_.push_back(0);
+  for (const TableSplit& t : tables) {
+    PSTRAIN_CHECK(t.rows >= 1 && t.partitions >= 1) << "rows=" << t.rows << " partitions=" << t.partitions;
+    const int p = static_cast<int>(std::min<int64_t>(t.partitions, t.rows));
+    const int64_t base = t.rows / p, rem = t.rows % p;
+    for (int i = 0; i < p; ++i) begins_.push_back(begins_.back() + base + (i < rem ? 1 : 0));
+    rows_ += t.rows;
+    partitions_ += p;
+  }
+}
+
 int64_t PartitionMap::PartitionBegin(int p) const {
+  if (!begins_.empty()) return begins_[p];
   return p * base_ + (p < rem_ ? p : rem_);
 }
 
 int PartitionMap::PartitionOf(int64_t row) const {
+  if (!begins_.empty()) {
+    // The last partition starting at or before `row` (none is empty).
+    return static_cast<int>(std::upper_bound(begins_.begin(), begins_.end(), row) -
+                            begins_.begin()) - 1;
+  }
   // The first rem_ partitions have base_ + 1 rows.
   const int64_t big = rem_ * (base_ + 1);
   if (row < big) return static_cast<int>(row / (base_ + 1));

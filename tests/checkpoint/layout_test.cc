@@ -726,6 +726,37 @@ TEST(CheckpointLayout, CompareModelDescriptionsNamesTheFirstDifference) {
   same.set_init_seed(2);
   same.mutable_sparse_optimizer()->set_type(FTRL);
   EXPECT_TRUE(CompareModelDescriptions(saved, same).ok());
+  // Tables (features.table): a description of before tables matches one with none; a field's
+  // table and each table's name, dim and rows are compared, naming the table.
+  ModelDescription tables = saved;
+  tables.mutable_features()->mutable_field(0)->clear_vocab_size();
+  tables.mutable_features()->mutable_field(0)->set_table("item");
+  TableConfig* item = tables.mutable_features()->add_table();
+  item->set_name("item");
+  item->set_dim(4);
+  item->set_rows(100);
+  EXPECT_TRUE(CompareModelDescriptions(tables, tables).ok());
+  EXPECT_THAT(std::string(CompareModelDescriptions(saved, tables).message()),
+              ::testing::HasSubstr("features.field[0] 'a'.table: no table in the checkpoint, "
+                                   "'item' in the config"));
+  ModelDescription changed = tables;
+  changed.mutable_features()->mutable_table(0)->set_dim(8);
+  EXPECT_THAT(std::string(CompareModelDescriptions(tables, changed).message()),
+              ::testing::HasSubstr("features.table[0] 'item'.dim: 4 in the checkpoint, 8 in the "
+                                   "config"));
+  changed = tables;
+  changed.mutable_features()->mutable_table(0)->set_rows(99);
+  EXPECT_THAT(std::string(CompareModelDescriptions(tables, changed).message()),
+              ::testing::HasSubstr("features.table[0] 'item'.rows: 100 in the checkpoint, 99"));
+  changed = tables;
+  changed.mutable_features()->mutable_field(0)->set_table("user");
+  EXPECT_THAT(std::string(CompareModelDescriptions(tables, changed).message()),
+              ::testing::HasSubstr("features.field[0] 'a'.table: 'item' in the checkpoint, "
+                                   "'user' in the config"));
+  changed = tables;
+  changed.mutable_features()->add_table()->set_name("more");
+  EXPECT_THAT(std::string(CompareModelDescriptions(tables, changed).message()),
+              ::testing::HasSubstr("1 tables in the checkpoint, 2 in the config (table[1] 'more'"));
   // A numeric mode matters only for numeric fields: a categorical field's is ignored.
   ModelDescription mode = saved;
   mode.mutable_features()->mutable_field(0)->set_numeric_mode(DENSE);

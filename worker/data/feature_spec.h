@@ -26,8 +26,29 @@ namespace pstrain {
 // scale = w_i * c (c: the combiner's 1 / sum w, 1 / sqrt(sum w^2) or 1), the first max_length ids
 // only; an empty list, or one whose combiner denominator is 0, is the missing row (one entry,
 // scale 1). A field with share_rows_with uses its target's offset, rows and seed.
+//
+// Tables (FeatureConfig.table, docs/CONFIG.md "Tables"): the row space is a sequence of tables,
+// each a contiguous range [offset, offset + rows) of global rows whose rows hold 1 + dim floats.
+// The fields that name no table keep the layout above exactly: their slices form the "default
+// table" (tables()[0] when some field uses it), dimension model.embedding_dim, rows [0, n). The
+// named tables follow in config order; a field naming table t hashes with t's seed into
+// [offset_t + 1, offset_t + rows_t), and offset_t is the missing row of every field of t.
 class FeatureSpec {
  public:
+  struct Table {
+    std::string name;      // "" for the default table
+    bool is_default = false;
+    int dim = 0;           // embedding dimension (a row holds 1 + dim floats)
+    uint64_t rows = 0;
+    uint64_t offset = 0;   // first global row
+    uint64_t seed = 0;     // hash seed of the fields that name it (default table: unused)
+    // Resolved: stddev set (model.embedding_init_stddev when unset), limit set for UNIFORM.
+    // The default table's is NORMAL with model.embedding_init_stddev (Model::InitRow).
+    TableInitializer initializer;
+    TableOptimizer optimizer;  // overrides of the job's sparse optimizer, as configured
+    int partitions = 0;        // 0 = the cluster's rule
+    TableConfig::FmJoin fm_join = TableConfig::REFUSE;
+  };
   struct Field {
     std::string name;
     FieldKind kind = CATEGORICAL;
@@ -48,15 +69,40 @@ class FeatureSpec {
     // attention MLP's widths (36 when the config lists none).
     int attention_target = -1;
     std::vector<int> attention_hidden;
+    int table = 0;  // index into tables()
+    int dim = 0;    // its table's dim
+    // True when the field's dim differs from model.embedding_dim and its table's fm_join is
+    // EXCLUDE: it stays out of the FM term (ModelInputs::fm_excluded).
+    bool fm_excluded = false;
   };
 
-  // Expands the preset, applies explicit fields, assigns offsets. Errors name the field path.
+  // Expands the preset, applies explicit fields, assigns offsets, resolves the tables. Errors name
+  // the field or table path. `model` gives the dimension of the default table and of tables with
+  // dim 0 (model.embedding_dim, as ResolveModelConfig leaves it: 0 for LR), the default stddev
+  // and the blocks a table's dimension must fit (the FM term: fm_join; DLRM's DOT and target
+  // attention: one dimension). The one-argument form uses ModelConfig's defaults and checks no
+  // model: for callers that only encode, or that read a Resolved() config (explicit dims).
+  static absl::StatusOr<FeatureSpec> Create(const FeatureConfig& config, const ModelConfig& model);
   static absl::StatusOr<FeatureSpec> Create(const FeatureConfig& config);
 
   int num_fields() const { return static_cast<int>(fields_.size()); }
   const Field& field(int f) const { return fields_[f]; }
   const std::vector<Field>& fields() const { return fields_; }
   uint64_t total_rows() const { return total_rows_; }
+  // The tables, in row order: the default table first when some field names no table.
+  const std::vector<Table>& tables() const { return tables_; }
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+  // True when the config names tables (FeatureConfig.table not empty): a spec without them is
+  // exactly the one-table layout of before tables existed.
+  bool has_named_tables() const { return has_named_tables_; }
+  // model.embedding_dim as Create got it.
+  int embedding_dim() const { return embedding_dim_; }
+  // max(embedding_dim, every table's dim): a pulled row's stride is 1 + max_dim().
+  int max_dim() const { return max_dim_; }
+  // The table holding global row `row` (in [0, total_rows())), or -1 outside.
+  int TableOfRow(int64_t row) const;
+  // Index of the table with this name (the default table: ""), or -1.
+  int TableIndex(const std::string& name) const;
   // True when some field holds lists: Encode then fills Batch::offsets.
   bool has_lists() const { return has_lists_; }
   // The most entries Encode makes for one example: 1 a field, max_length for a list field.
@@ -72,8 +118,9 @@ class FeatureSpec {
   uint64_t hash_seed() const { return hash_seed_; }
   // The config this spec was made from, resolved: preset NO_PRESET and every field listed in
   // table order with its name, kind, numeric_mode, numeric_transform and vocab_size (its rows: 2
-  // for DENSE fields), plus hash_seed and label_name. Create(Resolved()) gives this spec again;
-  // checkpoints record it (pstrain.ModelDescription.features).
+  // for DENSE fields; fields that name a table have `table` instead), plus hash_seed, label_name
+  // and every named table with its dim, rows and initializer resolved. Create(Resolved(), model)
+  // gives this spec again; checkpoints record it (pstrain.ModelDescription.features).
   FeatureConfig Resolved() const;
   // Index of the field with this name, or -1.
   int FieldIndex(const std::string& name) const;
@@ -100,7 +147,16 @@ class FeatureSpec {
                   std::vector<float>* values) const;
 
  private:
+  static absl::StatusOr<FeatureSpec> CreateImpl(const FeatureConfig& config,
+                                                 const ModelConfig& model, bool check_model);
+  // The model's constraints on the tables' dimensions (Create's doc).
+  absl::Status CheckTableDims(const FeatureConfig& config, const ModelConfig& model) const;
+
   std::vector<Field> fields_;
+  std::vector<Table> tables_;
+  bool has_named_tables_ = false;
+  int embedding_dim_ = 0;
+  int max_dim_ = 0;
   uint64_t total_rows_ = 0;
   uint64_t hash_seed_ = 0;
   bool has_lists_ = false;

@@ -10,7 +10,8 @@ namespace pstrain {
 absl::StatusOr<std::unique_ptr<LocalParams>> LocalParams::Create(const Model& model,
                                                                   int64_t total_rows,
                                                                   const Config& config,
-                                                                  int threads) {
+                                                                  int threads,
+                                                                  StoreTables tables) {
   auto p = std::make_unique<LocalParams>();
   ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> sparse_opt,
                    Optimizer::Create(config.sparse_optimizer()));
@@ -22,7 +23,11 @@ absl::StatusOr<std::unique_ptr<LocalParams>> LocalParams::Create(const Model& mo
   eo.end = total_rows;
   eo.dim = model.row_dim();
   eo.optimizer = sparse_opt;
-  eo.row_init = [&model, seed](int64_t row, float* out) { model.InitRow(row, seed, out); };
+  eo.row_init = tables.row_init ? std::move(tables.row_init)
+                                : [&model, seed](int64_t row, float* out) {
+                                    model.InitRow(row, seed, out);
+                                  };
+  eo.range_optimizers = std::move(tables.optimizers);
   eo.threads = threads;
   ASSIGN_OR_RETURN(p->rows_, EmbeddingStore::Create(std::move(eo)));
   DenseStore::Options dopt;

@@ -13,6 +13,7 @@
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/store_memory.h"
+#include "ps/store/table_rows.h"
 #include "pstrain/config.pb.h"
 #include "worker/model/model.h"
 #include "worker/params/params.h"
@@ -29,9 +30,12 @@ class LocalParams : public ParameterAccess, private InProcessParams {
   // One embedding store for rows [0, total_rows) initialized lazily by model.InitRow(row, seed),
   // and one dense store initialized by model.InitDense(seed). `threads` splits each Pull/Push.
   // `model` must outlive the parameters: a row's first pull or push calls its InitRow.
+  // `tables` (worker/eval/model_inputs.h StoreTablesOf) gives the named tables' initializer and
+  // optimizers; its null row_init is model.InitRow.
   static absl::StatusOr<std::unique_ptr<LocalParams>> Create(const Model& model,
                                                              int64_t total_rows,
-                                                             const Config& config, int threads);
+                                                             const Config& config, int threads,
+                                                             StoreTables tables = {});
 
   int row_dim() const override { return rows_->dim(); }
   int64_t dense_size() const override { return dense_->size(); }

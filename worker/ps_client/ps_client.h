@@ -93,6 +93,9 @@ class PsClient final : public ParameterAccess {
     std::vector<std::string> shards;  // "host:port" of shard i, i in [0, S)
     int64_t rows = 0;                 // V: rows of the table, > 0
     int partitions = 0;               // P (0 = NumPartitions' default, 4 x S)
+    // The tables' own partitions (Shard::Options::table_splits: the same on every worker and
+    // shard); empty = one table of `rows` rows in `partitions` partitions.
+    std::vector<PartitionMap::TableSplit> table_splits;
     int row_dim = 0;                  // floats per row, > 0
     int64_t dense_size = 0;           // floats of the whole dense vector, >= 0
     int worker_id = 0;                // this worker's index (push ids, stats)

@@ -29,7 +29,8 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   const std::string ckpt_dir = JobCheckpointDir(config);
 
   // The table's shape, as the shards have it (ShardOptionsForJob does the same).
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   const int64_t rows = spec.total_rows();
   const int row_dim = model->row_dim();
@@ -48,6 +49,12 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     security.max_message_bytes = MaxMessageBytes(config, spec.num_fields(), row_dim, dense_size);
   }
   PsClient::Options client_options = PsClient::OptionsFromConfig(*cc, rows, row_dim, dense_size);
+  // The tables' own partitions (TableSplitsOf), as ShardOptionsForJob gives the shards.
+  client_options.table_splits = TableSplitsOf(spec, *cc, cc->ps_size());
+  if (!client_options.table_splits.empty()) {
+    client_options.partitions =
+        PartitionMap(client_options.table_splits, cc->ps_size()).partitions();
+  }
   client_options.local_shard = o.local_shard;
   client_options.local_server = o.local_server;
   client_options.security = security;

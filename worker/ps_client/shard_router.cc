@@ -7,8 +7,11 @@
 
 namespace pstrain {
 
-ShardRouter::ShardRouter(int64_t rows, int partitions, int shards, int64_t dense_size)
-    : map_(rows, partitions, shards), dense_(dense_size, shards, shards) {
+ShardRouter::ShardRouter(int64_t rows, int partitions, int shards, int64_t dense_size,
+                         const std::vector<PartitionMap::TableSplit>& table_splits)
+    : map_(table_splits.empty() ? PartitionMap(rows, partitions, shards)
+                                : PartitionMap(table_splits, shards)),
+      dense_(dense_size, shards, shards) {
   partition_rank_.resize(map_.partitions());
   int rank = 0;
   for (int s = 0; s < shards; ++s) {

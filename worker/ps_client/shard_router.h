@@ -17,7 +17,9 @@ namespace pstrain {
 class ShardRouter {
  public:
   // V rows in `partitions` partitions over `shards` shards; a dense vector of `dense_size` floats.
-  ShardRouter(int64_t rows, int partitions, int shards, int64_t dense_size);
+  // `table_splits` not empty: the tables' own partitions (PartitionMap's second form) instead.
+  ShardRouter(int64_t rows, int partitions, int shards, int64_t dense_size,
+              const std::vector<PartitionMap::TableSplit>& table_splits = {});
 
   int shards() const { return map_.shards(); }
   const PartitionMap& map() const { return map_; }

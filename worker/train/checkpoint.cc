@@ -12,7 +12,8 @@
 namespace pstrain {
 
 absl::StatusOr<ModelDescription> DescribeModel(const Config& config) {
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ModelDescription d;
   *d.mutable_features() = spec.Resolved();
   *d.mutable_model() = ResolveModelConfig(config.model());

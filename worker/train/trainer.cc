@@ -127,7 +127,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
                      " cores; threads resolved). Reproduce: pstrain train --config <this file>\n",
                      ConfigToText(effective))));
   }
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
@@ -139,8 +140,10 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (params == nullptr) {
     // Asynchronous updates keep the optimizer and the gather off the towers' cores' OpenMP
     // teams: one thread each, overlapping the towers.
+    ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec, *model, config.sparse_optimizer(),
+                                                      config.train().seed()));
     ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config,
-                                                async_local ? 1 : T * I));
+                                                async_local ? 1 : T * I, std::move(tables)));
     if (async_local) local->EnableBackgroundPush();
     params = local.get();
     ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));

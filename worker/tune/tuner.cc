@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<Tuner>> Tuner::Create(const Config& config, Tuner
   ResolveThreadDefaults(cores, &defaults, options.omp_num_threads);
   space.default_inter = defaults.threads().inter_op_threads();
 
-  ASSIGN_OR_RETURN(FeatureSpec spec, FeatureSpec::Create(config.features()));
+  ASSIGN_OR_RETURN(FeatureSpec spec,
+                   FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), ModelInputsOf(spec)));
   std::unique_ptr<Tuner> t(
       new Tuner(config, std::move(options), std::move(spec), std::move(model)));
@@ -104,8 +105,10 @@ absl::StatusOr<double> Tuner::Measure(const TuneCandidate& c) const {
   config.mutable_threads()->set_intra_op_threads(c.intra);
   config.mutable_threads()->set_inter_op_threads(c.inter);
   config.mutable_train()->set_batch_size(c.batch());
-  ASSIGN_OR_RETURN(auto params,
-                   LocalParams::Create(*model_, spec_.total_rows(), config, c.towers * c.intra));
+  ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec_, *model_, config.sparse_optimizer(),
+                                                    config.train().seed()));
+  ASSIGN_OR_RETURN(auto params, LocalParams::Create(*model_, spec_.total_rows(), config,
+                                                    c.towers * c.intra, std::move(tables)));
   ASSIGN_OR_RETURN(auto step, TrainStep::Create(*model_, c.towers, c.batch(), c.intra));
   int64_t global_step = 0;
   absl::StatusOr<StepTiming> t;

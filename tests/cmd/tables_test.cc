@@ -1,0 +1,201 @@
+// Tables (features.table) with real processes, on the topic-history CSV of lists_test: a history
+// list and the candidate item share the `item` table, the user field is in a `small` table of
+// dim 4 (fm_join EXCLUDE) with its own learning rate and partitions. `pstrain config` shows the
+// layout; `pstrain train`, 2-host PS jobs (ASYNC, BOUNDED, SYNC) and a 2-rank `pstrain allreduce`
+// learn; predict scores as the trainer did; a train job stopped and resumed ends with the
+// uninterrupted run's parameters; a 2-host PS checkpoint restores onto 3 hosts.
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cmd/job_files.h"
+#include "tests/cmd/topic_history_csv.h"
+#include "tests/shell.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Dir() { return absl::StrCat(::testing::TempDir(), "/tables_", getpid()); }
+std::string P() { return PSTRAIN_BINARY; }
+
+const char kConfig[] = R"pb(
+  data {
+    train { name: "train" format: CSV }
+    eval { name: "eval" format: CSV }
+    shuffle_buffer: 1000
+  }
+  features {
+    preset: NO_PRESET
+    field { name: "item" table: "item" }
+    field { name: "history" table: "item" list { combiner: MEAN max_length: 12 } }
+    field { name: "user" table: "small" }
+    table { name: "item" rows: 2000 initializer { type: TRUNCATED_NORMAL stddev: 0.02 } }
+    table { name: "small" dim: 4 rows: 500 fm_join: EXCLUDE partitions: 3
+            optimizer { learning_rate: 0.05 } }
+  }
+  model { type: DEEPFM embedding_dim: 8 hidden: [ 32 ] }
+  sparse_optimizer { type: ADAGRAD learning_rate: 0.1 initial_accumulator: 0.0001 }
+  dense_optimizer { type: ADAM learning_rate: 0.003 }
+  train { global_batch_size: 128 epochs: 6 eval_batch_size: 500 log_every_steps: 100000 }
+  threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
+)pb";
+
+constexpr int kTrainRows = 2 * 6000;
+
+class TablesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir() + "/train").c_str()), 0);
+    // Two train files: by-file sharding gives each of 2 hosts one.
+    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/a.csv", testing::TopicHistoryCsv(6000, 1)).ok());
+    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/b.csv", testing::TopicHistoryCsv(6000, 2)).ok());
+    ASSERT_TRUE(WriteFileAtomic(Dir() + "/test.csv", testing::TopicHistoryCsv(2000, 3)).ok());
+    ASSERT_TRUE(WriteFileAtomic(Dir() + "/config.textproto", kConfig).ok());
+  }
+  static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
+
+  static std::string Args(const std::string& model_dir) {
+    return absl::StrCat("--config ", Dir(), "/config.textproto --train '", Dir(),
+                        "/train/*.csv' --eval ", Dir(), "/test.csv --model_dir ", model_dir);
+  }
+};
+
+TEST_F(TablesTest, ConfigShowsTheTables) {
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " config ", Args(Dir() + "/c")), 60, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("# Tables"));
+  EXPECT_THAT(out, HasSubstr("#   item: dim 8, rows 2000 at offset 0, partitions the cluster's, "
+                             "fields item, history"));
+  EXPECT_THAT(out, HasSubstr("#   small: dim 4, rows 500 at offset 2000, partitions 3, "
+                             "fields user"));
+  // --all shows the schema's defaults, but not in place of what a table or a field inherits
+  // (a table's initializer scale and optimizer overrides, a field's table): those stay unset.
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " config --all ", Args(Dir() + "/c")), 60, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("fm_join: EXCLUDE"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("stddev: 0\n")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("learning_rate: 0\n")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("table: \"\"")));
+  // A table whose dim differs from the model's under the FM term, fm_join left at REFUSE.
+  ASSERT_NE(testing::RunShell(absl::StrCat(P(), " config ", Args(Dir() + "/c"),
+                                           " --set features.table[1].fm_join=REFUSE"),
+                              60, &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("features.table[1] ('small').dim: 4 differs from "
+                             "model.embedding_dim 8"));
+}
+
+TEST_F(TablesTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
+  const std::string m = Dir() + "/m";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(m)), 300, &out), 0) << out;
+  const auto summary = testing::ReadSummary(m).fields();
+  const double auc = summary.at("test_auc").number_value();
+  EXPECT_GT(auc, 0.7) << out;
+  EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
+                                           "/test.csv --format csv --out ", Dir(),
+                                           "/scores.tsv --summary ", Dir(),
+                                           "/predict.json --batch_size 500 --threads 2"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::ReadJsonFile(Dir() + "/predict.json").fields().at("auc").number_value(),
+            auc);
+}
+
+TEST_F(TablesTest, PsJobsOfEveryConsistencyLearn) {
+  for (const char* consistency : {"ASYNC", "BOUNDED", "SYNC"}) {
+    const std::string m = absl::StrCat(Dir(), "/ps_", consistency);
+    std::string out;
+    ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(m),
+                                             " --set cluster.consistency=", consistency),
+                                300, &out),
+              0)
+        << out;
+    const auto summary = testing::ReadSummary(m).fields();
+    EXPECT_THAT(summary.at("mode").string_value(), HasSubstr("ps-")) << consistency;
+    EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows) << consistency;
+    EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << consistency << "\n" << out;
+  }
+}
+
+TEST_F(TablesTest, AllreduceLearns) {
+  const std::string m = Dir() + "/allreduce";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat("mpirun --allow-run-as-root --oversubscribe -np 2 ",
+                                           P(), " allreduce ", Args(m), " 2>&1"),
+                              300, &out),
+            0)
+      << out;
+  const auto summary = testing::ReadSummary(m).fields();
+  EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
+  EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << out;
+}
+
+// A train job stopped mid-epoch and resumed ends with the uninterrupted run's parameters, to the
+// byte: the tables' initializers and optimizers are the same after the restore.
+TEST_F(TablesTest, StopAndResumeEqualsUninterrupted) {
+  const std::string straight = Dir() + "/straight", stopped = Dir() + "/stopped";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(straight), " --epochs 2"), 300,
+                              &out),
+            0)
+      << out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(stopped),
+                                           " --epochs 2 --set train.max_steps=37"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::ReadSummary(stopped).fields().at("steps").number_value(), 37);
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(stopped), " --epochs 2"), 300,
+                              &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("resumed from " + stopped + "/ckpt-37"));
+  const auto a = testing::ReadSummary(straight).fields();
+  const auto b = testing::ReadSummary(stopped).fields();
+  EXPECT_EQ(b.at("examples").number_value(), a.at("examples").number_value());
+  EXPECT_EQ(b.at("test_auc").number_value(), a.at("test_auc").number_value());
+  const std::string last = absl::StrCat("/ckpt-", a.at("steps").number_value(), "/shard-0-of-1");
+  auto x = ReadFileToString(straight + last);
+  auto y = ReadFileToString(stopped + last);
+  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(*x == *y) << "final parameters differ after stop and resume";
+}
+
+// A 2-host PS checkpoint stopped mid-run restores onto 3 hosts and trains on to the end.
+TEST_F(TablesTest, PsCheckpointRestoresOntoThreeHosts) {
+  const std::string m = Dir() + "/reshard";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(m),
+                                           " --epochs 2 --set train.max_steps=40"),
+                              300, &out),
+            0)
+      << out;
+  const auto first = testing::ReadSummary(m).fields();
+  EXPECT_LT(first.at("examples").number_value(), 2 * kTrainRows) << "not stopped mid-run";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 3 ", Args(m), " --epochs 2"), 300,
+                              &out),
+            0)
+      << out;
+  auto host1 = ReadFileToString(m + "/host-1/output.log");
+  ASSERT_TRUE(host1.ok()) << host1.status();
+  EXPECT_THAT(*host1, HasSubstr("(re-partitioned onto 3 shards)"));
+  EXPECT_THAT(*host1, HasSubstr("resumed from " + m + "/ckpt-"));
+  const auto second = testing::ReadSummary(m).fields();
+  EXPECT_GT(second.at("steps").number_value(), first.at("steps").number_value()) << *host1;
+  EXPECT_GT(second.at("test_auc").number_value(), 0.7) << out;
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,93 @@
+// From a FeatureSpec with tables to the model and the stores: ModelInputsOf's field_dims and
+// fm_excluded, and StoreTablesOf's row initializer (the default table's rows exactly
+// Model::InitRow's, a named table's from its initializer) and per-table optimizers.
+#include <string>
+#include <vector>
+
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
+
+namespace pstrain {
+namespace {
+
+FeatureSpec Spec(const std::string& text, const ModelConfig& model) {
+  FeatureConfig c;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &c));
+  auto spec = FeatureSpec::Create(c, model);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+const char kTables[] = R"pb(
+  preset: NO_PRESET
+  field { name: "user" vocab_size: 10 }
+  field { name: "item" table: "item" }
+  field { name: "hist" table: "item" list {} }
+  table { name: "item" rows: 20 initializer { type: ZEROS } optimizer { learning_rate: 0.5 } }
+)pb";
+
+TEST(StoreTables, ModelInputsCarryTheDims) {
+  ModelConfig m;
+  m.set_embedding_dim(8);
+  m.set_type(WIDE_DEEP);
+  FeatureConfig c;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      std::string(kTables) + "field { name: 'dev' table: 'small' } "
+                             "table { name: 'small' rows: 4 dim: 2 fm_join: EXCLUDE }",
+      &c));
+  auto spec = FeatureSpec::Create(c, m);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const ModelInputs in = ModelInputsOf(*spec);
+  EXPECT_EQ(in.field_dims, (std::vector<int>{8, 8, 8, 2}));
+  EXPECT_EQ(in.fm_excluded, (std::vector<char>{0, 0, 0, 1}));
+  // No named tables: both empty (the model of before tables).
+  FeatureConfig plain;
+  auto p = FeatureSpec::Create(plain, m);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(ModelInputsOf(*p).field_dims.empty());
+  EXPECT_TRUE(ModelInputsOf(*p).fm_excluded.empty());
+}
+
+TEST(StoreTables, OneRowInitAndTheTablesOptimizers) {
+  ModelConfig mc;
+  mc.set_embedding_dim(4);
+  mc.set_type(WIDE_DEEP);
+  mc.add_hidden(8);
+  const FeatureSpec spec = Spec(kTables, mc);
+  auto model = Model::Create(mc, ModelInputsOf(spec));
+  ASSERT_TRUE(model.ok()) << model.status();
+  OptimizerConfig sparse;
+  sparse.set_type(SGD);
+  sparse.set_learning_rate(0.1f);
+  auto tables = StoreTablesOf(spec, **model, sparse, 42);
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  const int d = (*model)->row_dim();
+  std::vector<float> got(d), want(d);
+  for (int64_t row : {0, 3, 9}) {  // the default table: Model::InitRow, bit for bit
+    tables->row_init(row, got.data());
+    (*model)->InitRow(row, 42, want.data());
+    EXPECT_EQ(got, want) << row;
+  }
+  for (int64_t row : {10, 15, 29}) {  // `item`: ZEROS
+    tables->row_init(row, got.data());
+    for (float x : got) EXPECT_EQ(x, 0.f) << row;
+  }
+  ASSERT_EQ(tables->optimizers.size(), 1u);
+  EXPECT_EQ(tables->optimizers[0].begin, 10);
+  EXPECT_EQ(tables->optimizers[0].end, 30);
+  EXPECT_DOUBLE_EQ(tables->optimizers[0].optimizer->LearningRate(1), 0.5f);
+
+  // Without tables: the model's InitRow and no optimizers.
+  const FeatureSpec plain = Spec("preset: NO_PRESET field { name: 'a' vocab_size: 5 }", mc);
+  auto none = StoreTablesOf(plain, **model, sparse, 42);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->optimizers.empty());
+  none->row_init(3, got.data());
+  (*model)->InitRow(3, 42, want.data());
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace pstrain
