@@ -2,8 +2,9 @@
 // list and the candidate item share the `item` table, the user field is in a `small` table of
 // dim 4 (fm_join EXCLUDE) with its own learning rate and partitions. `pstrain config` shows the
 // layout; `pstrain train`, 2-host PS jobs (ASYNC, BOUNDED, SYNC) and a 2-rank `pstrain allreduce`
-// learn; predict scores as the trainer did, from the checkpoint and from an export; a train job stopped and resumed ends with the
-// uninterrupted run's parameters; a 2-host PS checkpoint restores onto 3 hosts.
+// learn; predict scores as the trainer did, from the checkpoint and from an export; a train job
+// stopped and resumed ends with the uninterrupted run's parameters; a 2-host PS checkpoint
+// restores onto 3 hosts.
 #include <unistd.h>
 
 #include <string>
