@@ -194,8 +194,13 @@ absl::Status ValidateTableConfig(const TableConfig& t, absl::string_view path) {
                                             "] (0 = model.embedding_dim), got ", t.dim()));
   }
   if (!t.has_rows()) return bad(named + ".rows", "must be set (>= 2: row 0 is the missing row)");
-  if (t.rows() < 2) return bad(named + ".rows", absl::StrCat("must be >= 2 (row 0 is the missing row), got ", t.rows()));
-  if (t.rows() > (uint64_t{1} << 48)) return bad(named + ".rows", absl::StrCat("must be at most 2^48, got ", t.rows()));
+  if (t.rows() < 2) {
+    return bad(named + ".rows",
+               absl::StrCat("must be >= 2 (row 0 is the missing row), got ", t.rows()));
+  }
+  if (t.rows() > (uint64_t{1} << 48)) {
+    return bad(named + ".rows", absl::StrCat("must be at most 2^48, got ", t.rows()));
+  }
   const TableInitializer& init = t.initializer();
   if (init.has_stddev() && !(init.stddev() >= 0 && std::isfinite(init.stddev()))) {
     return bad(named + ".initializer.stddev", absl::StrCat("must be >= 0, got ", init.stddev()));
@@ -205,16 +210,28 @@ absl::Status ValidateTableConfig(const TableConfig& t, absl::string_view path) {
   }
   const TableOptimizer& o = t.optimizer();
   const std::string opt = named + ".optimizer.";
-  if (o.has_learning_rate() && !(o.learning_rate() > 0 && std::isfinite(o.learning_rate()))) return bad(opt + "learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
-  if (o.has_initial_accumulator() && !(o.initial_accumulator() >= 0)) return bad(opt + "initial_accumulator", "must be >= 0");
-  if (o.has_beta1() && !(o.beta1() >= 0 && o.beta1() < 1)) return bad(opt + "beta1", "must be in [0, 1)");
-  if (o.has_beta2() && !(o.beta2() >= 0 && o.beta2() < 1)) return bad(opt + "beta2", "must be in [0, 1)");
+  // NaN fails every comparison below, and so is refused.
+  if (o.has_learning_rate() && !(o.learning_rate() > 0 && std::isfinite(o.learning_rate()))) {
+    return bad(opt + "learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
+  }
+  if (o.has_initial_accumulator() && !(o.initial_accumulator() >= 0)) {
+    return bad(opt + "initial_accumulator", "must be >= 0");
+  }
+  if (o.has_beta1() && !(o.beta1() >= 0 && o.beta1() < 1)) {
+    return bad(opt + "beta1", "must be in [0, 1)");
+  }
+  if (o.has_beta2() && !(o.beta2() >= 0 && o.beta2() < 1)) {
+    return bad(opt + "beta2", "must be in [0, 1)");
+  }
   if (o.has_epsilon() && !(o.epsilon() > 0)) return bad(opt + "epsilon", "must be > 0");
-  if ((o.has_l1() && !(o.l1() >= 0)) || (o.has_l2() && !(o.l2() >= 0))) return bad(opt + "l1/l2", "must be >= 0");
+  if ((o.has_l1() && !(o.l1() >= 0)) || (o.has_l2() && !(o.l2() >= 0))) {
+    return bad(opt + "l1/l2", "must be >= 0");
+  }
   if (o.has_lr_power() && !(o.lr_power() <= 0)) return bad(opt + "lr_power", "must be <= 0");
   if (t.partitions() < 0 || t.partitions() > kMaxTablePartitions) {
-    return bad(named + ".partitions", absl::StrCat("must be in [0, ", kMaxTablePartitions,
-                                                   "] (0 = the cluster's rule), got ", t.partitions()));
+    return bad(named + ".partitions",
+               absl::StrCat("must be in [0, ", kMaxTablePartitions,
+                            "] (0 = the cluster's rule), got ", t.partitions()));
   }
   return absl::OkStatus();
 }
@@ -365,7 +382,8 @@ absl::Status ValidateConfig(const Config& c) {
     if (absl::Status s = ValidateListSpec(fs, p); !s.ok()) return s;
   }
   for (int i = 0; i < f.table_size(); ++i) {
-    if (absl::Status s = ValidateTableConfig(f.table(i), absl::StrCat("features.table[", i, "]")); !s.ok()) return s;
+    absl::Status s = ValidateTableConfig(f.table(i), absl::StrCat("features.table[", i, "]"));
+    if (!s.ok()) return s;
   }
   if (f.categorical_vocab_size() < 2) return bad("features.categorical_vocab_size", "must be >= 2");
   if (f.numeric_vocab_size() < 2) return bad("features.numeric_vocab_size", "must be >= 2");

@@ -36,7 +36,8 @@ constexpr int64_t kBuildDenseFloats = int64_t{1} << 26;
 constexpr int kTowerBatch = 64;
 
 void Build(const Config& config) {
-  auto spec = FeatureSpec::Create(config.features());
+  // With the model, as every command (the tables' dims resolve against it).
+  auto spec = FeatureSpec::Create(config.features(), ResolveModelConfig(config.model()));
   if (!spec.ok()) return;
   // With the DENSE numeric and attention fields, as every caller (ModelInputsOf).
   auto model = Model::Create(config.model(), ModelInputsOf(*spec));

@@ -16,10 +16,12 @@ PartitionMap::PartitionMap(int64_t rows, int partitions, int shards)
 
 PartitionMap::PartitionMap(const std::vector<TableSplit>& tables, int shards)
     : rows_(0), partitions_(0), shards_(shards), base_(0), rem_(0) {
-  PSTRAIN_CHECK(!tables.empty() && shards >= 1) << "tables=" << tables.size() << " shards=" << shards;
+  PSTRAIN_CHECK(!tables.empty() && shards >= 1)
+      << "tables=" << tables.size() << " shards=" << shards;
   begins_.push_back(0);
   for (const TableSplit& t : tables) {
-    PSTRAIN_CHECK(t.rows >= 1 && t.partitions >= 1) << "rows=" << t.rows << " partitions=" << t.partitions;
+    PSTRAIN_CHECK(t.rows >= 1 && t.partitions >= 1)
+        << "rows=" << t.rows << " partitions=" << t.partitions;
     const int p = static_cast<int>(std::min<int64_t>(t.partitions, t.rows));
     const int64_t base = t.rows / p, rem = t.rows % p;
     for (int i = 0; i < p; ++i) begins_.push_back(begins_.back() + base + (i < rem ? 1 : 0));

@@ -2,8 +2,9 @@
 // list and the candidate item share the `item` table, the user field is in a `small` table of
 // dim 4 (fm_join EXCLUDE) with its own learning rate and partitions. `pstrain config` shows the
 // layout; `pstrain train`, 2-host PS jobs (ASYNC, BOUNDED, SYNC) and a 2-rank `pstrain allreduce`
-// learn; predict scores as the trainer did; a train job stopped and resumed ends with the
-// uninterrupted run's parameters; a 2-host PS checkpoint restores onto 3 hosts.
+// learn; predict scores as the trainer did, from the checkpoint and from an export; a train job
+// stopped and resumed ends with the uninterrupted run's parameters; a 2-host PS checkpoint
+// restores onto 3 hosts.
 #include <unistd.h>
 
 #include <string>
@@ -110,6 +111,21 @@ TEST_F(TablesTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
       << out;
   EXPECT_EQ(testing::ReadJsonFile(Dir() + "/predict.json").fields().at("auc").number_value(),
             auc);
+  // An export of it (rows at the model's stride) scores the same.
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
+                                           "/export"),
+                              120, &out),
+            0)
+      << out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", Dir(), "/export --input ",
+                                           Dir(), "/test.csv --format csv --out ", Dir(),
+                                           "/export_scores.tsv --summary ", Dir(),
+                                           "/export_predict.json --batch_size 500 --threads 2"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_EQ(
+      testing::ReadJsonFile(Dir() + "/export_predict.json").fields().at("auc").number_value(), auc);
 }
 
 TEST_F(TablesTest, PsJobsOfEveryConsistencyLearn) {

@@ -303,6 +303,25 @@ def list_csv(rows, seed):
 
 
 class ListsReaderTest(unittest.TestCase):
+    def test_a_model_with_tables_is_refused_naming_them(self):
+        # features.table is not laid out by this reader yet: a clear refusal, not a wrong read.
+        d = os.path.join(Fixture.dir, "tables")
+        os.makedirs(d)
+        config = LIST_CONFIG.replace('field { name: "item" vocab_size: 500 }',
+                                     'field { name: "item" table: "items" }\n'
+                                     '  table { name: "items" rows: 500 }')
+        self.assertNotEqual(config, LIST_CONFIG)
+        paths = {}
+        for name, text in (("train.csv", list_csv(500, 1)), ("config.textproto", config)):
+            paths[name] = os.path.join(d, name)
+            with open(paths[name], "w") as f:
+                f.write(text)
+        mdir = os.path.join(d, "m")
+        run("train", "--config", paths["config.textproto"], "--train", paths["train.csv"],
+            "--model_dir", mdir)
+        with self.assertRaisesRegex(pc.FormatError, r"tables \(features.table: items\)"):
+            pc.load(mdir)
+
     def test_lists_score_as_predict_and_serve(self):
         d = os.path.join(Fixture.dir, "lists")
         os.makedirs(d)

@@ -261,7 +261,8 @@ absl::StatusOr<FeatureSpec> FeatureSpec::CreateImpl(const FeatureConfig& config,
     }
     if (named[t].rows > kMaxTotalRows - offset) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config features.table[", t, "] ('", named[t].name, "').rows: the tables' rows pass 2^62"));
+          "config features.table[", t, "] ('", named[t].name,
+          "').rows: the tables' rows pass 2^62"));
     }
     named[t].offset = offset;
     offset += named[t].rows;
@@ -392,8 +393,9 @@ absl::Status FeatureSpec::CheckTableDims(const FeatureConfig& config,
     if (table.is_default || table.dim == k) continue;
     int ci = 0;
     while (ci < config.table_size() && config.table(ci).name() != table.name) ++ci;
-    const std::string where = absl::StrCat("config features.table[", ci, "] ('", table.name,
-                                           "').dim: ", table.dim, " differs from model.embedding_dim ", k);
+    const std::string where =
+        absl::StrCat("config features.table[", ci, "] ('", table.name, "').dim: ", table.dim,
+                     " differs from model.embedding_dim ", k);
     if (dot) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ", and the DOT interaction (DLRM) takes dot products of every pair of fields, "

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "worker/data/feature_spec.h"
 #include "worker/eval/model_inputs.h"
+#include "worker/params/local_params.h"
 
 namespace pstrain {
 namespace {
@@ -87,6 +88,42 @@ TEST(StoreTables, OneRowInitAndTheTablesOptimizers) {
   none->row_init(3, got.data());
   (*model)->InitRow(3, 42, want.data());
   EXPECT_EQ(got, want);
+}
+
+// Through the trainer's parameters (LocalParams, as `train` and allreduce build them): a row of a
+// table with its own learning rate moves by it, a default-table row by the job's, and each
+// starts from its own initializer.
+TEST(StoreTables, LocalParamsApplyEachTablesOptimizer) {
+  Config config;
+  config.mutable_model()->set_type(WIDE_DEEP);
+  config.mutable_model()->set_embedding_dim(4);
+  config.mutable_model()->add_hidden(8);
+  config.mutable_sparse_optimizer()->set_type(SGD);
+  config.mutable_sparse_optimizer()->set_learning_rate(0.1f);
+  config.mutable_dense_optimizer()->set_type(SGD);
+  config.mutable_train()->set_seed(5);
+  const FeatureSpec spec = Spec(kTables, config.model());
+  auto model = Model::Create(config.model(), ModelInputsOf(spec));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tables = StoreTablesOf(spec, **model, config.sparse_optimizer(), config.train().seed());
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  auto params = LocalParams::Create(**model, spec.total_rows(), config, 1, *std::move(tables));
+  ASSERT_TRUE(params.ok()) << params.status();
+  const int d = (*model)->row_dim();
+  const std::vector<int64_t> ids = {3, 12};  // the default table's row 3, item's row 12
+  std::vector<float> before(2 * d), after(2 * d), grads(2 * d, 1.f);
+  std::vector<float> dense((*model)->dense_size()), dense_grad((*model)->dense_size(), 0.f);
+  ASSERT_TRUE((*params)->Pull(ids, before.data(), dense.data()).ok());
+  for (int j = 1; j < d; ++j) EXPECT_EQ(before[d + j], 0.f);  // item's initializer: ZEROS
+  std::vector<float> want(d);
+  (*model)->InitRow(3, 5, want.data());
+  EXPECT_EQ(std::vector<float>(before.begin(), before.begin() + d), want);
+  ASSERT_TRUE((*params)->Push(ids, grads.data(), dense_grad.data(), 1).ok());
+  ASSERT_TRUE((*params)->Pull(ids, after.data(), nullptr).ok());
+  for (int j = 0; j < d; ++j) {
+    EXPECT_FLOAT_EQ(after[j], before[j] - 0.1f) << j;
+    EXPECT_FLOAT_EQ(after[d + j], before[d + j] - 0.5f) << j;
+  }
 }
 
 }  // namespace
