@@ -12,10 +12,14 @@
 #include "ps/store/optimizer.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
+#include "ps/store/table_rows.h"
 #include "worker/eval/model_inputs.h"
 
 namespace pstrain {
 namespace {
+
+// The most rows one EmbeddingStore holds (ps/store/embedding_store.h: 2^32 - 1).
+constexpr int64_t kMaxStoreRows = (int64_t{1} << 32) - 1;
 
 }  // namespace
 
@@ -32,37 +36,193 @@ absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription
     return absl::InvalidArgumentError(absl::StrCat("model: a dense vector of ", shape.dense_size,
                                                    " floats (at most ", kMaxDenseFloats, ")"));
   }
+  if (!spec.has_named_tables()) {
+    shape.row_tables.push_back({"", 0, shape.table_rows, shape.row_dim});
+    return shape;
+  }
+  for (const FeatureSpec::Table& t : spec.tables()) {
+    const std::string what = t.is_default
+                                 ? std::string("the default table (fields naming no table)")
+                                 : absl::StrCat("features table '", t.name, "'");
+    // The model's stride must hold the table's row (Model::row_dim() = 1 + the largest dim once
+    // the model takes per-field dims; a model that does not would read a wider row wrong).
+    if (1 + t.dim > shape.row_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": rows of 1 + ", t.dim, " floats do not fit the model's rows of ", shape.row_dim,
+          " floats (this build's model takes no per-field dims)"));
+    }
+    if (t.rows > static_cast<uint64_t>(kMaxStoreRows)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.rows, " rows (a served table "
+                                                     "holds at most 2^32 - 1)"));
+    }
+    shape.row_tables.push_back({t.name, static_cast<int64_t>(t.offset),
+                                static_cast<int64_t>(t.offset + t.rows), 1 + t.dim});
+  }
   return shape;
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
     const ModelDescription& description, Origin origin) {
   // A description is read from files: refuse shapes no trained model has before allocating them.
-  RETURN_IF_ERROR(ShapeOf(description).status());
+  ASSIGN_OR_RETURN(Shape shape, ShapeOf(description));
   std::unique_ptr<ServingModel> m(new ServingModel());
   m->description_ = description;
   m->origin_ = std::move(origin);
   ASSIGN_OR_RETURN(m->spec_,
                    FeatureSpec::Create(description.features(), description.model()));
   ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), ModelInputsOf(m->spec_)));
+  m->row_tables_ = std::move(shape.row_tables);
   OptimizerConfig none;
   none.set_type(SGD);  // no optimizer state is kept: SGD's is empty
-  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(none));
-  EmbeddingStore::Options o;
-  o.begin = 0;
-  o.end = static_cast<int64_t>(m->spec_.total_rows());
-  o.dim = m->model_->row_dim();
-  o.optimizer = std::move(optimizer);
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> created, Optimizer::Create(none));
+  std::shared_ptr<const Optimizer> optimizer(std::move(created));
   const Model* model = m->model_.get();
   const uint64_t seed = description.init_seed();
-  o.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
-  ASSIGN_OR_RETURN(m->rows_, EmbeddingStore::Create(std::move(o)));
+  const int stride = m->model_->row_dim();
+  for (size_t i = 0; i < m->row_tables_.size(); ++i) {
+    const RowTable& rt = m->row_tables_[i];
+    EmbeddingStore::Options o;
+    o.begin = rt.begin;
+    o.end = rt.end;
+    o.dim = rt.width;
+    o.optimizer = optimizer;
+    // Rows never trained read as their initial value, the rule of every mode: the default
+    // table's Model::InitRow (over the stride; its first 1 + dim floats kept), a named table's
+    // initializer (InitTableRow).
+    if (!m->spec_.has_named_tables()) {
+      o.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
+    } else if (m->spec_.tables()[i].is_default) {
+      const int width = rt.width;
+      o.row_init = [model, seed, stride, width](int64_t row, float* out) {
+        thread_local std::vector<float> full;
+        full.resize(stride);
+        model->InitRow(row, seed, full.data());
+        std::copy(full.begin(), full.begin() + width, out);
+      };
+    } else {
+      const FeatureSpec::Table& t = m->spec_.tables()[i];
+      const TableInitializer init = t.initializer;
+      const int dim = t.dim;
+      o.row_init = [init, dim, seed](int64_t row, float* out) {
+        InitTableRow(init, dim, 1 + dim, row, seed, out);
+      };
+    }
+    absl::StatusOr<std::unique_ptr<EmbeddingStore>> store = EmbeddingStore::Create(std::move(o));
+    if (!store.ok()) {
+      return Annotate(store.status(), rt.name.empty() ? std::string("the rows")
+                                                      : absl::StrCat("table '", rt.name, "'"));
+    }
+    m->rows_.push_back(*std::move(store));
+  }
   m->dense_.assign(m->model_->dense_size(), 0.f);
   return m;
 }
 
 int64_t ServingModel::memory_bytes() const {
-  return rows_->stats().bytes + static_cast<int64_t>(dense_.size() * sizeof(float));
+  int64_t bytes = static_cast<int64_t>(dense_.size() * sizeof(float));
+  for (const auto& r : rows_) bytes += r->stats().bytes;
+  return bytes;
+}
+
+int64_t ServingModel::stored_rows() const {
+  int64_t n = 0;
+  for (const auto& r : rows_) n += r->stats().rows_initialized;
+  return n;
+}
+
+int ServingModel::RowTableOf(int64_t row) const {
+  if (row < 0 || row >= table_rows()) return -1;
+  // Contiguous in row order: the last table beginning at or before `row`.
+  auto it = std::upper_bound(row_tables_.begin(), row_tables_.end(), row,
+                             [](int64_t r, const RowTable& t) { return r < t.begin; });
+  return static_cast<int>(it - row_tables_.begin()) - 1;
+}
+
+absl::Status ServingModel::Gather(absl::Span<const int64_t> ids, float* rows) const {
+  const int stride = row_dim();
+  if (rows_.size() == 1 && row_tables_[0].width == stride) return rows_[0]->Gather(ids, rows);
+  // Rows by table: each table's rows gathered at its width, then expanded to the stride.
+  std::vector<int> table(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    table[i] = RowTableOf(ids[i]);
+    if (table[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row id ", ids[i], " is outside the table [0, ", table_rows(), ")"));
+    }
+  }
+  std::vector<int64_t> tids;
+  std::vector<size_t> where;
+  std::vector<float> narrow;
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    tids.clear();
+    where.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (table[i] == static_cast<int>(t)) {
+        tids.push_back(ids[i]);
+        where.push_back(i);
+      }
+    }
+    if (tids.empty()) continue;
+    const int width = row_tables_[t].width;
+    narrow.resize(tids.size() * width);
+    RETURN_IF_ERROR(rows_[t]->Gather(tids, narrow.data()));
+    for (size_t j = 0; j < where.size(); ++j) {
+      float* out = rows + where[j] * stride;
+      std::copy(narrow.begin() + j * width, narrow.begin() + (j + 1) * width, out);
+      std::fill(out + width, out + stride, 0.f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+EmbeddingSnapshot ServingModel::StoredRows(int64_t from, int64_t to) const {
+  const int stride = row_dim();
+  if (rows_.size() == 1 && row_tables_[0].width == stride) return rows_[0]->Snapshot(from, to);
+  EmbeddingSnapshot out;
+  out.begin = from;
+  out.end = to;
+  out.dim = stride;
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    const RowTable& rt = row_tables_[t];
+    const int64_t lo = std::max(from, rt.begin);
+    const int64_t hi = std::min(to, rt.end);
+    if (lo >= hi) continue;
+    const EmbeddingSnapshot snap = rows_[t]->Snapshot(lo, hi);
+    for (int64_t r = 0; r < snap.rows(); ++r) {
+      out.ids.push_back(snap.ids[r]);
+      const float* w = snap.weights.data() + r * rt.width;
+      out.weights.insert(out.weights.end(), w, w + rt.width);
+      out.weights.resize(out.weights.size() + (stride - rt.width), 0.f);
+    }
+  }
+  return out;
+}
+
+absl::Status ServingModel::StoreRows(absl::Span<const int64_t> ids, const float* weights) {
+  const int stride = row_dim();
+  if (rows_.size() == 1 && row_tables_[0].width == stride) {
+    return rows_[0]->RestoreRows(ids, weights, nullptr);
+  }
+  for (int64_t id : ids) {
+    if (RowTableOf(id) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row id ", id, " is outside the table [0, ", table_rows(), ")"));
+    }
+  }
+  std::vector<int64_t> tids;
+  std::vector<float> narrow;
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    const int width = row_tables_[t].width;
+    tids.clear();
+    narrow.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (RowTableOf(ids[i]) != static_cast<int>(t)) continue;
+      tids.push_back(ids[i]);
+      narrow.insert(narrow.end(), weights + i * stride, weights + i * stride + width);
+    }
+    if (!tids.empty()) RETURN_IF_ERROR(rows_[t]->RestoreRows(tids, narrow.data(), nullptr));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
@@ -95,9 +255,40 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
   ParameterLoadMode mode;
   mode.keep_step = false;
   mode.keep_optimizer_state = false;  // a served model keeps no optimizer state
-  EmbeddingStore* stores[] = {m->rows_.get()};
+  // A checkpoint holds every row at the stride (Model::row_dim(); docs/CHECKPOINT.md): with
+  // named tables the rows are read into stride-wide stores of each table's range, then kept at
+  // their table's width, table by table (memory: the stride-wide rows while they are read).
+  std::vector<std::unique_ptr<EmbeddingStore>> wide;
+  std::vector<EmbeddingStore*> stores;
+  const bool compact = !(m->rows_.size() == 1 && m->row_tables_[0].width == m->row_dim());
+  for (size_t t = 0; t < m->rows_.size(); ++t) {
+    if (!compact) {
+      stores.push_back(m->rows_[t].get());
+      continue;
+    }
+    EmbeddingStore::Options o;
+    o.begin = m->row_tables_[t].begin;
+    o.end = m->row_tables_[t].end;
+    o.dim = m->row_dim();
+    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> none, Optimizer::Create(sgd));
+    o.optimizer = std::move(none);
+    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(o)));
+    stores.push_back(store.get());
+    wide.push_back(std::move(store));
+  }
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(chain, stores, dense.get(), mode));
+  for (size_t t = 0; t < wide.size(); ++t) {
+    const EmbeddingSnapshot snap = wide[t]->Snapshot();
+    wide[t].reset();
+    const int width = m->row_tables_[t].width;
+    std::vector<float> narrow(snap.ids.size() * width);
+    for (int64_t r = 0; r < snap.rows(); ++r) {
+      std::copy(snap.weights.begin() + r * snap.dim, snap.weights.begin() + r * snap.dim + width,
+                narrow.begin() + r * width);
+    }
+    RETURN_IF_ERROR(m->rows_[t]->RestoreRows(snap.ids, narrow.data(), nullptr));
+  }
   if (counts.dense_floats != m->dense_size()) {
     return absl::DataLossError(absl::StrCat(
         ckpt, ": its shard files hold ", counts.dense_floats, " dense floats for a vector of ",
