@@ -40,6 +40,14 @@ absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription
     shape.row_tables.push_back({"", 0, shape.table_rows, shape.row_dim});
     return shape;
   }
+  // A store per table: each costs a fixed 64 KB (its lock stripes) and pointer arrays of 16 bytes
+  // per 4096 rows, so the tables' count and rows are bounded as the one table's were (2^32 - 1
+  // rows in all, what one store held before tables).
+  if (spec.num_tables() > kMaxTables) {
+    return absl::InvalidArgumentError(absl::StrCat("features: ", spec.num_tables(),
+                                                   " tables (a served model has at most ",
+                                                   kMaxTables, ")"));
+  }
   for (const FeatureSpec::Table& t : spec.tables()) {
     const std::string what = t.is_default
                                  ? std::string("the default table (fields naming no table)")
@@ -57,6 +65,11 @@ absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription
     }
     shape.row_tables.push_back({t.name, static_cast<int64_t>(t.offset),
                                 static_cast<int64_t>(t.offset + t.rows), 1 + t.dim});
+  }
+  if (shape.table_rows > kMaxStoreRows) {
+    return absl::InvalidArgumentError(absl::StrCat("features: the tables hold ", shape.table_rows,
+                                                   " rows (a served model holds at most "
+                                                   "2^32 - 1)"));
   }
   return shape;
 }

@@ -69,6 +69,9 @@ class ServingModel {
   // memory only as they are stored, and its row index (8 bytes per 4096 rows) is bounded by the
   // store's 2^32 rows (ps/store/embedding_store.h).
   static constexpr int64_t kMaxDenseFloats = int64_t{1} << 31;
+  // With tables, a store per table: at most this many tables, and 2^32 - 1 rows in all (what the
+  // one store of a model without tables holds).
+  static constexpr int kMaxTables = 1024;
   // The shape `description` makes, without allocating the model's parameters (only its feature
   // spec and layout); INVALID_ARGUMENT as Create's.
   static absl::StatusOr<Shape> ShapeOf(const ModelDescription& description);

@@ -578,6 +578,22 @@ TEST(ExportTables, CraftedOrInconsistentFilesAreRefused) {
         << r.status();
   }
   {
+    // Tables each within a store's bound, together past what a served model holds.
+    ExportHeader h = header;
+    h.mutable_model()->mutable_features()->mutable_table(0)->set_rows((uint64_t{1} << 32) - 2);
+    h.mutable_model()->mutable_features()->mutable_table(1)->set_rows((uint64_t{1} << 32) - 2);
+    std::vector<Block> b = blocks;
+    b[0].payload = h.SerializeAsString();
+    const std::string dir = base + "/many";
+    WriteModelFile(dir, b);
+    auto r = ReadExport(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("the tables hold 8589934638 rows"),
+              absl::string_view::npos)
+        << r.status();
+  }
+  {
     // The `small` block's rows appended to the `item` block: one block, two tables.
     std::vector<Block> b = {blocks[0], blocks[1], blocks[2], blocks[3]};
     const RowBlock item = RowBlocks({blocks[3]})[0];

@@ -98,6 +98,69 @@ TEST(ServingModel, ReadsTheSingleProcessCheckpointExactly) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// A checkpoint of a config with tables (rows at the stride, as every mode writes them) reads into
+// a store per table at the table's width: `small` (dim 2) keeps 3 floats a row, and Gather gives
+// the checkpoint's rows with zeros after a row's width (the trainer's rows of a narrower table
+// hold zeros there; this one's do not, as no model here takes per-field dims: they are cut).
+TEST(ServingModel, ReadsACheckpointWithTablesAtEachTablesWidth) {
+  const std::string dir = FreshDir("sm_tables");
+  const ModelDescription d = testing_serving::TablesDescription();
+  Config config = SmallConfig();
+  *config.mutable_features() = d.features();
+  *config.mutable_model() = d.model();
+  auto spec = FeatureSpec::Create(config.features(), config.model());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = Model::Create(config.model(), spec->num_fields());
+  ASSERT_TRUE(model.ok());
+  auto params = LocalParams::Create(**model, spec->total_rows(), config, 1);
+  ASSERT_TRUE(params.ok());
+  const int stride = (*params)->row_dim();
+  ASSERT_EQ(stride, 5);
+  Rng rng(3);
+  // Rows of the default table, of `item` and of `small` (offsets 0, 50, 150).
+  const std::vector<int64_t> ids = {0, 7, 50, 99, 149, 150, 155, 159};
+  for (int step = 1; step <= 3; ++step) {
+    const auto rg = Grads(ids.size() * stride, &rng);
+    const auto dg = Grads((*params)->dense_size(), &rng);
+    ASSERT_TRUE((*params)->Push(ids, rg.data(), dg.data(), step).ok());
+  }
+  WorkerState state;
+  state.set_step(3);
+  auto description = DescribeModel(config);
+  ASSERT_TRUE(description.ok());
+  ASSERT_EQ(description->features().table_size(), 2);
+  ASSERT_TRUE(SaveCheckpoint(dir, state, **params, 3, *description).ok());
+
+  auto chosen = ChooseCheckpointToRead(dir, "", nullptr);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  auto m = ServingModel::FromCheckpoint(chosen->chain, chosen->description);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->stored_rows(), static_cast<int64_t>(ids.size()));
+  ASSERT_EQ((*m)->row_tables().size(), 3u);
+  const int widths[] = {5, 5, 3};
+  const int64_t stored[] = {2, 3, 3};
+  for (int t = 0; t < 3; ++t) {
+    const auto& rt = (*m)->row_tables()[t];
+    const EmbeddingSnapshot snap = (*m)->StoredTableRows(t, rt.begin, rt.end);
+    EXPECT_EQ(rt.width, widths[t]);
+    EXPECT_EQ(snap.dim, widths[t]);
+    EXPECT_EQ(snap.rows(), stored[t]) << t;
+  }
+  std::vector<float> want(ids.size() * stride), dense((*m)->dense_size());
+  ASSERT_TRUE((*params)->Pull(ids, want.data(), dense.data()).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= 150) std::fill(&want[i * stride + 3], &want[(i + 1) * stride], 0.f);
+  }
+  std::vector<float> got(ids.size() * stride);
+  ASSERT_TRUE((*m)->Gather(ids, got.data()).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ((*m)->dense(), dense);
+  const EmbeddingSnapshot all = (*m)->StoredRows(0, (*m)->table_rows());
+  EXPECT_EQ(all.ids, ids);
+  EXPECT_EQ(all.weights, want);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // A PS checkpoint of 3 shards (each shard file holds its partitions' rows and its dense slice)
 // reads as the parameters the shards hold.
 TEST(ServingModel, ReadsAPsCheckpointOfAnyShardCount) {
