@@ -21,6 +21,7 @@
 #include "ps/server/shard_server.h"
 #include "tests/serving/serving_test_util.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/params/local_params.h"
 #include "worker/train/checkpoint.h"
 
@@ -101,7 +102,7 @@ TEST(ServingModel, ReadsTheSingleProcessCheckpointExactly) {
 // A checkpoint of a config with tables (rows at the stride, as every mode writes them) reads into
 // a store per table at the table's width: `small` (dim 2) keeps 3 floats a row, and Gather gives
 // the checkpoint's rows with zeros after a row's width (the trainer's rows of a narrower table
-// hold zeros there; this one's do not, as no model here takes per-field dims: they are cut).
+// hold zeros there; this test's random gradients put values there, which are cut).
 TEST(ServingModel, ReadsACheckpointWithTablesAtEachTablesWidth) {
   const std::string dir = FreshDir("sm_tables");
   const ModelDescription d = testing_serving::TablesDescription();
@@ -110,7 +111,7 @@ TEST(ServingModel, ReadsACheckpointWithTablesAtEachTablesWidth) {
   *config.mutable_model() = d.model();
   auto spec = FeatureSpec::Create(config.features(), config.model());
   ASSERT_TRUE(spec.ok()) << spec.status();
-  auto model = Model::Create(config.model(), spec->num_fields());
+  auto model = Model::Create(config.model(), ModelInputsOf(*spec));
   ASSERT_TRUE(model.ok());
   auto params = LocalParams::Create(**model, spec->total_rows(), config, 1);
   ASSERT_TRUE(params.ok());
