@@ -279,6 +279,42 @@ TEST(ServingModel, ReadsTheVersion1PsFixtureGivenItsModel) {
 // Rows never trained are stored nowhere: they read as Model::InitRow(row, init_seed), the rule
 // docs/CHECKPOINT.md documents and python/pstrain_checkpoint.py reimplements. Golden values (the
 // Python twin's; tests/python/pstrain_checkpoint_test.py checks it against the same numbers).
+// A narrow table's rows cost its width in memory, not the stride: 100k stored rows of a dim-4
+// table in a model of k = 16 (stride 17) hold about 5 floats each (20 bytes; 68 at the stride).
+TEST(ServingModel, ANarrowTablesRowsCostItsWidthInMemory) {
+  ModelDescription d;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
+    features {
+      preset: NO_PRESET
+      field { name: "a" vocab_size: 10 }
+      field { name: "s" table: "small" }
+      table { name: "small" dim: 4 rows: 200000 fm_join: EXCLUDE }
+    }
+    model { type: DEEPFM embedding_dim: 16 hidden: [ 4 ] }
+    init_seed: 1
+    init_rule: 1
+  )pb", &d));
+  auto m = ServingModel::Create(d, ServingModel::Origin{"test", 1, 1});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->row_dim(), 17);
+  ASSERT_EQ((*m)->row_tables().size(), 2u);
+  const auto& small = (*m)->row_tables()[1];
+  ASSERT_EQ(small.width, 5);
+  const int64_t before = (*m)->memory_bytes();
+  constexpr int64_t kRows = 100000;
+  std::vector<int64_t> ids(kRows);
+  std::vector<float> rows(kRows * 5, 0.5f);
+  for (int64_t i = 0; i < kRows; ++i) ids[i] = small.begin + 1 + 2 * i;
+  ASSERT_TRUE((*m)->StoreTableRows(1, ids, rows.data()).ok());
+  const int64_t grew = (*m)->memory_bytes() - before;
+  EXPECT_GE(grew, kRows * 5 * 4);
+  EXPECT_LT(grew, kRows * 17 * 4 / 2) << "rows kept at the stride?";
+  std::vector<float> got(17);
+  ASSERT_TRUE((*m)->Gather({ids[7]}, got.data()).ok());
+  EXPECT_EQ(got, std::vector<float>({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                     0, 0}));
+}
+
 TEST(ServingModel, RowsNeverTrainedReadAsTheDocumentedInitRule) {
   auto m = ServingModel::Create(testing_serving::SmallDescription(), ServingModel::Origin{});
   ASSERT_TRUE(m.ok()) << m.status();
