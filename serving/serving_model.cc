@@ -154,33 +154,40 @@ int ServingModel::RowTableOf(int64_t row) const {
 absl::Status ServingModel::Gather(absl::Span<const int64_t> ids, float* rows) const {
   const int stride = row_dim();
   if (rows_.size() == 1 && row_tables_[0].width == stride) return rows_[0]->Gather(ids, rows);
-  // Rows by table: each table's rows gathered at its width, then expanded to the stride.
+  // Rows by table: each table's rows gathered at its width, then expanded to the stride. The ids
+  // are bucketed by table in one pass (a counting sort: O(ids + tables)).
+  const size_t num_tables = rows_.size();
   std::vector<int> table(ids.size());
+  std::vector<size_t> start(num_tables + 1, 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     table[i] = RowTableOf(ids[i]);
     if (table[i] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("row id ", ids[i], " is outside the table [0, ", table_rows(), ")"));
     }
+    ++start[table[i] + 1];
   }
-  std::vector<int64_t> tids;
-  std::vector<size_t> where;
-  std::vector<float> narrow;
-  for (size_t t = 0; t < rows_.size(); ++t) {
-    tids.clear();
-    where.clear();
+  for (size_t t = 0; t < num_tables; ++t) start[t + 1] += start[t];
+  std::vector<int64_t> sorted(ids.size());
+  std::vector<size_t> where(ids.size());
+  {
+    std::vector<size_t> next(start.begin(), start.end() - 1);
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (table[i] == static_cast<int>(t)) {
-        tids.push_back(ids[i]);
-        where.push_back(i);
-      }
+      const size_t at = next[table[i]]++;
+      sorted[at] = ids[i];
+      where[at] = i;
     }
-    if (tids.empty()) continue;
+  }
+  std::vector<float> narrow;
+  for (size_t t = 0; t < num_tables; ++t) {
+    const size_t n = start[t + 1] - start[t];
+    if (n == 0) continue;
     const int width = row_tables_[t].width;
-    narrow.resize(tids.size() * width);
-    RETURN_IF_ERROR(rows_[t]->Gather(tids, narrow.data()));
-    for (size_t j = 0; j < where.size(); ++j) {
-      float* out = rows + where[j] * stride;
+    narrow.resize(n * width);
+    RETURN_IF_ERROR(rows_[t]->Gather(absl::MakeConstSpan(sorted).subspan(start[t], n),
+                                     narrow.data()));
+    for (size_t j = 0; j < n; ++j) {
+      float* out = rows + where[start[t] + j] * stride;
       std::copy(narrow.begin() + j * width, narrow.begin() + (j + 1) * width, out);
       std::fill(out + width, out + stride, 0.f);
     }

@@ -486,6 +486,19 @@ TEST(ExportTables, RoundTripStoresEachTableAtItsWidth) {
     EXPECT_EQ(want[r * 5 + 3], 0.f) << r;
     EXPECT_EQ(want[r * 5 + 4], 0.f) << r;
   }
+  // Ids of every table in any order (and repeated) gather as the rows in order do.
+  {
+    const std::vector<int64_t> ids = {155, 3, 60, 159, 0, 60, 151, 99, 49, 150};
+    std::vector<float> got(ids.size() * 5);
+    ASSERT_TRUE(model->Gather(ids, got.data()).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(std::vector<float>(got.begin() + i * 5, got.begin() + i * 5 + 5),
+                std::vector<float>(want.begin() + ids[i] * 5, want.begin() + ids[i] * 5 + 5))
+          << ids[i];
+    }
+    const std::vector<int64_t> bad = {3, 160};
+    EXPECT_EQ(model->Gather(bad, got.data()).code(), absl::StatusCode::kInvalidArgument);
+  }
   // Untrained rows (SmallModel stores rows 0, 3, 6, ...) read as their table's initializer.
   const FeatureSpec& spec = model->spec();
   for (int t = 1; t <= 2; ++t) {
