@@ -15,6 +15,7 @@ predict and serve agree).
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -418,6 +419,23 @@ def tables_csv(rows, seed, cats):
     return "\n".join(out) + "\n"
 
 
+def rewrite_block(path, index, edit):
+    """Edits block `index` of a block file in place (edit(bytearray payload), same length) and
+    writes its checksum again."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    off = 16
+    for _ in range(index):
+        off += 16 + struct.unpack_from("<Q", data, off + 8)[0] + 4
+    end = off + 16 + struct.unpack_from("<Q", data, off + 8)[0]
+    payload = bytearray(data[off + 16:end])
+    edit(payload)
+    data[off + 16:end] = payload
+    struct.pack_into("<I", data, end, pc._masked(pc.crc32c(bytes(data[off:end]))))
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
 class TablesReaderTest(unittest.TestCase):
     def train_predict_export(self, name, **config):
         """Trains TABLES_CONFIG % config; returns (model dir, export, test lines, predict's
@@ -494,6 +512,22 @@ class TablesReaderTest(unittest.TestCase):
         trained = self.train_predict_export("tables", cats_dim=4, cats_join="", model="DEEPFM")
         self.assertIsNotNone(trained)
         self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 5)])
+        # What the reader refuses of a version-2 export (checksums made right, as a crafted file
+        # would have them): a row block whose ids leave its first id's table, and a version-1
+        # header whose description has tables.
+        export = trained[1]
+        version = os.listdir(export)[0]
+        m = pc.load(export)
+        for name, index, edit, says in (
+                ("mixed", 3, lambda p: struct.pack_into("<q", p, 8, m.tables[1]["begin"] - 1),
+                 "a block holds one table's rows"),
+                ("v1", 0, lambda p: p.__setitem__(1, 1), "format version 1 cannot hold tables")):
+            bad = os.path.join(Fixture.dir, "tables_" + name, version)
+            shutil.copytree(os.path.join(export, version), bad)
+            rewrite_block(os.path.join(bad, "MODEL"), index, edit)
+            with self.assertRaises(pc.FormatError) as e:
+                pc.load(bad)
+            self.assertIn(says, str(e.exception))
 
     def test_mixed_dims_score_as_predict_and_serve(self):
         # `cats` of dim 8 > k = 4, out of the FM term: the stride is 9 floats, and the rows of
