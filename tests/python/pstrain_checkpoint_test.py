@@ -509,7 +509,7 @@ class TablesReaderTest(unittest.TestCase):
             server.stdout.close()
 
     def test_tables_score_as_predict_and_serve(self):
-        trained = self.train_predict_export("tables", cats_dim=4, cats_join="", model="DEEPFM")
+        trained = self.train_predict_export("tables_reader", cats_dim=4, cats_join="", model="DEEPFM")
         self.assertIsNotNone(trained)
         self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 5)])
         # What the reader refuses of a version-2 export (checksums made right, as a crafted file
@@ -522,7 +522,7 @@ class TablesReaderTest(unittest.TestCase):
                 ("mixed", 3, lambda p: struct.pack_into("<q", p, 8, m.tables[1]["begin"] - 1),
                  "a block holds one table's rows"),
                 ("v1", 0, lambda p: p.__setitem__(1, 1), "format version 1 cannot hold tables")):
-            bad = os.path.join(Fixture.dir, "tables_" + name, version)
+            bad = os.path.join(Fixture.dir, "bad_tables_" + name, version)
             shutil.copytree(os.path.join(export, version), bad)
             rewrite_block(os.path.join(bad, "MODEL"), index, edit)
             with self.assertRaises(pc.FormatError) as e:
