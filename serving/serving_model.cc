@@ -275,14 +275,14 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
   ParameterLoadMode mode;
   mode.keep_step = false;
   mode.keep_optimizer_state = false;  // a served model keeps no optimizer state
-  // A checkpoint holds every row at the stride (Model::row_dim(); docs/CHECKPOINT.md): with
-  // named tables the rows are read into stride-wide stores of each table's range, then kept at
-  // their table's width, table by table (memory: the stride-wide rows while they are read).
-  std::vector<std::unique_ptr<EmbeddingStore>> wide;
+  // A checkpoint holds every row at the stride (Model::row_dim(); docs/CHECKPOINT.md): a table
+  // of that width reads straight into its store; a narrower one into a stride-wide store of its
+  // range, whose rows are then kept at the table's width range by range (memory: that table's
+  // stride-wide rows while the checkpoint is read).
+  std::vector<std::unique_ptr<EmbeddingStore>> wide(m->rows_.size());
   std::vector<EmbeddingStore*> stores;
-  const bool compact = !(m->rows_.size() == 1 && m->row_tables_[0].width == m->row_dim());
   for (size_t t = 0; t < m->rows_.size(); ++t) {
-    if (!compact) {
+    if (m->row_tables_[t].width == m->row_dim()) {
       stores.push_back(m->rows_[t].get());
       continue;
     }
@@ -292,22 +292,26 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
     o.dim = m->row_dim();
     ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> none, Optimizer::Create(sgd));
     o.optimizer = std::move(none);
-    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(o)));
-    stores.push_back(store.get());
-    wide.push_back(std::move(store));
+    ASSIGN_OR_RETURN(wide[t], EmbeddingStore::Create(std::move(o)));
+    stores.push_back(wide[t].get());
   }
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(chain, stores, dense.get(), mode));
+  constexpr int64_t kRange = int64_t{1} << 20;
+  std::vector<float> narrow;
   for (size_t t = 0; t < wide.size(); ++t) {
-    const EmbeddingSnapshot snap = wide[t]->Snapshot();
-    wide[t].reset();
-    const int width = m->row_tables_[t].width;
-    std::vector<float> narrow(snap.ids.size() * width);
-    for (int64_t r = 0; r < snap.rows(); ++r) {
-      std::copy(snap.weights.begin() + r * snap.dim, snap.weights.begin() + r * snap.dim + width,
-                narrow.begin() + r * width);
+    if (wide[t] == nullptr) continue;
+    const RowTable& rt = m->row_tables_[t];
+    for (int64_t from = rt.begin; from < rt.end; from += kRange) {
+      const EmbeddingSnapshot snap = wide[t]->Snapshot(from, std::min(rt.end, from + kRange));
+      narrow.resize(snap.ids.size() * rt.width);
+      for (int64_t r = 0; r < snap.rows(); ++r) {
+        std::copy(snap.weights.begin() + r * snap.dim,
+                  snap.weights.begin() + r * snap.dim + rt.width, narrow.begin() + r * rt.width);
+      }
+      RETURN_IF_ERROR(m->rows_[t]->RestoreRows(snap.ids, narrow.data(), nullptr));
     }
-    RETURN_IF_ERROR(m->rows_[t]->RestoreRows(snap.ids, narrow.data(), nullptr));
+    wide[t].reset();
   }
   if (counts.dense_floats != m->dense_size()) {
     return absl::DataLossError(absl::StrCat(

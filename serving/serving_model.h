@@ -91,9 +91,10 @@ class ServingModel {
   // rebuild: the MANIFEST's own (version >= 2), or the one a caller built from a config for a
   // version-1 checkpoint. FAILED_PRECONDITION when the files' shapes disagree with it (rows, row
   // size, dense size); DATA_LOSS naming the file for a malformed block, and when the dense vector
-  // is not covered exactly (its floats counted over the slices read). With tables, the rows
-  // (stored at the stride in a checkpoint) are read into stride-wide stores of each table's range
-  // and then kept at the table's width: memory peaks at the stride-wide rows while it reads.
+  // is not covered exactly (its floats counted over the slices read). With tables, a checkpoint
+  // holds every row at the stride: a table narrower than the stride is read into a stride-wide
+  // store of its range and then kept at its width, so memory peaks at those tables' stride-wide
+  // rows while it reads.
   static absl::StatusOr<std::unique_ptr<ServingModel>> FromCheckpoint(
       absl::Span<const CheckpointLink> chain, const ModelDescription& description);
 
