@@ -1,5 +1,6 @@
 // `pstrain export`: a serving export of a trained checkpoint (serving/export.h, docs/SERVING.md).
 #include <cstdio>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,10 +49,19 @@ int RunExport(int argc, char** argv) {
   if (!info.ok()) return CommandError("export", info.status().ToString(), 1);
   const double total_s =
       env->MonotonicSeconds() - start;
-  absl::PrintF("pstrain export: version %d of %s (step %d): %d rows (%s), %d bytes, read %.2f s + "
-               "written %.2f s -> %s\n",
+  // With tables (format version 2), each table's row width: what its rows cost in the file.
+  std::string tables;
+  if ((*model)->spec().has_named_tables()) {
+    for (const ServingModel::RowTable& t : (*model)->row_tables()) {
+      absl::StrAppend(&tables, tables.empty() ? "; floats a row: " : ", ",
+                      t.name.empty() ? "default table" : t.name, " ", t.width);
+    }
+  }
+  absl::PrintF("pstrain export: version %d of %s (step %d): %d rows (%s%s), %d bytes, read %.2f s "
+               "+ written %.2f s -> %s\n",
                info->version, (*model)->origin().path, (*model)->origin().step, info->rows,
-               RowEncodingName(eo.encoding), info->bytes, read_s, total_s - read_s, info->dir);
+               RowEncodingName(eo.encoding), tables, info->bytes, read_s, total_s - read_s,
+               info->dir);
   return 0;
 }
 

@@ -9,16 +9,20 @@ docs/CHECKPOINT.md (checkpoints) and docs/SERVING.md (exports); this reader foll
     m = pstrain_checkpoint.load("export/390")         # one export version
 
     m.ids          int64 [N]        the stored (trained) rows' global ids, ascending
-    m.rows         float32 [N, D]   their weights [w, v_0 .. v_{k-1}] (D = 1 + k)
+    m.rows         float32 [N, D]   their weights [w, v_0 .. v_{k-1}] (D = 1 + k; with tables, the
+                                    stride 1 + the largest dim, zeros after a row's table's width)
     m.dense        float32 [dense_size]
     m.tensors      {"bias", "mlp0/w", "mlp0/b", ..., "out/w", "out/b"}: views of m.dense, shaped
                    (DCN_V2 / DLRM / BLOCKS add "cross<l>/..." or "bottom<l>/...": model.h)
     m.config       the model description (a dict: features, model, init_seed, ...); None for a
                    checkpoint written before checkpoints recorded it (MANIFEST version 1)
-    m.fields       the feature layout: name, kind, offset, rows, seed of each field
+    m.fields       the feature layout: name, kind, offset, rows, seed, table, dim of each field
+    m.tables       the tables (FeatureConfig.table): name, begin, end, dim, width; the default
+                   table first (name "") when some field names none
     m.row_state, m.dense_state   a checkpoint's optimizer slots (None for an export)
 
-    m.lookup(ids)                  rows of any ids: stored ones, else Model::InitRow's value
+    m.lookup(ids)                  rows of any ids: stored ones, else their initial value
+                                   (Model::InitRow; a named table's initializer)
     m.encode_criteo(lines)         raw Criteo TSV lines -> (ids [n, F], scales [n, F], labels)
     m.encode_values(rows)          rows of raw values (one per field) -> (ids, scales)
     m.predict(ids, scales)         probabilities of encoded examples (the model's forward pass)
@@ -30,11 +34,18 @@ weight times the combiner's normalization (MEAN, SUM, SQRTN); an empty list is t
 With list fields, ids and scales are [n, F, L] (padded with scale 0) and each field's rows are
 pooled before the interaction, as the C++ tower does.
 
+Tables (docs/CONFIG.md "Tables", docs/SERVING.md "Tables"): fields naming one table hash a key to
+the same row (the table's seed); an export of format version 2 stores each table's rows at its
+width 1 + dim, read here into the stride; a row never trained reads as its table's initializer.
+A field of dim d_f contributes d_f floats to the MLP's input, and a field of a table with
+fm_join EXCLUDE (its dim not k) stays out of the FM term.
+
 Every checksum is verified (CRC32C of every block, in pure Python: about 1 s per 5 MB; pass
 verify=False to skip it for large files). Damaged or inconsistent files raise FormatError naming
 the file, the block and what was expected.
 """
 
+import bisect
 import math
 import os
 import struct
@@ -155,8 +166,12 @@ _FIELD = {1: ("name", "string", False), 2: ("kind", "int", False),
           3: ("numeric_mode", "int", False), 4: ("vocab_size", "uint", False),
           5: ("numeric_transform", "int", False), 6: ("list", _LIST, False),
           7: ("share_rows_with", "string", False), 8: ("table", "string", False)}
-# features.table (TableConfig): read only to refuse it by name (below).
-_TABLE = {1: ("name", "string", False)}
+# TableConfig (docs/CONFIG.md "Tables"); its optimizer overrides do not matter to a reader.
+_TABLE_INIT = {1: ("type", "int", False), 2: ("stddev", "float", False),
+               3: ("limit", "float", False)}
+_TABLE = {1: ("name", "string", False), 2: ("dim", "int", False), 3: ("rows", "uint", False),
+          4: ("initializer", _TABLE_INIT, False), 6: ("partitions", "int", False),
+          7: ("fm_join", "int", False)}
 _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              3: ("categorical_vocab_size", "uint", False), 4: ("numeric_vocab_size", "uint", False),
              5: ("numeric_mode", "int", False), 6: ("label_name", "string", False),
@@ -199,6 +214,8 @@ _DEFAULTS = {
                  "numeric_transform": 0, "field": []},
     "field": {"kind": 0, "numeric_mode": 0, "numeric_transform": 0},
     "list": {"combiner": 0, "max_length": 64, "overflow": 0, "separator": "|"},
+    "table": {"dim": 0, "rows": 0, "fm_join": 0},
+    "initializer": {"type": 0},
     "model": {"type": 0, "embedding_dim": 16, "hidden": [], "precision": 0,
               "embedding_init_stddev": 0.01, "embedding_l2": 0.0},
     "blocks": {"interaction": 0, "cross_layers": 0, "cross_rank": 0, "join": 0, "mlp": False,
@@ -271,6 +288,9 @@ NO_INTERACTION, FM_TERM, CROSS_V2, DOT = 0, 1, 2, 3
 STACKED, PARALLEL = 0, 1
 # ListSpec (docs/FORMATS.md "Lists"): the combiners and what an over-long list does.
 MEAN, SUM, SQRTN = 0, 1, 2
+# TableInitializer.Type and TableConfig.FmJoin.
+NORMAL, TRUNCATED_NORMAL, UNIFORM, ZEROS = 0, 1, 2, 3
+FM_REFUSE, FM_EXCLUDE = 0, 1
 _HEX = frozenset("0123456789abcdefABCDEF")
 TRUNCATE, REFUSE = 0, 1
 
@@ -365,6 +385,8 @@ class Model:
         self.row_state, self.dense_state = row_state, dense_state
         self.step, self.version = step, version
         self.fields, self.tensors, self.blocks, self.dense_fields = [], {}, None, []
+        # Without a description: one default table of rows of row_dim floats.
+        self.k, self.tables = row_dim - 1, []
         if config is not None:
             self._layout(tensors)
 
@@ -376,19 +398,18 @@ class Model:
         if features.get("preset", 1) != 0:
             raise FormatError("%s: the model description's features are not resolved (preset set)"
                               % self.path)
-        # Tables of their own (features.table: their row ranges, seeds and dims) are not laid out
-        # by this reader yet: refused by name rather than read as slices of one table.
-        tables = [t.get("name", "") for t in features.get("table", [])]
-        if tables or any("table" in f for f in features["field"]):
-            raise FormatError("%s: the model has tables (features.table: %s), which this reader "
-                              "does not support yet (docs/ARCHITECTURE.md \"Tables\")"
-                              % (self.path, ", ".join(tables)))
         offset, seed0 = 0, features["hash_seed"]
+        self.model_type = model["type"]
+        self.k = 0 if self.model_type == LR else model["embedding_dim"]
         specs = [dict(_DEFAULTS["field"], **f) for f in features["field"]]
         names = [f["name"] for f in specs]
+        named = self._named_tables(features, model)
         for i, f in enumerate(specs):
             dense = f["kind"] == NUMERIC and f["numeric_mode"] == DENSE
-            rows = 2 if dense else f["vocab_size"]
+            if "table" in f and f["table"] not in named:
+                raise FormatError("%s: field '%s' names table '%s', which is not a features.table "
+                                  "entry" % (self.path, f["name"], f["table"]))
+            rows = named[f["table"]]["rows"] if "table" in f else 2 if dense else f["vocab_size"]
             field = {"name": f["name"], "kind": f["kind"], "numeric_mode": f["numeric_mode"],
                      "numeric_transform": f["numeric_transform"], "rows": rows,
                      "offset": offset, "seed": (seed0 * 1000003 + i) & _M64, "list": None,
@@ -413,21 +434,44 @@ class Model:
                                       "field of its own rows" % (self.path, f["name"],
                                                                  f["share_rows_with"]))
                 field["shares_rows_of"] = t
-            else:
+            elif "table" not in f:
                 offset += rows
+            field["table"] = f.get("table")
             self.fields.append(field)
         for field in self.fields:
             if field["shares_rows_of"] is not None:
                 target = self.fields[field["shares_rows_of"]]
-                field.update(offset=target["offset"], rows=target["rows"], seed=target["seed"])
+                field.update(offset=target["offset"], rows=target["rows"], seed=target["seed"],
+                             table=target["table"])
+        # The tables (FeatureSpec::Create): the default one (the fields' own slices, dim k) when
+        # some field names no table, or when none is named; then the named ones, in config order,
+        # each a contiguous range whose row 0 is the missing row of its fields.
+        self.tables = []
+        if not named or any(f["table"] is None for f in self.fields):
+            self.tables.append({"name": "", "begin": 0, "end": offset, "dim": self.k,
+                                "default": True, "fm_join": FM_REFUSE})
+        for t in named.values():
+            t.update(begin=offset, end=offset + t["rows"], default=False)
+            offset += t["rows"]
+            self.tables.append(t)
+        self._table_begins = [t["begin"] for t in self.tables]
+        for field in self.fields:
+            t = named.get(field["table"]) if field["table"] is not None else self.tables[0]
+            if field["table"] is not None:
+                field.update(offset=t["begin"], rows=t["rows"], seed=t["seed"])
+            field["dim"] = t["dim"]
+            field["fm_excluded"] = t["fm_join"] == FM_EXCLUDE and t["dim"] != self.k
         if offset != self.table_rows:
             raise FormatError("%s: the description's fields make %d rows, the file has %d"
                               % (self.path, offset, self.table_rows))
-        self.model_type = model["type"]
-        self.k = 0 if self.model_type == LR else model["embedding_dim"]
-        if self.row_dim != 1 + self.k:
+        # The stride of a row: 1 + the largest dim (Model::row_dim()); a table's rows use their
+        # first 1 + dim floats, zeros after them.
+        stride = 1 + max([self.k] + [t["dim"] for t in self.tables])
+        if self.row_dim != stride:
             raise FormatError("%s: rows of %d floats, the description makes %d"
-                              % (self.path, self.row_dim, 1 + self.k))
+                              % (self.path, self.row_dim, stride))
+        for t in self.tables:
+            t["width"] = 1 + t["dim"]
         if self.model_type not in (DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS):
             raise FormatError("%s: model type %d, this reader knows 0..6" % (self.path, self.model_type))
         grammar = self.model_type in (DCN_V2, DLRM, BLOCKS)
@@ -441,7 +485,7 @@ class Model:
                              if f["kind"] == NUMERIC and f["numeric_mode"] == DENSE]
         # The dense layout (Model::dense_layout), unless the export lists it.
         if tensors is None:
-            tensors, off, width = [("bias", 0, (1,))], 1, len(self.fields) * self.k
+            tensors, off, width = [("bias", 0, (1,))], 1, sum(f["dim"] for f in self.fields)
 
             def add(name, shape):
                 nonlocal off
@@ -487,15 +531,65 @@ class Model:
             self.tensors[name] = self.dense[off:off + size].reshape(shape)
         self.hidden = hidden
 
+    def _named_tables(self, features, model):
+        """The description's tables (FeatureConfig.table), resolved as FeatureSpec::Create does:
+        {name: {name, dim, rows, seed, initializer, fm_join}}, in config order."""
+        named = {}
+        k = self.k
+        for i, t in enumerate(features.get("table", [])):
+            t = dict(_DEFAULTS["table"], **t)
+            init = dict(_DEFAULTS["initializer"], **t.get("initializer", {}))
+            name = t.get("name", "")
+            if name in named or not name:
+                raise FormatError("%s: features.table[%d]: name %r is empty or not unique"
+                                  % (self.path, i, name))
+            dim = t["dim"] if t["dim"] > 0 else k
+            if not 0 < dim <= 1024 or t["rows"] < 2 or init["type"] not in (0, 1, 2, 3):
+                raise FormatError("%s: features.table[%d] ('%s'): dim %d, rows %d, initializer %d: "
+                                  "expected dim 1..1024, rows >= 2, initializer 0..3"
+                                  % (self.path, i, name, dim, t["rows"], init["type"]))
+            # float32 values, as the C++ reads them (a float widened to double).
+            stddev = np.float32(init.get("stddev", model["embedding_init_stddev"]))
+            limit = np.float32(init.get("limit", np.float32(math.sqrt(3.0)) * stddev))
+            named[name] = {"name": name, "dim": dim, "rows": t["rows"],
+                           "seed": hash_key(hash_bytes(name.encode()),
+                                            (features["hash_seed"] ^ 0x7461626C65) & _M64),
+                           "init_type": init["type"], "stddev": float(stddev),
+                           "limit": float(limit), "fm_join": t["fm_join"]}
+        return named
+
     # -- rows -----------------------------------------------------------------------------------
+    def row_table(self, row_id):
+        """The table (a dict of self.tables: name, begin, end, dim, width) holding row_id."""
+        return self.tables[bisect.bisect_right(self._table_begins, int(row_id)) - 1]
+
     def init_row(self, row_id):
-        """Model::InitRow(row_id, init_seed): w = 0, v_j = stddev * Normal from the row's stream."""
+        """A row's initial value, over the stride (zeros after its table's 1 + dim floats): the
+        default table's Model::InitRow(row_id, init_seed) (w = 0, v_j = stddev * Normal from the
+        row's stream); a named table's InitTableRow (ps/store/table_rows.h): w = 0, v_j from its
+        initializer, drawn from the same stream."""
         seed = self.config.get("init_seed", 0)
-        stddev = float(np.float32(self.config["model"]["embedding_init_stddev"]))
         rng = _Rng(hash_key(int(row_id), seed))
         out = np.zeros(self.row_dim, dtype=np.float32)
-        for j in range(self.row_dim - 1):
-            out[1 + j] = np.float32(stddev * rng.normal())
+        t = self.row_table(row_id) if self.tables else None
+        if t is None or t["default"]:
+            stddev = float(np.float32(self.config["model"]["embedding_init_stddev"]))
+            for j in range(self.k):
+                out[1 + j] = np.float32(stddev * rng.normal())
+            return out
+        for j in range(t["dim"]):
+            if t["init_type"] == NORMAL:
+                x = t["stddev"] * rng.normal()
+            elif t["init_type"] == TRUNCATED_NORMAL:
+                z = rng.normal()
+                while abs(z) > 2.0:  # TF's truncated_normal: drawn again beyond 2 stddev
+                    z = rng.normal()
+                x = t["stddev"] * z
+            elif t["init_type"] == UNIFORM:
+                x = t["limit"] * (2.0 * rng.uniform_double() - 1.0)
+            else:
+                x = 0.0
+            out[1 + j] = np.float32(x)
         return out
 
     def lookup(self, ids):
@@ -637,9 +731,15 @@ class Model:
         z = float(self.tensors["bias"][0]) + w.sum(axis=1)
         interaction = self.blocks["interaction"] if self.blocks is not None else NO_INTERACTION
         if self.model_type in (DEEPFM, FM) or interaction == FM_TERM:
-            z += 0.5 * ((v.sum(axis=1) ** 2) - (v ** 2).sum(axis=1)).sum(axis=1)
+            # The fields of a table whose dim is not k with fm_join EXCLUDE stay out of it.
+            fm = v[:, [i for i, f in enumerate(self.fields) if not f["fm_excluded"]]]
+            z += 0.5 * ((fm.sum(axis=1) ** 2) - (fm ** 2).sum(axis=1)).sum(axis=1)
         t = {name: a.astype(np.float64) for name, a in self.tensors.items()}
-        a = v.reshape(len(ids), -1)
+        # x0: each field's d_f floats, in field order (all k without tables).
+        if all(f["dim"] == v.shape[2] for f in self.fields):
+            a = v.reshape(len(ids), -1)
+        else:
+            a = np.concatenate([v[:, i, :f["dim"]] for i, f in enumerate(self.fields)], axis=1)
         if interaction == CROSS_V2:
             # DCN-v2: x_{l+1} = x0 * (x_l W_l + b_l) + x_l, W_l = V_l U_l when low rank.
             x0, xl, l = a, a, 0
@@ -780,35 +880,56 @@ def _load_export(version_dir, verify):
     if len(blocks) < 2 or blocks[0][0] != "MODL" or blocks[1][0] != "XDNS":
         raise FormatError("%s: expected the 'MODL' then the 'XDNS' block: not a pstrain export" % path)
     h = parse_message(blocks[0][1], _EXPORT_HEADER)
-    if h.get("format_version") != 1:
-        raise FormatError("%s: export format version %s, this reader reads 1" % (path, h.get("format_version")))
+    version = h.get("format_version")
+    if version not in (1, 2):
+        raise FormatError("%s: export format version %s, this reader reads 1 and 2" % (path, version))
+    if version == 1 and h.get("model", {}).get("features", {}).get("table"):
+        raise FormatError("%s: format version 1 cannot hold tables (features.table)" % path)
     dim, enc = h["row_dim"], h.get("row_encoding", 0)
     dense = np.frombuffer(blocks[1][1], np.float32).copy()
     if len(dense) != h.get("dense_size", 0):
         raise FormatError("%s: %d dense floats, the header says %d" % (path, len(dense), h.get("dense_size", 0)))
-    row_bytes = {0: 4 * dim, 1: 2 * dim, 2: 8 + dim - 1}.get(enc)
-    if row_bytes is None:
+    if enc not in (0, 1, 2):
         raise FormatError("%s: unknown row encoding %d" % (path, enc))
+    tensors = [(t["name"], t.get("offset", 0), tuple(t.get("shape", [])))
+               for t in h.get("dense_tensor", [])] or None
+    m = Model(version_dir, h.get("model"), np.zeros(0, np.int64), np.zeros((0, dim), np.float32),
+              dense, dim, h["table_rows"], tensors=tensors, step=h.get("step"),
+              version=h.get("version"))
     ids, rows = [], []
     for index, (tag, payload) in enumerate(blocks[2:], start=2):
         if tag != "XROW":
             continue
         n, block_enc = struct.unpack_from("<II", payload, 0)
+        # A block holds one table's rows, each at its table's width (version 2; 1: one table).
+        first = struct.unpack_from("<q", payload, 8)[0] if n and len(payload) >= 16 else 0
+        table = m.row_table(first) if 0 <= first < m.table_rows else m.tables[0]
+        width = table["width"]
+        row_bytes = {0: 4 * width, 1: 2 * width, 2: 8 + width - 1}[enc]
         if block_enc != enc or len(payload) != 8 + n * (8 + row_bytes):
             raise FormatError("%s: block %d ('XROW'): %d bytes for %d rows of encoding %d; expected "
-                              "encoding %d" % (path, index, len(payload), n, block_enc, enc))
-        ids.append(np.frombuffer(payload, np.int64, n, 8))
+                              "encoding %d, rows of %d floats" % (path, index, len(payload), n,
+                                                                   block_enc, enc, width))
+        block_ids = np.frombuffer(payload, np.int64, n, 8)
+        if n and (block_ids[0] < table["begin"] or block_ids[-1] >= table["end"]):
+            raise FormatError("%s: block %d ('XROW'): row ids [%d, %d] outside table '%s' [%d, %d): "
+                              "a block holds one table's rows" % (path, index, block_ids[0],
+                                                                   block_ids[-1], table["name"],
+                                                                   table["begin"], table["end"]))
+        ids.append(block_ids)
         body = np.frombuffer(payload, np.uint8, n * row_bytes, 8 + 8 * n)
         if enc == 0:
-            r = body.view(np.float32).reshape(n, dim)
+            r = body.view(np.float32).reshape(n, width)
         elif enc == 1:
-            r = _bf16(body.view(np.uint16)).reshape(n, dim)
+            r = _bf16(body.view(np.uint16)).reshape(n, width)
         else:
             per = body.reshape(n, row_bytes)
             w = per[:, 0:4].copy().view(np.float32)[:, 0]
             scale = per[:, 4:8].copy().view(np.float32)[:, 0]
             q = per[:, 8:].view(np.int8).astype(np.float32)
             r = np.concatenate([w[:, None], q * scale[:, None]], axis=1).astype(np.float32)
+        if width < dim:  # to the stride: zeros after the table's width
+            r = np.concatenate([r, np.zeros((n, dim - width), np.float32)], axis=1)
         rows.append(r)
     ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     rows = np.concatenate(rows) if rows else np.zeros((0, dim), np.float32)
@@ -816,10 +937,8 @@ def _load_export(version_dir, verify):
         raise FormatError("%s: %d rows in its blocks, the header says %d" % (path, len(ids), h.get("rows", 0)))
     if len(ids) and (not (np.diff(ids) > 0).all() or ids[0] < 0 or ids[-1] >= h["table_rows"]):
         raise FormatError("%s: row ids not ascending inside [0, %d)" % (path, h["table_rows"]))
-    tensors = [(t["name"], t.get("offset", 0), tuple(t.get("shape", [])))
-               for t in h.get("dense_tensor", [])] or None
-    return Model(version_dir, h.get("model"), ids, rows, dense, dim, h["table_rows"],
-                 tensors=tensors, step=h.get("step"), version=h.get("version"))
+    m.ids, m.rows = ids, rows
+    return m
 
 
 def _newest_version(base):

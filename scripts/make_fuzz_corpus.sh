@@ -116,6 +116,32 @@ for rows in f32 bf16 int8; do
     > /dev/null 2>&1
   cp "$tmp/export_$rows"/*/MODEL "$OUT/export_model/$rows"
 done
+# An export with tables (format version 2, docs/SERVING.md "Tables"): `item` shared by a field and
+# a history list, `small` of dim 2 (its rows 3 floats wide), `user` in the default table.
+cat > "$tmp/tables.textproto" <<'CFG'
+data { train { name: "train" format: CSV } }
+features {
+  preset: NO_PRESET
+  field { name: "item" table: "item" }
+  field { name: "history" table: "item" list { combiner: MEAN max_length: 4 } }
+  field { name: "user" vocab_size: 12 }
+  field { name: "cat" table: "small" }
+  table { name: "item" rows: 24 initializer { type: UNIFORM limit: 0.1 } }
+  table { name: "small" dim: 2 rows: 6 fm_join: EXCLUDE }
+}
+model { type: DEEPFM embedding_dim: 4 hidden: [ 4 ] }
+train { batch_size: 16 epochs: 1 log_every_steps: 100000 }
+threads { towers: 1 intra_op_threads: 1 inter_op_threads: 1 }
+CFG
+printf 'label,item,history,user,cat\n1,i1,i2|i3,u1,c1\n0,i4,,u2,c2\n1,i2,i1|i4|i5,u3,c3\n0,i5,i6,u4,c1\n' \
+  > "$tmp/tables.csv"
+"$PSTRAIN" train --config "$tmp/tables.textproto" --train "$tmp/tables.csv" \
+  --model_dir "$tmp/tables_model" > /dev/null 2>&1
+for rows in f32 int8; do
+  "$PSTRAIN" export --model_dir "$tmp/tables_model" --out "$tmp/tables_export_$rows" \
+    --rows "$rows" > /dev/null 2>&1
+  cp "$tmp/tables_export_$rows"/*/MODEL "$OUT/export_model/tables_$rows"
+done
 
 # Configs: the shipped ones, and overrides.
 cp configs/*.textproto "$OUT/config/"

@@ -158,7 +158,10 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
   RETURN_IF_ERROR(MakeDirs(staging));
 
   ExportHeader header;
-  header.set_format_version(kExportFormatVersion);
+  // Format version 1 when the config names no table (such an export is byte for byte what
+  // pstrain wrote before tables existed, so older readers keep reading it); 2 with tables, whose
+  // rows are stored at their table's width (a reader of version 1 would misread them).
+  header.set_format_version(model.spec().has_named_tables() ? kExportFormatVersion : 1);
   *header.mutable_model() = model.description();
   header.set_row_encoding(static_cast<int>(options.encoding));
   header.set_table_rows(model.table_rows());
@@ -185,22 +188,28 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
     RETURN_IF_ERROR(w->Add(kExportDenseTag,
                            absl::string_view(reinterpret_cast<const char*>(dense.data()),
                                              dense.size() * sizeof(float))));
-    const int dim = model.row_dim();
     int64_t written = 0;
     std::string payload;
-    // Stream the table range by range: memory stays one range's rows.
+    // Table by table (a block holds one table's rows, at its width), each streamed range by
+    // range: memory stays one range's rows. Without named tables: one table, the whole row space
+    // at row_dim, the layout of format version 1.
     constexpr int64_t kRange = int64_t{1} << 20;
-    for (int64_t from = 0; from < model.table_rows(); from += kRange) {
-      const EmbeddingSnapshot snap = model.StoredRows(from, from + kRange);
-      for (int64_t b = 0; b < snap.rows(); b += kExportRowsPerBlock) {
-        const int64_t n = std::min<int64_t>(kExportRowsPerBlock, snap.rows() - b);
-        payload.clear();
-        Append(&payload, static_cast<uint32_t>(n));
-        Append(&payload, static_cast<uint32_t>(options.encoding));
-        payload.append(reinterpret_cast<const char*>(snap.ids.data() + b), 8 * n);
-        EncodeRows(options.encoding, dim, n, snap.weights.data() + b * dim, &payload);
-        RETURN_IF_ERROR(w->Add(kExportRowsTag, payload));
-        written += n;
+    for (int t = 0; t < static_cast<int>(model.row_tables().size()); ++t) {
+      const ServingModel::RowTable& rt = model.row_tables()[t];
+      const int dim = rt.width;
+      for (int64_t from = rt.begin; from < rt.end; from += kRange) {
+        const EmbeddingSnapshot snap =
+            model.StoredTableRows(t, from, std::min(rt.end, from + kRange));
+        for (int64_t b = 0; b < snap.rows(); b += kExportRowsPerBlock) {
+          const int64_t n = std::min<int64_t>(kExportRowsPerBlock, snap.rows() - b);
+          payload.clear();
+          Append(&payload, static_cast<uint32_t>(n));
+          Append(&payload, static_cast<uint32_t>(options.encoding));
+          payload.append(reinterpret_cast<const char*>(snap.ids.data() + b), 8 * n);
+          EncodeRows(options.encoding, dim, n, snap.weights.data() + b * dim, &payload);
+          RETURN_IF_ERROR(w->Add(kExportRowsTag, payload));
+          written += n;
+        }
       }
     }
     if (written != info.rows) {
@@ -266,10 +275,19 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
                                       "; its model description makes ", shape->table_rows, " x ",
                                       shape->row_dim, ", dense ", shape->dense_size));
   }
+  if (header.format_version() < 2 && header.model().features().table_size() > 0) {
+    return r->Corrupt(b, absl::StrCat("format version ", header.format_version(),
+                                      " cannot hold tables (features.table), version 2 does"));
+  }
   {
     const uint64_t file_bytes = r->size();
     const uint64_t dense_bytes = static_cast<uint64_t>(shape->dense_size) * sizeof(float);
-    const uint64_t row_bytes = 8 + EncodedRowBytes(encoding, shape->row_dim);  // id + values
+    // id + values, of the narrowest table (every row is at least that)
+    int narrowest = shape->row_dim;
+    for (const ServingModel::RowTable& t : shape->row_tables) {
+      narrowest = std::min(narrowest, t.width);
+    }
+    const uint64_t row_bytes = 8 + EncodedRowBytes(encoding, narrowest);
     if (dense_bytes > file_bytes) {
       return r->Corrupt(b, absl::StrCat("header field dense_size ", header.dense_size(), " (",
                                         dense_bytes, " bytes of float32) is more than the file's ",
@@ -300,8 +318,6 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
   }
   std::memcpy(m->mutable_dense()->data(), b.payload.data(), b.payload.size());
 
-  const int dim = m->row_dim();
-  const int64_t row_bytes = EncodedRowBytes(encoding, dim);
   int64_t rows = 0, last_id = -1;
   std::vector<float> decoded;
   std::vector<int64_t> ids;
@@ -317,6 +333,14 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
       return r->Corrupt(b, absl::StrCat("row encoding ", enc, ", the header says ",
                                         static_cast<int>(encoding)));
     }
+    // The block's table is its first id's (a block holds one table's rows, at its width).
+    int table = 0;
+    if (n > 0 && b.payload.size() >= 16) {
+      table = std::max(0, m->RowTableOf(Load<int64_t>(b.payload.data() + 8)));
+    }
+    const ServingModel::RowTable& rt = m->row_tables()[table];
+    const int dim = rt.width;
+    const int64_t row_bytes = EncodedRowBytes(encoding, dim);
     if (n == 0 || n > kExportRowsPerBlock ||
         b.payload.size() != static_cast<size_t>(8 + n * (8 + row_bytes))) {
       return r->Corrupt(b, absl::StrCat(b.payload.size(), " bytes for ", n, " rows of ",
@@ -331,11 +355,16 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
                                           ": expected ascending ids in [0, ", m->table_rows(),
                                           ")"));
       }
+      if (id >= rt.end) {
+        return r->Corrupt(b, absl::StrCat("row id ", id, " is past table '", rt.name, "' [",
+                                          rt.begin, ", ", rt.end, ") of the block's first id: a "
+                                          "block holds one table's rows"));
+      }
       last_id = id;
     }
     decoded.resize(n * dim);
     DecodeRows(encoding, dim, n, b.payload.data() + 8 + 8 * n, decoded.data());
-    RETURN_IF_ERROR(m->StoreRows(ids, decoded.data()));
+    RETURN_IF_ERROR(m->StoreTableRows(table, ids, decoded.data()));
     rows += n;
   }
   if (rows != header.rows()) {

@@ -4,15 +4,17 @@
 // docs/SERVING.md is the specification; in short:
 //
 //   <base>/<version>/MODEL    block file:
-//     MODL  a serialized pstrain.ExportHeader (format_version 1, the ModelDescription, the row
-//           encoding, table_rows, row_dim, rows, dense_size, the dense tensors, the source
-//           checkpoint and step, created_by, wall_time)
+//     MODL  a serialized pstrain.ExportHeader (format_version 1, or 2 when the config names
+//           tables; the ModelDescription, the row encoding, table_rows, row_dim, rows,
+//           dense_size, the dense tensors, the source checkpoint and step, created_by, wall_time)
 //     XDNS  the dense vector: dense_size float32
-//     XROW  the rows, in blocks of at most 65536, ids ascending across blocks:
-//           uint32 n | uint32 encoding | int64 ids[n] | the n rows in the encoding:
-//             0 float32:  float32[n][row_dim]
-//             1 bfloat16: uint16[n][row_dim] (the float's upper half, rounded to nearest even)
-//             2 int8:     per row: float32 w | float32 scale | int8 q[row_dim - 1], with the
+//     XROW  the rows, in blocks of at most 65536, ids ascending across blocks, a block's rows all
+//           of one table (version 2; version 1 has one table):
+//           uint32 n | uint32 encoding | int64 ids[n] | the n rows in the encoding, each of
+//           W = its table's width floats (1 + the table's dim; row_dim without named tables):
+//             0 float32:  float32[n][W]
+//             1 bfloat16: uint16[n][W] (the float's upper half, rounded to nearest even)
+//             2 int8:     per row: float32 w | float32 scale | int8 q[W - 1], with the
 //                         embedding v_j = q_j * scale (scale = max |v_j| / 127; w kept exact)
 //
 // Versions, as TensorFlow Serving lays them out: <base> holds one directory per version (a
@@ -20,9 +22,9 @@
 // version is staged in <base>/.tmp-<version>.<pid>/ and renamed into place whole, so a reader (or
 // a watching server) never sees a partial one; an existing version is never overwritten.
 //
-// Rows that are not stored read as Model::InitRow(row, init_seed), the rule the description
-// records (the ServingModel does it). Quantized rows are decoded to float32 when read: the
-// encoding shrinks the file, not the server's memory.
+// Rows that are not stored read as their initial value, the rule the description records (the
+// ServingModel does it: Model::InitRow(row, init_seed), a named table's initializer). Quantized
+// rows are decoded to float32 when read: the encoding shrinks the file, not the server's memory.
 //
 // Thread-safety: the functions are thread-compatible (they share nothing).
 #pragma once
@@ -45,7 +47,9 @@ constexpr char kExportFileName[] = "MODEL";
 constexpr char kExportHeaderTag[] = "MODL";
 constexpr char kExportDenseTag[] = "XDNS";
 constexpr char kExportRowsTag[] = "XROW";
-constexpr int kExportFormatVersion = 1;
+// The newest format this pstrain reads and writes (2: tables); an export without named tables is
+// written as version 1, as before tables.
+constexpr int kExportFormatVersion = 2;
 constexpr int kExportRowsPerBlock = 65536;
 
 enum class RowEncoding : int { kFloat32 = 0, kBfloat16 = 1, kInt8 = 2 };

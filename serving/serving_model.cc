@@ -12,10 +12,14 @@
 #include "ps/store/optimizer.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
+#include "ps/store/table_rows.h"
 #include "worker/eval/model_inputs.h"
 
 namespace pstrain {
 namespace {
+
+// The most rows one EmbeddingStore holds (ps/store/embedding_store.h: 2^32 - 1).
+constexpr int64_t kMaxStoreRows = (int64_t{1} << 32) - 1;
 
 }  // namespace
 
@@ -32,39 +36,213 @@ absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription
     return absl::InvalidArgumentError(absl::StrCat("model: a dense vector of ", shape.dense_size,
                                                    " floats (at most ", kMaxDenseFloats, ")"));
   }
+  if (!spec.has_named_tables()) {
+    shape.row_tables.push_back({"", 0, shape.table_rows, shape.row_dim});
+    return shape;
+  }
+  // A store per table: each costs a fixed 64 KB (its lock stripes) and pointer arrays of 16 bytes
+  // per 4096 rows, so the tables' count and rows are bounded as the one table's were (2^32 - 1
+  // rows in all, what one store held before tables).
+  if (spec.num_tables() > kMaxTables) {
+    return absl::InvalidArgumentError(absl::StrCat("features: ", spec.num_tables(),
+                                                   " tables (a served model has at most ",
+                                                   kMaxTables, ")"));
+  }
+  for (const FeatureSpec::Table& t : spec.tables()) {
+    const std::string what = t.is_default
+                                 ? std::string("the default table (fields naming no table)")
+                                 : absl::StrCat("features table '", t.name, "'");
+    // The model's stride must hold the table's row (Model::row_dim() = 1 + the largest dim once
+    // the model takes per-field dims; a model that does not would read a wider row wrong).
+    if (1 + t.dim > shape.row_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": rows of 1 + ", t.dim, " floats do not fit the model's rows of ", shape.row_dim,
+          " floats (this build's model takes no per-field dims)"));
+    }
+    if (t.rows > static_cast<uint64_t>(kMaxStoreRows)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.rows, " rows (a served table "
+                                                     "holds at most 2^32 - 1)"));
+    }
+    shape.row_tables.push_back({t.name, static_cast<int64_t>(t.offset),
+                                static_cast<int64_t>(t.offset + t.rows), 1 + t.dim});
+  }
+  if (shape.table_rows > kMaxStoreRows) {
+    return absl::InvalidArgumentError(absl::StrCat("features: the tables hold ", shape.table_rows,
+                                                   " rows (a served model holds at most "
+                                                   "2^32 - 1)"));
+  }
   return shape;
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
     const ModelDescription& description, Origin origin) {
   // A description is read from files: refuse shapes no trained model has before allocating them.
-  RETURN_IF_ERROR(ShapeOf(description).status());
+  ASSIGN_OR_RETURN(Shape shape, ShapeOf(description));
   std::unique_ptr<ServingModel> m(new ServingModel());
   m->description_ = description;
   m->origin_ = std::move(origin);
   ASSIGN_OR_RETURN(m->spec_,
                    FeatureSpec::Create(description.features(), description.model()));
   ASSIGN_OR_RETURN(m->model_, Model::Create(description.model(), ModelInputsOf(m->spec_)));
+  m->row_tables_ = std::move(shape.row_tables);
   OptimizerConfig none;
   none.set_type(SGD);  // no optimizer state is kept: SGD's is empty
-  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(none));
-  EmbeddingStore::Options o;
-  o.begin = 0;
-  o.end = static_cast<int64_t>(m->spec_.total_rows());
-  o.dim = m->model_->row_dim();
-  o.optimizer = std::move(optimizer);
-  // Untrained rows read as their initial value: the tables' initializers (StoreTablesOf).
-  // Serving keeps no optimizer state, so the tables' optimizers are left out.
-  ASSIGN_OR_RETURN(StoreTables tables,
-                   StoreTablesOf(m->spec_, *m->model_, none, description.init_seed()));
-  o.row_init = std::move(tables.row_init);
-  ASSIGN_OR_RETURN(m->rows_, EmbeddingStore::Create(std::move(o)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> created, Optimizer::Create(none));
+  std::shared_ptr<const Optimizer> optimizer(std::move(created));
+  const Model* model = m->model_.get();
+  const uint64_t seed = description.init_seed();
+  const int stride = m->model_->row_dim();
+  for (size_t i = 0; i < m->row_tables_.size(); ++i) {
+    const RowTable& rt = m->row_tables_[i];
+    EmbeddingStore::Options o;
+    o.begin = rt.begin;
+    o.end = rt.end;
+    o.dim = rt.width;
+    o.optimizer = optimizer;
+    // Rows never trained read as their initial value, the rule of every mode: the default
+    // table's Model::InitRow (over the stride; its first 1 + dim floats kept), a named table's
+    // initializer (InitTableRow).
+    if (!m->spec_.has_named_tables()) {
+      o.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
+    } else if (m->spec_.tables()[i].is_default) {
+      const int width = rt.width;
+      o.row_init = [model, seed, stride, width](int64_t row, float* out) {
+        thread_local std::vector<float> full;
+        full.resize(stride);
+        model->InitRow(row, seed, full.data());
+        std::copy(full.begin(), full.begin() + width, out);
+      };
+    } else {
+      const FeatureSpec::Table& t = m->spec_.tables()[i];
+      const TableInitializer init = t.initializer;
+      const int dim = t.dim;
+      o.row_init = [init, dim, seed](int64_t row, float* out) {
+        InitTableRow(init, dim, 1 + dim, row, seed, out);
+      };
+    }
+    absl::StatusOr<std::unique_ptr<EmbeddingStore>> store = EmbeddingStore::Create(std::move(o));
+    if (!store.ok()) {
+      return Annotate(store.status(), rt.name.empty() ? std::string("the rows")
+                                                      : absl::StrCat("table '", rt.name, "'"));
+    }
+    m->rows_.push_back(*std::move(store));
+  }
   m->dense_.assign(m->model_->dense_size(), 0.f);
   return m;
 }
 
 int64_t ServingModel::memory_bytes() const {
-  return rows_->stats().bytes + static_cast<int64_t>(dense_.size() * sizeof(float));
+  int64_t bytes = static_cast<int64_t>(dense_.size() * sizeof(float));
+  for (const auto& r : rows_) bytes += r->stats().bytes;
+  return bytes;
+}
+
+int64_t ServingModel::stored_rows() const {
+  int64_t n = 0;
+  for (const auto& r : rows_) n += r->stats().rows_initialized;
+  return n;
+}
+
+int ServingModel::RowTableOf(int64_t row) const {
+  if (row < 0 || row >= table_rows()) return -1;
+  // Contiguous in row order: the last table beginning at or before `row`.
+  auto it = std::upper_bound(row_tables_.begin(), row_tables_.end(), row,
+                             [](int64_t r, const RowTable& t) { return r < t.begin; });
+  return static_cast<int>(it - row_tables_.begin()) - 1;
+}
+
+absl::Status ServingModel::Gather(absl::Span<const int64_t> ids, float* rows) const {
+  const int stride = row_dim();
+  if (rows_.size() == 1 && row_tables_[0].width == stride) return rows_[0]->Gather(ids, rows);
+  // Rows by table: each table's rows gathered at its width, then expanded to the stride. The ids
+  // are bucketed by table in one pass (a counting sort: O(ids + tables)).
+  const size_t num_tables = rows_.size();
+  std::vector<int> table(ids.size());
+  std::vector<size_t> start(num_tables + 1, 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    table[i] = RowTableOf(ids[i]);
+    if (table[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row id ", ids[i], " is outside the table [0, ", table_rows(), ")"));
+    }
+    ++start[table[i] + 1];
+  }
+  for (size_t t = 0; t < num_tables; ++t) start[t + 1] += start[t];
+  std::vector<int64_t> sorted(ids.size());
+  std::vector<size_t> where(ids.size());
+  {
+    std::vector<size_t> next(start.begin(), start.end() - 1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const size_t at = next[table[i]]++;
+      sorted[at] = ids[i];
+      where[at] = i;
+    }
+  }
+  std::vector<float> narrow;
+  for (size_t t = 0; t < num_tables; ++t) {
+    const size_t n = start[t + 1] - start[t];
+    if (n == 0) continue;
+    const int width = row_tables_[t].width;
+    narrow.resize(n * width);
+    RETURN_IF_ERROR(rows_[t]->Gather(absl::MakeConstSpan(sorted).subspan(start[t], n),
+                                     narrow.data()));
+    for (size_t j = 0; j < n; ++j) {
+      float* out = rows + where[start[t] + j] * stride;
+      std::copy(narrow.begin() + j * width, narrow.begin() + (j + 1) * width, out);
+      std::fill(out + width, out + stride, 0.f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+EmbeddingSnapshot ServingModel::StoredRows(int64_t from, int64_t to) const {
+  const int stride = row_dim();
+  if (rows_.size() == 1 && row_tables_[0].width == stride) return rows_[0]->Snapshot(from, to);
+  EmbeddingSnapshot out;
+  out.begin = from;
+  out.end = to;
+  out.dim = stride;
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    const RowTable& rt = row_tables_[t];
+    const int64_t lo = std::max(from, rt.begin);
+    const int64_t hi = std::min(to, rt.end);
+    if (lo >= hi) continue;
+    const EmbeddingSnapshot snap = rows_[t]->Snapshot(lo, hi);
+    for (int64_t r = 0; r < snap.rows(); ++r) {
+      out.ids.push_back(snap.ids[r]);
+      const float* w = snap.weights.data() + r * rt.width;
+      out.weights.insert(out.weights.end(), w, w + rt.width);
+      out.weights.resize(out.weights.size() + (stride - rt.width), 0.f);
+    }
+  }
+  return out;
+}
+
+absl::Status ServingModel::StoreRows(absl::Span<const int64_t> ids, const float* weights) {
+  const int stride = row_dim();
+  if (rows_.size() == 1 && row_tables_[0].width == stride) {
+    return rows_[0]->RestoreRows(ids, weights, nullptr);
+  }
+  for (int64_t id : ids) {
+    if (RowTableOf(id) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row id ", id, " is outside the table [0, ", table_rows(), ")"));
+    }
+  }
+  std::vector<int64_t> tids;
+  std::vector<float> narrow;
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    const int width = row_tables_[t].width;
+    tids.clear();
+    narrow.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (RowTableOf(ids[i]) != static_cast<int>(t)) continue;
+      tids.push_back(ids[i]);
+      narrow.insert(narrow.end(), weights + i * stride, weights + i * stride + width);
+    }
+    if (!tids.empty()) RETURN_IF_ERROR(rows_[t]->RestoreRows(tids, narrow.data(), nullptr));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
@@ -97,9 +275,44 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
   ParameterLoadMode mode;
   mode.keep_step = false;
   mode.keep_optimizer_state = false;  // a served model keeps no optimizer state
-  EmbeddingStore* stores[] = {m->rows_.get()};
+  // A checkpoint holds every row at the stride (Model::row_dim(); docs/CHECKPOINT.md): a table
+  // of that width reads straight into its store; a narrower one into a stride-wide store of its
+  // range, whose rows are then kept at the table's width range by range (memory: that table's
+  // stride-wide rows while the checkpoint is read).
+  std::vector<std::unique_ptr<EmbeddingStore>> wide(m->rows_.size());
+  std::vector<EmbeddingStore*> stores;
+  for (size_t t = 0; t < m->rows_.size(); ++t) {
+    if (m->row_tables_[t].width == m->row_dim()) {
+      stores.push_back(m->rows_[t].get());
+      continue;
+    }
+    EmbeddingStore::Options o;
+    o.begin = m->row_tables_[t].begin;
+    o.end = m->row_tables_[t].end;
+    o.dim = m->row_dim();
+    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> none, Optimizer::Create(sgd));
+    o.optimizer = std::move(none);
+    ASSIGN_OR_RETURN(wide[t], EmbeddingStore::Create(std::move(o)));
+    stores.push_back(wide[t].get());
+  }
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(chain, stores, dense.get(), mode));
+  constexpr int64_t kRange = int64_t{1} << 20;
+  std::vector<float> narrow;
+  for (size_t t = 0; t < wide.size(); ++t) {
+    if (wide[t] == nullptr) continue;
+    const RowTable& rt = m->row_tables_[t];
+    for (int64_t from = rt.begin; from < rt.end; from += kRange) {
+      const EmbeddingSnapshot snap = wide[t]->Snapshot(from, std::min(rt.end, from + kRange));
+      narrow.resize(snap.ids.size() * rt.width);
+      for (int64_t r = 0; r < snap.rows(); ++r) {
+        std::copy(snap.weights.begin() + r * snap.dim,
+                  snap.weights.begin() + r * snap.dim + rt.width, narrow.begin() + r * rt.width);
+      }
+      RETURN_IF_ERROR(m->rows_[t]->RestoreRows(snap.ids, narrow.data(), nullptr));
+    }
+    wide[t].reset();
+  }
   if (counts.dense_floats != m->dense_size()) {
     return absl::DataLossError(absl::StrCat(
         ckpt, ": its shard files hold ", counts.dense_floats, " dense floats for a vector of ",

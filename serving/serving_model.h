@@ -4,13 +4,18 @@
 // or export records (pstrain.ModelDescription), the trained rows' weights (no optimizer slots),
 // and the dense vector.
 //
-// Rows that were never trained are not stored anywhere: Gather returns Model::InitRow(row,
-// init_seed) for them, exactly what the trainer's own evaluation reads, so scores equal the
-// trainer's to the bit (pstrain predict's promise).
+// Rows that were never trained are not stored anywhere: Gather returns their initial value
+// (Model::InitRow(row, init_seed); a named table's: InitTableRow) for them, exactly what the
+// trainer's own evaluation reads, so scores equal the trainer's to the bit (pstrain predict's
+// promise).
 //
-// Memory: the trained rows (row_dim floats each) in an EmbeddingStore of the whole table (no
-// optimizer state), plus at most 4 bytes per table row of index (in 16 KB pages, allocated for
-// the ranges that hold trained rows), plus the dense vector.
+// Memory: the trained rows (no optimizer state) in an EmbeddingStore per row table, plus at most
+// 4 bytes per table row of index (in 16 KB pages, allocated for the ranges that hold trained
+// rows), plus the dense vector. Without named tables (FeatureConfig.table) there is one row table,
+// the whole row space at row_dim() floats a row, as before tables. With them, one row table per
+// FeatureSpec table, its rows at their table's width 1 + dim (a dim-4 table's row costs 5 floats
+// however wide the model's stride row_dim() is): Gather expands a row to the stride, zeros after
+// its 1 + dim floats, as the trainer's pulled rows are (docs/SERVING.md "Tables").
 //
 // Thread-safety: immutable after creation; every const method may be called from any number of
 // threads (shared through std::shared_ptr, e.g. by a server that swaps in a newer export while
@@ -45,16 +50,28 @@ class ServingModel {
   };
 
   // The sizes a description makes, and what allocating them costs.
+  // A row table: global rows [begin, end), each stored as `width` floats ([w, v_0 .. v_{d-1}]).
+  struct RowTable {
+    std::string name;  // the FeatureSpec table's ("" for the default table, or no named tables)
+    int64_t begin = 0;
+    int64_t end = 0;
+    int width = 0;
+  };
   struct Shape {
     int64_t table_rows = 0;
     int row_dim = 0;
     int64_t dense_size = 0;
+    // In row order, covering [0, table_rows): one of row_dim floats without named tables.
+    std::vector<RowTable> row_tables;
   };
   // A description is read from files: the largest dense vector a model may claim, refused before
   // anything is allocated (Model::Create's own bound on the MLP is lower). The table's rows cost
   // memory only as they are stored, and its row index (8 bytes per 4096 rows) is bounded by the
   // store's 2^32 rows (ps/store/embedding_store.h).
   static constexpr int64_t kMaxDenseFloats = int64_t{1} << 31;
+  // With tables, a store per table: at most this many tables, and 2^32 - 1 rows in all (what the
+  // one store of a model without tables holds).
+  static constexpr int kMaxTables = 1024;
   // The shape `description` makes, without allocating the model's parameters (only its feature
   // spec and layout); INVALID_ARGUMENT as Create's.
   static absl::StatusOr<Shape> ShapeOf(const ModelDescription& description);
@@ -74,7 +91,10 @@ class ServingModel {
   // rebuild: the MANIFEST's own (version >= 2), or the one a caller built from a config for a
   // version-1 checkpoint. FAILED_PRECONDITION when the files' shapes disagree with it (rows, row
   // size, dense size); DATA_LOSS naming the file for a malformed block, and when the dense vector
-  // is not covered exactly (its floats counted over the slices read).
+  // is not covered exactly (its floats counted over the slices read). With tables, a checkpoint
+  // holds every row at the stride: a table narrower than the stride is read into a stride-wide
+  // store of its range and then kept at its width, so memory peaks at those tables' stride-wide
+  // rows while it reads.
   static absl::StatusOr<std::unique_ptr<ServingModel>> FromCheckpoint(
       absl::Span<const CheckpointLink> chain, const ModelDescription& description);
 
@@ -87,24 +107,37 @@ class ServingModel {
   int64_t dense_size() const { return model_->dense_size(); }
   const std::vector<float>& dense() const { return dense_; }
   // Rows with stored (trained) values.
-  int64_t stored_rows() const { return rows_->stats().rows_initialized; }
+  int64_t stored_rows() const;
   // Bytes held by the rows and their index, and the dense vector.
   int64_t memory_bytes() const;
 
-  // rows[i * row_dim(), (i + 1) * row_dim()) = the weights of ids[i]: the stored row, else
-  // Model::InitRow(ids[i], init_seed). INVALID_ARGUMENT naming the first id outside
-  // [0, table_rows()).
-  absl::Status Gather(absl::Span<const int64_t> ids, float* rows) const {
-    return rows_->Gather(ids, rows);
+  // The row tables, in row order (Shape::row_tables), and the one holding `row` (-1 outside
+  // [0, table_rows())).
+  const std::vector<RowTable>& row_tables() const { return row_tables_; }
+  int RowTableOf(int64_t row) const;
+
+  // rows[i * row_dim(), (i + 1) * row_dim()) = the weights of ids[i]: the stored row, else its
+  // initial value (Model::InitRow(ids[i], init_seed) for the default table, a named table's
+  // initializer: ps/store/table_rows.h InitTableRow), expanded to the stride (zeros after its
+  // table's width). INVALID_ARGUMENT naming the first id outside [0, table_rows()).
+  absl::Status Gather(absl::Span<const int64_t> ids, float* rows) const;
+  // Every stored row in [from, to), ascending, at the stride row_dim() (zeros after a row's
+  // table width): for tests and tools. Memory: that range's rows.
+  EmbeddingSnapshot StoredRows(int64_t from, int64_t to) const;
+  // Every stored row of row table t in [from, to), ascending, at the table's width (the
+  // snapshot's dim), for writers (export). Memory: that range's rows.
+  EmbeddingSnapshot StoredTableRows(int t, int64_t from, int64_t to) const {
+    return rows_[t]->Snapshot(from, to);
   }
-  // Every stored row in [from, to), ascending, for writers (export). Memory: that range's rows.
-  EmbeddingSnapshot StoredRows(int64_t from, int64_t to) const { return rows_->Snapshot(from, to); }
 
   // ---- Building (loaders only; not thread-safe, before the model is shared) ----
-  // Stores rows: weights is ids.size() x row_dim. INVALID_ARGUMENT naming the first id out of
-  // range.
-  absl::Status StoreRows(absl::Span<const int64_t> ids, const float* weights) {
-    return rows_->RestoreRows(ids, weights, nullptr);
+  // Stores rows: weights is ids.size() x row_dim (a row of a narrower table keeps its first
+  // width floats). INVALID_ARGUMENT naming the first id out of range.
+  absl::Status StoreRows(absl::Span<const int64_t> ids, const float* weights);
+  // Stores rows of row table t: weights is ids.size() x row_tables()[t].width. INVALID_ARGUMENT
+  // naming the first id outside the table.
+  absl::Status StoreTableRows(int t, absl::Span<const int64_t> ids, const float* weights) {
+    return rows_[t]->RestoreRows(ids, weights, nullptr);
   }
   std::vector<float>* mutable_dense() { return &dense_; }
 
@@ -115,7 +148,8 @@ class ServingModel {
   Origin origin_;
   FeatureSpec spec_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<EmbeddingStore> rows_;
+  std::vector<RowTable> row_tables_;
+  std::vector<std::unique_ptr<EmbeddingStore>> rows_;  // one per row table
   std::vector<float> dense_;
 };
 

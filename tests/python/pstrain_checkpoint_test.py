@@ -8,12 +8,14 @@ the reader's arrays are the checkpoint's, that its forward pass of the exported 
 C++ scores (`pstrain predict`) to 1e-5, rows never trained included (its Model::InitRow twin),
 that an int8 export and a PS fixture read, that damage is refused, and that the gRPC client
 example scores through a real `pstrain serve` as the reader does; and the same for a model with
-list fields and shared rows (the reader, predict and serve agree).
+list fields and shared rows, and for models with tables (docs/CONFIG.md "Tables": the reader,
+predict and serve agree).
 """
 
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -303,25 +305,6 @@ def list_csv(rows, seed):
 
 
 class ListsReaderTest(unittest.TestCase):
-    def test_a_model_with_tables_is_refused_naming_them(self):
-        # features.table is not laid out by this reader yet: a clear refusal, not a wrong read.
-        d = os.path.join(Fixture.dir, "tables")
-        os.makedirs(d)
-        config = LIST_CONFIG.replace('field { name: "item" vocab_size: 500 }',
-                                     'field { name: "item" table: "items" }\n'
-                                     '  table { name: "items" rows: 500 }')
-        self.assertNotEqual(config, LIST_CONFIG)
-        paths = {}
-        for name, text in (("train.csv", list_csv(500, 1)), ("config.textproto", config)):
-            paths[name] = os.path.join(d, name)
-            with open(paths[name], "w") as f:
-                f.write(text)
-        mdir = os.path.join(d, "m")
-        run("train", "--config", paths["config.textproto"], "--train", paths["train.csv"],
-            "--model_dir", mdir)
-        with self.assertRaisesRegex(pc.FormatError, r"tables \(features.table: items\)"):
-            pc.load(mdir)
-
     def test_lists_score_as_predict_and_serve(self):
         d = os.path.join(Fixture.dir, "lists")
         os.makedirs(d)
@@ -399,6 +382,162 @@ class ListsReaderTest(unittest.TestCase):
             server.send_signal(signal.SIGTERM)
             self.assertEqual(server.wait(timeout=60), 0)
             server.stdout.close()
+
+
+# Tables (docs/CONFIG.md "Tables"): `item` (k = 4, UNIFORM) shared by the candidate and a
+# history list, `cats` (TRUNCATED_NORMAL), and `user` in the default table. The test rows carry
+# cats never seen in training, so that untrained rows of a named table (its initializer) score.
+TABLES_CONFIG = """
+data { train { name: "train" format: CSV } shuffle_buffer: 1000 }
+features {
+  preset: NO_PRESET
+  field { name: "item" table: "item" }
+  field { name: "history" table: "item" list { combiner: MEAN max_length: 6 } }
+  field { name: "user" vocab_size: 100 }
+  field { name: "cat" table: "cats" }
+  table { name: "item" rows: 500 initializer { type: UNIFORM limit: 0.05 } }
+  table { name: "cats" dim: %(cats_dim)d rows: 64 %(cats_join)s
+          initializer { type: TRUNCATED_NORMAL stddev: 0.03 } }
+}
+model { type: %(model)s embedding_dim: 4 hidden: [ 16 ] }
+sparse_optimizer { type: ADAGRAD learning_rate: 0.1 initial_accumulator: 0.0001 }
+dense_optimizer { type: ADAM learning_rate: 0.003 }
+train { batch_size: 64 epochs: 2 log_every_steps: 100000 }
+threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
+"""
+
+
+def tables_csv(rows, seed, cats):
+    """label,item,history,user,cat: the lists of list_csv, users u0..u59, cats c0..c{cats-1}."""
+    rng = np.random.RandomState(seed)
+    out = ["label,item,history,user,cat"]
+    for _ in range(rows):
+        topic, item = rng.randint(4), rng.randint(200)
+        click = rng.rand() < (0.8 if item % 4 == topic else 0.2)
+        hist = "|".join("i%d" % (4 * rng.randint(50) + topic) for _ in range(rng.randint(10)))
+        out.append("%d,i%d,%s,u%d,c%d" % (click, item, hist, rng.randint(60), rng.randint(cats)))
+    return "\n".join(out) + "\n"
+
+
+def rewrite_block(path, index, edit):
+    """Edits block `index` of a block file in place (edit(bytearray payload), same length) and
+    writes its checksum again."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    off = 16
+    for _ in range(index):
+        off += 16 + struct.unpack_from("<Q", data, off + 8)[0] + 4
+    end = off + 16 + struct.unpack_from("<Q", data, off + 8)[0]
+    payload = bytearray(data[off + 16:end])
+    edit(payload)
+    data[off + 16:end] = payload
+    struct.pack_into("<I", data, end, pc._masked(pc.crc32c(bytes(data[off:end]))))
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+class TablesReaderTest(unittest.TestCase):
+    def train_predict_export(self, name, **config):
+        """Trains TABLES_CONFIG % config; returns (model dir, export, test lines, predict's
+        scores), or None when the trained MANIFEST's row_dim is not 1 + the largest dim (a model
+        that takes no per-field dims: the mixed-dims test needs h/fielddims)."""
+        d = os.path.join(Fixture.dir, name)
+        os.makedirs(d)
+        paths = {}
+        for fname, text in (("train.csv", tables_csv(3000, 1, 20)),
+                            ("test.csv", tables_csv(400, 2, 40)),
+                            ("config.textproto", TABLES_CONFIG % config)):
+            paths[fname] = os.path.join(d, fname)
+            with open(paths[fname], "w") as f:
+                f.write(text)
+        mdir, export = os.path.join(d, "m"), os.path.join(d, "export")
+        run("train", "--config", paths["config.textproto"], "--train", paths["train.csv"],
+            "--model_dir", mdir)
+        with open(os.path.join(mdir, "LATEST")) as f:
+            ckpt = os.path.join(mdir, f.read().strip())
+        manifest = pc.parse_message(pc.read_blocks(os.path.join(ckpt, "MANIFEST"))[0][1],
+                                    pc._MANIFEST)
+        if manifest["row_dim"] != 1 + max(4, config["cats_dim"]):
+            return None
+        scores = os.path.join(d, "scores.tsv")
+        run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format", "csv",
+            "--out", scores)
+        run("export", "--model_dir", mdir, "--out", export, "--rows", "f32")
+        with open(paths["test.csv"]) as f:
+            lines = f.read().splitlines()[1:]
+        return mdir, export, lines, np.loadtxt(scores, dtype=np.float64)[:, 0]
+
+    def check_reader_and_serve(self, mdir, export, lines, want, widths):
+        rows = [l.split(",")[1:] for l in lines]
+        values = [[r[0], r[1], r[2], r[3]] for r in rows]
+        for path in (export, mdir):
+            m = pc.load(path)
+            self.assertEqual([(t["name"], t["width"]) for t in m.tables], widths)
+            self.assertEqual(m.fields[1]["offset"], m.fields[0]["offset"])  # one `item` table
+            self.assertEqual(m.fields[1]["seed"], m.fields[0]["seed"])
+            ids, scales = m.encode_values(values)
+            probs = m.predict(ids, scales)
+            np.testing.assert_allclose(probs, want, rtol=0, atol=1e-5, err_msg=path)
+            self.assertGreater(float(np.std(probs)), 1e-2)
+            # Rows of `cats` never trained are scored (their table's initializer, not zeros).
+            cats = m.tables[-1]
+            cat_rows = ids[:, 3, 0]
+            untrained = [r for r in cat_rows if r not in set(m.ids.tolist())]
+            self.assertGreater(len(untrained), 10)
+            r = int(untrained[0])
+            self.assertTrue(cats["begin"] <= r < cats["end"])
+            init = m.lookup([r])[0]
+            self.assertEqual(init[0], 0.0)
+            self.assertTrue((init[1:cats["width"]] != 0).all())
+            self.assertTrue((init[cats["width"]:] == 0).all())
+            self.assertLessEqual(float(np.abs(init).max()), 2 * 0.03 + 1e-7)  # truncated at 2 sd
+        import serve_client  # noqa: E402
+        server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
+                                  stdout=subprocess.PIPE, universal_newlines=True)
+        try:
+            line = server.stdout.readline()
+            self.assertIn("listening on", line)
+            client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(), timeout=30)
+            served, _ = client.predict_tsv(lines, have_label=True, csv=True)
+            np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+            examples = [dict(zip(("item", "history", "user", "cat"), r)) for r in rows[:20]]
+            one, _ = client.predict_examples(examples)
+            np.testing.assert_allclose(one, want[:20], rtol=0, atol=1e-6)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0)
+            server.stdout.close()
+
+    def test_tables_score_as_predict_and_serve(self):
+        trained = self.train_predict_export("tables_reader", cats_dim=4, cats_join="", model="DEEPFM")
+        self.assertIsNotNone(trained)
+        self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 5)])
+        # What the reader refuses of a version-2 export (checksums made right, as a crafted file
+        # would have them): a row block whose ids leave its first id's table, and a version-1
+        # header whose description has tables.
+        export = trained[1]
+        version = os.listdir(export)[0]
+        m = pc.load(export)
+        for name, index, edit, says in (
+                ("mixed", 3, lambda p: struct.pack_into("<q", p, 8, m.tables[1]["begin"] - 1),
+                 "a block holds one table's rows"),
+                ("v1", 0, lambda p: p.__setitem__(1, 1), "format version 1 cannot hold tables")):
+            bad = os.path.join(Fixture.dir, "bad_tables_" + name, version)
+            shutil.copytree(os.path.join(export, version), bad)
+            rewrite_block(os.path.join(bad, "MODEL"), index, edit)
+            with self.assertRaises(pc.FormatError) as e:
+                pc.load(bad)
+            self.assertIn(says, str(e.exception))
+
+    def test_mixed_dims_score_as_predict_and_serve(self):
+        # `cats` of dim 8 > k = 4, out of the FM term: the stride is 9 floats, and the rows of
+        # the default table and of `item` are stored (and exported) at 5.
+        trained = self.train_predict_export("tables_mixed", cats_dim=8,
+                                            cats_join="fm_join: EXCLUDE", model="DEEPFM")
+        if trained is None:
+            self.skipTest("this build's model takes no per-field dims (ModelInputs::field_dims, "
+                          "h/fielddims): the checkpoint's rows are not 1 + the largest dim")
+        self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 9)])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
 #include "common/file.h"
+#include "ps/store/table_rows.h"
 #include "gtest/gtest.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
@@ -30,6 +31,7 @@ using testing_serving::AllRows;
 using testing_serving::FreshDir;
 using testing_serving::SmallDescription;
 using testing_serving::SmallModel;
+using testing_serving::TablesDescription;
 
 const std::string kFixture = PSTRAIN_SOURCE_DIR "/tests/serving/testdata/export_v1";
 
@@ -295,10 +297,10 @@ TEST(Export, DamagedOrInconsistentFilesAreRefused) {
 
   b = blocks;
   h = header;
-  h.set_format_version(2);
+  h.set_format_version(kExportFormatVersion + 1);
   b[0].payload = h.SerializeAsString();
   expect_refused("newer", &b, nullptr, absl::StatusCode::kFailedPrecondition,
-                 "export format version 2");
+                 absl::StrCat("export format version ", kExportFormatVersion + 1));
 
   b = blocks;
   h = header;
@@ -436,6 +438,227 @@ TEST(Export, AHeaderClaimingHugeSizesIsRefusedBeforeAllocating) {
   EXPECT_NE(r.status().message().find("header field rows 1099511627776"),
             absl::string_view::npos)
       << r.status();
+  std::system(("rm -rf " + base).c_str());
+}
+
+// ---- Tables (FeatureConfig.table): rows at their table's width ----
+
+// The XROW blocks of an export: (first id, ids, payload bytes) per block.
+struct RowBlock {
+  std::vector<int64_t> ids;
+  size_t bytes = 0;
+};
+std::vector<RowBlock> RowBlocks(const std::vector<Block>& blocks) {
+  std::vector<RowBlock> out;
+  for (const Block& b : blocks) {
+    if (b.tag != kExportRowsTag) continue;
+    uint32_t n = 0;
+    std::memcpy(&n, b.payload.data(), 4);
+    RowBlock r;
+    r.ids.resize(n);
+    std::memcpy(r.ids.data(), b.payload.data() + 8, 8 * n);
+    r.bytes = b.payload.size();
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// Two named tables of different widths and a table two fields share: every encoding writes a
+// block per table at the table's width (a `small` row costs 3 floats, not the stride's 5), reads
+// back to the same rows, and rows never trained read as their table's initializer.
+TEST(ExportTables, RoundTripStoresEachTableAtItsWidth) {
+  const ModelDescription d = TablesDescription();
+  auto model = SmallModel(d, 3);
+  ASSERT_NE(model, nullptr);
+  ASSERT_EQ(model->row_dim(), 5);
+  ASSERT_EQ(model->row_tables().size(), 3u);
+  const auto& tables = model->row_tables();
+  EXPECT_EQ(tables[0].name, "");
+  EXPECT_EQ(tables[0].width, 5);
+  EXPECT_EQ(tables[1].name, "item");
+  EXPECT_EQ(tables[1].width, 5);
+  EXPECT_EQ(tables[2].name, "small");
+  EXPECT_EQ(tables[2].width, 3);
+  EXPECT_EQ(tables[2].end, model->table_rows());
+  const std::vector<float> want = AllRows(*model);
+  // A row of `small` is [w, v0, v1] and zeros to the stride, whatever was stored after them.
+  for (int64_t r = tables[2].begin; r < tables[2].end; ++r) {
+    EXPECT_EQ(want[r * 5 + 3], 0.f) << r;
+    EXPECT_EQ(want[r * 5 + 4], 0.f) << r;
+  }
+  // Ids of every table in any order (and repeated) gather as the rows in order do.
+  {
+    const std::vector<int64_t> ids = {155, 3, 60, 159, 0, 60, 151, 99, 49, 150};
+    std::vector<float> got(ids.size() * 5);
+    ASSERT_TRUE(model->Gather(ids, got.data()).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(std::vector<float>(got.begin() + i * 5, got.begin() + i * 5 + 5),
+                std::vector<float>(want.begin() + ids[i] * 5, want.begin() + ids[i] * 5 + 5))
+          << ids[i];
+    }
+    const std::vector<int64_t> bad = {3, 160};
+    EXPECT_EQ(model->Gather(bad, got.data()).code(), absl::StatusCode::kInvalidArgument);
+  }
+  // Untrained rows (SmallModel stores rows 0, 3, 6, ...) read as their table's initializer.
+  const FeatureSpec& spec = model->spec();
+  for (int t = 1; t <= 2; ++t) {
+    const int64_t row = (tables[t].begin + 1) % 3 != 0 ? tables[t].begin + 1 : tables[t].begin + 2;
+    std::vector<float> init(5, -1.f);
+    InitTableRow(spec.tables()[t].initializer, spec.tables()[t].dim, 5, row, d.init_seed(),
+                 init.data());
+    EXPECT_EQ(std::vector<float>(want.begin() + row * 5, want.begin() + row * 5 + 5), init)
+        << tables[t].name;
+    EXPECT_NE(init[1], 0.f);
+  }
+  const int64_t row = 1;  // the default table's: Model::InitRow
+  std::vector<float> init(5);
+  model->model().InitRow(row, d.init_seed(), init.data());
+  EXPECT_EQ(std::vector<float>(want.begin() + 5, want.begin() + 10), init);
+
+  for (RowEncoding e : {RowEncoding::kFloat32, RowEncoding::kBfloat16, RowEncoding::kInt8}) {
+    SCOPED_TRACE(RowEncodingName(e));
+    const std::string base = FreshDir("export_tables");
+    ExportOptions o;
+    o.encoding = e;
+    auto info = WriteExport(*model, base, o);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->rows, model->stored_rows());
+    const std::vector<Block> blocks = Blocks(Slurp(info->dir + "/MODEL"));
+    ExportHeader header;
+    ASSERT_TRUE(header.ParseFromString(blocks[0].payload));
+    EXPECT_EQ(header.format_version(), 2);
+    EXPECT_EQ(header.row_dim(), 5);
+    const std::vector<RowBlock> row_blocks = RowBlocks(blocks);
+    ASSERT_EQ(row_blocks.size(), 3u);  // one a table (each has stored rows)
+    for (size_t t = 0; t < 3; ++t) {
+      const RowBlock& rb = row_blocks[t];
+      for (int64_t id : rb.ids) EXPECT_EQ(model->RowTableOf(id), static_cast<int>(t)) << id;
+      EXPECT_EQ(rb.bytes, 8 + rb.ids.size() * (8 + EncodedRowBytes(e, tables[t].width)));
+    }
+    auto read = ReadExport(info->dir);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ((*read)->stored_rows(), model->stored_rows());
+    ASSERT_EQ((*read)->row_tables().size(), 3u);
+    EXPECT_EQ((*read)->row_tables()[2].width, 3);
+    const std::vector<float> got = AllRows(**read);
+    ASSERT_EQ(got.size(), want.size());
+    const float tolerance = e == RowEncoding::kFloat32 ? 0.f : 0.02f;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], tolerance + std::fabs(want[i]) * 0.01f * (tolerance > 0))
+          << "float " << i;
+    }
+    if (e == RowEncoding::kFloat32) {
+      EXPECT_EQ(got, want);
+    }
+    std::system(("rm -rf " + base).c_str());
+  }
+}
+
+// What a reader refuses of an export with tables: a header claiming a table of 2^40 rows (a
+// description consistent with itself, as an attacker would craft it) before anything is
+// allocated for it, naming the table; a block mixing two tables' rows; a version-1 header whose
+// description has tables.
+TEST(ExportTables, CraftedOrInconsistentFilesAreRefused) {
+  const std::string base = FreshDir("export_tables_bad");
+  auto model = SmallModel(TablesDescription(), 4);
+  ASSERT_NE(model, nullptr);
+  auto info = WriteExport(*model, base, ExportOptions{});
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::vector<Block> blocks = Blocks(Slurp(info->dir + "/MODEL"));
+  ASSERT_EQ(blocks.size(), 5u);  // MODL, XDNS, an XROW per table
+  ExportHeader header;
+  ASSERT_TRUE(header.ParseFromString(blocks[0].payload));
+
+  {
+    ExportHeader h = header;
+    h.mutable_model()->mutable_features()->mutable_table(0)->set_rows(uint64_t{1} << 40);
+    h.set_table_rows(header.table_rows() - 100 + (int64_t{1} << 40));
+    std::vector<Block> b = blocks;
+    b[0].payload = h.SerializeAsString();
+    const std::string dir = base + "/huge";
+    WriteModelFile(dir, b);
+    absl::StatusOr<std::unique_ptr<ServingModel>> r;
+    {
+      AddressSpaceCap cap(uint64_t{512} << 20);
+      if (!cap.ok()) GTEST_SKIP() << "cannot cap the address space (RLIMIT_AS) here";
+      r = ReadExport(dir);
+    }
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(dir + "/MODEL"), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find("table 'item': 1099511627776 rows"),
+              absl::string_view::npos)
+        << r.status();
+  }
+  {
+    // Tables each within a store's bound, together past what a served model holds.
+    ExportHeader h = header;
+    h.mutable_model()->mutable_features()->mutable_table(0)->set_rows((uint64_t{1} << 32) - 2);
+    h.mutable_model()->mutable_features()->mutable_table(1)->set_rows((uint64_t{1} << 32) - 2);
+    std::vector<Block> b = blocks;
+    b[0].payload = h.SerializeAsString();
+    const std::string dir = base + "/many";
+    WriteModelFile(dir, b);
+    auto r = ReadExport(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("the tables hold 8589934638 rows"),
+              absl::string_view::npos)
+        << r.status();
+  }
+  {
+    // The `small` block's rows appended to the `item` block: one block, two tables.
+    std::vector<Block> b = {blocks[0], blocks[1], blocks[2], blocks[3]};
+    const RowBlock item = RowBlocks({blocks[3]})[0];
+    const RowBlock small = RowBlocks({blocks[4]})[0];
+    std::vector<int64_t> ids = item.ids;
+    ids.insert(ids.end(), small.ids.begin(), small.ids.end());
+    std::string p;
+    const uint32_t n = static_cast<uint32_t>(ids.size()), enc = 0;
+    p.append(reinterpret_cast<const char*>(&n), 4);
+    p.append(reinterpret_cast<const char*>(&enc), 4);
+    p.append(reinterpret_cast<const char*>(ids.data()), 8 * ids.size());
+    p.append(blocks[3].payload.substr(8 + 8 * item.ids.size()));
+    p.append(blocks[4].payload.substr(8 + 8 * small.ids.size()));
+    p.resize(8 + ids.size() * (8 + 20));  // as wide as `item` rows would be
+    b[3].payload = p;
+    const std::string dir = base + "/mixed";
+    WriteModelFile(dir, b);
+    auto r = ReadExport(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find("a block holds one table's rows"),
+              absl::string_view::npos)
+        << r.status();
+  }
+  {
+    ExportHeader h = header;
+    h.set_format_version(1);
+    std::vector<Block> b = blocks;
+    b[0].payload = h.SerializeAsString();
+    const std::string dir = base + "/v1";
+    WriteModelFile(dir, b);
+    auto r = ReadExport(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find("cannot hold tables"), absl::string_view::npos)
+        << r.status();
+  }
+  std::system(("rm -rf " + base).c_str());
+}
+
+// An export without tables is still format version 1 (ExportFixture.V1StillWrites pins its
+// bytes).
+TEST(ExportTables, AnExportWithoutTablesIsVersion1) {
+  const std::string base = FreshDir("export_no_tables");
+  auto model = SmallModel(SmallDescription(), 1);
+  ASSERT_NE(model, nullptr);
+  auto info = WriteExport(*model, base, ExportOptions{});
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::vector<Block> blocks = Blocks(Slurp(info->dir + "/MODEL"));
+  ExportHeader header;
+  ASSERT_TRUE(header.ParseFromString(blocks[0].payload));
+  EXPECT_EQ(header.format_version(), 1);
   std::system(("rm -rf " + base).c_str());
 }
 

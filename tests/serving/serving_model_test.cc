@@ -21,6 +21,7 @@
 #include "ps/server/shard_server.h"
 #include "tests/serving/serving_test_util.h"
 #include "worker/data/feature_spec.h"
+#include "worker/eval/model_inputs.h"
 #include "worker/params/local_params.h"
 #include "worker/train/checkpoint.h"
 
@@ -95,6 +96,69 @@ TEST(ServingModel, ReadsTheSingleProcessCheckpointExactly) {
   std::vector<float> row((*m)->row_dim());
   const std::vector<int64_t> bad = {(*m)->table_rows()};
   EXPECT_EQ((*m)->Gather(bad, row.data()).code(), absl::StatusCode::kInvalidArgument);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// A checkpoint of a config with tables (rows at the stride, as every mode writes them) reads into
+// a store per table at the table's width: `small` (dim 2) keeps 3 floats a row, and Gather gives
+// the checkpoint's rows with zeros after a row's width (the trainer's rows of a narrower table
+// hold zeros there; this test's random gradients put values there, which are cut).
+TEST(ServingModel, ReadsACheckpointWithTablesAtEachTablesWidth) {
+  const std::string dir = FreshDir("sm_tables");
+  const ModelDescription d = testing_serving::TablesDescription();
+  Config config = SmallConfig();
+  *config.mutable_features() = d.features();
+  *config.mutable_model() = d.model();
+  auto spec = FeatureSpec::Create(config.features(), config.model());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = Model::Create(config.model(), ModelInputsOf(*spec));
+  ASSERT_TRUE(model.ok());
+  auto params = LocalParams::Create(**model, spec->total_rows(), config, 1);
+  ASSERT_TRUE(params.ok());
+  const int stride = (*params)->row_dim();
+  ASSERT_EQ(stride, 5);
+  Rng rng(3);
+  // Rows of the default table, of `item` and of `small` (offsets 0, 50, 150).
+  const std::vector<int64_t> ids = {0, 7, 50, 99, 149, 150, 155, 159};
+  for (int step = 1; step <= 3; ++step) {
+    const auto rg = Grads(ids.size() * stride, &rng);
+    const auto dg = Grads((*params)->dense_size(), &rng);
+    ASSERT_TRUE((*params)->Push(ids, rg.data(), dg.data(), step).ok());
+  }
+  WorkerState state;
+  state.set_step(3);
+  auto description = DescribeModel(config);
+  ASSERT_TRUE(description.ok());
+  ASSERT_EQ(description->features().table_size(), 2);
+  ASSERT_TRUE(SaveCheckpoint(dir, state, **params, 3, *description).ok());
+
+  auto chosen = ChooseCheckpointToRead(dir, "", nullptr);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  auto m = ServingModel::FromCheckpoint(chosen->chain, chosen->description);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->stored_rows(), static_cast<int64_t>(ids.size()));
+  ASSERT_EQ((*m)->row_tables().size(), 3u);
+  const int widths[] = {5, 5, 3};
+  const int64_t stored[] = {2, 3, 3};
+  for (int t = 0; t < 3; ++t) {
+    const auto& rt = (*m)->row_tables()[t];
+    const EmbeddingSnapshot snap = (*m)->StoredTableRows(t, rt.begin, rt.end);
+    EXPECT_EQ(rt.width, widths[t]);
+    EXPECT_EQ(snap.dim, widths[t]);
+    EXPECT_EQ(snap.rows(), stored[t]) << t;
+  }
+  std::vector<float> want(ids.size() * stride), dense((*m)->dense_size());
+  ASSERT_TRUE((*params)->Pull(ids, want.data(), dense.data()).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= 150) std::fill(&want[i * stride + 3], &want[(i + 1) * stride], 0.f);
+  }
+  std::vector<float> got(ids.size() * stride);
+  ASSERT_TRUE((*m)->Gather(ids, got.data()).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ((*m)->dense(), dense);
+  const EmbeddingSnapshot all = (*m)->StoredRows(0, (*m)->table_rows());
+  EXPECT_EQ(all.ids, ids);
+  EXPECT_EQ(all.weights, want);
   std::system(("rm -rf " + dir).c_str());
 }
 
@@ -215,6 +279,42 @@ TEST(ServingModel, ReadsTheVersion1PsFixtureGivenItsModel) {
 // Rows never trained are stored nowhere: they read as Model::InitRow(row, init_seed), the rule
 // docs/CHECKPOINT.md documents and python/pstrain_checkpoint.py reimplements. Golden values (the
 // Python twin's; tests/python/pstrain_checkpoint_test.py checks it against the same numbers).
+// A narrow table's rows cost its width in memory, not the stride: 100k stored rows of a dim-4
+// table in a model of k = 16 (stride 17) hold about 5 floats each (20 bytes; 68 at the stride).
+TEST(ServingModel, ANarrowTablesRowsCostItsWidthInMemory) {
+  ModelDescription d;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
+    features {
+      preset: NO_PRESET
+      field { name: "a" vocab_size: 10 }
+      field { name: "s" table: "small" }
+      table { name: "small" dim: 4 rows: 200000 fm_join: EXCLUDE }
+    }
+    model { type: DEEPFM embedding_dim: 16 hidden: [ 4 ] }
+    init_seed: 1
+    init_rule: 1
+  )pb", &d));
+  auto m = ServingModel::Create(d, ServingModel::Origin{"test", 1, 1});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->row_dim(), 17);
+  ASSERT_EQ((*m)->row_tables().size(), 2u);
+  const auto& small = (*m)->row_tables()[1];
+  ASSERT_EQ(small.width, 5);
+  const int64_t before = (*m)->memory_bytes();
+  constexpr int64_t kRows = 100000;
+  std::vector<int64_t> ids(kRows);
+  std::vector<float> rows(kRows * 5, 0.5f);
+  for (int64_t i = 0; i < kRows; ++i) ids[i] = small.begin + 1 + 2 * i;
+  ASSERT_TRUE((*m)->StoreTableRows(1, ids, rows.data()).ok());
+  const int64_t grew = (*m)->memory_bytes() - before;
+  EXPECT_GE(grew, kRows * 5 * 4);
+  EXPECT_LT(grew, kRows * 17 * 4 / 2) << "rows kept at the stride?";
+  std::vector<float> got(17);
+  ASSERT_TRUE((*m)->Gather({ids[7]}, got.data()).ok());
+  EXPECT_EQ(got, std::vector<float>({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                     0, 0}));
+}
+
 TEST(ServingModel, RowsNeverTrainedReadAsTheDocumentedInitRule) {
   auto m = ServingModel::Create(testing_serving::SmallDescription(), ServingModel::Origin{});
   ASSERT_TRUE(m.ok()) << m.status();

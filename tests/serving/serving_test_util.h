@@ -41,6 +41,31 @@ inline ModelDescription SmallDescription() {
   return d;
 }
 
+// Tables (FeatureConfig.table): c1 in the default table (dim k = 4); `item` (dim 4, UNIFORM) shared
+// by the candidate and a history list; `small` (dim 2, TRUNCATED_NORMAL, out of the FM term) of a
+// bucketed numeric field. `small` is narrower than the stride 1 + 4: its rows are stored and
+// exported at 3 floats.
+inline ModelDescription TablesDescription() {
+  ModelDescription d;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
+    features {
+      preset: NO_PRESET
+      field { name: "c1" vocab_size: 50 }
+      field { name: "item" table: "item" }
+      field { name: "history" table: "item" list { combiner: MEAN max_length: 5 } }
+      field { name: "n1" kind: NUMERIC table: "small" }
+      table { name: "item" dim: 4 rows: 100 initializer { type: UNIFORM limit: 0.2 } }
+      table { name: "small" dim: 2 rows: 10 fm_join: EXCLUDE
+              initializer { type: TRUNCATED_NORMAL stddev: 0.1 } }
+      hash_seed: 3
+    }
+    model { type: DEEPFM embedding_dim: 4 hidden: [ 8, 4 ] embedding_init_stddev: 0.05 }
+    init_seed: 9
+    init_rule: 1
+  )pb", &d));
+  return d;
+}
+
 // A model for `d` with every third row stored (values from `seed`, larger than the initial ones
 // so that trained and untrained rows score differently) and a random dense vector.
 inline std::unique_ptr<ServingModel> SmallModel(const ModelDescription& d, uint64_t seed,
