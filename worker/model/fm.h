@@ -52,7 +52,6 @@ struct SparseShape {
   int64_t x0_offset(int f) const {
     return layout != nullptr ? layout->offset[f] : int64_t{f} * dim;
   }
-  int field_dim(int f) const { return layout != nullptr ? layout->dim[f] : dim; }
 };
 
 // With shape.layout set, every kernel below takes the general path: field f's row is [w, v_0 ..

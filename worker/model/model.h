@@ -160,7 +160,10 @@ class Model {
   virtual double flops_per_example() const = 0;
 
   // Deterministic initial values: the dense vector from `seed`; a sparse row as a function of
-  // (row_id, seed) only, so that every PS shard and the single-process trainer agree.
+  // (row_id, seed) only, so that every PS shard and the single-process trainer agree. InitRow
+  // writes row_dim() floats: a row of dim k (the default table's: [0, 1 + k) as without per-field
+  // dims, to the bit) and zeros in the rest of the stride. Rows of tables of another dim get
+  // their table's initializer, not this one.
   virtual void InitDense(uint64_t seed, float* dense) const = 0;
   virtual void InitRow(int64_t row_id, uint64_t seed, float* row) const = 0;
 
