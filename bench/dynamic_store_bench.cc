@@ -1,0 +1,170 @@
+// The dynamic embedding store (rows keyed by a 64-bit key, ps/store/dynamic_store.h) against the
+// fixed EmbeddingStore on the same work: the unique rows of one DeepFM-on-Criteo batch (~38.6k
+// rows of 17 floats, Adagrad, Zipf popularity as bench/optimizer_bench.cc draws them), a Gather
+// then an Apply (the PS's whole step for a table), with both stores already holding the batch's
+// rows and 1M others (steady state: the batch is looked up among many rows).
+//   fixed:   ids are hashed into a 26M-row table (the hashing trick), rows found by index;
+//   dynamic: the same ranks as full 64-bit keys, rows found through the stripes' hash maps;
+//            admission kAlways (every key already admitted: admission only matters for new keys).
+// The target: dynamic >= 0.9 x fixed (docs/PERFORMANCE.md "Dynamic rows: speed").
+//
+//   cmake --build build/release -j2 --target dynamic_store_bench
+//   build/release/bench/dynamic_store_bench --benchmark_repetitions=5
+//       --benchmark_report_aggregates_only=true     (one command line)
+#include <benchmark/benchmark.h>
+
+#include "bench/bench_main.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+#include <vector>
+
+#include "common/hash.h"
+#include "common/random.h"
+#include "ps/store/dynamic_store.h"
+#include "ps/store/embedding_store.h"
+#include "ps/store/optimizer.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kDim = 17;
+constexpr int64_t kTableRows = 26000000;
+constexpr int64_t kUniqueRows = 38600;
+constexpr int64_t kOtherRows = 1000000;
+
+// Distinct ranks of one batch (log-uniform rank, Zipf with s = 1), then kOtherRows more ranks
+// for the rows the stores already hold; each rank is an id's identity.
+const std::vector<uint64_t>& Ranks(bool batch) {
+  static const std::vector<uint64_t>* const all = [] {
+    Rng rng(2024);
+    std::unordered_set<uint64_t> seen;
+    auto* out = new std::vector<uint64_t>;
+    while (static_cast<int64_t>(out->size()) < kUniqueRows) {
+      const auto rank = static_cast<uint64_t>(std::exp(rng.UniformDouble() * std::log(1e9)));
+      if (seen.insert(rank).second) out->push_back(rank);
+    }
+    while (static_cast<int64_t>(out->size()) < kUniqueRows + kOtherRows) {
+      const uint64_t rank = rng.Uniform(uint64_t{1} << 40);
+      if (seen.insert(rank).second) out->push_back(rank);
+    }
+    return out;
+  }();
+  static const std::vector<uint64_t> b(all->begin(), all->begin() + kUniqueRows);
+  static const std::vector<uint64_t> o(all->begin() + kUniqueRows, all->end());
+  return batch ? b : o;
+}
+
+// The fixed table's row of a rank (sorted like the worker's dedup output).
+std::vector<int64_t> FixedIds(const std::vector<uint64_t>& ranks) {
+  std::vector<int64_t> ids(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ids[i] = static_cast<int64_t>(Fmix64(ranks[i]) % kTableRows);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+// The dynamic table's key of a rank: the 64-bit hash of the raw id, no modulo.
+std::vector<uint64_t> DynamicKeys(const std::vector<uint64_t>& ranks) {
+  std::vector<uint64_t> keys(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) keys[i] = Fmix64(ranks[i]);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::vector<float> Grads(int64_t n) {
+  Rng rng(1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.Normal() * 0.01);
+  return v;
+}
+
+std::shared_ptr<const Optimizer> Adagrad() {
+  OptimizerConfig c;
+  c.set_type(ADAGRAD);
+  c.set_learning_rate(0.01f);
+  return std::shared_ptr<const Optimizer>(std::move(Optimizer::Create(c)).value());
+}
+
+void Init(int64_t row, float* out) {
+  Rng rng(static_cast<uint64_t>(row));
+  for (int j = 0; j < kDim; ++j) out[j] = static_cast<float>(rng.Normal() * 0.01);
+}
+
+void SetCounters(benchmark::State& state, int64_t rows) {
+  state.SetItemsProcessed(state.iterations() * rows);
+  state.counters["rows/s"] =
+      benchmark::Counter(static_cast<double>(rows), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// mode: 0 the whole step (Gather + Apply), 1 Gather only, 2 Apply only.
+void BM_Fixed(benchmark::State& state, int mode) {
+  const int threads = static_cast<int>(state.range(0));
+  EmbeddingStore::Options o;
+  o.end = kTableRows;
+  o.dim = kDim;
+  o.optimizer = Adagrad();
+  o.threads = threads;
+  o.row_init = Init;
+  auto store = std::move(EmbeddingStore::Create(std::move(o))).value();
+  const std::vector<int64_t> ids = FixedIds(Ranks(true));
+  {
+    const std::vector<int64_t> other = FixedIds(Ranks(false));
+    const std::vector<float> g = Grads(other.size() * kDim);
+    benchmark::DoNotOptimize(store->Apply(other, g.data(), 1));
+  }
+  const std::vector<float> grads = Grads(ids.size() * kDim);
+  std::vector<float> out(ids.size() * kDim);
+  int64_t step = 1;
+  benchmark::DoNotOptimize(store->Apply(ids, grads.data(), ++step));
+  for (auto _ : state) {
+    if (mode != 2) benchmark::DoNotOptimize(store->Gather(ids, out.data()));
+    if (mode != 1) benchmark::DoNotOptimize(store->Apply(ids, grads.data(), ++step));
+    benchmark::ClobberMemory();
+  }
+  SetCounters(state, ids.size());
+}
+
+void BM_Dynamic(benchmark::State& state, int mode) {
+  const int threads = static_cast<int>(state.range(0));
+  DynamicEmbeddingStore::Options o;
+  o.dim = kDim;
+  o.optimizer = Adagrad();
+  o.threads = threads;
+  o.row_init = Init;
+  auto store = std::move(DynamicEmbeddingStore::Create(std::move(o))).value();
+  const std::vector<uint64_t> keys = DynamicKeys(Ranks(true));
+  {
+    const std::vector<uint64_t> other = DynamicKeys(Ranks(false));
+    const std::vector<float> g = Grads(other.size() * kDim);
+    store->Apply(other, g.data(), 1);
+  }
+  const std::vector<float> grads = Grads(keys.size() * kDim);
+  std::vector<float> out(keys.size() * kDim);
+  int64_t step = 1;
+  store->Apply(keys, grads.data(), ++step);
+  for (auto _ : state) {
+    if (mode != 2) store->Gather(keys, out.data());
+    if (mode != 1) store->Apply(keys, grads.data(), ++step);
+    benchmark::ClobberMemory();
+  }
+  SetCounters(state, keys.size());
+  state.counters["bytes_per_row"] =
+      static_cast<double>(store->metrics().bytes) / store->metrics().rows_live;
+}
+
+constexpr auto kMs = benchmark::kMillisecond;
+BENCHMARK_CAPTURE(BM_Fixed, step, 0)->Arg(1)->Arg(2)->UseRealTime()->Unit(kMs);
+BENCHMARK_CAPTURE(BM_Dynamic, step, 0)->Arg(1)->Arg(2)->UseRealTime()->Unit(kMs);
+BENCHMARK_CAPTURE(BM_Fixed, gather, 1)->Arg(1)->UseRealTime()->Unit(kMs);
+BENCHMARK_CAPTURE(BM_Dynamic, gather, 1)->Arg(1)->UseRealTime()->Unit(kMs);
+BENCHMARK_CAPTURE(BM_Fixed, apply, 2)->Arg(1)->UseRealTime()->Unit(kMs);
+BENCHMARK_CAPTURE(BM_Dynamic, apply, 2)->Arg(1)->UseRealTime()->Unit(kMs);
+
+}  // namespace
+}  // namespace pstrain
+
+PSTRAIN_BENCHMARK_MAIN()
