@@ -8,6 +8,9 @@
 //            admission kAlways (every key already admitted: admission only matters for new keys).
 // The target: dynamic >= 0.9 x fixed (docs/PERFORMANCE.md "Dynamic rows: speed").
 //
+// BM_Interleaved runs a step of each store in turn in one loop and reports their ratio: the
+// number to quote on a shared machine (see there).
+//
 //   cmake --build build/release -j2 --target dynamic_store_bench
 //   build/release/bench/dynamic_store_bench --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true     (one command line)
@@ -15,7 +18,10 @@
 
 #include "bench/bench_main.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <unordered_set>
 #include <vector>
@@ -156,7 +162,76 @@ void BM_Dynamic(benchmark::State& state, int mode) {
       static_cast<double>(store->metrics().bytes) / store->metrics().rows_live;
 }
 
+// Both stores in one loop, a step of each in turn, each step timed on its own: on a shared,
+// noisy machine both see the same interference, so their ratio is steadier than the ratio of two
+// separate benchmarks. Counters: dynamic_over_fixed = (fixed step time) / (dynamic step time),
+// the dynamic store's relative speed (>= 0.9 is the target), by wall-clock time and by
+// the calling thread's CPU time (threads = 1 only: a thread team's CPU time is not the caller's).
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void BM_Interleaved(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  EmbeddingStore::Options fo;
+  fo.end = kTableRows;
+  fo.dim = kDim;
+  fo.optimizer = Adagrad();
+  fo.threads = threads;
+  fo.row_init = Init;
+  auto fixed = std::move(EmbeddingStore::Create(std::move(fo))).value();
+  DynamicEmbeddingStore::Options dop;
+  dop.dim = kDim;
+  dop.optimizer = Adagrad();
+  dop.threads = threads;
+  dop.row_init = Init;
+  auto dynamic = std::move(DynamicEmbeddingStore::Create(std::move(dop))).value();
+  const std::vector<int64_t> ids = FixedIds(Ranks(true));
+  const std::vector<uint64_t> keys = DynamicKeys(Ranks(true));
+  {
+    const std::vector<int64_t> other_ids = FixedIds(Ranks(false));
+    const std::vector<uint64_t> other_keys = DynamicKeys(Ranks(false));
+    const std::vector<float> g = Grads(other_keys.size() * kDim);
+    benchmark::DoNotOptimize(fixed->Apply(other_ids, g.data(), 1));
+    dynamic->Apply(other_keys, g.data(), 1);
+  }
+  const std::vector<float> grads = Grads(keys.size() * kDim);
+  std::vector<float> out(keys.size() * kDim);
+  int64_t step = 1;
+  benchmark::DoNotOptimize(fixed->Apply(ids, grads.data(), ++step));
+  dynamic->Apply(keys, grads.data(), step);
+  double fixed_wall = 0, dynamic_wall = 0, fixed_cpu = 0, dynamic_cpu = 0;
+  for (auto _ : state) {
+    ++step;
+    double w = WallSeconds(), c = ThreadCpuSeconds();
+    benchmark::DoNotOptimize(fixed->Gather(ids, out.data()));
+    benchmark::DoNotOptimize(fixed->Apply(ids, grads.data(), step));
+    benchmark::ClobberMemory();
+    fixed_wall += WallSeconds() - w;
+    fixed_cpu += ThreadCpuSeconds() - c;
+    w = WallSeconds();
+    c = ThreadCpuSeconds();
+    dynamic->Gather(keys, out.data());
+    dynamic->Apply(keys, grads.data(), step);
+    benchmark::ClobberMemory();
+    dynamic_wall += WallSeconds() - w;
+    dynamic_cpu += ThreadCpuSeconds() - c;
+  }
+  state.counters["fixed_ms"] = 1e3 * fixed_wall / state.iterations();
+  state.counters["dynamic_ms"] = 1e3 * dynamic_wall / state.iterations();
+  state.counters["dynamic_over_fixed"] = fixed_wall / dynamic_wall;
+  if (threads == 1) state.counters["dynamic_over_fixed_cpu"] = fixed_cpu / dynamic_cpu;
+}
+
 constexpr auto kMs = benchmark::kMillisecond;
+BENCHMARK(BM_Interleaved)->Arg(1)->Arg(2)->UseRealTime()->Unit(kMs);
 BENCHMARK_CAPTURE(BM_Fixed, step, 0)->Arg(1)->Arg(2)->UseRealTime()->Unit(kMs);
 BENCHMARK_CAPTURE(BM_Dynamic, step, 0)->Arg(1)->Arg(2)->UseRealTime()->Unit(kMs);
 BENCHMARK_CAPTURE(BM_Fixed, gather, 1)->Arg(1)->UseRealTime()->Unit(kMs);

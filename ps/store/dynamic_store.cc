@@ -134,26 +134,21 @@ int DynamicEmbeddingStore::StripeIndex(uint64_t key) const {
   return static_cast<int>(Fmix64(key) >> 54);
 }
 
-float* DynamicEmbeddingStore::SlotRow(const Stripe& s, uint32_t slot) const {
-  return s.chunks[slot >> 16] + (slot & 0xffff) * stride_ + kHeader;
-}
-
-uint32_t DynamicEmbeddingStore::NewSlot(Stripe* s) {
+float* DynamicEmbeddingStore::NewSlot(Stripe* s) {
   if (!s->free.empty()) {
-    const uint32_t slot = s->free.back();
+    float* row = s->free.back();
     s->free.pop_back();
-    return slot;
+    return row;
   }
-  if (s->chunks.empty() || s->used == static_cast<uint32_t>(opt_.chunk_rows)) {
-    // 2^16 chunks of chunk_rows: with the default 16, 2^20 rows a stripe, 2^30 a store.
-    PSTRAIN_CHECK(s->chunks.size() < 65536)
-        << "dynamic embedding store: a stripe is full (2^16 chunks of " << opt_.chunk_rows
-        << " rows); raise chunk_rows";
-    s->chunks.push_back(
-        static_cast<float*>(arena_.Allocate(opt_.chunk_rows * stride_ * sizeof(float))));
-    s->used = 0;
+  if (s->chunk_left == 0) {
+    s->chunk = static_cast<float*>(arena_.Allocate(opt_.chunk_rows * stride_ * sizeof(float)));
+    s->chunk_left = opt_.chunk_rows;
+    ++s->chunks;
   }
-  return static_cast<uint32_t>((s->chunks.size() - 1) << 16) | s->used++;
+  float* row = s->chunk + kHeader;
+  s->chunk += stride_;
+  --s->chunk_left;
+  return row;
 }
 
 bool DynamicEmbeddingStore::Admit(uint64_t key, int stripe, int64_t step) {
@@ -188,38 +183,118 @@ void DynamicEmbeddingStore::RaiseLastStep(int64_t step) {
 }
 
 int64_t DynamicEmbeddingStore::bytes_per_row() const {
-  // A flat_hash_map entry is the (key, slot) pair (16 bytes) and one control byte, at a load of
+  // A flat_hash_map entry is the (key, row pointer) pair (16 bytes) and one control byte, at a load of
   // at most 7/8.
-  const int64_t entry = sizeof(std::pair<const uint64_t, uint32_t>) + 1;
+  const int64_t entry = sizeof(std::pair<const uint64_t, float*>) + 1;
   return stride_ * static_cast<int64_t>(sizeof(float)) + (entry * 8 + 6) / 7;
+}
+
+void DynamicEmbeddingStore::GroupByStripe(absl::Span<const uint64_t> keys,
+                                          std::vector<uint32_t>* order,
+                                          std::vector<uint16_t>* stripe_of,
+                                          std::vector<uint32_t>* at) const {
+  const size_t n = keys.size();
+  std::vector<uint16_t>& stripe = *stripe_of;
+  stripe.resize(n);
+  at->assign(kStripes + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    stripe[i] = static_cast<uint16_t>(StripeIndex(keys[i]));
+    ++(*at)[stripe[i] + 1];
+  }
+  for (int si = 0; si < kStripes; ++si) (*at)[si + 1] += (*at)[si];
+  order->resize(n);
+  uint32_t next[kStripes];
+  std::copy(at->begin(), at->end() - 1, next);
+  for (size_t i = 0; i < n; ++i) (*order)[next[stripe[i]]++] = static_cast<uint32_t>(i);
+  // Now the stripe of each sorted position.
+  for (int si = 0; si < kStripes; ++si) {
+    std::fill(stripe.begin() + (*at)[si], stripe.begin() + (*at)[si + 1],
+              static_cast<uint16_t>(si));
+  }
+}
+
+template <typename Fn>
+void DynamicEmbeddingStore::ForEachByStripe(absl::Span<const uint64_t> keys, int threads,
+                                            int64_t prefetch_bytes, Fn&& fn) const {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  if (n == 0) return;
+  // Scratch reused by the calling thread's next call: no allocation per call in steady state.
+  // The team's threads reach it through these pointers (a thread_local named inside the
+  // lambda would be each worker's own).
+  thread_local std::vector<uint32_t> order, at_scratch;
+  thread_local std::vector<uint16_t> stripe;
+  GroupByStripe(keys, &order, &stripe, &at_scratch);
+  const uint32_t* const pos = order.data();
+  const uint16_t* const stripe_at = stripe.data();
+  const uint32_t* const at = at_scratch.data();
+  // A pass over scattered rows is bound by memory latency, so the map's probe of the key
+  // kMapAhead positions ahead and the row of the key kRowAhead ahead are prefetched, and their
+  // misses overlap. Both need that key's stripe locked: the locks are taken ahead too, hand over
+  // hand in ascending stripe order (deadlock-free: every other method holds one stripe at a
+  // time), and a stripe is released after its last key. A row found ahead stays valid (only
+  // Evict and Restore remove rows, under the lock); a key found missing ahead is looked up again
+  // (an earlier occurrence may have created it).
+  constexpr int64_t kMapAhead = 12, kRowAhead = 6;
+  ParallelFor(kStripes, ThreadsFor(n, threads > 0 ? threads : opt_.threads),
+              [&](int, int, int64_t sb, int64_t se) {
+                const int64_t pb = at[sb], pe = at[se];
+                if (pb == pe) return;
+                int last_locked = -1;
+                const auto probe = [&](int64_t p) {
+                  const int st = stripe_at[p];
+                  if (st != last_locked) {
+                    stripes_[st].mu.lock();
+                    last_locked = st;
+                  }
+                  stripes_[st].rows.prefetch(keys[pos[p]]);
+                };
+                const auto find = [&](int64_t p) -> float* {
+                  const Stripe& s = stripes_[stripe_at[p]];
+                  const auto it = s.rows.find(keys[pos[p]]);
+                  if (it == s.rows.end()) return nullptr;
+                  const char* row = reinterpret_cast<const char*>(it->second - kHeader);
+                  for (int64_t off = 0; off < prefetch_bytes; off += 64) {
+                    __builtin_prefetch(row + off);
+                  }
+                  return it->second;
+                };
+                for (int64_t p = pb; p < std::min(pb + kMapAhead, pe); ++p) probe(p);
+                float* ahead[kRowAhead];
+                for (int64_t p = pb; p < std::min(pb + kRowAhead, pe); ++p) {
+                  ahead[(p - pb) % kRowAhead] = find(p);
+                }
+                for (int64_t j = pb; j < pe; ++j) {
+                  if (j + kMapAhead < pe) probe(j + kMapAhead);
+                  float* row = ahead[(j - pb) % kRowAhead];
+                  if (row == nullptr) {
+                    const Stripe& s = stripes_[stripe_at[j]];
+                    const auto it = s.rows.find(keys[pos[j]]);
+                    if (it != s.rows.end()) row = it->second;
+                  }
+                  if (j + kRowAhead < pe) ahead[(j - pb) % kRowAhead] = find(j + kRowAhead);
+                  fn(stripes_[stripe_at[j]], stripe_at[j], static_cast<int64_t>(pos[j]), row);
+                  if (j + 1 == pe || stripe_at[j + 1] != stripe_at[j]) {
+                    stripes_[stripe_at[j]].mu.unlock();
+                  }
+                }
+              });
 }
 
 void DynamicEmbeddingStore::Gather(absl::Span<const uint64_t> keys, float* out,
                                    int threads) const {
   const int dim = opt_.dim;
   const bool init_missing = opt_.admission == Admission::kAlways && opt_.row_init;
-  const int64_t n = static_cast<int64_t>(keys.size());
-  ParallelFor(n, ThreadsFor(n, threads > 0 ? threads : opt_.threads),
-              [&](int, int, int64_t b, int64_t e) {
-                for (int64_t i = b; i < e; ++i) {
-                  float* dst = out + i * dim;
-                  const int si = StripeIndex(keys[i]);
-                  Stripe& s = stripes_[si];
-                  bool stored;
-                  {
-                    std::lock_guard<std::mutex> lock(s.mu);
-                    const auto it = s.rows.find(keys[i]);
-                    stored = it != s.rows.end();
-                    if (stored) std::memcpy(dst, SlotRow(s, it->second), dim * sizeof(float));
-                  }
-                  if (stored) continue;
-                  if (init_missing) {
-                    opt_.row_init(static_cast<int64_t>(keys[i]), dst);
-                  } else {
-                    std::memset(dst, 0, dim * sizeof(float));
-                  }
-                }
-              });
+  ForEachByStripe(keys, threads, (kHeader + dim) * sizeof(float),
+                  [&](Stripe&, int, int64_t i, const float* row) {
+                    float* dst = out + i * dim;
+                    if (row != nullptr) {
+                      std::memcpy(dst, row, dim * sizeof(float));
+                    } else if (init_missing) {
+                      opt_.row_init(static_cast<int64_t>(keys[i]), dst);
+                    } else {
+                      std::memset(dst, 0, dim * sizeof(float));
+                    }
+                  });
 }
 
 void DynamicEmbeddingStore::Apply(absl::Span<const uint64_t> keys, const float* grads,
@@ -231,51 +306,40 @@ void DynamicEmbeddingStore::Apply(absl::Span<const uint64_t> keys, const float* 
   const int32_t pass = pass_.load();
   const int64_t n = static_cast<int64_t>(keys.size());
   std::atomic<int64_t> created{0}, rejected{0};
-  ParallelFor(n, ThreadsFor(n, threads > 0 ? threads : opt_.threads),
-              [&](int, int, int64_t b, int64_t e) {
-                int64_t my_created = 0, my_rejected = 0;
-                for (int64_t i = b; i < e; ++i) {
-                  const uint64_t key = keys[i];
-                  const int si = StripeIndex(key);
-                  Stripe& s = stripes_[si];
-                  std::lock_guard<std::mutex> lock(s.mu);
-                  const uint32_t generation = generation_.load();
-                  float* row;
-                  const auto it = s.rows.find(key);
-                  if (it != s.rows.end()) {
-                    row = SlotRow(s, it->second);
-                    if (Word(row, kStamp) != generation) {
-                      if (Word(row, kStamp) < generation) LogOf(&s, generation).updated.push_back(key);
-                      SetWord(row, kStamp, generation);
-                    }
-                  } else {
-                    if (!Admit(key, si, step)) {
-                      ++my_rejected;
-                      continue;
-                    }
-                    const uint32_t slot = NewSlot(&s);
-                    s.rows.emplace(key, slot);
-                    row = SlotRow(s, slot);
-                    SetWord(row, kStamp, generation);
-                    SetWord(row, kCount, 0);
-                    LogOf(&s, generation).updated.push_back(key);
-                    if (opt_.row_init) {
-                      opt_.row_init(static_cast<int64_t>(key), row);
+  ForEachByStripe(keys, threads, stride_ * sizeof(float),
+                  [&](Stripe& s, int si, int64_t i, float* row) {
+                    const uint64_t key = keys[i];
+                    const uint32_t generation = generation_.load();
+                    if (row != nullptr) {
+                      const uint32_t stamp = Word(row, kStamp);
+                      if (stamp != generation) {
+                        if (stamp < generation) LogOf(&s, generation).updated.push_back(key);
+                        SetWord(row, kStamp, generation);
+                      }
                     } else {
-                      std::memset(row, 0, dim * sizeof(float));
+                      if (!Admit(key, si, step)) {
+                        rejected.fetch_add(1, std::memory_order_relaxed);
+                        return;
+                      }
+                      row = NewSlot(&s);
+                      s.rows.emplace(key, row);
+                      SetWord(row, kStamp, generation);
+                      SetWord(row, kCount, 0);
+                      LogOf(&s, generation).updated.push_back(key);
+                      if (opt_.row_init) {
+                        opt_.row_init(static_cast<int64_t>(key), row);
+                      } else {
+                        std::memset(row, 0, dim * sizeof(float));
+                      }
+                      optimizer.InitState(row + dim, dim);
+                      created.fetch_add(1, std::memory_order_relaxed);
                     }
-                    optimizer.InitState(row + dim, dim);
-                    ++my_created;
-                  }
-                  const uint32_t count = Word(row, kCount);
-                  if (count != UINT32_MAX) SetWord(row, kCount, count + 1);
-                  SetWord(row, kPass, static_cast<uint32_t>(pass));
-                  SetStep(row, step);
-                  optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, lr);
-                }
-                created.fetch_add(my_created, std::memory_order_relaxed);
-                rejected.fetch_add(my_rejected, std::memory_order_relaxed);
-              });
+                    const uint32_t count = Word(row, kCount);
+                    if (count != UINT32_MAX) SetWord(row, kCount, count + 1);
+                    SetWord(row, kPass, static_cast<uint32_t>(pass));
+                    SetStep(row, step);
+                    optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, lr);
+                  });
   seen_.fetch_add(n, std::memory_order_relaxed);
   rejected_.fetch_add(rejected.load(), std::memory_order_relaxed);
   admitted_.fetch_add(created.load(), std::memory_order_relaxed);
@@ -288,9 +352,9 @@ void DynamicEmbeddingStore::Apply(absl::Span<const uint64_t> keys, const float* 
   if (step == new_keys_step_) new_keys_count_ += created.load();
 }
 
-void DynamicEmbeddingStore::Remove(Stripe* s, uint64_t key, uint32_t slot, uint32_t generation) {
+void DynamicEmbeddingStore::Remove(Stripe* s, uint64_t key, float* row, uint32_t generation) {
   s->rows.erase(key);
-  s->free.push_back(slot);
+  s->free.push_back(row);
   LogOf(s, generation).evicted.push_back(key);
   live_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -310,11 +374,11 @@ DynamicEmbeddingStore::EvictionResult DynamicEmbeddingStore::Evict() {
       Stripe& s = stripes_[si];
       std::lock_guard<std::mutex> lock(s.mu);
       const uint32_t generation = generation_.load();
-      std::vector<std::pair<uint64_t, uint32_t>> gone;
-      for (const auto& [key, slot] : s.rows) {
-        if (expired(SlotRow(s, slot))) gone.emplace_back(key, slot);
+      std::vector<std::pair<uint64_t, float*>> gone;
+      for (const auto& [key, row] : s.rows) {
+        if (expired(row)) gone.emplace_back(key, row);
       }
-      for (const auto& [key, slot] : gone) Remove(&s, key, slot, generation);
+      for (const auto& [key, row] : gone) Remove(&s, key, row, generation);
       result.ttl += static_cast<int64_t>(gone.size());
     }
   }
@@ -331,8 +395,7 @@ DynamicEmbeddingStore::EvictionResult DynamicEmbeddingStore::Evict() {
     for (int si = 0; si < kStripes; ++si) {
       Stripe& s = stripes_[si];
       std::lock_guard<std::mutex> lock(s.mu);
-      for (const auto& [key, slot] : s.rows) {
-        const float* row = SlotRow(s, slot);
+      for (const auto& [key, row] : s.rows) {
         const int64_t step = StepOf(row), count = Word(row, kCount);
         all.push_back(Victim{key, lru ? step : count, lru ? count : step});
       }
@@ -402,8 +465,7 @@ absl::StatusOr<DynamicSnapshot> DynamicEmbeddingStore::Snapshot(uint32_t changed
   std::vector<uint32_t> counts;
   std::vector<int32_t> passes;
   std::vector<int64_t> steps;
-  const auto take = [&](const Stripe& s, uint64_t key, uint32_t slot) {
-    const float* row = SlotRow(s, slot);
+  const auto take = [&](uint64_t key, const float* row) {
     keys.push_back(key);
     rows.insert(rows.end(), row, row + dim + sf);
     counts.push_back(Word(row, kCount));
@@ -414,7 +476,7 @@ absl::StatusOr<DynamicSnapshot> DynamicEmbeddingStore::Snapshot(uint32_t changed
     const Stripe& s = stripes_[si];
     std::lock_guard<std::mutex> lock(s.mu);
     if (changed_since == 0) {
-      for (const auto& [key, slot] : s.rows) take(s, key, slot);
+      for (const auto& [key, row] : s.rows) take(key, row);
     } else {
       std::vector<uint64_t> updated, evicted;
       for (const GenerationLog& log : s.logs) {
@@ -427,8 +489,8 @@ absl::StatusOr<DynamicSnapshot> DynamicEmbeddingStore::Snapshot(uint32_t changed
       for (uint64_t key : updated) {
         const auto it = s.rows.find(key);
         // Evicted since, or restored since (stamped 0): not this delta's row.
-        if (it == s.rows.end() || Word(SlotRow(s, it->second), kStamp) < changed_since) continue;
-        take(s, key, it->second);
+        if (it == s.rows.end() || Word(it->second, kStamp) < changed_since) continue;
+        take(key, it->second);
       }
       for (uint64_t key : evicted) {
         if (!s.rows.contains(key)) snap.deleted.push_back(key);
@@ -553,7 +615,7 @@ absl::Status DynamicEmbeddingStore::Restore(const DynamicSnapshot& snap) {
     Stripe& s = stripes_[si];
     std::lock_guard<std::mutex> lock(s.mu);
     if (snap.changed_since == 0) {
-      for (const auto& [key, slot] : s.rows) s.free.push_back(slot);
+      for (const auto& [key, row] : s.rows) s.free.push_back(row);
       s.rows.clear();
     }
     for (uint64_t key : deleted[si]) {
@@ -566,7 +628,7 @@ absl::Status DynamicEmbeddingStore::Restore(const DynamicSnapshot& snap) {
       const uint64_t key = snap.keys[i];
       auto it = s.rows.find(key);
       if (it == s.rows.end()) it = s.rows.emplace(key, NewSlot(&s)).first;
-      float* row = SlotRow(s, it->second);
+      float* row = it->second;
       std::memcpy(row, snap.weights.data() + int64_t{i} * dim, dim * sizeof(float));
       if (sf > 0) std::memcpy(row + dim, snap.state.data() + int64_t{i} * sf, sf * sizeof(float));
       SetWord(row, kStamp, 0);  // as restored: not changed since any checkpoint
@@ -609,7 +671,7 @@ DynamicEmbeddingStore::Metrics DynamicEmbeddingStore::metrics() const {
     m.new_keys_last_step = new_keys_step_ == m.last_step ? new_keys_count_ : 0;
   }
   m.arena_bytes = static_cast<int64_t>(arena_.allocated());
-  using Slot = std::pair<const uint64_t, uint32_t>;
+  using Slot = std::pair<const uint64_t, float*>;
   for (int si = 0; si < kStripes; ++si) {
     const Stripe& s = stripes_[si];
     std::lock_guard<std::mutex> lock(s.mu);
@@ -617,8 +679,7 @@ DynamicEmbeddingStore::Metrics DynamicEmbeddingStore::metrics() const {
     // cloned control bytes (16).
     const int64_t cap = static_cast<int64_t>(s.rows.capacity());
     m.map_bytes += cap > 0 ? cap * static_cast<int64_t>(sizeof(Slot) + 1) + 16 : 0;
-    m.map_bytes += static_cast<int64_t>(s.free.capacity() * sizeof(uint32_t) +
-                                        s.chunks.capacity() * sizeof(float*));
+    m.map_bytes += static_cast<int64_t>(s.free.capacity() * sizeof(float*));
     for (const GenerationLog& log : s.logs) {
       m.map_bytes += static_cast<int64_t>(sizeof(GenerationLog) +
                                           (log.updated.capacity() + log.evicted.capacity()) *

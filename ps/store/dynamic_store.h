@@ -45,8 +45,9 @@
 // both cases without storing anything.
 //
 // Eviction (Evict, run explicitly: the wiring will call it at checkpoint time), counted:
-//   TTL: a row is evicted when now - (its last update) >= T, in steps (ttl_steps, now = last_step())
-//     or in passes (ttl_passes, now = pass(); a pass is a day of data): "not updated in the last T".
+//   TTL: a row is evicted when now - (its last update) >= T, in steps (ttl_steps, now =
+//     last_step()) or in passes (ttl_passes, now = pass(); a pass is a day of data): "not updated
+//     in the last T".
 //   Capacity: then, above max_rows or max_bytes (converted to rows: bytes_per_row() each), the
 //     rows of lowest (last_step, count, key) (kLru) or (count, last_step, key) (kLfu) go, down to
 //     the cap. The key breaks ties, so the victims do not depend on the order of the map.
@@ -227,7 +228,8 @@ class DynamicEmbeddingStore {
   // tombstones of the current generation.
   EvictionResult Evict();
 
-  // See the top of the file. changed_since > 0 below oldest_logged_generation(): FAILED_PRECONDITION.
+  // See the top of the file. A delta (changed_since > 0) below oldest_logged_generation():
+  // FAILED_PRECONDITION.
   absl::StatusOr<DynamicSnapshot> Snapshot(uint32_t changed_since = 0) const;
   // Full (changed_since 0): replaces every row, the sketch and the counters. Delta: deletes the
   // tombstones, writes the rows, replaces the sketch and the counters. Refuses a snapshot of
@@ -255,11 +257,11 @@ class DynamicEmbeddingStore {
   };
   struct alignas(64) Stripe {
     mutable std::mutex mu;
-    absl::flat_hash_map<uint64_t, uint32_t> rows;  // key -> slot
-    // A slot is (chunk << 16) | offset.
-    std::vector<float*> chunks;
-    std::vector<uint32_t> free;  // slots of evicted rows
-    uint32_t used = 0;           // slots used in the last chunk
+    absl::flat_hash_map<uint64_t, float*> rows;  // key -> its row (the header before it)
+    std::vector<float*> free;                    // rows of evicted keys, to reuse
+    float* chunk = nullptr;                      // the next unused slot of the last chunk
+    int chunk_left = 0;                          // unused slots there
+    int64_t chunks = 0;                          // chunks taken
     std::vector<GenerationLog> logs;               // oldest generation first
   };
   struct Victim {
@@ -269,13 +271,23 @@ class DynamicEmbeddingStore {
 
   explicit DynamicEmbeddingStore(Options options);
   int StripeIndex(uint64_t key) const;
-  float* SlotRow(const Stripe& s, uint32_t slot) const;  // the row: kHeader words in
-  // A free or new slot of stripe s (caller holds it).
-  uint32_t NewSlot(Stripe* s);
+  // The positions of keys grouped by stripe, each group in batch order (a stable counting sort):
+  // stripe s has keys[order[at[s] .. at[s + 1])]; stripe_of[p] is the stripe of position p.
+  void GroupByStripe(absl::Span<const uint64_t> keys, std::vector<uint32_t>* order,
+                     std::vector<uint16_t>* stripe_of, std::vector<uint32_t>* at) const;
+  // fn(stripe, stripe index, position i in keys, keys[i]'s row or null) for every key, stripe by
+  // stripe in ascending order, under the stripe's lock (taken once per stripe), with the rows'
+  // first prefetch_bytes (from the header) prefetched ahead; stripes split over `threads`. A
+  // repeated key's occurrences come in batch order.
+  template <typename Fn>
+  void ForEachByStripe(absl::Span<const uint64_t> keys, int threads, int64_t prefetch_bytes,
+                       Fn&& fn) const;
+  // The row of a free or new slot of stripe s (caller holds it).
+  float* NewSlot(Stripe* s);
   bool Admit(uint64_t key, int stripe, int64_t step);
   GenerationLog& LogOf(Stripe* s, uint32_t generation);
   // Removes key's row (caller holds its stripe) and logs its tombstone.
-  void Remove(Stripe* s, uint64_t key, uint32_t slot, uint32_t generation);
+  void Remove(Stripe* s, uint64_t key, float* row, uint32_t generation);
   void RaiseLastStep(int64_t step);
   absl::Status Check(const DynamicSnapshot& s) const;
 
