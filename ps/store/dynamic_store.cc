@@ -22,22 +22,6 @@ int ThreadsFor(int64_t n, int threads) {
   return static_cast<int>(std::min<int64_t>(threads, useful));
 }
 
-// The header words of a slot, before the row (row[-5 .. -1]).
-uint32_t Word(const float* row, int i) {
-  uint32_t v;
-  std::memcpy(&v, row - 5 + i, sizeof(v));
-  return v;
-}
-void SetWord(float* row, int i, uint32_t v) { std::memcpy(row - 5 + i, &v, sizeof(v)); }
-enum { kStamp = 0, kCount = 1, kPass = 2, kStepLo = 3, kStepHi = 4 };
-int64_t StepOf(const float* row) {
-  return static_cast<int64_t>((uint64_t{Word(row, kStepHi)} << 32) | Word(row, kStepLo));
-}
-void SetStep(float* row, int64_t step) {
-  SetWord(row, kStepLo, static_cast<uint32_t>(static_cast<uint64_t>(step)));
-  SetWord(row, kStepHi, static_cast<uint32_t>(static_cast<uint64_t>(step) >> 32));
-}
-
 template <typename T>
 int64_t FirstNotAscending(const std::vector<T>& v) {
   for (size_t i = 1; i < v.size(); ++i) {
@@ -47,6 +31,28 @@ int64_t FirstNotAscending(const std::vector<T>& v) {
 }
 
 }  // namespace
+
+// A slot's 4-byte words (see the header): the stamp just before the row, the others after the
+// optimizer state, so that a Gather reads the stamp's and the weights' lines only.
+uint32_t* DynamicEmbeddingStore::WordAt(const float* row, int i) const {
+  const float* at = i == kStamp ? row - 1 : row + opt_.dim + state_floats_ + (i - 1);
+  return reinterpret_cast<uint32_t*>(const_cast<float*>(at));
+}
+uint32_t DynamicEmbeddingStore::Word(const float* row, int i) const {
+  uint32_t v;
+  std::memcpy(&v, WordAt(row, i), sizeof(v));
+  return v;
+}
+void DynamicEmbeddingStore::SetWord(float* row, int i, uint32_t v) const {
+  std::memcpy(WordAt(row, i), &v, sizeof(v));
+}
+int64_t DynamicEmbeddingStore::StepOf(const float* row) const {
+  return static_cast<int64_t>((uint64_t{Word(row, kStepHi)} << 32) | Word(row, kStepLo));
+}
+void DynamicEmbeddingStore::SetStep(float* row, int64_t step) const {
+  SetWord(row, kStepLo, static_cast<uint32_t>(static_cast<uint64_t>(step)));
+  SetWord(row, kStepHi, static_cast<uint32_t>(static_cast<uint64_t>(step) >> 32));
+}
 
 CountMinSketch::CountMinSketch(int64_t width, int depth, int parts, uint64_t seed)
     : width_((width + parts - 1) / parts * parts),
@@ -118,7 +124,7 @@ absl::StatusOr<std::unique_ptr<DynamicEmbeddingStore>> DynamicEmbeddingStore::Cr
 DynamicEmbeddingStore::DynamicEmbeddingStore(Options options)
     : opt_(std::move(options)),
       state_floats_(static_cast<int>(opt_.optimizer->StateFloats(opt_.dim))),
-      stride_(kHeader + opt_.dim + state_floats_),
+      stride_(kWords + opt_.dim + state_floats_),
       arena_(size_t{4} << 20),
       stripes_(new Stripe[kStripes]) {
   if (opt_.admission == Admission::kCount) {
@@ -145,7 +151,7 @@ float* DynamicEmbeddingStore::NewSlot(Stripe* s) {
     s->chunk_left = opt_.chunk_rows;
     ++s->chunks;
   }
-  float* row = s->chunk + kHeader;
+  float* row = s->chunk + 1;  // after the stamp
   s->chunk += stride_;
   --s->chunk_left;
   return row;
@@ -245,6 +251,13 @@ void DynamicEmbeddingStore::ForEachByStripe(absl::Span<const uint64_t> keys, int
                   if (st != last_locked) {
                     stripes_[st].mu.lock();
                     last_locked = st;
+                    // The next stripes' locks and map headers (two lines each), a stripe ahead
+                    // of their first probes: one miss per stripe otherwise, not overlapped.
+                    for (int k = 1; k <= 2 && st + k < kStripes; ++k) {
+                      const char* next = reinterpret_cast<const char*>(&stripes_[st + k]);
+                      __builtin_prefetch(next);
+                      __builtin_prefetch(next + 64);
+                    }
                   }
                   stripes_[st].rows.prefetch(keys[pos[p]]);
                 };
@@ -252,7 +265,7 @@ void DynamicEmbeddingStore::ForEachByStripe(absl::Span<const uint64_t> keys, int
                   const Stripe& s = stripes_[stripe_at[p]];
                   const auto it = s.rows.find(keys[pos[p]]);
                   if (it == s.rows.end()) return nullptr;
-                  const char* row = reinterpret_cast<const char*>(it->second - kHeader);
+                  const char* row = reinterpret_cast<const char*>(it->second - 1);
                   for (int64_t off = 0; off < prefetch_bytes; off += 64) {
                     __builtin_prefetch(row + off);
                   }
@@ -284,7 +297,7 @@ void DynamicEmbeddingStore::Gather(absl::Span<const uint64_t> keys, float* out,
                                    int threads) const {
   const int dim = opt_.dim;
   const bool init_missing = opt_.admission == Admission::kAlways && opt_.row_init;
-  ForEachByStripe(keys, threads, (kHeader + dim) * sizeof(float),
+  ForEachByStripe(keys, threads, (1 + dim) * sizeof(float),
                   [&](Stripe&, int, int64_t i, const float* row) {
                     float* dst = out + i * dim;
                     if (row != nullptr) {

@@ -17,10 +17,14 @@
 // one malloc per row (16+ bytes of header, scattered over malloc's heaps, which keep freed rows
 // pinned among transient messages: see slab_arena.h), and a pointer chase per access. A slot is
 //
-//   [stamp, count, last_pass, last_step (2 words), dim weights, StateFloats(dim) state]
+//   [stamp, dim weights, StateFloats(dim) state, count, last_pass, last_step (2 words)]
 //
 // 4-byte words: the generation stamp (as EmbeddingStore's), the row's update count (saturating at
-// 2^32 - 1; LFU's frequency), the pass and step of its last update (TTL, LRU).
+// 2^32 - 1; LFU's frequency), the pass and step of its last update (TTL, LRU); the stamp before
+// the weights and the rest after the state, so that a Gather reads only the stamp's and the
+// weights' cache lines, as in EmbeddingStore. The map holds each key's row pointer (16 bytes an
+// entry and a control byte), so a lookup is a probe of the control bytes (1 byte a row, mostly
+// cached), one slot and the row.
 //
 // Admission (Options::admission): a key without a row is a candidate. Its Apply creates the row
 // (from row_init, then Optimizer::InitState) only if the key is admitted, else the update is
@@ -249,7 +253,15 @@ class DynamicEmbeddingStore {
 
  private:
   static constexpr int kStripes = 1024;
-  static constexpr int kHeader = 5;  // stamp, count, last_pass, last_step (2)
+  // A slot's 4-byte words: the stamp (before the row), then, after the state, the count, the
+  // last pass and the last step (2).
+  static constexpr int kWords = 5;
+  enum Words { kStamp = 0, kCount = 1, kPass = 2, kStepLo = 3, kStepHi = 4 };
+  uint32_t* WordAt(const float* row, int i) const;
+  uint32_t Word(const float* row, int i) const;
+  void SetWord(float* row, int i, uint32_t v) const;
+  int64_t StepOf(const float* row) const;
+  void SetStep(float* row, int64_t step) const;
   struct GenerationLog {
     uint32_t generation;
     std::vector<uint64_t> updated;
