@@ -9,14 +9,17 @@
 // Optimizer and RowInit, and striped locks.
 //
 // Storage: 1024 stripes (by a mix of the key), each with its own lock, an absl::flat_hash_map
-// key -> slot, and its own slots: chunks of chunk_rows slots taken from one SlabArena (mmap'd,
-// out of malloc's heaps; ps/store/slab_arena.h). An evicted row's slot goes on its stripe's free
-// list and the next new row of the stripe reuses it, so memory follows the LIVE rows' high-water
-// mark, not the rows ever created: with eviction keeping the live rows flat, memory stays flat
-// (docs/PERFORMANCE.md "Dynamic rows: flat memory"). Why not a map of key -> std::vector<float>:
-// one malloc per row (16+ bytes of header, scattered over malloc's heaps, which keep freed rows
-// pinned among transient messages: see slab_arena.h), and a pointer chase per access. A slot is
-//
+// key -> row pointer, and its own slots: chunks of chunk_rows (16) slots taken from one
+// SlabArena (mmap'd, out of malloc's heaps; ps/store/slab_arena.h). An evicted row's slot goes
+// on its stripe's free list and the next new row of the stripe reuses it, so memory follows the
+// LIVE rows' high-water mark, not the rows ever created: with eviction keeping the live rows
+// flat, memory stays flat (docs/PERFORMANCE.md "Dynamic rows"). Why not a map of key ->
+// std::vector<float> (or a node map): one malloc per row (a 16-byte header and size-class
+// rounding, plus the vector's 24 bytes in the map), scattered over malloc's heaps, which keep
+// the freed rows of evicted keys pinned among the trainer's transient messages (see
+// slab_arena.h), and one more dependent load per access. That alternative was reasoned about,
+// not benchmarked; this layout measures 203 bytes a row for dim 17 + Adagrad (156 of them the
+// slot) at 1M rows (bench/dynamic_store_bench.cc's bytes_per_row). A slot is
 //   [stamp, dim weights, StateFloats(dim) state, count, last_pass, last_step (2 words)]
 //
 // 4-byte words: the generation stamp (as EmbeddingStore's), the row's update count (saturating at
