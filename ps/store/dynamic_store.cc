@@ -189,8 +189,8 @@ void DynamicEmbeddingStore::RaiseLastStep(int64_t step) {
 }
 
 int64_t DynamicEmbeddingStore::bytes_per_row() const {
-  // A flat_hash_map entry is the (key, row pointer) pair (16 bytes) and one control byte, at a load of
-  // at most 7/8.
+  // A flat_hash_map entry is the (key, row pointer) pair (16 bytes) and one control byte, at a
+  // load of at most 7/8.
   const int64_t entry = sizeof(std::pair<const uint64_t, float*>) + 1;
   return stride_ * static_cast<int64_t>(sizeof(float)) + (entry * 8 + 6) / 7;
 }

@@ -43,7 +43,10 @@
 //     which is e x N / W when keys spread evenly over the stripes (a hash spreads them). Memory:
 //     W x d x 4 bytes (uint32 counters, saturating). Only keys without a row are counted; an
 //     evicted key keeps its counts, so it is re-admitted on its next Apply (the sketch
-//     remembers: a key evicted by TTL that comes back is still a frequent key).
+//     remembers: a key evicted by TTL that comes back is still a frequent key). The counts are
+//     never aged: N grows with every counted Apply, and so does the overcount bound, so over
+//     many days of new ids more keys get in early. Aging (halving every counter at a checkpoint,
+//     as DeepRec and Monolith do in some form) is not implemented yet.
 //   kProbability: each Apply of a key without a row admits it with probability p, by a
 //     deterministic coin: Fmix64 of (key, step, seed) < p x 2^64. Reproducible and resume-exact:
 //     the same (key, step) always gives the same answer.
@@ -72,12 +75,17 @@
 // Not mirrored yet: copy-on-write Images (Freeze), per-row versions (async staleness).
 //
 // Thread-safety: every method may be called concurrently. A row, its stripe's map, slots, logs
-// and sketch columns are guarded by the stripe's mutex, held for the whole read or update of one
-// row. Concurrent Apply calls on DISJOINT keys give exactly the result of any serial order; on
-// overlapping keys each update is applied whole, in some order (floats then differ in rounding, as
-// in any asynchronous PS). Evict chooses its victims from one pass over the stripes and removes
-// them in a second; a TTL victim updated in between is kept (rechecked under the lock), a
-// capacity victim is removed anyway.
+// and sketch columns are guarded by the stripe's mutex. Gather and Apply take a batch stripe by
+// stripe in ascending order, each stripe's lock held for its keys of the batch (and taken a few
+// keys ahead, hand over hand); every other method holds one stripe at a time. One call gives
+// the same result whatever its thread count (a repeated key's updates apply in batch order).
+// Concurrent Apply calls on DISJOINT keys give exactly the result of a serial order, except that
+// with kCount admission two keys that share sketch counters may see each other's counts in
+// either order (within the sketch's overcount bound); on overlapping keys each update is applied
+// whole, in some order (floats then differ in rounding, as in any asynchronous PS). Evict's TTL
+// decides and removes under each stripe's lock; its capacity pass chooses the victims from one
+// pass over the stripes and removes them in a second, so a victim updated in between is removed
+// anyway.
 #pragma once
 
 #include <atomic>
@@ -222,8 +230,9 @@ class DynamicEmbeddingStore {
   void Gather(absl::Span<const uint64_t> keys, float* out, int threads = 0) const;
 
   // One optimizer update per key (grads is keys.size() x dim), creating admitted rows; updates of
-  // keys not admitted are dropped. `step` as EmbeddingStore::Apply (kept as last_step(), the
-  // TTL's clock and the coin's input). Rows updated record pass().
+  // keys not admitted are dropped. A repeated key is updated once per occurrence, in batch
+  // order. `step` as EmbeddingStore::Apply (kept as last_step(), the TTL's clock and the coin's
+  // input). Rows updated record pass(). `threads` as EmbeddingStore::Apply.
   void Apply(absl::Span<const uint64_t> keys, const float* grads, int64_t step, int threads = 0);
 
   // The current pass ("day"), recorded by Apply in the rows it updates; the TTL in passes
