@@ -435,6 +435,18 @@ DynamicEmbeddingStore::EvictionResult DynamicEmbeddingStore::Evict() {
   return result;
 }
 
+void DynamicEmbeddingStore::AgeAdmissionCounts() {
+  if (sketch_ == nullptr) return;
+  const int64_t part = sketch_->width() / kStripes;
+  for (int si = 0; si < kStripes; ++si) {
+    std::lock_guard<std::mutex> lock(stripes_[si].mu);
+    for (int r = 0; r < sketch_->depth(); ++r) {
+      uint32_t* c = sketch_->mutable_counters()->data() + r * sketch_->width() + si * part;
+      for (int64_t j = 0; j < part; ++j) c[j] >>= 1;
+    }
+  }
+}
+
 void DynamicEmbeddingStore::BeginGeneration(uint32_t g, uint32_t keep_from) {
   PSTRAIN_CHECK(g > generation() && keep_from <= g)
       << "BeginGeneration(" << g << ", " << keep_from << ") at generation " << generation();

@@ -44,9 +44,9 @@
 //     W x d x 4 bytes (uint32 counters, saturating). Only keys without a row are counted; an
 //     evicted key keeps its counts, so it is re-admitted on its next Apply (the sketch
 //     remembers: a key evicted by TTL that comes back is still a frequent key). The counts are
-//     never aged: N grows with every counted Apply, and so does the overcount bound, so over
-//     many days of new ids more keys get in early. Aging (halving every counter at a checkpoint,
-//     as DeepRec and Monolith do in some form) is not implemented yet.
+//     aged only when the caller asks (AgeAdmissionCounts halves every counter): otherwise N
+//     grows with every counted Apply, and so does the overcount bound, so over many days of new
+//     ids more keys get in early. The wiring should age them at each pass's checkpoint.
 //   kProbability: each Apply of a key without a row admits it with probability p, by a
 //     deterministic coin: Fmix64 of (key, step, seed) < p x 2^64. Reproducible and resume-exact:
 //     the same (key, step) always gives the same answer.
@@ -243,6 +243,9 @@ class DynamicEmbeddingStore {
   // Runs the TTL and then the capacity eviction of the options; counted, and logged as
   // tombstones of the current generation.
   EvictionResult Evict();
+  // kCount: halves every counter of the admission sketch (rounding down), so that old sightings
+  // weigh half; N, and the sketch's overcount bound, halve with them. No-op otherwise.
+  void AgeAdmissionCounts();
 
   // See the top of the file. A delta (changed_since > 0) below oldest_logged_generation():
   // FAILED_PRECONDITION.

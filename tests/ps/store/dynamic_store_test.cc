@@ -178,6 +178,25 @@ TEST(DynamicStore, AdmissionByCountDropsUpdatesUntilTheKthSight) {
   EXPECT_EQ(s->metrics().new_keys_last_step, 0);
 }
 
+// Aging halves the counts: a key seen K - 1 times before the aging needs more sightings after.
+TEST(DynamicStore, AgingTheAdmissionCountsHalvesThem) {
+  Store::Options o = BaseOptions(2, SGD, 1.0f);
+  o.admission = Store::Admission::kCount;
+  o.admit_count = 4;
+  o.sketch_width = 1 << 14;
+  auto s = Make(o);
+  const std::vector<uint64_t> key = {77};
+  const std::vector<float> g = {1, 1};
+  for (int step = 1; step <= 3; ++step) s->Apply(key, g.data(), step);
+  s->AgeAdmissionCounts();  // 3 -> 1
+  s->Apply(key, g.data(), 4);
+  s->Apply(key, g.data(), 5);
+  EXPECT_EQ(s->metrics().rows_live, 0);  // 3 counted, not 5
+  s->Apply(key, g.data(), 6);
+  EXPECT_EQ(s->metrics().rows_live, 1);
+  EXPECT_EQ(s->metrics().rejected, 5);
+}
+
 // The count-min sketch's guarantee, checked on a fixed stream: it never undercounts, and it
 // overcounts by more than eps x N = e / W x N for at most a fraction delta = e^-d of the keys.
 TEST(DynamicStore, CountMinSketchErrorBound) {
