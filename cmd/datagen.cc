@@ -49,7 +49,12 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
                 "concept drift between days, in [0, 1]: the teacher of --day d is rotated from "
                 "--teacher_seed's by d x acos(1 - drift), so consecutive days' teacher weights "
                 "have correlation 1 - drift");
-  flags->Int("day", &options.day, "the day of the drifting teacher (0 = the plain teacher)");
+  flags->Int("day", &options.day,
+             "the day of the drifting teacher and ids (0 = the plain teacher and ids)");
+  flags->Double("id_churn", &options.id_churn,
+                "ids that come and go, in [0, 1): on each day up to --day, each categorical id is "
+                "retired with this probability and a new id takes its popularity rank "
+                "(docs/DATAGEN.md \"Ids that come and go\")");
   flags->String("high_cardinality_fields", &f->high_cardinality_fields,
                 "categorical fields that take --high_cardinality ids each, e.g. C3,C4,C12 "
                 "(a model whose touched rows grow with the data: docs/DATAGEN.md)");

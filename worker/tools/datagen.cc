@@ -424,6 +424,30 @@ uint32_t SyntheticData::RankToKey(int c, uint64_t rank) const {
   return Mix32(static_cast<uint32_t>(rank - 1) ^ key_salt_[c][0]) ^ key_salt_[c][1];
 }
 
+uint64_t SyntheticData::IdGeneration(int c, uint64_t rank, int day) const {
+  if (!(options_.id_churn > 0) || day <= 0) return 0;
+  // The rank's retirement days are a Bernoulli process of rate id_churn, walked by geometric
+  // gaps from a hash of (teacher's key salts, field, rank): teacher_seed only, so that a day's
+  // train and test sets share their ids.
+  uint64_t h = HashKey(rank, (uint64_t{key_salt_[c][0]} << 32 | key_salt_[c][1]) ^
+                                 (0xc4a2e00000000000ull + static_cast<uint64_t>(c)));
+  const double log_keep = std::log1p(-options_.id_churn);
+  uint64_t generation = 0;
+  int64_t t = 0;
+  for (;;) {
+    h = Fmix64(h + 0x9e3779b97f4a7c15ull);
+    const double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;  // in (0, 1)
+    t += 1 + static_cast<int64_t>(std::floor(std::log(u) / log_keep));
+    if (t > day) return generation;
+    ++generation;
+  }
+}
+
+uint32_t SyntheticData::KeyOnDay(int c, uint64_t rank, int day) const {
+  // Generation g of rank r is the rank r + g x cardinality: distinct keys for every (r, g).
+  return RankToKey(c, rank + IdGeneration(c, rank, day) * cardinalities_[c]);
+}
+
 absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   if (o.max_cardinality < 1) {
     return absl::InvalidArgumentError("datagen: max_cardinality must be >= 1");
@@ -452,6 +476,10 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
     return absl::InvalidArgumentError("datagen: calibration_rows must be >= 100");
   }
   RETURN_IF_ERROR(CheckHighCardinality(o));
+  if (!(o.id_churn >= 0 && o.id_churn < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("datagen: id_churn must be in [0, 1), got ", o.id_churn));
+  }
   if (!(o.history_mean_length >= 0 && o.history_mean_length <= 1000)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "datagen: history_mean_length must be in [0, 1000] (0: no history field), got ",
@@ -489,7 +517,14 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
              : std::min<uint64_t>(kCriteoCardinalities[c], o.max_cardinality));
     d.zipf_.emplace_back(d.cardinalities_.back(),
                          high ? o.high_cardinality_zipf_exponent : o.zipf_exponent);
+    if (o.id_churn > 0 &&
+        static_cast<unsigned __int128>(o.day + 1) * d.cardinalities_.back() > (uint64_t{1} << 32)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "datagen: id_churn: C", c + 1, " has ", d.cardinalities_.back(), " ids, and day ", o.day,
+          " needs (day + 1) x ids <= 2^32 distinct 32-bit keys; lower --day or the cardinality"));
+    }
   }
+  d.churn_ = o.id_churn > 0 && o.day > 0;
 
   // Everything below depends on teacher_seed only (plus the feature distribution), so that two
   // runs with different data seeds share the teacher.
@@ -651,7 +686,7 @@ void SyntheticData::FillRows(Rng* stream, RawRows* rows, int begin, int end) con
     }
     for (int f = kNumNumeric; f < kFields; ++f) {
       const bool is_present = ((missing_fields >> f) & 1) == 0;
-      const uint64_t k = RankToKey(f - kNumNumeric, zipf_[f - kNumNumeric].Sample(&rng));
+      const uint64_t k = DrawnKey(f - kNumNumeric, zipf_[f - kNumNumeric].Sample(&rng));
       present[f] = is_present || fill;
       key[f] = is_present ? k : fill ? kMissingKey : 0;
       value[f] = is_present || fill ? 1.0 : 0.0;
@@ -661,7 +696,7 @@ void SyntheticData::FillRows(Rng* stream, RawRows* rows, int begin, int end) con
       const int n = static_cast<int>(std::min(len, double{options_.history_max_length}));
       rows->StartList(r, kFields);
       for (int i = 0; i < n; ++i) {
-        rows->AddToList(r, kFields, RankToKey(item, zipf_[item].Sample(&rng)));
+        rows->AddToList(r, kFields, DrawnKey(item, zipf_[item].Sample(&rng)));
       }
     }
   }
@@ -1043,6 +1078,8 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
       .Add("fill_missing", o.fill_missing)
       .Add("bias", data.bias())
       .AddRaw("cardinalities", cards);
+  // Only when used, so that teacher.json stays byte for byte what it was without it.
+  if (o.id_churn > 0) json.Add("id_churn", o.id_churn);
   // Only when used, so that teacher.json stays byte for byte what it was without it.
   if (o.interaction != TeacherInteraction::kFm) {
     json.Add("interaction", TeacherInteractionName(o.interaction));

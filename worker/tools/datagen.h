@@ -165,6 +165,16 @@ struct DatagenOptions {
   // drift 0 or day 0 is the plain teacher, exactly.
   double drift = 0;
   int day = 0;
+  // Ids that come and go over days (docs/DATAGEN.md "Ids that come and go"): with id_churn c > 0
+  // each categorical field's id of popularity rank r is retired on each day 1, 2, ... with
+  // probability c (a coin of (teacher_seed, field, rank, day)), and a NEW id takes its rank from
+  // that day on: on `day`, rank r holds its g-th id, g the number of retirements up to `day`
+  // (KeyOnDay). So a fraction c of a day's ids (and of its draws) are new the next day, retired
+  // ids never come back, the population and its popularity law stay the same, and the teacher
+  // follows: a new id's parameters are a hash of its key like any id's. Needs
+  // (day + 1) x cardinality <= 2^32 per field (the ids of every generation are distinct 32-bit
+  // keys). 0 (the default) or day 0: the data are bit for bit those of the other options.
+  double id_churn = 0;
   // High cardinality (docs/DATAGEN.md "High-cardinality fields"): the categorical fields listed
   // (0-based: 0 is C1; each at most once) take `high_cardinality` ids each, in [1, 2^32], drawn
   // with `high_cardinality_zipf_exponent` (in (0, 10]), instead of min(Criteo's cardinality,
@@ -261,6 +271,11 @@ class SyntheticData {
   // [1, 2^32] onto the 32-bit keys, so distinct ranks never collide (hence the 2^32 bound on
   // high_cardinality).
   uint32_t RankToKey(int categorical_field, uint64_t rank) const;
+  // The key rank r of categorical field c holds on `day` (DatagenOptions::id_churn): the rank's
+  // id of generation IdGeneration(c, r, day). RankToKey(c, r) with no churn or on day 0.
+  uint32_t KeyOnDay(int categorical_field, uint64_t rank, int day) const;
+  // How many times rank r's id has been retired up to `day`: O(1 + id_churn x day).
+  uint64_t IdGeneration(int categorical_field, uint64_t rank, int day) const;
 
   // 16 floats (GCC/Clang vector extension: two AVX2 registers, the build's baseline).
   typedef float V16 __attribute__((vector_size(64)));
@@ -294,6 +309,12 @@ class SyntheticData {
   float rot_cos_ = 1, rot_sin_ = 0;
   uint64_t drift_salt_[kNumFields][2] = {};
   uint32_t key_salt_[kNumCategorical][2] = {};
+  // The drawn rank's key: KeyOnDay of options_.day with id churn, else RankToKey.
+  uint32_t DrawnKey(int categorical_field, uint64_t rank) const {
+    return churn_ ? KeyOnDay(categorical_field, rank, options_.day)
+                  : RankToKey(categorical_field, rank);
+  }
+  bool churn_ = false;  // id_churn > 0 and day > 0
   // Field f's parameters are the 16 signed bytes of two hashes of its id, times param_scale_[f]:
   // byte 0 first order, bytes 1..4 MLP embedding, 5..7 unused, 8..15 FM vector.
   V16 param_scale_[kNumFields] = {};
