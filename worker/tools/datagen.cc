@@ -275,7 +275,8 @@ absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& na
     if (name == TeacherInteractionName(t)) return t;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("teacher interaction '", name, "', expected fm, cross, dot, cross3 or cross_full"));
+      absl::StrCat("teacher interaction '", name,
+                   "', expected fm, cross, dot, cross3 or cross_full"));
 }
 
 const char* TeacherInteractionName(TeacherInteraction interaction) {
