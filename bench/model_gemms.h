@@ -9,11 +9,12 @@
 //   backward-data    dX = dY W^T              (M, N, K), W read transposed
 // except the backward-data of DLRM's first bottom layer ("bottom0/w"), whose input is the data.
 // This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U) and
-// bottom_mlp.cc run them. The MLP's ("mlp<l>/w", "out/w") run in bf16 under model.precision BF16;
-// the other blocks always run in f32 (worker/model/cross_network.h). Layers with N = 1 (the
-// output layer "out/w", DCN-v2's linear head "cross_out/w") are dot-product loops, not GEMMs,
-// and are left out, as is the other non-GEMM work (the FM term, DLRM's dots, the cross network's
-// elementwise passes, activations): ModelStepGemmFlopsPerExample says what share that leaves.
+// bottom_mlp.cc run them. The MLP's ("mlp<l>/w", "out/w") and the cross network's
+// ("cross<l>/...") run in bf16 under model.precision BF16; DLRM's bottom MLP always runs in f32.
+// Layers with N = 1 (the output layer "out/w", DCN-v2's linear head "cross_out/w") are
+// dot-product loops, not GEMMs, and are left out, as is the other non-GEMM work (the FM term,
+// DLRM's dots, the cross network's elementwise passes, activations):
+// ModelStepGemmFlopsPerExample says what share that leaves.
 #pragma once
 
 #include <map>
@@ -46,7 +47,8 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
     const int64_t K = t.shape[0], N = t.shape[1], M = batch;
     if (K <= 1 || N <= 1) continue;
     const bool low =
-        bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/"));
+        bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/") ||
+                 absl::StartsWith(t.name, "cross"));
     add(M, K, N, false, false, low);
     add(K, M, N, true, false, low);
     if (t.name != "bottom0/w") add(M, N, K, false, true, low);

@@ -41,10 +41,11 @@ TEST(ModelGemmsTest, DcnV2CrossLayersAndMlpForwardAndBothBackwards) {
   auto model = Model::Create(Preset(DCN_V2), ModelInputs{39, {}});
   ASSERT_TRUE(model.ok()) << model.status();
   const auto shapes = Shapes(**model, 1024, /*bf16=*/true);
-  // 3 cross layers [624, 624]: forward, backward-weights (x read transposed), backward-data.
-  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, false}), std::make_pair(3, false));
-  EXPECT_EQ(shapes.at(Key{624, 1024, 624, true, false}), std::make_pair(3, false));
-  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, true}), std::make_pair(3, false));
+  // 3 cross layers [624, 624]: forward, backward-weights (x read transposed), backward-data; in
+  // bf16, as worker/model/cross_network.h runs them under precision BF16.
+  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, false}), std::make_pair(3, true));
+  EXPECT_EQ(shapes.at(Key{624, 1024, 624, true, false}), std::make_pair(3, true));
+  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, true}), std::make_pair(3, true));
   // The MLP 624-400-400-400 in bf16 (the output layer, N = 1, is not a GEMM).
   EXPECT_EQ(shapes.at(Key{1024, 624, 400, false, false}), std::make_pair(1, true));
   EXPECT_EQ(shapes.at(Key{1024, 400, 624, false, true}), std::make_pair(1, true));

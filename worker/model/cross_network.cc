@@ -46,6 +46,22 @@ absl::StatusOr<std::unique_ptr<CrossNetwork>> CrossNetwork::Create(const Options
   return net;
 }
 
+absl::Status CrossNetwork::Gemm(const Matmuls::Shape& s, const float* a, const float* b,
+                                float* c) {
+  if (!opt_.bf16) return gemm_.Run(s, a, b, c);
+  const size_t na = static_cast<size_t>(s.m) * s.k, nb = static_cast<size_t>(s.k) * s.n;
+  if (a16_.size() < na) a16_ = AlignedArray<uint16_t>(na);
+  if (b16_.size() < nb) b16_ = AlignedArray<uint16_t>(nb);
+  // Both layouts (transposed or not) are dense, so the whole operand converts as one array.
+  ParallelFor(static_cast<int64_t>(na), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(a + begin, a16_.data() + begin, end - begin);
+  });
+  ParallelFor(static_cast<int64_t>(nb), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(b + begin, b16_.data() + begin, end - begin);
+  });
+  return gemm_.RunBf16(s, a16_.data(), b16_.data(), c);
+}
+
 absl::Status CrossNetwork::Forward(int n, const float* dense) {
   if (n < 0 || n > opt_.max_batch) {
     return absl::InvalidArgumentError(
@@ -59,10 +75,10 @@ absl::Status CrossNetwork::Forward(int n, const float* dense) {
     const float* x = x_[l].data();
     float* y = y_[l].data();
     if (r == 0) {
-      RETURN_IF_ERROR(gemm_.Run({n, D, D}, x, dense + layer.w, y));
+      RETURN_IF_ERROR(Gemm({n, D, D}, x, dense + layer.w, y));
     } else {
-      RETURN_IF_ERROR(gemm_.Run({n, D, r}, x, dense + layer.w, t_[l].data()));
-      RETURN_IF_ERROR(gemm_.Run({n, r, D}, t_[l].data(), dense + layer.u, y));
+      RETURN_IF_ERROR(Gemm({n, D, r}, x, dense + layer.w, t_[l].data()));
+      RETURN_IF_ERROR(Gemm({n, r, D}, t_[l].data(), dense + layer.u, y));
     }
     float* next = x_[l + 1].data();
     const float* bias = dense + layer.b;
@@ -140,17 +156,17 @@ absl::Status CrossNetwork::Backward(int n, const float* dense, const float* outp
     const float* x = x_[l].data();
     if (r == 0) {
       // dW += x_l^T dy; g = g + dy W^T (the skip connection's share is already in g).
-      RETURN_IF_ERROR(gemm_.Run({D, n, D, /*trans_a=*/true, false, /*accumulate=*/true}, x, dy,
+      RETURN_IF_ERROR(Gemm({D, n, D, /*trans_a=*/true, false, /*accumulate=*/true}, x, dy,
                                 dense_grad + layer.w));
-      RETURN_IF_ERROR(gemm_.Run({n, D, D, false, /*trans_b=*/true, /*accumulate=*/true}, dy,
+      RETURN_IF_ERROR(Gemm({n, D, D, false, /*trans_b=*/true, /*accumulate=*/true}, dy,
                                 dense + layer.w, g));
     } else {
       float* dt = dt_.data();
-      RETURN_IF_ERROR(gemm_.Run({r, n, D, true, false, true}, t_[l].data(), dy,
+      RETURN_IF_ERROR(Gemm({r, n, D, true, false, true}, t_[l].data(), dy,
                                 dense_grad + layer.u));
-      RETURN_IF_ERROR(gemm_.Run({n, D, r, false, true, false}, dy, dense + layer.u, dt));
-      RETURN_IF_ERROR(gemm_.Run({D, n, r, true, false, true}, x, dt, dense_grad + layer.w));
-      RETURN_IF_ERROR(gemm_.Run({n, r, D, false, true, true}, dt, dense + layer.w, g));
+      RETURN_IF_ERROR(Gemm({n, D, r, false, true, false}, dy, dense + layer.u, dt));
+      RETURN_IF_ERROR(Gemm({D, n, r, true, false, true}, x, dt, dense_grad + layer.w));
+      RETURN_IF_ERROR(Gemm({n, r, D, false, true, true}, dt, dense + layer.w, g));
     }
   }
   ParallelFor(n * D, opt_.threads, [&](int, int, int64_t begin, int64_t end) {

@@ -10,8 +10,9 @@
 // dU += t^T dy, dt = dy U^T, dV += x_l^T dt with t = x_l V),  dx_l = G + dy W^T (or dt V^T),
 // dx0 += G * y_l; and x0 is also x_0, so dx0 += dx_0 at the end.
 //
-// Precision: f32 always. Under model.precision BF16 only the MLP runs in bf16 (the cross
-// network's share of a DCN-v2 step is small next to the MLP's).
+// Precision: Options::bf16 (model.precision BF16) runs every GEMM with bf16 operands (rounded from
+// the f32 activations, weights and gradients just before each GEMM) and f32 accumulation and
+// outputs; the elementwise parts, x_l, y_l and every gradient stay f32. Otherwise f32.
 //
 // Thread-safety: none; one CrossNetwork per tower, driven from the tower's thread.
 #pragma once
@@ -40,6 +41,7 @@ class CrossNetwork {
     std::vector<Layer> layers;
     int max_batch = 0;
     int threads = 1;
+    bool bf16 = false;  // the GEMMs' operands in bf16 (needs AVX512-BF16 or AMX)
   };
 
   static absl::StatusOr<std::unique_ptr<CrossNetwork>> Create(const Options& options);
@@ -61,6 +63,9 @@ class CrossNetwork {
 
  private:
   explicit CrossNetwork(const Options& options) : opt_(options) {}
+  // gemm_.Run, or with opt_.bf16 both operands rounded to bf16 (op(A) is M x K, op(B) K x N
+  // floats, transposed or not) and gemm_.RunBf16.
+  absl::Status Gemm(const Matmuls::Shape& shape, const float* a, const float* b, float* c);
 
   Options opt_;
   Matmuls gemm_;
@@ -68,6 +73,7 @@ class CrossNetwork {
   std::vector<AlignedArray<float>> y_;  // y_l incl. b_l, [max_batch, D]
   std::vector<AlignedArray<float>> t_;  // low rank: x_l V_l, [max_batch, r]
   AlignedArray<float> g_, dy_, dt_, dx0_;
+  AlignedArray<uint16_t> a16_, b16_;  // bf16: the operands of the current GEMM
 };
 
 }  // namespace pstrain
