@@ -312,6 +312,17 @@ class CtrModel : public Model {
     return absl::OkStatus();
   }
   absl::Status MakeBlocks(const ModelConfig& resolved);
+  // DCN-Mix's tensors of cross layer `name` (cross_network.h), each 2-D so InitDense draws it.
+  absl::Status AddCrossExperts(const std::string& name, int64_t D, int64_t r, int K,
+                               CrossNetwork::Layer* layer) {
+    for (int i = 0; i < K; ++i) RETURN_IF_ERROR(Add(absl::StrCat(name, "/v", i), {D, r}));
+    layer->c = dense_size_;
+    for (int i = 0; i < K; ++i) RETURN_IF_ERROR(Add(absl::StrCat(name, "/c", i), {r, r}));
+    layer->u = dense_size_;
+    for (int i = 0; i < K; ++i) RETURN_IF_ERROR(Add(absl::StrCat(name, "/u", i), {r, D}));
+    layer->gate = dense_size_;
+    return Add(name + "/gate", {D, K});
+  }
 
   ModelConfig config_;
   SparseShape shape_;
@@ -519,22 +530,31 @@ absl::Status CtrModel::MakeBlocks(const ModelConfig& resolved) {
     case ModelBlocks::CROSS_V2: {
       shape.deep = true;
       const int layers = blocks.cross_layers(), rank = blocks.cross_rank();
+      const int experts = blocks.cross_experts() == 1 ? 0 : blocks.cross_experts();
       if (layers < 1 || layers > 16) {
         return bad(absl::StrCat("cross_layers is ", layers, ", expected 1..16"));
       }
       if (rank < 0 || rank > D) {
         return bad(absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. F*k = ", D));
       }
+      if (experts < 0 || experts > 64 || (experts > 0 && rank == 0)) {
+        return bad(absl::StrCat("cross_experts is ", experts,
+                                ", expected 0..64, and >= 2 only with cross_rank > 0"));
+      }
       DenseBlocks::Options opt;
       opt.num_fields = F;
       opt.dim = k;
       opt.cross.dim = static_cast<int>(D);
       opt.cross.rank = rank;
+      opt.cross.experts = experts;
       for (int l = 0; l < layers; ++l) {
         const std::string name = absl::StrCat("cross", l);
         CrossNetwork::Layer layer;
         layer.w = dense_size_;
-        if (rank == 0) {
+        if (experts > 0) {
+          RETURN_IF_ERROR(AddCrossExperts(name, D, rank, experts, &layer));
+          flops += experts * (12.0 * D * rank + 6.0 * rank * rank) + 6.0 * D * experts;
+        } else if (rank == 0) {
           RETURN_IF_ERROR(Add(name + "/w", {D, D}));
           flops += 6.0 * D * D;
         } else {
@@ -653,6 +673,7 @@ ModelConfig ResolveModelConfig(const ModelConfig& config) {
     if (b.interaction() == ModelBlocks::CROSS_V2) {
       b.set_cross_layers(in.has_cross_layers() ? in.cross_layers() : 3);
       b.set_cross_rank(in.cross_rank());
+      if (in.cross_experts() != 0) b.set_cross_experts(in.cross_experts());
       b.set_join(in.join());
     }
     if (b.interaction() == ModelBlocks::DOT) {

@@ -24,31 +24,50 @@ double RelErr(const float* a, const std::vector<double>& b) {
 }
 
 struct Case {
-  int dim, rank, layers, n, threads;
+  int dim, rank, layers, n, threads, experts = 0;
 };
 
-TEST(CrossNetworkTest, MatchesReference) {
-  for (const Case& c : {Case{12, 0, 1, 1, 1}, Case{12, 0, 3, 7, 2}, Case{64, 0, 2, 300, 2},
-                        Case{64, 8, 3, 300, 1}, Case{40, 4, 2, 33, 2}, Case{624, 32, 2, 64, 2}}) {
-    SCOPED_TRACE(testing::Message() << "D " << c.dim << " rank " << c.rank << " layers "
-                                    << c.layers << " n " << c.n << " threads " << c.threads);
-    CrossNetwork::Options opt;
-    opt.dim = c.dim;
-    opt.rank = c.rank;
-    opt.max_batch = c.n;
-    opt.threads = c.threads;
-    const int64_t D = c.dim, r = c.rank;
-    int64_t offset = 3;  // tensors start anywhere in the dense vector
-    for (int l = 0; l < c.layers; ++l) {
-      CrossNetwork::Layer layer;
-      layer.w = offset;
+// Lays out c.layers cross layers from offset 3 (tensors start anywhere in the dense vector) into
+// opt; returns the dense size.
+int64_t LayOut(const Case& c, CrossNetwork::Options& opt) {
+  opt.dim = c.dim;
+  opt.rank = c.rank;
+  opt.experts = c.experts;
+  opt.max_batch = c.n;
+  opt.threads = c.threads;
+  const int64_t D = c.dim, r = c.rank, K = c.experts;
+  int64_t offset = 3;
+  for (int l = 0; l < c.layers; ++l) {
+    CrossNetwork::Layer layer;
+    layer.w = offset;
+    if (K >= 2) {
+      layer.c = layer.w + K * D * r;
+      layer.u = layer.c + K * r * r;
+      layer.gate = layer.u + K * r * D;
+      offset = layer.gate + D * K;
+    } else {
       offset += r == 0 ? D * D : D * r;
       layer.u = offset;
       offset += r == 0 ? 0 : r * D;
-      layer.b = offset;
-      offset += D;
-      opt.layers.push_back(layer);
     }
+    layer.b = offset;
+    offset += D;
+    opt.layers.push_back(layer);
+  }
+  return offset;
+}
+
+TEST(CrossNetworkTest, MatchesReference) {
+  for (const Case& c : {Case{12, 0, 1, 1, 1}, Case{12, 0, 3, 7, 2}, Case{64, 0, 2, 300, 2},
+                        Case{64, 8, 3, 300, 1}, Case{40, 4, 2, 33, 2}, Case{624, 32, 2, 64, 2},
+                        Case{12, 3, 1, 1, 1, 2}, Case{40, 4, 2, 33, 2, 3},
+                        Case{64, 8, 3, 300, 1, 4}, Case{312, 16, 2, 64, 2, 4}}) {
+    SCOPED_TRACE(testing::Message() << "D " << c.dim << " rank " << c.rank << " layers "
+                                    << c.layers << " n " << c.n << " threads " << c.threads
+                                    << " experts " << c.experts);
+    CrossNetwork::Options opt;
+    const int64_t D = c.dim, r = c.rank;
+    const int64_t offset = LayOut(c, opt);
     Rng rng(c.dim + c.n);
     std::vector<float> dense(offset), x0(c.n * D), dout(c.n * D);
     // Weights scaled so that x_L stays O(1) whatever the depth.
@@ -82,27 +101,14 @@ TEST(CrossNetworkTest, Bf16MatchesReferenceToBf16Rounding) {
   const absl::Status bf16 = CheckPrecisionSupported(BF16, KernelIsa());
   if (!bf16.ok()) GTEST_SKIP() << bf16.message();
   for (const Case& c : {Case{64, 0, 2, 300, 2}, Case{64, 8, 3, 300, 1}, Case{624, 0, 3, 64, 2},
-                        Case{624, 32, 2, 64, 2}}) {
+                        Case{624, 32, 2, 64, 2}, Case{312, 16, 2, 64, 2, 4}}) {
     SCOPED_TRACE(testing::Message() << "D " << c.dim << " rank " << c.rank << " layers "
-                                    << c.layers << " n " << c.n << " threads " << c.threads);
+                                    << c.layers << " n " << c.n << " threads " << c.threads
+                                    << " experts " << c.experts);
     CrossNetwork::Options opt;
-    opt.dim = c.dim;
-    opt.rank = c.rank;
-    opt.max_batch = c.n;
-    opt.threads = c.threads;
     opt.bf16 = true;
     const int64_t D = c.dim, r = c.rank;
-    int64_t offset = 3;
-    for (int l = 0; l < c.layers; ++l) {
-      CrossNetwork::Layer layer;
-      layer.w = offset;
-      offset += r == 0 ? D * D : D * r;
-      layer.u = offset;
-      offset += r == 0 ? 0 : r * D;
-      layer.b = offset;
-      offset += D;
-      opt.layers.push_back(layer);
-    }
+    const int64_t offset = LayOut(c, opt);
     Rng rng(c.dim + c.n + 1);
     std::vector<float> dense(offset), x0(c.n * D), dout(c.n * D);
     const double scale = r == 0 ? 1.0 / std::sqrt(D) : 1.0 / std::sqrt(std::sqrt(D * r));
@@ -138,6 +144,12 @@ TEST(CrossNetworkTest, RejectsBadShapesAndBatches) {
   std::vector<float> dense(72);
   EXPECT_EQ((*net)->Forward(5, dense.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*net)->Forward(0, dense.data()).ok());
+  opt.experts = 2;  // DCN-Mix needs low-rank experts
+  EXPECT_FALSE(CrossNetwork::Create(opt).ok());
+  opt.rank = 2;
+  EXPECT_TRUE(CrossNetwork::Create(opt).ok());
+  opt.experts = -1;
+  EXPECT_FALSE(CrossNetwork::Create(opt).ok());
 }
 
 }  // namespace
