@@ -8,8 +8,9 @@
 //   backward-weights dW += X^T dY             (K, M, N), X read transposed
 //   backward-data    dX = dY W^T              (M, N, K), W read transposed
 // except the backward-data of DLRM's first bottom layer ("bottom0/w"), whose input is the data.
-// This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U) and
-// bottom_mlp.cc run them. The MLP's ("mlp<l>/w", "out/w") and the cross network's
+// This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U; DCN-Mix:
+// each expert's V_i, C_i, U_i and the gate, likewise) and bottom_mlp.cc run them. The MLP's
+// ("mlp<l>/w", "out/w") and the cross network's
 // ("cross<l>/...") run in bf16 under model.precision BF16; DLRM's bottom MLP always runs in f32.
 // Layers with N = 1 (the output layer "out/w", DCN-v2's linear head "cross_out/w") are
 // dot-product loops, not GEMMs, and are left out, as is the other non-GEMM work (the FM term,
@@ -40,7 +41,14 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
   };
   for (const DenseTensor& t : model.dense_layout()) {
     if (t.shape.size() != 2) continue;
-    if (!absl::EndsWith(t.name, "/w") && !absl::EndsWith(t.name, "/v") &&
+    // DCN-Mix's experts "cross<l>/{v,c,u}<i>" and gate "cross<l>/gate" run the same three GEMMs
+    // (worker/model/cross_network.h).
+    const std::string leaf = t.name.substr(t.name.rfind('/') + 1);
+    const bool mix = absl::StartsWith(t.name, "cross") && leaf.size() >= 2 &&
+                     ((std::string("vcu").find(leaf[0]) != std::string::npos &&
+                       leaf.find_first_not_of("0123456789", 1) == std::string::npos) ||
+                      leaf == "gate");
+    if (!mix && !absl::EndsWith(t.name, "/w") && !absl::EndsWith(t.name, "/v") &&
         !absl::EndsWith(t.name, "/u")) {
       continue;
     }

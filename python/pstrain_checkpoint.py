@@ -165,7 +165,7 @@ _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              7: ("hash_seed", "uint", False), 8: ("numeric_transform", "int", False)}
 _BLOCKS = {1: ("interaction", "int", False), 2: ("cross_layers", "int", False),
            3: ("cross_rank", "int", False), 4: ("join", "int", False), 5: ("mlp", "bool", False),
-           6: ("bottom_hidden", "int", True)}
+           6: ("bottom_hidden", "int", True), 7: ("cross_experts", "int", False)}
 _MODEL_CONFIG = {1: ("type", "int", False), 2: ("embedding_dim", "int", False),
                  3: ("hidden", "int", True), 4: ("precision", "int", False),
                  5: ("embedding_init_stddev", "float", False), 6: ("embedding_l2", "float", False),
@@ -203,7 +203,7 @@ _DEFAULTS = {
     "model": {"type": 0, "embedding_dim": 16, "hidden": [], "precision": 0,
               "embedding_init_stddev": 0.01, "embedding_l2": 0.0},
     "blocks": {"interaction": 0, "cross_layers": 0, "cross_rank": 0, "join": 0, "mlp": False,
-               "bottom_hidden": []},
+               "bottom_hidden": [], "cross_experts": 0},
 }
 
 
@@ -478,8 +478,14 @@ class Model:
             interaction = self.blocks["interaction"] if grammar else NO_INTERACTION
             if interaction == CROSS_V2:
                 D, r = width, self.blocks["cross_rank"]
+                K = self.blocks["cross_experts"]
                 for l in range(self.blocks["cross_layers"]):
-                    if r == 0:
+                    if K >= 2:  # DCN-Mix: V_i, then C_i, then U_i, then the gate
+                        for kind, shape in (("v", (D, r)), ("c", (r, r)), ("u", (r, D))):
+                            for i in range(K):
+                                add("cross%d/%s%d" % (l, kind, i), shape)
+                        add("cross%d/gate" % l, (D, K))
+                    elif r == 0:
                         add("cross%d/w" % l, (D, D))
                     else:
                         add("cross%d/v" % l, (D, r))
@@ -690,7 +696,18 @@ class Model:
             # DCN-v2: x_{l+1} = x0 * (x_l W_l + b_l) + x_l, W_l = V_l U_l when low rank.
             x0, xl, l = a, a, 0
             while "cross%d/b" % l in t:
-                if "cross%d/w" % l in t:
+                if "cross%d/gate" % l in t:
+                    # DCN-Mix (cross_network.h): sum_i p_i tanh(tanh(x V_i) C_i) U_i,
+                    # p = softmax(x gate).
+                    s = xl @ t["cross%d/gate" % l]
+                    p = np.exp(s - s.max(axis=1, keepdims=True))
+                    p /= p.sum(axis=1, keepdims=True)
+                    y = 0
+                    for i in range(p.shape[1]):
+                        a = np.tanh(np.tanh(xl @ t["cross%d/v%d" % (l, i)])
+                                    @ t["cross%d/c%d" % (l, i)])
+                        y = y + p[:, i:i + 1] * (a @ t["cross%d/u%d" % (l, i)])
+                elif "cross%d/w" % l in t:
                     y = xl @ t["cross%d/w" % l]
                 else:
                     y = (xl @ t["cross%d/v" % l]) @ t["cross%d/u" % l]

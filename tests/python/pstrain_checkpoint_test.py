@@ -227,6 +227,10 @@ BLOCK_MODELS = {
     "dcn_v2_stacked": 'features { preset: CRITEO categorical_vocab_size: 20000 }\n'
                       'model { type: DCN_V2 embedding_dim: 4 hidden: [ 16 ] '
                       'blocks { cross_layers: 2 } }\n',
+    # DCN-Mix: 3 low-rank experts per cross layer; also served (python == predict == serve).
+    "dcn_mix": 'features { preset: CRITEO categorical_vocab_size: 20000 }\n'
+               'model { type: DCN_V2 embedding_dim: 4 hidden: [ 16 ] '
+               'blocks { cross_layers: 2 cross_rank: 4 cross_experts: 3 } }\n',
     "dlrm": 'features { preset: CRITEO categorical_vocab_size: 20000 numeric_mode: DENSE }\n'
             'model { type: DLRM embedding_dim: 8 hidden: [ 16 ] blocks { bottom_hidden: [ 8 ] } }\n',
 }
@@ -263,6 +267,33 @@ class BlockModelsReaderTest(unittest.TestCase):
                 elif name == "dcn_v2":
                     self.assertEqual(m.tensors["cross1/v"].shape, (39 * 8, 4))
                     self.assertEqual(m.tensors["cross_out/w"].shape, (39 * 8, 1))
+                elif name == "dcn_mix":
+                    self.assertEqual(m.tensors["cross1/v2"].shape, (39 * 4, 4))
+                    self.assertEqual(m.tensors["cross1/c2"].shape, (4, 4))
+                    self.assertEqual(m.tensors["cross0/gate"].shape, (39 * 4, 3))
+                    # The gate and the experts matter: dropping them scores otherwise, by more
+                    # than the 1e-5 the match allows (little: x0 is small after this short run).
+                    plain = pc.load(mdir + "_export")
+                    for l in range(2):
+                        del plain.tensors["cross%d/gate" % l]
+                        plain.tensors["cross%d/w" % l] = np.zeros((39 * 4, 39 * 4), np.float32)
+                    self.assertGreater(float(np.abs(plain.predict(ids, scales) - want).max()),
+                                       1e-4)
+                    server = subprocess.Popen(
+                        [BINARY, "serve", "--model", mdir + "_export", "--port", "0"],
+                        stdout=subprocess.PIPE, universal_newlines=True)
+                    try:
+                        line = server.stdout.readline()
+                        self.assertIn("listening on", line)
+                        import serve_client  # noqa: E402
+                        client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(),
+                                                          timeout=30)
+                        served, _ = client.predict_tsv(Fixture.lines, have_label=True)
+                        np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+                    finally:
+                        server.send_signal(signal.SIGTERM)
+                        self.assertEqual(server.wait(timeout=60), 0)
+                        server.stdout.close()
 
 
 # A DeepFM with list fields (docs/FORMATS.md "Lists"): `history` (MEAN, max_length 6, so that
