@@ -1,9 +1,10 @@
 // The cross network kernel (worker/model/cross_network.h) against its double twin
-// (ReferenceCross): forward and backward, full and low rank, several batch sizes and thread
-// counts, to 1e-5 relative.
+// (ReferenceCross): forward and backward, full rank, low rank and DCN-Mix (the mixture of
+// low-rank experts), several batch sizes and thread counts, to 1e-5 relative.
 #include "worker/model/cross_network.h"
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "common/random.h"
@@ -167,22 +168,12 @@ TEST(CrossNetworkTest, ForwardIsIndependentOfBatchSizeAndThreads) {
   if (KernelIsa() == Isa::kAvx2) {
     GTEST_SKIP() << "oneDNN's avx2 gemm:jit sums depend on the batch size (the MLP's too)";
   }
-  for (int rank : {0, 16}) {
-    SCOPED_TRACE(testing::Message() << "rank " << rank);
+  // {rank, experts}: full rank, low rank, DCN-Mix.
+  for (const auto& [rank, experts] : {std::pair{0, 0}, std::pair{16, 0}, std::pair{16, 4}}) {
+    SCOPED_TRACE(testing::Message() << "rank " << rank << " experts " << experts);
     const int D = 312, n = 1000;
     CrossNetwork::Options opt;
-    opt.dim = D;
-    opt.rank = rank;
-    int64_t offset = 0;
-    for (int l = 0; l < 2; ++l) {
-      CrossNetwork::Layer layer;
-      layer.w = offset;
-      offset += rank == 0 ? D * D : 2 * D * rank;
-      layer.u = layer.w + D * rank;
-      layer.b = offset;
-      offset += D;
-      opt.layers.push_back(layer);
-    }
+    const int64_t offset = LayOut(Case{D, rank, 2, n, 1, experts}, opt);
     Rng rng(5);
     std::vector<float> dense(offset), x0(n * D);
     for (float& v : dense) v = static_cast<float>(0.05 * rng.Normal());
