@@ -11,13 +11,13 @@
 // dx0 += G * y_l; and x0 is also x_0, so dx0 += dx_0 at the end.
 //
 // DCN-Mix (Options::experts = K >= 2, rank r > 0): the mixture of low-rank experts of the paper's
-// section 4.2, with the nonlinearity g = tanh and the gate as in the authors' reference code
-// (DeepCTR's CrossNetMix, which the paper's TF code follows; tfrs.layers.dcn.Cross has no mixture):
+// section 4.2, with the nonlinearity g = tanh and the gate as DeepCTR's TF CrossNetMix has them
+// (tfrs.layers.dcn.Cross has no mixture; TorchRec's LowRankMixtureCrossNet defaults g to ReLU):
 //   y_l = sum_i p_i(x_l) tanh(tanh(x_l V_i) C_i) U_i + b_l,   p(x_l) = softmax_i(x_l . gate_i)
 // in row form (the paper's U g(C g(V^T x)) transposed), V_i [D, r], C_i [r, r], U_i [r, D],
-// gate [D, K] (one bias-free linear score per expert), b_l [D] shared by the experts; then
-// x_{l+1} = x0 * y_l + x_l as above (sum_i p_i = 1, so the shared bias is the paper's per-expert
-// one). Layer::w / c / u are the offsets of V_0 / C_0 / U_0, the experts' tensors consecutive
+// gate [D, K] (one bias-free linear score per expert), b_l [D] one per layer as in the paper;
+// then x_{l+1} = x0 * y_l + x_l as above (sum_i p_i = 1, so x0 * b_l is added once).
+// Layer::w / c / u are the offsets of V_0 / C_0 / U_0, the experts' tensors consecutive
 // ("cross<l>/v<i>", "cross<l>/c<i>", "cross<l>/u<i>"), and Layer::gate of "cross<l>/gate".
 // Each expert's products are their own GEMMs (3K forward, 6K backward per layer, plus the gate's).
 //
