@@ -18,6 +18,7 @@
 #include "bench/gemm_peak.h"
 #include "common/parallel.h"
 #include "common/random.h"
+#include "worker/model/dot_interaction.h"
 #include "worker/model/fm.h"
 #include "worker/model/isa.h"
 #include "worker/model/mlp.h"
@@ -232,6 +233,46 @@ BENCHMARK(BM_MlpLayerBackward)
     ->ArgsProduct({{0, 1}, {624, 400}, {1, 2}})
     ->UseRealTime();
 
+// ---- DLRM's dot interaction (worker/model/dot_interaction.h), at DLRM's Criteo shape ---------
+// m = 40 vectors (the bottom MLP's output and 39 fields) of k = 16: 780 dots an example.
+
+struct DotData {
+  DotShape shape{kFields, kDim, /*front=*/true};
+  std::vector<float> front, x0, dots, d_front, dx0;
+  DotData() {
+    Rng rng(7);
+    front.resize(kBatch * kDim);
+    x0.resize(kBatch * kFields * kDim);
+    for (float& v : front) v = static_cast<float>(rng.Normal());
+    for (float& v : x0) v = static_cast<float>(rng.Normal());
+    dots.resize(kBatch * shape.pairs());
+    for (float& v : dots) v = static_cast<float>(rng.Normal());
+    d_front.resize(front.size());
+    dx0.resize(x0.size());
+  }
+};
+
+void BM_DotForward(benchmark::State& state) {
+  DotData d;
+  for (auto _ : state) {
+    DotForward(d.shape, kBatch, d.front.data(), d.x0.data(), d.dots.data(), d.shape.pairs(), 1);
+    benchmark::DoNotOptimize(d.dots.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kBatch);
+}
+BENCHMARK(BM_DotForward);
+
+void BM_DotBackward(benchmark::State& state) {
+  DotData d;
+  for (auto _ : state) {
+    DotBackward(d.shape, kBatch, d.front.data(), d.x0.data(), d.dots.data(), d.shape.pairs(),
+                d.d_front.data(), d.dx0.data(), 1);
+    benchmark::DoNotOptimize(d.dx0.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kBatch);
+}
+BENCHMARK(BM_DotBackward);
+
 // ---- The whole tower ----------------------------------------------------------------------
 
 // Per-iteration times as well: on a shared machine the fastest step ("best_ex/s") shows what the
@@ -267,7 +308,8 @@ void TowerCounters(benchmark::State& state, const Model& model, int threads, Ste
   state.counters["best_GFLOP/s"] = gflop / t.best;
 }
 
-// DeepFM (type 0), LR (1), FM (2), Wide&Deep (3), as in proto/pstrain/config.proto.
+// DeepFM (type 0), LR (1), FM (2), Wide&Deep (3), DCN_V2 (4), DLRM (5), as in
+// proto/pstrain/config.proto.
 void BM_TowerForwardBackward(benchmark::State& state) {
   const auto type = static_cast<ModelType>(state.range(0));
   const bool bf16 = state.range(1) != 0;
@@ -297,6 +339,8 @@ BENCHMARK(BM_TowerForwardBackward)
     ->Args({LR, 0, 1})
     ->Args({FM, 0, 1})
     ->Args({WIDE_DEEP, 0, 1})
+    ->Args({DCN_V2, 0, 1})  // the blocks' presets at their defaults (DLRM: no DENSE fields, so
+    ->Args({DLRM, 0, 1})    // no bottom MLP; 39 vectors, 741 dots)
     ->UseRealTime();
 
 // Per-field dims (ModelInputs::field_dims) at DeepFM's shape, one thread, f32. layout 0: every

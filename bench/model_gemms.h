@@ -8,12 +8,14 @@
 //   backward-weights dW += X^T dY             (K, M, N), X read transposed
 //   backward-data    dX = dY W^T              (M, N, K), W read transposed
 // except the backward-data of DLRM's first bottom layer ("bottom0/w"), whose input is the data.
-// This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U) and
-// bottom_mlp.cc run them. The MLP's ("mlp<l>/w", "out/w") run in bf16 under model.precision BF16;
-// the other blocks always run in f32 (worker/model/cross_network.h). Layers with N = 1 (the
-// output layer "out/w", DCN-v2's linear head "cross_out/w") are dot-product loops, not GEMMs,
-// and are left out, as is the other non-GEMM work (the FM term, DLRM's dots, the cross network's
-// elementwise passes, activations): ModelStepGemmFlopsPerExample says what share that leaves.
+// This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U; DCN-Mix:
+// each expert's V_i, C_i, U_i and the gate, likewise) and bottom_mlp.cc run them. The MLP's
+// ("mlp<l>/w", "out/w") and the cross network's
+// ("cross<l>/...") run in bf16 under model.precision BF16; DLRM's bottom MLP always runs in f32.
+// Layers with N = 1 (the output layer "out/w", DCN-v2's linear head "cross_out/w") are
+// dot-product loops, not GEMMs, and are left out, as is the other non-GEMM work (the FM term,
+// DLRM's dots, the cross network's elementwise passes, activations):
+// ModelStepGemmFlopsPerExample says what share that leaves.
 #pragma once
 
 #include <map>
@@ -39,14 +41,22 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
   };
   for (const DenseTensor& t : model.dense_layout()) {
     if (t.shape.size() != 2) continue;
-    if (!absl::EndsWith(t.name, "/w") && !absl::EndsWith(t.name, "/v") &&
+    // DCN-Mix's experts "cross<l>/{v,c,u}<i>" and gate "cross<l>/gate" run the same three GEMMs
+    // (worker/model/cross_network.h).
+    const std::string leaf = t.name.substr(t.name.rfind('/') + 1);
+    const bool mix = absl::StartsWith(t.name, "cross") && leaf.size() >= 2 &&
+                     ((std::string("vcu").find(leaf[0]) != std::string::npos &&
+                       leaf.find_first_not_of("0123456789", 1) == std::string::npos) ||
+                      leaf == "gate");
+    if (!mix && !absl::EndsWith(t.name, "/w") && !absl::EndsWith(t.name, "/v") &&
         !absl::EndsWith(t.name, "/u")) {
       continue;
     }
     const int64_t K = t.shape[0], N = t.shape[1], M = batch;
     if (K <= 1 || N <= 1) continue;
     const bool low =
-        bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/"));
+        bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/") ||
+                 absl::StartsWith(t.name, "cross"));
     add(M, K, N, false, false, low);
     add(K, M, N, true, false, low);
     if (t.name != "bottom0/w") add(M, N, K, false, true, low);

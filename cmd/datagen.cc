@@ -81,8 +81,12 @@ void AddDatagenFlags(FlagSet* flags, DatagenFlags* f) {
   flags->String("interaction", &f->interaction,
                 "the teacher's second-order term: fm (DeepFM-like, the default), cross (a "
                 "low-rank DCN-v2 cross layer), dot (DLRM's pairwise dots, a weight per field "
-                "pair) or cross3 (the third-order term of two cross layers): docs/DATAGEN.md "
-                "\"Teachers\"");
+                "pair), cross3 (the third-order term of two cross layers) or cross_full (one "
+                "full-rank cross layer): docs/DATAGEN.md \"Teachers\"");
+  flags->Double("interaction_share", &options.interaction_share,
+                "the interaction term's share of the teacher logit's variance, in [0, 1) (0: "
+                "the default, 0.2 for fm and 0.4 for the others; the first-order and MLP terms "
+                "share the rest)");
   flags->Bool("fill_missing", &options.fill_missing,
               "write no missing values: numeric 0, categorical key 100000000 (implied by libsvm, "
               "which cannot express a missing value)");

@@ -297,6 +297,8 @@ absl::Status ValidateConfig(const Config& c) {
     if (m.type() != DCN_V2 && m.type() != DLRM && m.type() != BLOCKS && m.type() != DIN) return bad("model.blocks", absl::StrCat("is for model.type DCN_V2, DLRM, DIN or BLOCKS; ", ModelType_Name(m.type()), " is a fixed preset"));
     if (b.has_cross_layers() && (b.cross_layers() < 1 || b.cross_layers() > 16)) return bad("model.blocks.cross_layers", absl::StrCat("must be in [1, 16], got ", b.cross_layers()));
     if (b.cross_rank() < 0) return bad("model.blocks.cross_rank", absl::StrCat("must be >= 0 (0 = full rank), got ", b.cross_rank()));
+    if (b.cross_experts() < 0 || b.cross_experts() > 64) return bad("model.blocks.cross_experts", absl::StrCat("must be in [0, 64] (0 or 1 = no mixture), got ", b.cross_experts()));
+    if (b.cross_experts() >= 2 && b.cross_rank() <= 0) return bad("model.blocks.cross_experts", absl::StrCat(b.cross_experts(), " experts need low-rank experts: model.blocks.cross_rank > 0, got ", b.cross_rank()));
     if (b.bottom_hidden_size() > kMaxHiddenLayers) return bad("model.blocks.bottom_hidden", absl::StrCat("at most ", kMaxHiddenLayers, " layers, got ", b.bottom_hidden_size()));
     for (int i = 0; i < b.bottom_hidden_size(); ++i) {
       if (b.bottom_hidden(i) <= 0 || b.bottom_hidden(i) > kMaxLayerWidth) return bad(absl::StrCat("model.blocks.bottom_hidden[", i, "]"), absl::StrCat("must be in [1, ", kMaxLayerWidth, "], got ", b.bottom_hidden(i)));

@@ -13,12 +13,14 @@ docs/CHECKPOINT.md (checkpoints) and docs/SERVING.md (exports); this reader foll
                                     stride 1 + the largest dim, zeros after a row's table's width)
     m.dense        float32 [dense_size]
     m.tensors      {"bias", "mlp0/w", "mlp0/b", ..., "out/w", "out/b"}: views of m.dense, shaped
-                   (DCN_V2 / DLRM / BLOCKS add "cross<l>/..." or "bottom<l>/...": model.h)
+                   (DCN_V2 / DLRM / BLOCKS add "cross<l>/..." or "bottom<l>/...": model.h; a list
+                   field f pooled by target attention adds "att<f>/mlp<l>/w", ..., "att<f>/out/b")
     m.config       the model description (a dict: features, model, init_seed, ...); None for a
                    checkpoint written before checkpoints recorded it (MANIFEST version 1)
     m.fields       the feature layout: name, kind, offset, rows, seed, table, dim of each field
     m.tables       the tables (FeatureConfig.table): name, begin, end, dim, width; the default
                    table first (name "") when some field names none
+    m.attention    DIN's attended list fields: [(field, target field, attention MLP widths)]
     m.row_state, m.dense_state   a checkpoint's optimizer slots (None for an export)
 
     m.lookup(ids)                  rows of any ids: stored ones, else their initial value
@@ -32,7 +34,8 @@ FeatureSpec encodes them: a list's value is its CSV text ("a|b:0.5|c", the field
 a list of keys / (key, weight) pairs, cut to max_length (REFUSE: ValueError), each id's scale its
 weight times the combiner's normalization (MEAN, SUM, SQRTN); an empty list is the missing row.
 With list fields, ids and scales are [n, F, L] (padded with scale 0) and each field's rows are
-pooled before the interaction, as the C++ tower does.
+pooled before the interaction, as the C++ tower does; a list that names an attention_target (DIN,
+docs/CONFIG.md "DIN") is pooled by the target attention MLP instead.
 
 Tables (docs/CONFIG.md "Tables", docs/SERVING.md "Tables"): fields naming one table hash a key to
 the same row (the table's seed); an export of format version 2 stores each table's rows at its
@@ -161,7 +164,8 @@ _OPTIMIZER = {1: ("type", "int", False), 2: ("learning_rate", "float", False),
 # recorded under "_unknown" and refused, never ignored.
 _LIST = {0: "strict", 1: ("combiner", "int", False), 2: ("max_length", "int", False),
          3: ("overflow", "int", False), 4: ("separator", "string", False),
-         5: ("weights_key", "string", False)}
+         5: ("weights_key", "string", False), 6: ("attention_target", "string", False),
+         7: ("attention_hidden", "int", True)}
 _FIELD = {1: ("name", "string", False), 2: ("kind", "int", False),
           3: ("numeric_mode", "int", False), 4: ("vocab_size", "uint", False),
           5: ("numeric_transform", "int", False), 6: ("list", _LIST, False),
@@ -179,7 +183,7 @@ _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              9: ("table", _TABLE, True)}
 _BLOCKS = {1: ("interaction", "int", False), 2: ("cross_layers", "int", False),
            3: ("cross_rank", "int", False), 4: ("join", "int", False), 5: ("mlp", "bool", False),
-           6: ("bottom_hidden", "int", True)}
+           6: ("bottom_hidden", "int", True), 7: ("cross_experts", "int", False)}
 _MODEL_CONFIG = {1: ("type", "int", False), 2: ("embedding_dim", "int", False),
                  3: ("hidden", "int", True), 4: ("precision", "int", False),
                  5: ("embedding_init_stddev", "float", False), 6: ("embedding_l2", "float", False),
@@ -219,7 +223,7 @@ _DEFAULTS = {
     "model": {"type": 0, "embedding_dim": 16, "hidden": [], "precision": 0,
               "embedding_init_stddev": 0.01, "embedding_l2": 0.0},
     "blocks": {"interaction": 0, "cross_layers": 0, "cross_rank": 0, "join": 0, "mlp": False,
-               "bottom_hidden": []},
+               "bottom_hidden": [], "cross_experts": 0},
 }
 
 
@@ -282,7 +286,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 CATEGORICAL, NUMERIC = 0, 1
 BUCKET, DENSE = 0, 1
 LOG1P, NO_TRANSFORM = 0, 1
-DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS = 0, 1, 2, 3, 4, 5, 6
+DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS, DIN = 0, 1, 2, 3, 4, 5, 6, 7
 # ModelBlocks (proto/pstrain/config.proto): the interaction and the join.
 NO_INTERACTION, FM_TERM, CROSS_V2, DOT = 0, 1, 2, 3
 STACKED, PARALLEL = 0, 1
@@ -387,6 +391,7 @@ class Model:
         self.fields, self.tensors, self.blocks, self.dense_fields = [], {}, None, []
         # Without a description: one default table of rows of row_dim floats.
         self.k, self.tables = row_dim - 1, []
+        self.attention = []
         if config is not None:
             self._layout(tensors)
 
@@ -461,6 +466,25 @@ class Model:
                 field.update(offset=t["begin"], rows=t["rows"], seed=t["seed"])
             field["dim"] = t["dim"]
             field["fm_excluded"] = t["fm_join"] == FM_EXCLUDE and t["dim"] != self.k
+        # DIN's target attention (list.attention_target, FeatureSpec::Create's rules): the target
+        # is another single-valued CATEGORICAL field; the attention MLP's widths default to [36].
+        self.attention = []  # [(f, t, hidden)], in field order (the dense layout's order)
+        for i, field in enumerate(self.fields):
+            spec = field["list"]
+            if spec is None or "attention_target" not in spec:
+                continue
+            target = spec["attention_target"]
+            t = names.index(target) if target in names else -1
+            if t < 0 or t == i or self.fields[t]["list"] is not None or \
+                    self.fields[t]["kind"] != CATEGORICAL:
+                raise FormatError("%s: field '%s' list.attention_target '%s': expected another "
+                                  "single-valued CATEGORICAL field" % (self.path, field["name"],
+                                                                      target))
+            hidden = list(spec.get("attention_hidden", [])) or [36]
+            if any(w < 1 for w in hidden):
+                raise FormatError("%s: field '%s' list.attention_hidden %s: expected widths >= 1"
+                                  % (self.path, field["name"], hidden))
+            self.attention.append((i, t, hidden))
         if offset != self.table_rows:
             raise FormatError("%s: the description's fields make %d rows, the file has %d"
                               % (self.path, offset, self.table_rows))
@@ -472,9 +496,13 @@ class Model:
                               % (self.path, self.row_dim, stride))
         for t in self.tables:
             t["width"] = 1 + t["dim"]
-        if self.model_type not in (DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS):
-            raise FormatError("%s: model type %d, this reader knows 0..6" % (self.path, self.model_type))
-        grammar = self.model_type in (DCN_V2, DLRM, BLOCKS)
+        if self.model_type not in (DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS, DIN):
+            raise FormatError("%s: model type %d, this reader knows 0..7"
+                              % (self.path, self.model_type))
+        grammar = self.model_type in (DCN_V2, DLRM, BLOCKS, DIN)
+        if self.attention and not grammar:
+            raise FormatError("%s: list.attention_target with model type %d; expected DIN, DCN_V2, "
+                              "DLRM or BLOCKS" % (self.path, self.model_type))
         # The block grammar: a checkpoint records the resolved blocks (ResolveModelConfig).
         self.blocks = dict(_DEFAULTS["blocks"], **model.get("blocks", {})) if grammar else None
         deep = self.model_type in (DEEPFM, WIDE_DEEP) or (grammar and self.blocks["mlp"])
@@ -492,11 +520,26 @@ class Model:
                 tensors.append((name, off, shape))
                 off += int(np.prod(shape))
 
+            # The attention MLPs follow "bias" (CtrModel::MakeBlocks).
+            for f, _t, att_hidden in self.attention:
+                w_in = 4 * self.fields[f]["dim"]  # [e, c, e - c, e * c] at the field's dim
+                for l, out in enumerate(att_hidden):
+                    add("att%d/mlp%d/w" % (f, l), (w_in, out))
+                    add("att%d/mlp%d/b" % (f, l), (out,))
+                    w_in = out
+                add("att%d/out/w" % f, (w_in, 1))
+                add("att%d/out/b" % f, (1,))
             interaction = self.blocks["interaction"] if grammar else NO_INTERACTION
             if interaction == CROSS_V2:
                 D, r = width, self.blocks["cross_rank"]
+                K = self.blocks["cross_experts"]
                 for l in range(self.blocks["cross_layers"]):
-                    if r == 0:
+                    if K >= 2:  # DCN-Mix: V_i, then C_i, then U_i, then the gate
+                        for kind, shape in (("v", (D, r)), ("c", (r, r)), ("u", (r, D))):
+                            for i in range(K):
+                                add("cross%d/%s%d" % (l, kind, i), shape)
+                        add("cross%d/gate" % l, (D, K))
+                    elif r == 0:
                         add("cross%d/w" % l, (D, D))
                     else:
                         add("cross%d/v" % l, (D, r))
@@ -720,21 +763,41 @@ class Model:
     def logits(self, ids, scales):
         """Model outputs of encoded examples (float64):
         bias + sum_f s_f w_f + FM term + MLP(concat_f s_f v_f) (worker/model/model.h), or the
-        block grammar's cross network / dot interaction (DCN_V2, DLRM, BLOCKS)."""
+        block grammar's cross network / dot interaction (DCN_V2, DLRM, BLOCKS), with DIN's
+        attended list fields pooled by their attention MLP first."""
         ids = np.asarray(ids, dtype=np.int64)
         s = np.asarray(scales, dtype=np.float64)[..., None]
-        rows = self.lookup(ids).astype(np.float64) * s  # [n, F, D] (or [n, F, L, D]), scaled
+        raw = self.lookup(ids).astype(np.float64)
+        rows = raw * s  # [n, F, D] (or [n, F, L, D]), scaled
         if rows.ndim == 4:  # list fields: each (example, field) pools its entries
             rows = rows.sum(axis=2)
             scales = np.asarray(scales)[:, :, 0]  # DENSE numeric fields' values (never lists)
         w, v = rows[..., 0], rows[..., 1:]
         z = float(self.tensors["bias"][0]) + w.sum(axis=1)
+        t = {name: a.astype(np.float64) for name, a in self.tensors.items()}
+        if self.attention:
+            # DIN's target attention (worker/model/target_attention.h): x_f = sum_i s_i a_i e_i,
+            # a_i = MLP_att([e_i, c, e_i - c, e_i * c]), e_i unscaled, c = x_t (the target's one
+            # entry, scaled); padding entries have s_i = 0. The first-order term keeps w's sum.
+            if raw.ndim != 4:
+                raise ValueError("a model with list.attention_target scores [n, F, L] ids "
+                                 "(encode_values)")
+            v = v.copy()
+            for f, tf, att_hidden in self.attention:
+                d = self.fields[f]["dim"]  # the history's and its target's dim (equal)
+                e = raw[:, f, :, 1:1 + d]  # [n, L, d]
+                c = np.broadcast_to(v[:, tf, None, :d], e.shape)
+                u = np.concatenate([e, c, e - c, e * c], axis=2)
+                for l in range(len(att_hidden)):
+                    u = np.maximum(u @ t["att%d/mlp%d/w" % (f, l)] + t["att%d/mlp%d/b" % (f, l)],
+                                   0.0)
+                a = (u @ t["att%d/out/w" % f])[..., 0] + float(t["att%d/out/b" % f][0])
+                v[:, f, :d] = (s[:, f, :, :] * a[..., None] * e).sum(axis=1)
         interaction = self.blocks["interaction"] if self.blocks is not None else NO_INTERACTION
         if self.model_type in (DEEPFM, FM) or interaction == FM_TERM:
             # The fields of a table whose dim is not k with fm_join EXCLUDE stay out of it.
             fm = v[:, [i for i, f in enumerate(self.fields) if not f["fm_excluded"]]]
             z += 0.5 * ((fm.sum(axis=1) ** 2) - (fm ** 2).sum(axis=1)).sum(axis=1)
-        t = {name: a.astype(np.float64) for name, a in self.tensors.items()}
         # x0: each field's d_f floats, in field order (all k without tables).
         if all(f["dim"] == v.shape[2] for f in self.fields):
             a = v.reshape(len(ids), -1)
@@ -744,7 +807,18 @@ class Model:
             # DCN-v2: x_{l+1} = x0 * (x_l W_l + b_l) + x_l, W_l = V_l U_l when low rank.
             x0, xl, l = a, a, 0
             while "cross%d/b" % l in t:
-                if "cross%d/w" % l in t:
+                if "cross%d/gate" % l in t:
+                    # DCN-Mix (cross_network.h): sum_i p_i tanh(tanh(x V_i) C_i) U_i,
+                    # p = softmax(x gate).
+                    s = xl @ t["cross%d/gate" % l]
+                    p = np.exp(s - s.max(axis=1, keepdims=True))
+                    p /= p.sum(axis=1, keepdims=True)
+                    y = 0
+                    for i in range(p.shape[1]):
+                        a = np.tanh(np.tanh(xl @ t["cross%d/v%d" % (l, i)])
+                                    @ t["cross%d/c%d" % (l, i)])
+                        y = y + p[:, i:i + 1] * (a @ t["cross%d/u%d" % (l, i)])
+                elif "cross%d/w" % l in t:
                     y = xl @ t["cross%d/w" % l]
                 else:
                     y = (xl @ t["cross%d/v" % l]) @ t["cross%d/u" % l]

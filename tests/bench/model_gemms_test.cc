@@ -41,10 +41,11 @@ TEST(ModelGemmsTest, DcnV2CrossLayersAndMlpForwardAndBothBackwards) {
   auto model = Model::Create(Preset(DCN_V2), ModelInputs{39, {}});
   ASSERT_TRUE(model.ok()) << model.status();
   const auto shapes = Shapes(**model, 1024, /*bf16=*/true);
-  // 3 cross layers [624, 624]: forward, backward-weights (x read transposed), backward-data.
-  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, false}), std::make_pair(3, false));
-  EXPECT_EQ(shapes.at(Key{624, 1024, 624, true, false}), std::make_pair(3, false));
-  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, true}), std::make_pair(3, false));
+  // 3 cross layers [624, 624]: forward, backward-weights (x read transposed), backward-data; in
+  // bf16, as worker/model/cross_network.h runs them under precision BF16.
+  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, false}), std::make_pair(3, true));
+  EXPECT_EQ(shapes.at(Key{624, 1024, 624, true, false}), std::make_pair(3, true));
+  EXPECT_EQ(shapes.at(Key{1024, 624, 624, false, true}), std::make_pair(3, true));
   // The MLP 624-400-400-400 in bf16 (the output layer, N = 1, is not a GEMM).
   EXPECT_EQ(shapes.at(Key{1024, 624, 400, false, false}), std::make_pair(1, true));
   EXPECT_EQ(shapes.at(Key{1024, 400, 624, false, true}), std::make_pair(1, true));
@@ -53,6 +54,28 @@ TEST(ModelGemmsTest, DcnV2CrossLayersAndMlpForwardAndBothBackwards) {
   const double gemm = 6.0 * (3 * 624 * 624 + 624 * 400 + 2 * 400 * 400);
   EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true), gemm);
   // The model's own count adds the non-GEMM work only: the output layer and elementwise passes.
+  EXPECT_GT((*model)->flops_per_example(), gemm);
+  EXPECT_LT((*model)->flops_per_example(), gemm * 1.01);
+}
+
+TEST(ModelGemmsTest, DcnMixExpertsAndGateRunThreeGemmsEach) {
+  ModelConfig config = Preset(DCN_V2);
+  config.mutable_blocks()->set_cross_rank(64);
+  config.mutable_blocks()->set_cross_experts(4);
+  auto model = Model::Create(config, ModelInputs{39, {}});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto shapes = Shapes(**model, 1024, /*bf16=*/false);
+  // 3 layers x 4 experts: V_i [624, 64], C_i [64, 64], U_i [64, 624]; the gate [624, 4] a layer.
+  EXPECT_EQ(shapes.at(Key{1024, 624, 64, false, false}), std::make_pair(12, false));
+  EXPECT_EQ(shapes.at(Key{64, 1024, 64, true, false}), std::make_pair(12, false));
+  EXPECT_EQ(shapes.at(Key{1024, 64, 64, false, true}), std::make_pair(12, false));
+  EXPECT_EQ(shapes.at(Key{1024, 64, 624, false, false}), std::make_pair(12, false));
+  EXPECT_EQ(shapes.at(Key{1024, 624, 4, false, false}), std::make_pair(3, false));
+  EXPECT_EQ(shapes.at(Key{1024, 4, 624, false, true}), std::make_pair(3, false));
+  EXPECT_EQ(shapes.size(), 12u + 6u);  // and the MLP's 6
+  const double gemm = 6.0 * (3 * (4 * (2 * 624 * 64 + 64 * 64) + 624 * 4) + 624 * 400 +
+                             2 * 400 * 400);
+  EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, false), gemm);
   EXPECT_GT((*model)->flops_per_example(), gemm);
   EXPECT_LT((*model)->flops_per_example(), gemm * 1.01);
 }

@@ -412,6 +412,8 @@ TEST(Config, ModelBlocksAreValidated) {
   expect_bad("model { type: DEEPFM blocks { cross_layers: 2 } }", "is a fixed preset");
   expect_bad("model { type: DCN_V2 blocks { cross_layers: 0 } }", "model.blocks.cross_layers");
   expect_bad("model { type: DCN_V2 blocks { cross_rank: -1 } }", "model.blocks.cross_rank");
+  expect_bad("model { type: DCN_V2 blocks { cross_experts: -2 } }", "model.blocks.cross_experts");
+  expect_bad("model { type: DCN_V2 blocks { cross_experts: 4 } }", "model.blocks.cross_experts");
   expect_bad("model { type: DLRM blocks { bottom_hidden: [64, 0] } }",
              "model.blocks.bottom_hidden[1]");
   auto ok = ParseConfigText("model { type: DLRM blocks { bottom_hidden: [64] } }", "x");

@@ -229,6 +229,10 @@ BLOCK_MODELS = {
     "dcn_v2_stacked": 'features { preset: CRITEO categorical_vocab_size: 20000 }\n'
                       'model { type: DCN_V2 embedding_dim: 4 hidden: [ 16 ] '
                       'blocks { cross_layers: 2 } }\n',
+    # DCN-Mix: 3 low-rank experts per cross layer; also served (python == predict == serve).
+    "dcn_mix": 'features { preset: CRITEO categorical_vocab_size: 20000 }\n'
+               'model { type: DCN_V2 embedding_dim: 4 hidden: [ 16 ] '
+               'blocks { cross_layers: 2 cross_rank: 4 cross_experts: 3 } }\n',
     "dlrm": 'features { preset: CRITEO categorical_vocab_size: 20000 numeric_mode: DENSE }\n'
             'model { type: DLRM embedding_dim: 8 hidden: [ 16 ] blocks { bottom_hidden: [ 8 ] } }\n',
 }
@@ -265,6 +269,33 @@ class BlockModelsReaderTest(unittest.TestCase):
                 elif name == "dcn_v2":
                     self.assertEqual(m.tensors["cross1/v"].shape, (39 * 8, 4))
                     self.assertEqual(m.tensors["cross_out/w"].shape, (39 * 8, 1))
+                elif name == "dcn_mix":
+                    self.assertEqual(m.tensors["cross1/v2"].shape, (39 * 4, 4))
+                    self.assertEqual(m.tensors["cross1/c2"].shape, (4, 4))
+                    self.assertEqual(m.tensors["cross0/gate"].shape, (39 * 4, 3))
+                    # The gate and the experts matter: dropping them scores otherwise, by more
+                    # than the 1e-5 the match allows (little: x0 is small after this short run).
+                    plain = pc.load(mdir + "_export")
+                    for l in range(2):
+                        del plain.tensors["cross%d/gate" % l]
+                        plain.tensors["cross%d/w" % l] = np.zeros((39 * 4, 39 * 4), np.float32)
+                    self.assertGreater(float(np.abs(plain.predict(ids, scales) - want).max()),
+                                       1e-4)
+                    server = subprocess.Popen(
+                        [BINARY, "serve", "--model", mdir + "_export", "--port", "0"],
+                        stdout=subprocess.PIPE, universal_newlines=True)
+                    try:
+                        line = server.stdout.readline()
+                        self.assertIn("listening on", line)
+                        import serve_client  # noqa: E402
+                        client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(),
+                                                          timeout=30)
+                        served, _ = client.predict_tsv(Fixture.lines, have_label=True)
+                        np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+                    finally:
+                        server.send_signal(signal.SIGTERM)
+                        self.assertEqual(server.wait(timeout=60), 0)
+                        server.stdout.close()
 
 
 # A DeepFM with list fields (docs/FORMATS.md "Lists"): `history` (MEAN, max_length 6, so that
@@ -354,15 +385,15 @@ class ListsReaderTest(unittest.TestCase):
         self.assertIn("field 'history'", str(err.exception))
 
         # A ListSpec field this reader does not know (a newer pooling) is refused, not ignored.
-        self.assertEqual(pc.parse_message(bytes([0x08, 0x01, 0x30, 0x02]), pc._LIST),
-                         {"combiner": 1, "_unknown": [6]})
+        self.assertEqual(pc.parse_message(bytes([0x08, 0x01, 0x40, 0x02]), pc._LIST),
+                         {"combiner": 1, "_unknown": [8]})
         config = {"features": {"preset": 0, "field": [
-            {"name": "a", "vocab_size": 10, "list": {"_unknown": [6]}}]},
+            {"name": "a", "vocab_size": 10, "list": {"_unknown": [8]}}]},
             "model": {"type": pc.FM, "embedding_dim": 4}}
         with self.assertRaises(pc.FormatError) as err:
             pc.Model("x", config, np.zeros(0, np.int64), np.zeros((0, 5), np.float32),
                      np.zeros(1, np.float32), 5, 10)
-        self.assertIn("field 'a' list sets ListSpec field(s) [6]", str(err.exception))
+        self.assertIn("field 'a' list sets ListSpec field(s) [8]", str(err.exception))
 
         # `pstrain serve`: CSV rows with the label, and examples with the lists as text.
         import serve_client  # noqa: E402
@@ -538,6 +569,87 @@ class TablesReaderTest(unittest.TestCase):
             self.skipTest("this build's model takes no per-field dims (ModelInputs::field_dims, "
                           "h/fielddims): the checkpoint's rows are not 1 + the largest dim")
         self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 9)])
+
+
+# DIN's target attention (docs/CONFIG.md "DIN"): `history` is pooled by an attention MLP against
+# `item`, as DIN (no FM term) and as DeepFM's blocks with the attended history (BLOCKS FM_TERM,
+# whose FM sums take the attended vector). The reader scores the export and the checkpoint as
+# `pstrain predict` does, and `pstrain serve` scores the CSV rows alike.
+DIN_MODELS = {
+    "din": "model { type: DIN embedding_dim: 4 hidden: [ 16 ] }",
+    "fm_attention": "model { type: BLOCKS embedding_dim: 4 hidden: [ 16 ] "
+                    "blocks { interaction: FM_TERM } }",
+}
+
+
+class DinReaderTest(unittest.TestCase):
+    def test_attention_scores_as_predict_and_serve(self):
+        d = os.path.join(Fixture.dir, "din")
+        os.makedirs(d)
+        paths = {}
+        for name, text in (("train.csv", list_csv(3000, 1)), ("test.csv", list_csv(400, 2))):
+            paths[name] = os.path.join(d, name)
+            with open(paths[name], "w") as f:
+                f.write(text)
+        with open(paths["test.csv"]) as f:
+            lines = f.read().splitlines()[1:]
+        rows = [l.split(",")[1:] for l in lines]
+        values = [[c or None for c in r[:1]] + r[1:3] + [float(r[3])] for r in rows]
+        # attention_hidden [8, 4]: two layers, so the reader's loop over them is exercised.
+        config = LIST_CONFIG.replace(
+            'list { combiner: MEAN max_length: 6 }',
+            'list { combiner: MEAN max_length: 6 attention_target: "item" '
+            'attention_hidden: [ 8, 4 ] }')
+        self.assertNotEqual(config, LIST_CONFIG)
+        import serve_client  # noqa: E402
+        for name, model in DIN_MODELS.items():
+            with self.subTest(model=name):
+                path = os.path.join(d, name + ".textproto")
+                with open(path, "w") as f:
+                    f.write(config.replace("model { type: DEEPFM embedding_dim: 4 hidden: [ 16 ] }",
+                                           model))
+                mdir, export = os.path.join(d, name), os.path.join(d, name + "_export")
+                run("train", "--config", path, "--train", paths["train.csv"], "--model_dir", mdir)
+                scores = os.path.join(d, name + "_scores.tsv")
+                run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format",
+                    "csv", "--out", scores)
+                want = np.loadtxt(scores, dtype=np.float64)[:, 0]
+                run("export", "--model_dir", mdir, "--out", export, "--rows", "f32")
+                for where in (export, mdir):
+                    m = pc.load(where)
+                    self.assertEqual(m.attention, [(1, 0, [8, 4])])
+                    self.assertEqual(m.tensors["att1/mlp0/w"].shape, (16, 8))
+                    self.assertEqual(m.tensors["att1/out/w"].shape, (4, 1))
+                    ids, scales = m.encode_values(values)
+                    probs = m.predict(ids, scales)
+                    np.testing.assert_allclose(probs, want, rtol=0, atol=1e-5, err_msg=where)
+                    self.assertGreater(float(np.std(probs)), 1e-2)
+                # The attention matters: pooling the history by its combiner instead scores
+                # otherwise (so the match above is not the attention ignored on both sides).
+                plain = pc.load(export)
+                plain.attention = []
+                self.assertGreater(float(np.abs(plain.predict(ids, scales) - want).max()), 1e-3)
+                server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
+                                          stdout=subprocess.PIPE, universal_newlines=True)
+                try:
+                    line = server.stdout.readline()
+                    self.assertIn("listening on", line)
+                    client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(), timeout=30)
+                    served, _ = client.predict_tsv(lines, have_label=True, csv=True)
+                    np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+                finally:
+                    server.send_signal(signal.SIGTERM)
+                    self.assertEqual(server.wait(timeout=60), 0)
+                    server.stdout.close()
+        # A target that is not a single-valued CATEGORICAL field is refused, naming the field.
+        bad = {"features": {"preset": 0, "field": [
+            {"name": "a", "vocab_size": 10, "list": {"attention_target": "b"}},
+            {"name": "b", "vocab_size": 10, "list": {}}]},
+            "model": {"type": pc.DIN, "embedding_dim": 4}}
+        with self.assertRaises(pc.FormatError) as err:
+            pc.Model("x", bad, np.zeros(0, np.int64), np.zeros((0, 5), np.float32),
+                     np.zeros(1, np.float32), 5, 20)
+        self.assertIn("field 'a' list.attention_target 'b'", str(err.exception))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #include "worker/model/cross_network.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
@@ -31,19 +32,52 @@ absl::StatusOr<std::unique_ptr<CrossNetwork>> CrossNetwork::Create(const Options
         "CrossNetwork: dim ", options.dim, ", rank ", options.rank, ", ", options.layers.size(),
         " layers, max_batch ", options.max_batch, ": expected positive sizes"));
   }
+  if (options.experts < 0 || options.experts > 64 ||
+      (options.experts >= 2 && options.rank == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossNetwork: ", options.experts, " experts of rank ", options.rank,
+        ": expected 0 or 1 (no mixture), or 2..64 experts of a rank > 0"));
+  }
   std::unique_ptr<CrossNetwork> net(new CrossNetwork(options));
+  const size_t K = options.experts >= 2 ? options.experts : 1;
+  const size_t nr = static_cast<size_t>(options.max_batch) * options.rank * K;
   const size_t nd = static_cast<size_t>(options.max_batch) * options.dim;
   const size_t L = options.layers.size();
   for (size_t l = 0; l <= L; ++l) net->x_.emplace_back(nd);
   for (size_t l = 0; l < L; ++l) {
     net->y_.emplace_back(nd);
-    if (options.rank > 0) net->t_.emplace_back(static_cast<size_t>(options.max_batch) * options.rank);
+    if (options.rank > 0) net->t_.emplace_back(nr);
+    if (K > 1) {
+      net->a2_.emplace_back(nr);
+      net->q_.emplace_back(nr);
+      net->p_.emplace_back(static_cast<size_t>(options.max_batch) * K);
+    }
+  }
+  if (K > 1) {
+    net->da_ = AlignedArray<float>(nr);
+    net->ds_ = AlignedArray<float>(static_cast<size_t>(options.max_batch) * K);
   }
   net->g_ = AlignedArray<float>(nd);
   net->dy_ = AlignedArray<float>(nd);
   net->dx0_ = AlignedArray<float>(nd);
-  if (options.rank > 0) net->dt_ = AlignedArray<float>(static_cast<size_t>(options.max_batch) * options.rank);
+  if (options.rank > 0) net->dt_ = AlignedArray<float>(nr);
   return net;
+}
+
+absl::Status CrossNetwork::Gemm(const Matmuls::Shape& s, const float* a, const float* b,
+                                float* c) {
+  if (!opt_.bf16) return gemm_.Run(s, a, b, c);
+  const size_t na = static_cast<size_t>(s.m) * s.k, nb = static_cast<size_t>(s.k) * s.n;
+  if (a16_.size() < na) a16_ = AlignedArray<uint16_t>(na);
+  if (b16_.size() < nb) b16_ = AlignedArray<uint16_t>(nb);
+  // Both layouts (transposed or not) are dense, so the whole operand converts as one array.
+  ParallelFor(static_cast<int64_t>(na), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(a + begin, a16_.data() + begin, end - begin);
+  });
+  ParallelFor(static_cast<int64_t>(nb), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(b + begin, b16_.data() + begin, end - begin);
+  });
+  return gemm_.RunBf16(s, a16_.data(), b16_.data(), c);
 }
 
 absl::Status CrossNetwork::Forward(int n, const float* dense) {
@@ -58,11 +92,13 @@ absl::Status CrossNetwork::Forward(int n, const float* dense) {
     const Layer& layer = opt_.layers[l];
     const float* x = x_[l].data();
     float* y = y_[l].data();
-    if (r == 0) {
-      RETURN_IF_ERROR(gemm_.Run({n, D, D}, x, dense + layer.w, y));
+    if (opt_.experts >= 2) {
+      RETURN_IF_ERROR(MixForward(n, l, dense, y));
+    } else if (r == 0) {
+      RETURN_IF_ERROR(Gemm({n, D, D}, x, dense + layer.w, y));
     } else {
-      RETURN_IF_ERROR(gemm_.Run({n, D, r}, x, dense + layer.w, t_[l].data()));
-      RETURN_IF_ERROR(gemm_.Run({n, r, D}, t_[l].data(), dense + layer.u, y));
+      RETURN_IF_ERROR(Gemm({n, D, r}, x, dense + layer.w, t_[l].data()));
+      RETURN_IF_ERROR(Gemm({n, r, D}, t_[l].data(), dense + layer.u, y));
     }
     float* next = x_[l + 1].data();
     const float* bias = dense + layer.b;
@@ -138,25 +174,134 @@ absl::Status CrossNetwork::Backward(int n, const float* dense, const float* outp
       AddColumnSums(dy, n, D, opt_.threads, db);
     }
     const float* x = x_[l].data();
-    if (r == 0) {
+    if (opt_.experts >= 2) {
+      RETURN_IF_ERROR(MixBackward(n, l, dense, dy, g, dense_grad));
+    } else if (r == 0) {
       // dW += x_l^T dy; g = g + dy W^T (the skip connection's share is already in g).
-      RETURN_IF_ERROR(gemm_.Run({D, n, D, /*trans_a=*/true, false, /*accumulate=*/true}, x, dy,
+      RETURN_IF_ERROR(Gemm({D, n, D, /*trans_a=*/true, false, /*accumulate=*/true}, x, dy,
                                 dense_grad + layer.w));
-      RETURN_IF_ERROR(gemm_.Run({n, D, D, false, /*trans_b=*/true, /*accumulate=*/true}, dy,
+      RETURN_IF_ERROR(Gemm({n, D, D, false, /*trans_b=*/true, /*accumulate=*/true}, dy,
                                 dense + layer.w, g));
     } else {
       float* dt = dt_.data();
-      RETURN_IF_ERROR(gemm_.Run({r, n, D, true, false, true}, t_[l].data(), dy,
+      RETURN_IF_ERROR(Gemm({r, n, D, true, false, true}, t_[l].data(), dy,
                                 dense_grad + layer.u));
-      RETURN_IF_ERROR(gemm_.Run({n, D, r, false, true, false}, dy, dense + layer.u, dt));
-      RETURN_IF_ERROR(gemm_.Run({D, n, r, true, false, true}, x, dt, dense_grad + layer.w));
-      RETURN_IF_ERROR(gemm_.Run({n, r, D, false, true, true}, dt, dense + layer.w, g));
+      RETURN_IF_ERROR(Gemm({n, D, r, false, true, false}, dy, dense + layer.u, dt));
+      RETURN_IF_ERROR(Gemm({D, n, r, true, false, true}, x, dt, dense_grad + layer.w));
+      RETURN_IF_ERROR(Gemm({n, r, D, false, true, true}, dt, dense + layer.w, g));
     }
   }
   ParallelFor(n * D, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) dx0[i] += g[i];
   });
   return absl::OkStatus();
+}
+
+absl::Status CrossNetwork::MixForward(int n, size_t l, const float* dense, float* y) {
+  const int64_t D = opt_.dim, r = opt_.rank, K = opt_.experts, nr = int64_t{n} * r;
+  const Layer& layer = opt_.layers[l];
+  const float* x = x_[l].data();
+  float* a1 = t_[l].data();
+  float* a2 = a2_[l].data();
+  float* q = q_[l].data();
+  float* p = p_[l].data();
+  // The gate's scores, then their softmax over the experts in place (max subtracted).
+  RETURN_IF_ERROR(Gemm({n, D, K}, x, dense + layer.gate, p));
+  ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      float* pb = p + b * K;
+      const float top = *std::max_element(pb, pb + K);
+      float sum = 0.f;
+      for (int64_t i = 0; i < K; ++i) sum += pb[i] = std::exp(pb[i] - top);
+      for (int64_t i = 0; i < K; ++i) pb[i] /= sum;
+    }
+  });
+  for (int64_t i = 0; i < K; ++i) {
+    RETURN_IF_ERROR(Gemm({n, D, r}, x, dense + layer.w + i * D * r, a1 + i * nr));
+  }
+  ParallelFor(K * nr, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) a1[j] = std::tanh(a1[j]);
+  });
+  for (int64_t i = 0; i < K; ++i) {
+    RETURN_IF_ERROR(Gemm({n, r, r}, a1 + i * nr, dense + layer.c + i * r * r, a2 + i * nr));
+  }
+  // a2 = tanh(.), q_i = p_i a2_i: each expert's row weighted by its gate.
+  ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int64_t i = 0; i < K; ++i) {
+      for (int64_t b = begin; b < end; ++b) {
+        const float pbi = p[b * K + i];
+        float* a2b = a2 + i * nr + b * r;
+        float* qb = q + i * nr + b * r;
+        for (int64_t j = 0; j < r; ++j) {
+          a2b[j] = std::tanh(a2b[j]);
+          qb[j] = pbi * a2b[j];
+        }
+      }
+    }
+  });
+  for (int64_t i = 0; i < K; ++i) {
+    RETURN_IF_ERROR(Gemm({n, r, D, false, false, /*accumulate=*/i > 0}, q + i * nr,
+                         dense + layer.u + i * r * D, y));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CrossNetwork::MixBackward(int n, size_t l, const float* dense, const float* dy,
+                                       float* g, float* dense_grad) {
+  const int64_t D = opt_.dim, r = opt_.rank, K = opt_.experts, nr = int64_t{n} * r;
+  const Layer& layer = opt_.layers[l];
+  const float* x = x_[l].data();
+  const float* a1 = t_[l].data();
+  const float* a2 = a2_[l].data();
+  const float* q = q_[l].data();
+  const float* p = p_[l].data();
+  float* dq = dt_.data();
+  float* da = da_.data();
+  float* ds = ds_.data();
+  for (int64_t i = 0; i < K; ++i) {
+    RETURN_IF_ERROR(Gemm({r, n, D, true, false, true}, q + i * nr, dy,
+                         dense_grad + layer.u + i * r * D));
+    RETURN_IF_ERROR(Gemm({n, D, r, false, true, false}, dy, dense + layer.u + i * r * D,
+                         dq + i * nr));
+  }
+  // dp_i = dq_i . a2_i; ds = p * (dp - p . dp) (the softmax's backward); dq_i becomes
+  // d(t C_i) = dq_i p_i (1 - a2_i^2).
+  ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float* pb = p + b * K;
+      float* dsb = ds + b * K;
+      float mean = 0.f;
+      for (int64_t i = 0; i < K; ++i) {
+        const float* a2b = a2 + i * nr + b * r;
+        float* dqb = dq + i * nr + b * r;
+        float dp = 0.f;
+        for (int64_t j = 0; j < r; ++j) {
+          dp += dqb[j] * a2b[j];
+          dqb[j] *= pb[i] * (1.f - a2b[j] * a2b[j]);
+        }
+        dsb[i] = dp;
+        mean += pb[i] * dp;
+      }
+      for (int64_t i = 0; i < K; ++i) dsb[i] = pb[i] * (dsb[i] - mean);
+    }
+  });
+  for (int64_t i = 0; i < K; ++i) {
+    RETURN_IF_ERROR(Gemm({r, n, r, true, false, true}, a1 + i * nr, dq + i * nr,
+                         dense_grad + layer.c + i * r * r));
+    RETURN_IF_ERROR(Gemm({n, r, r, false, true, false}, dq + i * nr,
+                         dense + layer.c + i * r * r, da + i * nr));
+  }
+  ParallelFor(K * nr, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) da[j] *= 1.f - a1[j] * a1[j];
+  });
+  for (int64_t i = 0; i < K; ++i) {
+    RETURN_IF_ERROR(Gemm({D, n, r, true, false, true}, x, da + i * nr,
+                         dense_grad + layer.w + i * D * r));
+    RETURN_IF_ERROR(Gemm({n, r, D, false, true, true}, da + i * nr,
+                         dense + layer.w + i * D * r, g));
+  }
+  RETURN_IF_ERROR(Gemm({D, n, K, true, false, true}, x, ds, dense_grad + layer.gate));
+  return Gemm({n, K, D, false, true, true}, ds, dense + layer.gate, g);
 }
 
 }  // namespace pstrain

@@ -95,6 +95,7 @@ class CtrModel : public Model {
       opt.mlp = mlp_options;
       opt.max_batch = opt.cross.max_batch = opt.bottom.max_batch = max_batch;
       opt.threads = opt.cross.threads = opt.bottom.threads = intra_op_threads;
+      opt.cross.bf16 = config_.precision() == BF16;
       ASSIGN_OR_RETURN(blocks, DenseBlocks::Create(opt));
     } else if (mlp_options.has_value()) {
       ASSIGN_OR_RETURN(mlp, Mlp::Create(*mlp_options));
@@ -125,6 +126,17 @@ class CtrModel : public Model {
     return absl::OkStatus();
   }
   absl::Status MakeBlocks(const ModelConfig& resolved);
+  // DCN-Mix's tensors of cross layer `name` (cross_network.h), each 2-D so InitDense draws it.
+  absl::Status AddCrossExperts(const std::string& name, int64_t D, int64_t r, int K,
+                               CrossNetwork::Layer* layer) {
+    for (int i = 0; i < K; ++i) RETURN_IF_ERROR(Add(absl::StrCat(name, "/v", i), {D, r}));
+    layer->c = dense_size_;
+    for (int i = 0; i < K; ++i) RETURN_IF_ERROR(Add(absl::StrCat(name, "/c", i), {r, r}));
+    layer->u = dense_size_;
+    for (int i = 0; i < K; ++i) RETURN_IF_ERROR(Add(absl::StrCat(name, "/u", i), {r, D}));
+    layer->gate = dense_size_;
+    return Add(name + "/gate", {D, K});
+  }
   // MakeBlocks' parts, each appending its tensors to the layout (and its FLOPs to *flops).
   absl::Status MakeAttention(const ModelBlocks& blocks);
   absl::Status MakeCross(const ModelBlocks& blocks, double* flops);
@@ -459,16 +471,25 @@ absl::Status CtrModel::MakeCross(const ModelBlocks& blocks, double* flops) {
     return BlocksError(
         absl::StrCat("cross_rank is ", rank, ", expected 0 (full) .. x0's width ", D));
   }
+  const int experts = blocks.cross_experts() == 1 ? 0 : blocks.cross_experts();
+  if (experts < 0 || experts > 64 || (experts > 0 && rank == 0)) {
+    return BlocksError(absl::StrCat("cross_experts is ", experts,
+                                    ", expected 0..64, and >= 2 only with cross_rank > 0"));
+  }
   DenseBlocks::Options opt;
   opt.num_fields = F;
   opt.dim = k;
   opt.cross.dim = static_cast<int>(D);
   opt.cross.rank = rank;
+  opt.cross.experts = experts;
   for (int l = 0; l < layers; ++l) {
     const std::string name = absl::StrCat("cross", l);
     CrossNetwork::Layer layer;
     layer.w = dense_size_;
-    if (rank == 0) {
+    if (experts > 0) {
+      RETURN_IF_ERROR(AddCrossExperts(name, D, rank, experts, &layer));
+      *flops += experts * (12.0 * D * rank + 6.0 * rank * rank) + 6.0 * D * experts;
+    } else if (rank == 0) {
       RETURN_IF_ERROR(Add(name + "/w", {D, D}));
       *flops += 6.0 * D * D;
     } else {
@@ -594,6 +615,7 @@ ModelConfig ResolveModelConfig(const ModelConfig& config) {
     if (b.interaction() == ModelBlocks::CROSS_V2) {
       b.set_cross_layers(in.has_cross_layers() ? in.cross_layers() : 3);
       b.set_cross_rank(in.cross_rank());
+      if (in.cross_experts() != 0) b.set_cross_experts(in.cross_experts());
       b.set_join(in.join());
     }
     if (b.interaction() == ModelBlocks::DOT) {

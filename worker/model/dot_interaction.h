@@ -5,8 +5,11 @@
 // where e_0 = front[b] (the bottom MLP's output) when the model has one, and the rest are the
 // fields' x_f = s_f v_f from x0 [n, F*k]. Vectorised loops over examples (k is small and the
 // pairs many, so a batched GEMM would mostly compute the lower triangle twice), f32: forward
-// vectorises over j (the example's vectors transposed, no horizontal sums), backward over k.
-// Backward: d e_i += sum_{j != i} d dots[p(i, j)] e_j.
+// vectorises over j (the example's vectors transposed, no horizontal sums; 32 outputs of a row
+// held in registers over the k steps), backward over k.
+// Backward: d e_i = sum_{j != i} d dots[p(i, j)] e_j, summed over j in increasing order; the
+// pairs' gradients are first laid out as a symmetric m x m matrix S (zero diagonal), so that
+// d E = S E runs four rows i at a time in registers (k = 16; other k one row at a time).
 //
 // Thread-safety: the functions are pure apart from their outputs; they split the examples over
 // `threads` with ParallelFor.

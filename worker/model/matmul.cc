@@ -14,6 +14,15 @@ using Dt = dnnl::memory::data_type;
 Matmuls::Matmuls() = default;
 
 absl::Status Matmuls::Run(const Shape& s, const float* a, const float* b, float* c) {
+  return RunTyped(s, /*bf16=*/false, a, b, c);
+}
+
+absl::Status Matmuls::RunBf16(const Shape& s, const uint16_t* a, const uint16_t* b, float* c) {
+  return RunTyped(s, /*bf16=*/true, a, b, c);
+}
+
+absl::Status Matmuls::RunTyped(const Shape& s, bool bf16, const void* a, const void* b,
+                               float* c) {
   if (s.m <= 0 || s.n <= 0 || s.k <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Matmuls: empty shape ", s.m, " x ", s.k, " x ", s.n));
@@ -23,17 +32,18 @@ absl::Status Matmuls::Run(const Shape& s, const float* a, const float* b, float*
       engine_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
       stream_ = dnnl::stream(engine_);
     }
-    const Key key{s.m, s.k, s.n, s.trans_a, s.trans_b, s.accumulate};
+    const Key key{s.m, s.k, s.n, s.trans_a, s.trans_b, s.accumulate, bf16};
+    const Dt in = bf16 ? Dt::bf16 : Dt::f32;
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       // A few shapes per block and batch size; a tower that cycles through many batch sizes
       // (evaluation tails) starts over rather than growing without bound.
       if (cache_.size() >= 64) cache_.clear();
       Entry e;
-      e.a = s.trans_a ? memory::desc({s.m, s.k}, Dt::f32, memory::dims{1, s.m})
-                      : memory::desc({s.m, s.k}, Dt::f32, memory::dims{s.k, 1});
-      e.b = s.trans_b ? memory::desc({s.k, s.n}, Dt::f32, memory::dims{1, s.k})
-                      : memory::desc({s.k, s.n}, Dt::f32, memory::dims{s.n, 1});
+      e.a = s.trans_a ? memory::desc({s.m, s.k}, in, memory::dims{1, s.m})
+                      : memory::desc({s.m, s.k}, in, memory::dims{s.k, 1});
+      e.b = s.trans_b ? memory::desc({s.k, s.n}, in, memory::dims{1, s.k})
+                      : memory::desc({s.k, s.n}, in, memory::dims{s.n, 1});
       e.c = memory::desc({s.m, s.n}, Dt::f32, memory::dims{s.n, 1});
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -51,8 +61,8 @@ absl::Status Matmuls::Run(const Shape& s, const float* a, const float* b, float*
       it = cache_.emplace(key, std::move(e)).first;
     }
     const Entry& e = it->second;
-    e.prim.execute(stream_, {{DNNL_ARG_SRC, memory(e.a, engine_, const_cast<float*>(a))},
-                             {DNNL_ARG_WEIGHTS, memory(e.b, engine_, const_cast<float*>(b))},
+    e.prim.execute(stream_, {{DNNL_ARG_SRC, memory(e.a, engine_, const_cast<void*>(a))},
+                             {DNNL_ARG_WEIGHTS, memory(e.b, engine_, const_cast<void*>(b))},
                              {DNNL_ARG_DST, memory(e.c, engine_, c)},
                              {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine_, scratchpad_.data())}});
     stream_.wait();

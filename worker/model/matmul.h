@@ -1,7 +1,9 @@
 // Plain f32 GEMMs on oneDNN for the dense blocks other than the MLP (cross network, DLRM's
 // bottom MLP): C[M, N] (+)= op(A)[M, K] op(B)[K, N], row-major, with either operand read
-// transposed through strides (no copy). Primitives are created once per shape and kept (a tower
-// sees a handful of batch sizes); the buffers are bound per call.
+// transposed through strides (no copy); RunBf16 the same with bf16 operands and an f32 C
+// (oneDNN accumulates in f32; it needs AVX512-BF16 or AMX: CheckPrecisionSupported). Primitives
+// are created once per shape and kept (a tower sees a handful of batch sizes); the buffers are
+// bound per call.
 //
 // Thread-safety: none; one Matmuls per tower. oneDNN takes its team size from the calling
 // thread's OpenMP thread count, which the tower sets.
@@ -33,9 +35,12 @@ class Matmuls {
   // Runs the GEMM (creating its primitive on first use) and waits for it. INTERNAL with
   // oneDNN's message when oneDNN fails.
   absl::Status Run(const Shape& shape, const float* a, const float* b, float* c);
+  absl::Status RunBf16(const Shape& shape, const uint16_t* a, const uint16_t* b, float* c);
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>;
+  absl::Status RunTyped(const Shape& shape, bool bf16, const void* a, const void* b, float* c);
+
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool>;  // ..., bf16
   struct Entry {
     dnnl::matmul prim;
     dnnl::memory::desc a, b, c, scratchpad;

@@ -47,6 +47,47 @@ std::vector<double> Dense(const Model& model, const double* dense, const std::st
 }
 
 // The MLP "mlp<l>" (ReLU) then "out": one logit.
+// DCN-Mix (cross_network.h): for one example, y += sum_i p_i tanh(tanh(x V_i) C_i) U_i with
+// p = softmax(x gate); V_i at v + i D r, C_i at c + i r r, U_i at u + i r D, gate [D, K]. Keeps
+// p [K] and the two tanh layers a1, a2 ([K][r]) for the backward.
+struct MixTrace {
+  std::vector<double> p, a1, a2;
+};
+template <typename T>
+MixTrace MixForwardOne(const std::vector<double>& x, const T* dense, int64_t D, int64_t r,
+                       int64_t K, int64_t v, int64_t c, int64_t u, int64_t gate,
+                       std::vector<double>& y) {
+  MixTrace tr{std::vector<double>(K, 0.0), std::vector<double>(K * r, 0.0),
+              std::vector<double>(K * r, 0.0)};
+  double top = -1e300, sum = 0;
+  for (int64_t i = 0; i < K; ++i) {
+    for (int64_t j = 0; j < D; ++j) tr.p[i] += x[j] * dense[gate + j * K + i];
+    top = std::max(top, tr.p[i]);
+  }
+  for (int64_t i = 0; i < K; ++i) sum += tr.p[i] = std::exp(tr.p[i] - top);
+  for (int64_t i = 0; i < K; ++i) tr.p[i] /= sum;
+  for (int64_t i = 0; i < K; ++i) {
+    double* a1 = &tr.a1[i * r];
+    double* a2 = &tr.a2[i * r];
+    for (int64_t q = 0; q < r; ++q) {
+      double s = 0;
+      for (int64_t j = 0; j < D; ++j) s += x[j] * dense[v + i * D * r + j * r + q];
+      a1[q] = std::tanh(s);
+    }
+    for (int64_t q = 0; q < r; ++q) {
+      double s = 0;
+      for (int64_t j = 0; j < r; ++j) s += a1[j] * dense[c + i * r * r + j * r + q];
+      a2[q] = std::tanh(s);
+    }
+    for (int64_t o = 0; o < D; ++o) {
+      double s = 0;
+      for (int64_t q = 0; q < r; ++q) s += a2[q] * dense[u + i * r * D + q * D + o];
+      y[o] += tr.p[i] * s;
+    }
+  }
+  return tr;
+}
+
 double ReferenceMlpLogit(const Model& model, const double* dense, std::vector<double> a) {
   for (int l = 0; Has(model, absl::StrCat("mlp", l, "/w")); ++l) {
     a = Dense(model, dense, absl::StrCat("mlp", l), a, /*relu=*/true);
@@ -145,7 +186,14 @@ std::vector<double> ReferenceLogits(const ModelConfig& config, const Model& mode
         const std::string name = absl::StrCat("cross", l);
         std::vector<double> y(D);
         const double* bias = dense + Find(model, name + "/b").offset;
-        if (Has(model, name + "/w")) {
+        if (Has(model, name + "/gate")) {
+          const DenseTensor& gate = Find(model, name + "/gate");
+          const int64_t K = gate.shape[1], r = Find(model, name + "/v0").shape[1];
+          for (int64_t o = 0; o < D; ++o) y[o] = bias[o];
+          MixForwardOne(xl, dense, D, r, K, Find(model, name + "/v0").offset,
+                        Find(model, name + "/c0").offset, Find(model, name + "/u0").offset,
+                        gate.offset, y);
+        } else if (Has(model, name + "/w")) {
           const double* w = dense + Find(model, name + "/w").offset;
           for (int64_t o = 0; o < D; ++o) {
             double s = bias[o];
@@ -285,6 +333,7 @@ ReferenceCrossResult ReferenceCross(const CrossNetwork::Options& options, int n,
                                     const float* dense, int64_t dense_size,
                                     const float* output_grad) {
   const int64_t D = options.dim, r = options.rank;
+  const int64_t K = options.experts >= 2 ? options.experts : 1;
   const int L = static_cast<int>(options.layers.size());
   ReferenceCrossResult res;
   res.output.resize(n * D);
@@ -293,11 +342,16 @@ ReferenceCrossResult ReferenceCross(const CrossNetwork::Options& options, int n,
   for (int b = 0; b < n; ++b) {
     const std::vector<double> x(x0 + b * D, x0 + (b + 1) * D);
     std::vector<std::vector<double>> xs{x}, ys, ts;
+    std::vector<MixTrace> mix;
     for (int l = 0; l < L; ++l) {
       const CrossNetwork::Layer& layer = options.layers[l];
       const std::vector<double>& xl = xs.back();
       std::vector<double> y(D), t(r, 0.0);
-      if (r == 0) {
+      if (K > 1) {
+        for (int64_t o = 0; o < D; ++o) y[o] = dense[layer.b + o];
+        mix.push_back(
+            MixForwardOne(xl, dense, D, r, K, layer.w, layer.c, layer.u, layer.gate, y));
+      } else if (r == 0) {
         for (int64_t o = 0; o < D; ++o) {
           double s = dense[layer.b + o];
           for (int64_t i = 0; i < D; ++i) s += xl[i] * dense[layer.w + i * D + o];
@@ -329,7 +383,51 @@ ReferenceCrossResult ReferenceCross(const CrossNetwork::Options& options, int n,
         dx0[j] += g[j] * ys[l][j];
         res.dense_grad[layer.b + j] += dy[j];
       }
-      if (r == 0) {
+      if (K > 1) {
+        // y = sum_i p_i a2_i U_i + b, a2_i = tanh(a1_i C_i), a1_i = tanh(x V_i),
+        // p = softmax(x gate).
+        const MixTrace& tr = mix[l];
+        std::vector<double> dp(K, 0.0);
+        for (int64_t i = 0; i < K; ++i) {
+          const double pi = tr.p[i];
+          const double* a1 = &tr.a1[i * r];
+          const double* a2 = &tr.a2[i * r];
+          std::vector<double> da2(r, 0.0), dz2(r), da1(r, 0.0);
+          for (int64_t q = 0; q < r; ++q) {
+            for (int64_t o = 0; o < D; ++o) {
+              const int64_t w = layer.u + i * r * D + q * D + o;
+              res.dense_grad[w] += pi * a2[q] * dy[o];
+              da2[q] += dy[o] * dense[w];
+            }
+            dp[i] += da2[q] * a2[q];
+            dz2[q] = pi * da2[q] * (1 - a2[q] * a2[q]);
+          }
+          for (int64_t j = 0; j < r; ++j) {
+            for (int64_t q = 0; q < r; ++q) {
+              const int64_t w = layer.c + i * r * r + j * r + q;
+              res.dense_grad[w] += a1[j] * dz2[q];
+              da1[j] += dz2[q] * dense[w];
+            }
+          }
+          for (int64_t q = 0; q < r; ++q) {
+            const double dz1 = da1[q] * (1 - a1[q] * a1[q]);
+            for (int64_t j = 0; j < D; ++j) {
+              const int64_t w = layer.w + i * D * r + j * r + q;
+              res.dense_grad[w] += xs[l][j] * dz1;
+              gx[j] += dz1 * dense[w];
+            }
+          }
+        }
+        double mean = 0;
+        for (int64_t i = 0; i < K; ++i) mean += tr.p[i] * dp[i];
+        for (int64_t i = 0; i < K; ++i) {
+          const double ds = tr.p[i] * (dp[i] - mean);
+          for (int64_t j = 0; j < D; ++j) {
+            res.dense_grad[layer.gate + j * K + i] += xs[l][j] * ds;
+            gx[j] += ds * dense[layer.gate + j * K + i];
+          }
+        }
+      } else if (r == 0) {
         for (int64_t i = 0; i < D; ++i) {
           for (int64_t o = 0; o < D; ++o) {
             res.dense_grad[layer.w + i * D + o] += xs[l][i] * dy[o];

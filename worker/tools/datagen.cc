@@ -271,11 +271,12 @@ absl::Status CheckHighCardinality(const DatagenOptions& o) {
 absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& name) {
   for (TeacherInteraction t :
        {TeacherInteraction::kFm, TeacherInteraction::kCross, TeacherInteraction::kDot,
-        TeacherInteraction::kCross3}) {
+        TeacherInteraction::kCross3, TeacherInteraction::kCrossFull}) {
     if (name == TeacherInteractionName(t)) return t;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("teacher interaction '", name, "', expected fm, cross, dot or cross3"));
+      absl::StrCat("teacher interaction '", name,
+                   "', expected fm, cross, dot, cross3 or cross_full"));
 }
 
 const char* TeacherInteractionName(TeacherInteraction interaction) {
@@ -286,6 +287,8 @@ const char* TeacherInteractionName(TeacherInteraction interaction) {
       return "dot";
     case TeacherInteraction::kCross3:
       return "cross3";
+    case TeacherInteraction::kCrossFull:
+      return "cross_full";
     default:
       return "fm";
   }
@@ -471,6 +474,11 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
   if (o.day < 0) {
     return absl::InvalidArgumentError(absl::StrCat("datagen: day must be >= 0, got ", o.day));
   }
+  if (!(o.interaction_share >= 0 && o.interaction_share < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "datagen: interaction_share must be in [0, 1) (0: the default shares), got ",
+        o.interaction_share));
+  }
   if (o.chunk_rows < 1) return absl::InvalidArgumentError("datagen: chunk_rows must be >= 1");
   if (o.calibration_rows < 100) {
     return absl::InvalidArgumentError("datagen: calibration_rows must be >= 100");
@@ -598,6 +606,10 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
         m->resize(kCrossRank * D);
         for (float& w : *m) w = static_cast<float>(sd * second.Normal());
       }
+    } else if (o.interaction == TeacherInteraction::kCrossFull) {
+      const double sd = 1.0 / std::sqrt(D);
+      d.cross_v_.resize(static_cast<size_t>(D) * D);
+      for (float& w : d.cross_v_) w = static_cast<float>(sd * second.Normal());
     } else {
       d.pair_weight_.assign(kFields * kFields, 0.f);
       for (int f = 0; f < kFields; ++f) {
@@ -631,7 +643,14 @@ absl::StatusOr<SyntheticData> SyntheticData::Create(const DatagenOptions& o) {
     }
   }
   const bool fm_teacher = o.interaction == TeacherInteraction::kFm;
-  const double share[3] = {fm_teacher ? 0.6 : 0.4, fm_teacher ? 0.2 : 0.4, 0.2};
+  double share[3] = {fm_teacher ? 0.6 : 0.4, fm_teacher ? 0.2 : 0.4, 0.2};
+  if (o.interaction_share > 0) {
+    // The rest in the default ratio of the first-order and MLP terms.
+    const double rest = (1 - o.interaction_share) / (share[0] + share[2]);
+    share[0] *= rest;
+    share[2] *= rest;
+    share[1] = o.interaction_share;
+  }
   double* scale[3] = {&d.scale_first_, &d.scale_fm_, &d.scale_mlp_};
   for (int i = 0; i < 3; ++i) {
     mean[i] /= n;
@@ -830,6 +849,15 @@ double SyntheticData::SecondOrder(const V16* params) const {
       }
       term += double{xv} * xu;
     }
+  } else if (options_.interaction == TeacherInteraction::kCrossFull) {
+    // x^T W x: y = x W row by row (vectorizes over j), then x . y.
+    float y[D] = {};
+    for (int i = 0; i < D; ++i) {
+      const float* w = cross_v_.data() + static_cast<size_t>(i) * D;
+      const float xi = x[i];
+      for (int j = 0; j < D; ++j) y[j] += xi * w[j];
+    }
+    for (int j = 0; j < D; ++j) term += double{x[j]} * y[j];
   } else if (options_.interaction == TeacherInteraction::kCross3) {
     // z = x * (x V U); term = x . (z V2 U2) = sum_q (z . V2_q)(x . U2_q).
     float z[D] = {};
@@ -1084,6 +1112,7 @@ std::string TeacherJson(const SyntheticData& data, const DatagenOutput& out,
   if (o.interaction != TeacherInteraction::kFm) {
     json.Add("interaction", TeacherInteractionName(o.interaction));
   }
+  if (o.interaction_share > 0) json.Add("interaction_share", o.interaction_share);
   // Only when used, so that teacher.json stays byte for byte what it was without them.
   if (!o.high_cardinality_fields.empty()) {
     std::string fields = "[";

@@ -39,7 +39,12 @@
 //           z = x * (x V U) (elementwise), V, U, V2, U2 of rank 16 ~ N(0, 1/312): products of three
 //           embedding entries, which no second-order term (FM, one cross layer, dots) expresses
 //           and a cross network of two or more layers does.
-// Those teachers give the terms the variance shares 40/40/20 (first order, interaction, MLP).
+//   kCrossFull: one full-rank cross layer, sum_j x_j (x W)_j = x^T W x, W [312, 312] ~ N(0, 1/312):
+//           every pair of fields (f, g) has its own random, indefinite 8 x 8 bilinear form W_fg,
+//           which neither FM's one shared inner product nor DLRM's weighted dots of per-field
+//           vectors express, and DCN-v2's full-rank cross layer does exactly.
+// Those teachers give the terms the variance shares 40/40/20 (first order, interaction, MLP);
+// DatagenOptions::interaction_share changes the interaction's.
 // kFm (the default) is the teacher above, bit for bit.
 // w, v and e of (field, id) are not stored: they are bytes of a hash of (teacher_seed, field, id)
 // times a per-field importance. The MLP's dense weights are drawn once from teacher_seed. So the
@@ -139,8 +144,8 @@ class ZipfSampler {
 };
 
 // The teacher's second-order term (see the teacher above).
-enum class TeacherInteraction { kFm, kCross, kDot, kCross3 };
-// "fm", "cross", "dot", "cross3".
+enum class TeacherInteraction { kFm, kCross, kDot, kCross3, kCrossFull };
+// "fm", "cross", "dot", "cross3", "cross_full".
 absl::StatusOr<TeacherInteraction> ParseTeacherInteraction(const std::string& name);
 const char* TeacherInteractionName(TeacherInteraction interaction);
 
@@ -203,6 +208,10 @@ struct DatagenOptions {
   bool history_attention = false;
   // The teacher's second-order term; kFm: the data are bit for bit those without this option.
   TeacherInteraction interaction = TeacherInteraction::kFm;
+  // The interaction term's share of the logit's variance, in [0, 1); the first-order and MLP
+  // terms split the rest in the default ratio (2:1, the FM teacher's 3:1). 0 (the default): the
+  // default shares (FM 20%, the other teachers 40%), bit for bit.
+  double interaction_share = 0;
 };
 
 // Parses "C3,C12" (categorical field names of the CRITEO preset) into 0-based categorical field
@@ -323,7 +332,8 @@ class SyntheticData {
   float w2_[kHidden] = {};
   double scale_first_ = 1, scale_fm_ = 1, scale_mlp_ = 1, bias_ = 0;
   // kCross: V and U, [kCrossRank][kFields * kFmDim] each; kDot: c, [kFields][kFields];
-  // kCross3: V, U as kCross's and the second layer's V2, U2 (the same shapes).
+  // kCross3: V, U as kCross's and the second layer's V2, U2 (the same shapes);
+  // kCrossFull: W, [kFields * kFmDim][kFields * kFmDim] row-major (in cross_v_).
   static constexpr int kCrossRank = 16;
   std::vector<float> cross_v_, cross_u_, pair_weight_, cross2_v_, cross2_u_;
 };

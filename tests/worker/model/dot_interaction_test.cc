@@ -14,7 +14,7 @@ namespace {
 
 TEST(DotInteractionTest, MatchesReference) {
   for (bool front : {false, true}) {
-    for (int F : {1, 2, 5, 39}) {
+    for (int F : {1, 2, 5, 39, 70}) {
       for (int k : {1, 4, 16}) {
         if (!front && F == 1) continue;  // no pairs
         SCOPED_TRACE(testing::Message() << "front " << front << " F " << F << " k " << k);

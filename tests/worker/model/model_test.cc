@@ -522,6 +522,14 @@ std::vector<BlockCase> BlockCases(int k) {
     cases.push_back(c);
   }
   {
+    // DCN-Mix: 3 low-rank experts per cross layer (the tanh layers, the softmax gate).
+    BlockCase c{"DcnMixStacked", BlockConfig(DCN_V2, k, {8}), {}};
+    c.config.mutable_blocks()->set_cross_rank(3);
+    c.config.mutable_blocks()->set_cross_experts(3);
+    c.config.mutable_blocks()->set_cross_layers(2);
+    cases.push_back(c);
+  }
+  {
     BlockCase c{"CrossOnly", BlockConfig(BLOCKS, k, {}), {}};
     c.config.mutable_blocks()->set_interaction(ModelBlocks::CROSS_V2);
     c.config.mutable_blocks()->set_mlp(false);
@@ -722,6 +730,12 @@ TEST(BlockModelTest, RejectsBadBlocks) {
   dcn.mutable_blocks()->set_cross_layers(2);
   dcn.mutable_blocks()->set_cross_rank(17);  // F*k = 16
   expect_bad(dcn, "cross_rank is 17");
+  dcn.mutable_blocks()->set_cross_rank(0);
+  dcn.mutable_blocks()->set_cross_experts(2);  // the experts are low rank
+  expect_bad(dcn, "cross_experts is 2");
+  dcn.mutable_blocks()->set_cross_rank(2);
+  dcn.mutable_blocks()->set_cross_experts(65);
+  expect_bad(dcn, "cross_experts is 65");
   ModelConfig dlrm = Config(DLRM, 4, {8});
   dlrm.mutable_blocks()->set_mlp(false);
   expect_bad(dlrm, "DOT needs the top MLP");

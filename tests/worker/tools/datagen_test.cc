@@ -562,7 +562,7 @@ TEST(DatagenInteractionTest, CrossAndDotTeachersReplaceTheFmTerm) {
   std::vector<float> fm_probs;
   fm.GenerateChunk(0, 4096, &fm_rows, &fm_probs);
   for (TeacherInteraction t : {TeacherInteraction::kCross, TeacherInteraction::kDot,
-                               TeacherInteraction::kCross3}) {
+                               TeacherInteraction::kCross3, TeacherInteraction::kCrossFull}) {
     SCOPED_TRACE(TeacherInteractionName(t));
     o.interaction = t;
     const SyntheticData d = Make(o);
@@ -601,7 +601,54 @@ TEST(DatagenInteractionTest, CrossAndDotTeachersReplaceTheFmTerm) {
   EXPECT_EQ(ParseTeacherInteraction("dot").value(), TeacherInteraction::kDot);
   EXPECT_EQ(ParseTeacherInteraction("fm").value(), TeacherInteraction::kFm);
   EXPECT_EQ(ParseTeacherInteraction("cross3").value(), TeacherInteraction::kCross3);
+  EXPECT_EQ(ParseTeacherInteraction("cross_full").value(), TeacherInteraction::kCrossFull);
   EXPECT_FALSE(ParseTeacherInteraction("din").ok());
+}
+
+// interaction_share gives the interaction term that share of the logit's variance and the
+// first-order and MLP terms the rest in their default ratio (2:1); out of [0, 1) is refused
+// naming the option. The full-rank cross term is not the low-rank one's.
+TEST(DatagenInteractionTest, InteractionShareSetsTheTermsVariance) {
+  DatagenOptions o;
+  o.interaction = TeacherInteraction::kCrossFull;
+  o.interaction_share = 0.7;
+  const SyntheticData d = Make(o);
+  RawRows rows;
+  std::vector<float> probs;
+  d.GenerateChunk(0, 4096, &rows, &probs);
+  double mean[3] = {0, 0, 0}, sq[3] = {0, 0, 0};
+  for (int r = 0; r < rows.size(); ++r) {
+    const TeacherTerms terms = d.Terms(rows, r);
+    const double v[3] = {terms.first_order, terms.fm, terms.mlp};
+    for (int i = 0; i < 3; ++i) {
+      mean[i] += v[i];
+      sq[i] += v[i] * v[i];
+    }
+  }
+  const int n = rows.size();
+  double var[3];
+  for (int i = 0; i < 3; ++i) var[i] = sq[i] / n - (mean[i] / n) * (mean[i] / n);
+  const double total = var[0] + var[1] + var[2];
+  EXPECT_NEAR(var[1] / total, 0.7, 0.08);
+  EXPECT_NEAR(var[0] / total, 0.2, 0.06);
+  EXPECT_NEAR(var[2] / total, 0.1, 0.04);
+  // The low-rank cross teacher's term on the same rows: nearly uncorrelated.
+  o.interaction = TeacherInteraction::kCross;
+  const SyntheticData low = Make(o);
+  double cov = 0, sa = 0, sb = 0;
+  for (int r = 0; r < n; ++r) {
+    const double a = d.Terms(rows, r).fm, b = low.Terms(rows, r).fm;
+    cov += a * b;
+    sa += a * a;
+    sb += b * b;
+  }
+  EXPECT_LT(std::fabs(cov) / std::sqrt(sa * sb), 0.3);
+  for (double bad : {-0.1, 1.0, std::nan("")}) {
+    o.interaction_share = bad;
+    const absl::StatusOr<SyntheticData> refused = SyntheticData::Create(o);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("interaction_share"), std::string::npos);
+  }
 }
 
 // Adding the cross3 teacher left the cross and dot teachers' labels as they were (goldens from
