@@ -423,7 +423,7 @@ data { train { name: "train" format: CSV } shuffle_buffer: 1000 }
 features {
   preset: NO_PRESET
   field { name: "item" table: "item" }
-  field { name: "history" table: "item" list { combiner: MEAN max_length: 6 } }
+  field { name: "history" table: "item" list { combiner: MEAN max_length: 6 %(attention)s } }
   field { name: "user" vocab_size: 100 }
   field { name: "cat" table: "cats" }
   table { name: "item" rows: 500 initializer { type: UNIFORM limit: 0.05 } }
@@ -470,8 +470,8 @@ def rewrite_block(path, index, edit):
 class TablesReaderTest(unittest.TestCase):
     def train_predict_export(self, name, **config):
         """Trains TABLES_CONFIG % config; returns (model dir, export, test lines, predict's
-        scores), or None when the trained MANIFEST's row_dim is not 1 + the largest dim (a model
-        that takes no per-field dims: the mixed-dims test needs h/fielddims)."""
+        scores). The trained MANIFEST's row_dim is 1 + the largest dim (the stride)."""
+        config.setdefault("attention", "")
         d = os.path.join(Fixture.dir, name)
         os.makedirs(d)
         paths = {}
@@ -488,8 +488,7 @@ class TablesReaderTest(unittest.TestCase):
             ckpt = os.path.join(mdir, f.read().strip())
         manifest = pc.parse_message(pc.read_blocks(os.path.join(ckpt, "MANIFEST"))[0][1],
                                     pc._MANIFEST)
-        if manifest["row_dim"] != 1 + max(4, config["cats_dim"]):
-            return None
+        self.assertEqual(manifest["row_dim"], 1 + max(4, config["cats_dim"]))
         scores = os.path.join(d, "scores.tsv")
         run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format", "csv",
             "--out", scores)
@@ -565,9 +564,13 @@ class TablesReaderTest(unittest.TestCase):
         # the default table and of `item` are stored (and exported) at 5.
         trained = self.train_predict_export("tables_mixed", cats_dim=8,
                                             cats_join="fm_join: EXCLUDE", model="DEEPFM")
-        if trained is None:
-            self.skipTest("this build's model takes no per-field dims (ModelInputs::field_dims, "
-                          "h/fielddims): the checkpoint's rows are not 1 + the largest dim")
+        self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 9)])
+
+    def test_din_at_a_narrower_dim_than_the_stride_scores_as_predict_and_serve(self):
+        # DIN's history attends to the candidate through `item` (dim 4) while `cats` (dim 8)
+        # makes the stride 9: the attention MLP reads [e, c, e - c, e * c] at the field's dim.
+        trained = self.train_predict_export("tables_din", cats_dim=8, cats_join="", model="DIN",
+                                            attention='attention_target: "item"')
         self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 9)])
 
 
