@@ -3,8 +3,8 @@
 // dim 4 (fm_join EXCLUDE) with its own learning rate and partitions. `pstrain config` shows the
 // layout; `pstrain train`, 2-host PS jobs (ASYNC, BOUNDED, SYNC) and a 2-rank `pstrain allreduce`
 // learn; predict scores as the trainer did, from the checkpoint and from an export; a train job
-// stopped and resumed ends with the uninterrupted run's parameters; a 2-host PS checkpoint
-// restores onto 3 hosts.
+// stopped and resumed ends with the uninterrupted run's parameters; a warm start takes every
+// table's rows and refuses a table of another dim; a 2-host PS checkpoint restores onto 3 hosts.
 #include <unistd.h>
 
 #include <string>
@@ -187,6 +187,50 @@ TEST_F(TablesTest, StopAndResumeEqualsUninterrupted) {
   ASSERT_TRUE(x.ok()) << x.status();
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_TRUE(*x == *y) << "final parameters differ after stop and resume";
+}
+
+// --warm_start_from a model with tables: a new model dir starts from the source's rows of every
+// table (one step from it scores about as the source did; one step from scratch does not), and a
+// source whose `small` table has another dim is refused, naming the table.
+TEST_F(TablesTest, WarmStartTakesEveryTablesRowsAndRefusesAnotherDim) {
+  const std::string src = Dir() + "/warm_src";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(src), " --epochs 2"), 300, &out),
+            0)
+      << out;
+  const double source_auc = testing::ReadSummary(src).fields().at("test_auc").number_value();
+  ASSERT_GT(source_auc, 0.7) << out;
+  const std::string warm = Dir() + "/warm_dst", cold = Dir() + "/cold_dst";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(warm), " --warm_start_from ", src,
+                                           " --set train.max_steps=1"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("warm start from " + src));
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(cold), " --set train.max_steps=1"),
+                              300, &out),
+            0)
+      << out;
+  const double warm_auc = testing::ReadSummary(warm).fields().at("test_auc").number_value();
+  const double cold_auc = testing::ReadSummary(cold).fields().at("test_auc").number_value();
+  EXPECT_NEAR(warm_auc, source_auc, 0.02);
+  EXPECT_LT(cold_auc, source_auc - 0.05) << "one step from scratch should not reach the source";
+
+  std::string other = kConfig;
+  const std::string from = "table { name: \"small\" dim: 4";
+  ASSERT_NE(other.find(from), std::string::npos);
+  other.replace(other.find(from), from.size(), "table { name: \"small\" dim: 8");
+  ASSERT_TRUE(WriteFileAtomic(Dir() + "/other_dim.textproto", other).ok());
+  const std::string refused = Dir() + "/warm_refused";
+  EXPECT_NE(testing::RunShell(absl::StrCat(P(), " train --config ", Dir(),
+                                           "/other_dim.textproto --train '", Dir(),
+                                           "/train/*.csv' --eval ", Dir(),
+                                           "/test.csv --model_dir ", refused,
+                                           " --warm_start_from ", src, " --set train.max_steps=1"),
+                              300, &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("features.table[1] 'small'.dim: 4 in the warm-start checkpoint, 8 in "
+                            "the config"));
 }
 
 // A 2-host PS checkpoint stopped mid-run restores onto 3 hosts and trains on to the end.
