@@ -2,9 +2,9 @@
 // train` of a config whose history list and candidate share an `item` table, `pstrain predict`
 // of its checkpoint scoring as the trainer's final evaluation did, `pstrain export` writing each
 // table's rows at its width (format version 2), and `pstrain serve` of the export scoring CSV
-// rows as predict did. The mixed-dims case (a table wider than model.embedding_dim) needs the
-// model that takes per-field dims (ModelInputs::field_dims, h/fielddims): it skips, saying so,
-// when this build's checkpoint rows are not 1 + the largest dim.
+// rows as predict did. The mixed-dims case: a table wider than model.embedding_dim makes the
+// checkpoint's rows 1 + the largest dim (the stride), and each table still exports and serves at
+// its own width.
 #include <unistd.h>
 
 #include <string>
@@ -117,10 +117,8 @@ TEST_F(ServeTablesTest, ASharedTableServesAsPredictedAndTrained) {
 // `item` of dim 16 (k = 8, out of the FM term): the stride is 17 floats, the default table's rows
 // stay 9 floats in the export and in serve's memory.
 TEST_F(ServeTablesTest, MixedDimsServeAsPredictedAndTrained) {
-  if (!Train("mixed", Config(16, "fm_join: EXCLUDE"), 17)) {
-    GTEST_SKIP() << "this build's model takes no per-field dims (ModelInputs::field_dims, "
-                    "h/fielddims): the checkpoint's rows are not 1 + the largest dim";
-  }
+  ASSERT_TRUE(Train("mixed", Config(16, "fm_join: EXCLUDE"), 17))
+      << "the checkpoint's rows are not the stride 1 + the largest dim (17)";
   PredictExportServe("mixed", 17);
 }
 
