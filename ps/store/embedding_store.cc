@@ -251,16 +251,10 @@ absl::Status EmbeddingStore::Apply(absl::Span<const int64_t> ids, const float* g
                     }
                     SetStamp(row, generation);
                   }
-                  const Optimizer* row_opt = &optimizer;
-                  double row_lr = lr;
-                  for (size_t r = 0; r < range_lr.size(); ++r) {
-                    const Options::RangeOptimizer& ro = opt_.range_optimizers[r];
-                    if (ids[i] >= ro.begin && ids[i] < ro.end) {
-                      row_opt = ro.optimizer.get();
-                      row_lr = range_lr[r];
-                      break;
-                    }
-                  }
+                  const int range = RangeOf(ids[i]);
+                  const Optimizer* row_opt =
+                      range < 0 ? &optimizer : opt_.range_optimizers[range].optimizer.get();
+                  double row_lr = range < 0 ? lr : range_lr[range];
                   if (fresh) {
                     if (opt_.row_init) {
                       opt_.row_init(ids[i], row);

@@ -295,12 +295,18 @@ class EmbeddingStore {
   // The stored row of `row`, giving it a slot if it has none; then sets *fresh and the caller
   // must fill the row. Caller holds the row's stripe (exclusively).
   float* ClaimRow(int64_t row, bool* fresh);
-  // The optimizer of a row: its range's (Options::range_optimizers) or the store's.
-  const Optimizer& OptimizerOf(int64_t row) const {
-    for (const Options::RangeOptimizer& r : opt_.range_optimizers) {
-      if (row >= r.begin && row < r.end) return *r.optimizer;
+  // The index of the Options::range_optimizers entry holding `row`, or -1 (the store's).
+  int RangeOf(int64_t row) const {
+    for (size_t r = 0; r < opt_.range_optimizers.size(); ++r) {
+      const Options::RangeOptimizer& ro = opt_.range_optimizers[r];
+      if (row >= ro.begin && row < ro.end) return static_cast<int>(r);
     }
-    return *opt_.optimizer;
+    return -1;
+  }
+  // The optimizer of a row: its range's or the store's.
+  const Optimizer& OptimizerOf(int64_t row) const {
+    const int r = RangeOf(row);
+    return r < 0 ? *opt_.optimizer : *opt_.range_optimizers[r].optimizer;
   }
   void RaiseLastStep(int64_t step);
   // The generation stamp of a stored row (the word before its weights), read and written

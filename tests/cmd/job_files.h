@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/shell.h"
 #include "tests/subprocess.h"
 
 namespace pstrain {
@@ -130,6 +131,35 @@ inline std::vector<int> JobProcesses(const std::string& model_dir, const std::st
     }
   }
   return out;
+}
+
+// A `pstrain train` stopped mid-epoch (train.max_steps=37) and resumed ends with the
+// uninterrupted run's parameters, to the byte, having trained the same examples: `args(dir)` is
+// the job's flags with --model_dir dir, both runs 2 epochs into `straight` and `stopped`.
+template <typename ArgsFn>
+void ExpectStopAndResumeEqualsUninterrupted(const ArgsFn& args, const std::string& straight,
+                                            const std::string& stopped) {
+  const std::string train = absl::StrCat(PSTRAIN_BINARY, " train ");
+  std::string out;
+  ASSERT_EQ(RunShell(absl::StrCat(train, args(straight), " --epochs 2"), 300, &out), 0) << out;
+  ASSERT_EQ(
+      RunShell(absl::StrCat(train, args(stopped), " --epochs 2 --set train.max_steps=37"), 300,
+               &out),
+      0)
+      << out;
+  EXPECT_EQ(ReadSummary(stopped).fields().at("steps").number_value(), 37);
+  ASSERT_EQ(RunShell(absl::StrCat(train, args(stopped), " --epochs 2"), 300, &out), 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("resumed from " + stopped + "/ckpt-37"));
+  const auto a = ReadSummary(straight).fields();
+  const auto b = ReadSummary(stopped).fields();
+  EXPECT_EQ(b.at("examples").number_value(), a.at("examples").number_value());
+  EXPECT_EQ(b.at("test_auc").number_value(), a.at("test_auc").number_value());
+  const std::string last = absl::StrCat("/ckpt-", a.at("steps").number_value(), "/shard-0-of-1");
+  auto x = ReadFileToString(straight + last);
+  auto y = ReadFileToString(stopped + last);
+  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(*x == *y) << "final parameters differ after stop and resume";
 }
 
 }  // namespace testing

@@ -160,33 +160,7 @@ TEST_F(TablesTest, AllreduceLearns) {
 // A train job stopped mid-epoch and resumed ends with the uninterrupted run's parameters, to the
 // byte: the tables' initializers and optimizers are the same after the restore.
 TEST_F(TablesTest, StopAndResumeEqualsUninterrupted) {
-  const std::string straight = Dir() + "/straight", stopped = Dir() + "/stopped";
-  std::string out;
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(straight), " --epochs 2"), 300,
-                              &out),
-            0)
-      << out;
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(stopped),
-                                           " --epochs 2 --set train.max_steps=37"),
-                              300, &out),
-            0)
-      << out;
-  EXPECT_EQ(testing::ReadSummary(stopped).fields().at("steps").number_value(), 37);
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(stopped), " --epochs 2"), 300,
-                              &out),
-            0)
-      << out;
-  EXPECT_THAT(out, HasSubstr("resumed from " + stopped + "/ckpt-37"));
-  const auto a = testing::ReadSummary(straight).fields();
-  const auto b = testing::ReadSummary(stopped).fields();
-  EXPECT_EQ(b.at("examples").number_value(), a.at("examples").number_value());
-  EXPECT_EQ(b.at("test_auc").number_value(), a.at("test_auc").number_value());
-  const std::string last = absl::StrCat("/ckpt-", a.at("steps").number_value(), "/shard-0-of-1");
-  auto x = ReadFileToString(straight + last);
-  auto y = ReadFileToString(stopped + last);
-  ASSERT_TRUE(x.ok()) << x.status();
-  ASSERT_TRUE(y.ok()) << y.status();
-  EXPECT_TRUE(*x == *y) << "final parameters differ after stop and resume";
+  testing::ExpectStopAndResumeEqualsUninterrupted(Args, Dir() + "/straight", Dir() + "/stopped");
 }
 
 // --warm_start_from a model with tables: a new model dir starts from the source's rows of every
