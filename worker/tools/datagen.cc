@@ -712,7 +712,7 @@ void SyntheticData::FillRows(Rng* stream, RawRows* rows, int begin, int end) con
     }
     if (has_history()) {
       const double len = std::floor(std::log(1.0 - rng.UniformDouble()) / log_q);
-      const int n = static_cast<int>(std::min(len, double{options_.history_max_length}));
+      const int n = static_cast<int>(std::min(len, static_cast<double>(options_.history_max_length)));
       rows->StartList(r, kFields);
       for (int i = 0; i < n; ++i) {
         rows->AddToList(r, kFields, DrawnKey(item, zipf_[item].Sample(&rng)));
@@ -770,7 +770,8 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
         sum_sq += p * p;
       }
       if (has_history()) {  // the pooled history joins the first-order and FM sums
-        const V16 h = HistoryParams(rows, b0 + r, params[kNumeric + options_.history_item_field]);
+        V16 h;
+        HistoryParams(rows, b0 + r, params[kNumeric + options_.history_item_field], &h);
         sum += h;
         sum_sq += h * h;
       }
@@ -795,8 +796,8 @@ void SyntheticData::RawTerms(const RawRows& rows, int begin, int end, TeacherTer
   }
 }
 
-SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r,
-                                                const V16& candidate) const {
+void SyntheticData::HistoryParams(const RawRows& rows, int r, const V16& candidate,
+                                  V16* out) const {
   // The item field's parameters of each id (as RawTerms computes them), averaged.
   const int f = kNumeric + options_.history_item_field;
   const size_t cell = static_cast<size_t>(r) * stride_ + kFields;
@@ -826,8 +827,8 @@ SyntheticData::V16 SyntheticData::HistoryParams(const RawRows& rows, int r,
     }
     sum += p;
   }
-  if (n == 0) return sum;
-  return sum * param_scale_[f] * static_cast<float>(options_.history_importance / n);
+  *out = n == 0 ? sum
+                : sum * param_scale_[f] * static_cast<float>(options_.history_importance / n);
 }
 
 double SyntheticData::SecondOrder(const V16* params) const {

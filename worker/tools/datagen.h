@@ -301,8 +301,9 @@ class SyntheticData {
   void RawTerms(const RawRows& rows, int begin, int end, TeacherTerms* out) const;
   double Logit(const TeacherTerms& raw) const;
   // The history list of row r pooled as the teacher sees it (zero for an empty list).
-  // With history_attention, `candidate` (the item field's parameters) weights the ids.
-  V16 HistoryParams(const RawRows& rows, int r, const V16& candidate) const;
+  // With history_attention, `candidate` (the item field's parameters) weights the ids. Written
+  // through `out`: a V16 returned by value changes ABI between ISA builds (-Wpsabi).
+  void HistoryParams(const RawRows& rows, int r, const V16& candidate, V16* out) const;
   // The kCross, kDot or kCross3 interaction term of one row's per-field parameters.
   double SecondOrder(const V16* params) const;
 
