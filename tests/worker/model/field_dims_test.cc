@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/isa_test_util.h"
 #include "worker/model/model.h"
+#include "tests/worker/model/tower_test_util.h"
 #include "worker/model/reference.h"
 
 namespace pstrain {
@@ -69,42 +70,14 @@ ModelInputs Inputs(ModelType type) {
 // A slice over rows that each field owns (as a table's rows are its fields'): field f's cells
 // take rows [f * per_field, (f + 1) * per_field), with kTail in each row's stride tail. Lists hold
 // 1..max_len entries; the fields in `single` hold one (an attention target).
-struct Slice {
-  int n = 0;
-  std::vector<int32_t> offsets, slots;
-  std::vector<float> scales, labels, rows, dense;
-
-  Tower::Input input() const {
-    Tower::Input in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = rows.data();
-    in.dense = dense.data();
-    in.offsets = offsets.empty() ? nullptr : offsets.data();
-    return in;
-  }
-  ReferenceInput ref(const std::vector<double>& r, const std::vector<double>& d) const {
-    ReferenceInput in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = r.data();
-    in.dense = d.data();
-    in.offsets = offsets.empty() ? nullptr : offsets.data();
-    return in;
-  }
-};
-
-Slice MakeSlice(const Model& model, int n, int max_len, uint64_t seed) {
-  Slice s;
+TowerSlice MakeSlice(const Model& model, int n, int max_len, uint64_t seed) {
+  TowerSlice s;
   const int F = model.num_fields(), rd = model.row_dim();
   std::vector<bool> single(F, false);
   for (const ModelInputs::Attention& a : model.attention()) single[a.target] = true;
   const int per_field = std::max(3, n);
   s.n = n;
+  s.rows_used = F * per_field;
   Rng rng(seed);
   if (max_len > 0) s.offsets.push_back(0);
   for (int e = 0; e < n * F; ++e) {
@@ -124,35 +97,10 @@ Slice MakeSlice(const Model& model, int n, int max_len, uint64_t seed) {
       s.rows[u * rd + j] = j < width ? static_cast<float>(0.3 * rng.Normal()) : kTail;
     }
   }
-  s.dense.resize(model.dense_size());
-  model.InitDense(seed, s.dense.data());
-  for (const DenseTensor& t : model.dense_layout()) {
-    if (t.shape.size() != 1) continue;
-    for (int64_t i = 0; i < t.shape[0]; ++i) {
-      s.dense[t.offset + i] = static_cast<float>(0.1 * rng.Normal());
-    }
-  }
+  RandomDense(model, seed, &rng, &s.dense);
   return s;
 }
 
-struct Grads {
-  std::vector<float> logits, rows, dense;
-  double loss = 0;
-};
-
-Grads RunTower(const Model& model, const Slice& s, int threads) {
-  auto tower = model.CreateTower(std::max(s.n, 1), threads);
-  EXPECT_TRUE(tower.ok()) << tower.status();
-  Grads g;
-  g.logits.assign(s.n, 0.f);
-  g.rows.assign(s.rows.size(), 0.f);
-  g.dense.assign(s.dense.size(), 0.f);
-  if (!tower.ok()) return g;
-  auto loss = (*tower)->ForwardBackward(s.input(), g.rows.data(), g.dense.data(), g.logits.data());
-  EXPECT_TRUE(loss.ok()) << loss.status();
-  g.loss = loss.ok() ? *loss : 0;
-  return g;
-}
 
 std::string TypeName(ModelType type) { return ModelType_Name(type); }
 
@@ -173,7 +121,7 @@ TEST_P(FieldDimsForwardTest, MatchesReference) {
   const int max_dim = *std::max_element(kDims.begin(), kDims.end());
   EXPECT_EQ((*model)->row_dim(), 1 + std::max(kDim, max_dim));
   const int n = 37;
-  const Slice s = MakeSlice(**model, n, lists ? 6 : 0, 11 + n);
+  const TowerSlice s = MakeSlice(**model, n, lists ? 6 : 0, 11 + n);
   auto tower = (*model)->CreateTower(n, 2);
   ASSERT_TRUE(tower.ok()) << tower.status();
   std::vector<float> logits(n);
@@ -189,7 +137,7 @@ TEST_P(FieldDimsForwardTest, MatchesReference) {
     max_abs = std::max(max_abs, std::fabs(ref[b]));
   }
   EXPECT_GT(max_abs, 0.1);
-  const Grads g = RunTower(**model, s, 2);
+  const TowerGrads g = RunTower(**model, s, 2);
   for (int b = 0; b < n; ++b) ASSERT_EQ(g.logits[b], logits[b]) << b;
 }
 
@@ -225,36 +173,24 @@ TEST_P(FieldDimsGradientTest, MatchesCentralDifferencesAndLeavesTheTailAlone) {
   auto model = Model::Create(config, Inputs(type));
   ASSERT_TRUE(model.ok()) << model.status();
   const int n = 5, rd = (*model)->row_dim();
-  const Slice s = MakeSlice(**model, n, lists ? 4 : 0, 3);
-  const Grads g = RunTower(**model, s, threads);
+  const TowerSlice s = MakeSlice(**model, n, lists ? 4 : 0, 3);
+  const TowerGrads g = RunTower(**model, s, threads);
   // The stride's tail is no parameter: its gradient stays exactly 0.
   for (size_t i = 0; i < s.rows.size(); ++i) {
-    if (s.rows[i] == kTail) ASSERT_EQ(g.rows[i], 0.f) << "row " << i / rd << " float " << i % rd;
+    if (s.rows[i] == kTail) {
+      ASSERT_EQ(g.rows[i], 0.f) << "row " << i / rd << " float " << i % rd;
+    }
   }
   std::vector<double> rows(s.rows.begin(), s.rows.end());
   std::vector<double> dense(s.dense.begin(), s.dense.end());
   const ReferenceInput in = s.ref(rows, dense);
   EXPECT_NEAR(g.loss, ReferenceLoss(config, **model, in), 1e-5 * n);
-  const double h = 1e-6;
-  auto check = [&](std::vector<double>* params, const std::vector<float>& grad,
-                   const std::string& what) {
-    double max_grad = 0;
-    for (size_t i = 0; i < params->size(); ++i) {
-      if (grad[i] == 0.f && (*params)[i] == kTail) continue;  // checked above
-      const double saved = (*params)[i];
-      (*params)[i] = saved + h;
-      const double up = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved - h;
-      const double down = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved;
-      const double fd = (up - down) / (2 * h);
-      ASSERT_NEAR(grad[i], fd, 2e-4 + 1e-3 * std::fabs(fd)) << what << "[" << i << "]";
-      max_grad = std::max(max_grad, std::fabs(fd));
-    }
-    EXPECT_GT(max_grad, 1e-2) << what << ": gradients are trivially zero";
-  };
-  check(&rows, g.rows, "row_grads");
-  check(&dense, g.dense, "dense_grad");
+  const auto objective = [&] { return ReferenceObjective(config, **model, in); };
+  ExpectCentralDifferences(objective, &rows, g.rows, 0, static_cast<int64_t>(rows.size()),
+                           "row_grads", /*min_abs_grad=*/1e-2, [&](int64_t i) {
+                             return g.rows[i] == 0.f && rows[i] == kTail;  // checked above
+                           });
+  ExpectCentralDifferences(objective, &dense, g.dense, "dense_grad");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -285,9 +221,9 @@ TEST(FieldDimsTest, UniformDimsAreBitIdenticalToNoDims) {
       ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
       ASSERT_EQ((*a)->row_dim(), (*b)->row_dim());
       ASSERT_EQ((*a)->dense_size(), (*b)->dense_size());
-      const Slice s = MakeSlice(**a, 64, lists ? 5 : 0, 17);
-      const Grads ga = RunTower(**a, s, 2);
-      const Grads gb = RunTower(**b, s, 2);
+      const TowerSlice s = MakeSlice(**a, 64, lists ? 5 : 0, 17);
+      const TowerGrads ga = RunTower(**a, s, 2);
+      const TowerGrads gb = RunTower(**b, s, 2);
       EXPECT_EQ(ga.logits, gb.logits);
       EXPECT_EQ(ga.rows, gb.rows);
       EXPECT_EQ(ga.dense, gb.dense);

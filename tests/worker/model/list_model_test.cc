@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/isa_test_util.h"
 #include "worker/model/model.h"
+#include "tests/worker/model/tower_test_util.h"
 #include "worker/model/reference.h"
 
 namespace pstrain {
@@ -33,38 +34,8 @@ ModelConfig Config(ModelType type, int k, float l2 = 0.f) {
 
 // A slice whose (example, field) cells hold 1..max_len entries (duplicates included) with
 // arbitrary scales, as the combiners leave them.
-struct ListSlice {
-  int n = 0;
-  int rows_used = 0;
-  std::vector<int32_t> offsets, slots;
-  std::vector<float> scales, labels, rows, dense;
-
-  Tower::Input input() const {
-    Tower::Input in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = rows.data();
-    in.dense = dense.data();
-    in.offsets = offsets.data();
-    return in;
-  }
-  ReferenceInput ref(const std::vector<double>& r, const std::vector<double>& d) const {
-    ReferenceInput in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = r.data();
-    in.dense = d.data();
-    in.offsets = offsets.data();
-    return in;
-  }
-};
-
-ListSlice MakeListSlice(const Model& model, int n, int max_len, uint64_t seed) {
-  ListSlice s;
+TowerSlice MakeListSlice(const Model& model, int n, int max_len, uint64_t seed) {
+  TowerSlice s;
   const int F = model.num_fields();
   s.n = n;
   s.rows_used = std::max(2, n * F);
@@ -81,32 +52,10 @@ ListSlice MakeListSlice(const Model& model, int n, int max_len, uint64_t seed) {
   for (int b = 0; b < n; ++b) s.labels.push_back(static_cast<float>(rng.Uniform(2)));
   s.rows.resize(static_cast<size_t>(s.rows_used) * model.row_dim());
   for (float& v : s.rows) v = static_cast<float>(0.3 * rng.Normal());
-  s.dense.resize(model.dense_size());
-  model.InitDense(seed, s.dense.data());
-  for (const DenseTensor& t : model.dense_layout()) {
-    if (t.shape.size() != 1) continue;
-    for (int64_t i = 0; i < t.shape[0]; ++i) s.dense[t.offset + i] = static_cast<float>(0.1 * rng.Normal());
-  }
+  RandomDense(model, seed, &rng, &s.dense);
   return s;
 }
 
-struct Grads {
-  std::vector<float> logits, rows, dense;
-  double loss = 0;
-};
-
-Grads RunTower(const Model& model, const ListSlice& s, int threads) {
-  auto tower = model.CreateTower(std::max(s.n, 1), threads);
-  EXPECT_TRUE(tower.ok()) << tower.status();
-  Grads g;
-  g.logits.assign(s.n, 0.f);
-  g.rows.assign(s.rows.size(), 0.f);
-  g.dense.assign(s.dense.size(), 0.f);
-  auto loss = (*tower)->ForwardBackward(s.input(), g.rows.data(), g.dense.data(), g.logits.data());
-  EXPECT_TRUE(loss.ok()) << loss.status();
-  g.loss = loss.ok() ? *loss : 0;
-  return g;
-}
 
 // ---- Forward against the reference, on every kernel path ------------------------------------
 
@@ -120,7 +69,7 @@ TEST_P(ListForwardTest, MatchesReference) {
   const ModelConfig config = Config(type, k);
   auto model = Model::Create(config, F);
   ASSERT_TRUE(model.ok()) << model.status();
-  const ListSlice s = MakeListSlice(**model, n, 12, 3 + n + k);
+  const TowerSlice s = MakeListSlice(**model, n, 12, 3 + n + k);
   auto tower = (*model)->CreateTower(n, 1);
   ASSERT_TRUE(tower.ok());
   std::vector<float> logits(n);
@@ -136,7 +85,7 @@ TEST_P(ListForwardTest, MatchesReference) {
   EXPECT_GT(max_abs, 0.1);
 
   // ForwardBackward's logits are Forward's.
-  const Grads g = RunTower(**model, s, 1);
+  const TowerGrads g = RunTower(**model, s, 1);
   for (int b = 0; b < n; ++b) ASSERT_EQ(g.logits[b], logits[b]) << b;
 }
 
@@ -157,7 +106,7 @@ TEST(ListModelTest, FmIdentityMatchesThePairwiseSumOfPooledVectors) {
   const int F = 5, k = 16, n = 40;
   auto model = Model::Create(Config(FM, k), F);
   ASSERT_TRUE(model.ok());
-  const ListSlice s = MakeListSlice(**model, n, 10, 77);
+  const TowerSlice s = MakeListSlice(**model, n, 10, 77);
   auto tower = (*model)->CreateTower(n, 1);
   ASSERT_TRUE(tower.ok());
   std::vector<float> logits(n);
@@ -196,31 +145,15 @@ TEST_P(ListGradientTest, MatchesCentralDifferences) {
   const ModelConfig config = Config(type, k, l2);
   auto model = Model::Create(config, F);
   ASSERT_TRUE(model.ok()) << model.status();
-  const ListSlice s = MakeListSlice(**model, n, 5, 9 + k);
-  const Grads g = RunTower(**model, s, threads);
+  const TowerSlice s = MakeListSlice(**model, n, 5, 9 + k);
+  const TowerGrads g = RunTower(**model, s, threads);
   std::vector<double> rows(s.rows.begin(), s.rows.end());
   std::vector<double> dense(s.dense.begin(), s.dense.end());
   const ReferenceInput in = s.ref(rows, dense);
   EXPECT_NEAR(g.loss, ReferenceLoss(config, **model, in), 1e-5 * n);
-  const double h = 1e-6;
-  auto check = [&](std::vector<double>* params, const std::vector<float>& grad,
-                   const std::string& what) {
-    double max_grad = 0;
-    for (size_t i = 0; i < params->size(); ++i) {
-      const double saved = (*params)[i];
-      (*params)[i] = saved + h;
-      const double up = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved - h;
-      const double down = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved;
-      const double fd = (up - down) / (2 * h);
-      ASSERT_NEAR(grad[i], fd, 2e-4 + 1e-3 * std::fabs(fd)) << what << "[" << i << "]";
-      max_grad = std::max(max_grad, std::fabs(fd));
-    }
-    EXPECT_GT(max_grad, 1e-2) << what << ": gradients are trivially zero";
-  };
-  check(&rows, g.rows, "row_grads");
-  check(&dense, g.dense, "dense_grad");
+  const auto objective = [&] { return ReferenceObjective(config, **model, in); };
+  ExpectCentralDifferences(objective, &rows, g.rows, "row_grads");
+  ExpectCentralDifferences(objective, &dense, g.dense, "dense_grad");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -242,12 +175,12 @@ TEST(ListModelTest, RowGradientsAreBitIdenticalOverThreadCounts) {
   const int F = 7, n = 200;
   auto model = Model::Create(Config(FM, 16, 0.1f), F);
   ASSERT_TRUE(model.ok());
-  ListSlice s = MakeListSlice(**model, n, 8, 21);
+  TowerSlice s = MakeListSlice(**model, n, 8, 21);
   s.rows_used = 50;  // many duplicates across cells and examples
   for (int32_t& slot : s.slots) slot %= s.rows_used;
-  const Grads one = RunTower(**model, s, 1);
+  const TowerGrads one = RunTower(**model, s, 1);
   for (int threads : {2, 3}) {
-    const Grads t = RunTower(**model, s, threads);
+    const TowerGrads t = RunTower(**model, s, threads);
     EXPECT_EQ(t.rows, one.rows) << threads << " threads";
     EXPECT_EQ(t.logits, one.logits) << threads << " threads";
   }
@@ -259,8 +192,8 @@ TEST(ListModelTest, OffsetsMayStartInsideABatch) {
   const int F = 5, n = 30, from = 11, count = 13;
   auto model = Model::Create(Config(DEEPFM, 8), F);
   ASSERT_TRUE(model.ok());
-  const ListSlice s = MakeListSlice(**model, n, 6, 5);
-  ListSlice own = s;
+  const TowerSlice s = MakeListSlice(**model, n, 6, 5);
+  TowerSlice own = s;
   own.n = count;
   const int32_t first = s.offsets[from * F], last = s.offsets[(from + count) * F];
   own.slots.assign(s.slots.begin() + first, s.slots.begin() + last);
@@ -268,7 +201,7 @@ TEST(ListModelTest, OffsetsMayStartInsideABatch) {
   own.labels.assign(s.labels.begin() + from, s.labels.begin() + from + count);
   own.offsets.clear();
   for (int e = from * F; e <= (from + count) * F; ++e) own.offsets.push_back(s.offsets[e] - first);
-  const Grads want = RunTower(**model, own, 2);
+  const TowerGrads want = RunTower(**model, own, 2);
 
   auto tower = (*model)->CreateTower(count, 2);
   ASSERT_TRUE(tower.ok());
@@ -278,7 +211,7 @@ TEST(ListModelTest, OffsetsMayStartInsideABatch) {
   in.scales = s.scales.data() + first;
   in.labels = s.labels.data() + from;
   in.offsets = s.offsets.data() + from * F;
-  Grads got;
+  TowerGrads got;
   got.logits.assign(count, 0.f);
   got.rows.assign(s.rows.size(), 0.f);
   got.dense.assign(s.dense.size(), 0.f);
@@ -293,16 +226,16 @@ TEST(ListModelTest, OneIdListsMatchTheSingleValuedPath) {
   const int F = 6, n = 50;
   auto model = Model::Create(Config(DEEPFM, 16, 0.2f), F);
   ASSERT_TRUE(model.ok());
-  const ListSlice s = MakeListSlice(**model, n, 1, 8);
+  const TowerSlice s = MakeListSlice(**model, n, 1, 8);
   ASSERT_EQ(s.slots.size(), static_cast<size_t>(n * F));
-  const Grads lists = RunTower(**model, s, 2);
-  ListSlice single = s;
+  const TowerGrads lists = RunTower(**model, s, 2);
+  TowerSlice single = s;
   single.offsets.clear();
   auto tower = (*model)->CreateTower(n, 2);
   ASSERT_TRUE(tower.ok());
   Tower::Input in = single.input();
   in.offsets = nullptr;
-  Grads g;
+  TowerGrads g;
   g.logits.assign(n, 0.f);
   g.rows.assign(s.rows.size(), 0.f);
   g.dense.assign(s.dense.size(), 0.f);
@@ -321,9 +254,9 @@ TEST(ListModelTest, Bf16IsCloseToF32) {
   auto a = Model::Create(f32, F);
   auto b = Model::Create(bf16, F);
   ASSERT_TRUE(a.ok() && b.ok());
-  const ListSlice s = MakeListSlice(**a, n, 6, 31);
-  const Grads ga = RunTower(**a, s, 2);
-  const Grads gb = RunTower(**b, s, 2);
+  const TowerSlice s = MakeListSlice(**a, n, 6, 31);
+  const TowerGrads ga = RunTower(**a, s, 2);
+  const TowerGrads gb = RunTower(**b, s, 2);
   double num = 0, den = 0;
   for (int i = 0; i < n; ++i) {
     num += (ga.logits[i] - gb.logits[i]) * (ga.logits[i] - gb.logits[i]);
@@ -337,7 +270,7 @@ TEST(ListModelTest, Bf16IsCloseToF32) {
 TEST(ListModelTest, RefusesOffsetsWithAnEmptyCell) {
   auto model = Model::Create(Config(FM, 4), 2);
   ASSERT_TRUE(model.ok());
-  ListSlice s = MakeListSlice(**model, 3, 1, 1);
+  TowerSlice s = MakeListSlice(**model, 3, 1, 1);
   // 6 cells, but the offsets say 5 entries in all.
   s.offsets = {0, 1, 2, 3, 3, 4, 5};
   auto tower = (*model)->CreateTower(3, 1);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/isa_test_util.h"
+#include "tests/worker/model/tower_test_util.h"
 #include "worker/model/reference.h"
 
 namespace pstrain {
@@ -34,26 +36,8 @@ ModelConfig Config(ModelType type, int k, std::vector<int> hidden, float l2 = 0.
 
 // A slice with many duplicate rows (U ~ n F / 3), scales that are mostly 1 but also arbitrary
 // (LibSVM values, dense numeric fields), and parameters large enough that every block matters.
-struct Slice {
-  int n = 0;
-  int rows_used = 0;
-  std::vector<int32_t> slots;
-  std::vector<float> scales, labels, rows, dense;
-
-  Tower::Input input() const {
-    Tower::Input in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = rows.data();
-    in.dense = dense.data();
-    return in;
-  }
-};
-
-Slice MakeSlice(const Model& model, int n, uint64_t seed) {
-  Slice s;
+TowerSlice MakeSlice(const Model& model, int n, uint64_t seed) {
+  TowerSlice s;
   const int F = model.num_fields();
   s.n = n;
   s.rows_used = std::max(1, n * F / 3);
@@ -66,49 +50,10 @@ Slice MakeSlice(const Model& model, int n, uint64_t seed) {
   for (int b = 0; b < n; ++b) s.labels.push_back(static_cast<float>(rng.Uniform(2)));
   s.rows.resize(static_cast<size_t>(s.rows_used) * model.row_dim());
   for (float& v : s.rows) v = static_cast<float>(0.3 * rng.Normal());
-  s.dense.resize(model.dense_size());
-  model.InitDense(seed, s.dense.data());
-  for (const DenseTensor& t : model.dense_layout()) {
-    if (t.shape.size() != 1) continue;  // biases: make them non-zero
-    for (int64_t i = 0; i < t.shape[0]; ++i) {
-      s.dense[t.offset + i] = static_cast<float>(0.1 * rng.Normal());
-    }
-  }
+  RandomDense(model, seed, &rng, &s.dense);
   return s;
 }
 
-ReferenceInput RefInput(const Slice& s, const std::vector<double>& rows,
-                        const std::vector<double>& dense) {
-  ReferenceInput in;
-  in.n = s.n;
-  in.slots = s.slots.data();
-  in.scales = s.scales.data();
-  in.labels = s.labels.data();
-  in.rows = rows.data();
-  in.dense = dense.data();
-  return in;
-}
-
-struct Grads {
-  std::vector<float> logits, rows, dense;
-  double loss = 0;
-};
-
-// Runs ForwardBackward on gradient buffers prefilled with `fill`, which the call must keep.
-Grads RunTower(const Model& model, const Slice& s, int threads, float fill = 0.f) {
-  auto tower = model.CreateTower(std::max(s.n, 1), threads);
-  EXPECT_TRUE(tower.ok()) << tower.status();
-  Grads g;
-  g.logits.assign(s.n, 0.f);
-  g.rows.assign(s.rows.size(), fill);
-  g.dense.assign(s.dense.size(), fill);
-  auto loss = (*tower)->ForwardBackward(s.input(), g.rows.data(), g.dense.data(), g.logits.data());
-  EXPECT_TRUE(loss.ok()) << loss.status();
-  g.loss = loss.ok() ? *loss : 0;
-  for (float& v : g.rows) v -= fill;
-  for (float& v : g.dense) v -= fill;
-  return g;
-}
 
 double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
@@ -248,7 +193,7 @@ TEST_P(ForwardTest, MatchesReference) {
   const ModelConfig config = Config(type, k, {16, 9}, 0.f, precision);
   auto model = Model::Create(config, F);
   ASSERT_TRUE(model.ok()) << model.status();
-  const Slice s = MakeSlice(**model, n, 11 + n + k);
+  const TowerSlice s = MakeSlice(**model, n, 11 + n + k);
   auto tower = (*model)->CreateTower(n, 1);
   ASSERT_TRUE(tower.ok()) << tower.status();
   std::vector<float> logits(n);
@@ -256,7 +201,7 @@ TEST_P(ForwardTest, MatchesReference) {
 
   const std::vector<double> rows(s.rows.begin(), s.rows.end());
   const std::vector<double> dense(s.dense.begin(), s.dense.end());
-  const std::vector<double> ref = ReferenceLogits(config, **model, RefInput(s, rows, dense));
+  const std::vector<double> ref = ReferenceLogits(config, **model, s.ref(rows, dense));
   // bf16 rounds the MLP's inputs and weights to 8 bits of mantissa.
   const double tol = precision == BF16 ? 3e-2 : 2e-5;
   double max_abs = 0;
@@ -301,33 +246,17 @@ TEST_P(GradientTest, MatchesCentralDifferences) {
   const ModelConfig config = Config(type, k, {8, 6}, l2);
   auto model = Model::Create(config, F);
   ASSERT_TRUE(model.ok()) << model.status();
-  const Slice s = MakeSlice(**model, n, 5 + k);
-  const Grads g = RunTower(**model, s, threads, /*fill=*/0.25f);
+  const TowerSlice s = MakeSlice(**model, n, 5 + k);
+  const TowerGrads g = RunTower(**model, s, threads, /*fill=*/0.25f);
 
   std::vector<double> rows(s.rows.begin(), s.rows.end());
   std::vector<double> dense(s.dense.begin(), s.dense.end());
-  const ReferenceInput in = RefInput(s, rows, dense);
+  const ReferenceInput in = s.ref(rows, dense);
   EXPECT_NEAR(g.loss, ReferenceLoss(config, **model, in), 1e-5 * n);
 
-  const double h = 1e-6;
-  auto check = [&](std::vector<double>* params, const std::vector<float>& grad,
-                   const std::string& what) {
-    double max_grad = 0;
-    for (size_t i = 0; i < params->size(); ++i) {
-      const double saved = (*params)[i];
-      (*params)[i] = saved + h;
-      const double up = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved - h;
-      const double down = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved;
-      const double fd = (up - down) / (2 * h);
-      ASSERT_NEAR(grad[i], fd, 2e-4 + 1e-3 * std::fabs(fd)) << what << "[" << i << "]";
-      max_grad = std::max(max_grad, std::fabs(fd));
-    }
-    EXPECT_GT(max_grad, 1e-2) << what << ": gradients are trivially zero";
-  };
-  check(&rows, g.rows, "row_grads");
-  check(&dense, g.dense, "dense_grad");
+  const auto objective = [&] { return ReferenceObjective(config, **model, in); };
+  ExpectCentralDifferences(objective, &rows, g.rows, "row_grads");
+  ExpectCentralDifferences(objective, &dense, g.dense, "dense_grad");
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, GradientTest,
@@ -349,9 +278,9 @@ TEST(TowerTest, Bf16IsCloseToF32) {
   auto f32 = Model::Create(Config(DEEPFM, 16, {64, 32}), F);
   auto bf16 = Model::Create(Config(DEEPFM, 16, {64, 32}, 0.f, BF16), F);
   ASSERT_TRUE(f32.ok() && bf16.ok());
-  const Slice s = MakeSlice(**f32, n, 99);
-  const Grads a = RunTower(**f32, s, 1);
-  const Grads b = RunTower(**bf16, s, 1);
+  const TowerSlice s = MakeSlice(**f32, n, 99);
+  const TowerGrads a = RunTower(**f32, s, 1);
+  const TowerGrads b = RunTower(**bf16, s, 1);
   EXPECT_LT(RelDiff(b.logits, a.logits), 2e-2);
   EXPECT_LT(RelDiff(b.rows, a.rows), 3e-2);
   // The first layer's dW sums 512 products of bf16 x0 and bf16 dz that mostly cancel; mlp_test
@@ -384,9 +313,9 @@ TEST_P(ThreadsTest, OneAndTwoThreadsAgree) {
   const int F = 39, n = 333;
   auto model = Model::Create(Config(type, 16, {48, 40}, 0.1f, precision), F);
   ASSERT_TRUE(model.ok());
-  const Slice s = MakeSlice(**model, n, 5);
-  const Grads one = RunTower(**model, s, 1);
-  const Grads two = RunTower(**model, s, 2);
+  const TowerSlice s = MakeSlice(**model, n, 5);
+  const TowerGrads one = RunTower(**model, s, 1);
+  const TowerGrads two = RunTower(**model, s, 2);
   const double tol = precision == BF16 ? 1e-2 : 1e-5;
   EXPECT_LT(RelDiff(two.logits, one.logits), tol);
   EXPECT_LT(RelDiff(two.rows, one.rows), tol);
@@ -409,11 +338,11 @@ TEST(TowerTest, ChangingBatchSizesReusesNothingStale) {
   ASSERT_TRUE(tower.ok());
   // Every size in turn, then the first again: each must match a fresh tower.
   for (int n : {64, 5, 63, 1, 64}) {
-    const Slice s = MakeSlice(**model, n, n);
+    const TowerSlice s = MakeSlice(**model, n, n);
     std::vector<float> rows(s.rows.size()), dense(s.dense.size()), logits(n);
     auto loss = (*tower)->ForwardBackward(s.input(), rows.data(), dense.data(), logits.data());
     ASSERT_TRUE(loss.ok()) << loss.status();
-    const Grads fresh = RunTower(**model, s, 2);
+    const TowerGrads fresh = RunTower(**model, s, 2);
     EXPECT_LT(RelDiff(logits, fresh.logits), 1e-6) << n;
     EXPECT_LT(RelDiff(rows, fresh.rows), 1e-6) << n;
     EXPECT_LT(RelDiff(dense, fresh.dense), 1e-6) << n;
@@ -423,12 +352,12 @@ TEST(TowerTest, ChangingBatchSizesReusesNothingStale) {
 TEST(TowerTest, ForwardMatchesForwardBackwardLogitsAndNullLogitsIsFine) {
   auto model = Model::Create(Config(DEEPFM, 16, {32}), 10);
   ASSERT_TRUE(model.ok());
-  const Slice s = MakeSlice(**model, 100, 1);
+  const TowerSlice s = MakeSlice(**model, 100, 1);
   auto tower = (*model)->CreateTower(100, 1);
   ASSERT_TRUE(tower.ok());
   std::vector<float> logits(100);
   ASSERT_TRUE((*tower)->Forward(s.input(), logits.data()).ok());
-  const Grads g = RunTower(**model, s, 1);
+  const TowerGrads g = RunTower(**model, s, 1);
   EXPECT_EQ(logits, g.logits);
   std::vector<float> rows(s.rows.size()), dense(s.dense.size());
   auto loss = (*tower)->ForwardBackward(s.input(), rows.data(), dense.data(), nullptr);
@@ -443,7 +372,7 @@ TEST(TowerTest, RejectsBadInput) {
   ASSERT_TRUE(model.ok());
   auto tower = (*model)->CreateTower(8, 1);
   ASSERT_TRUE(tower.ok());
-  Slice s = MakeSlice(**model, 9, 1);
+  TowerSlice s = MakeSlice(**model, 9, 1);
   std::vector<float> rows(s.rows.size()), dense(s.dense.size()), logits(9);
   Tower::Input in = s.input();
   EXPECT_EQ((*tower)->Forward(in, logits.data()).code(), absl::StatusCode::kInvalidArgument);
@@ -561,7 +490,7 @@ TEST(BlockModelTest, ForwardMatchesReference) {
       for (int n : {1, 7, 100}) {
         std::unique_ptr<Model> model = CreateBlockModel(c, F);
         ASSERT_NE(model, nullptr);
-        const Slice s = MakeSlice(*model, n, 3 + n + k);
+        const TowerSlice s = MakeSlice(*model, n, 3 + n + k);
         for (int threads : {1, 2}) {
           auto tower = model->CreateTower(n, threads);
           ASSERT_TRUE(tower.ok()) << tower.status();
@@ -570,7 +499,7 @@ TEST(BlockModelTest, ForwardMatchesReference) {
           const std::vector<double> rows(s.rows.begin(), s.rows.end());
           const std::vector<double> dense(s.dense.begin(), s.dense.end());
           const std::vector<double> ref =
-              ReferenceLogits(c.config, *model, RefInput(s, rows, dense));
+              ReferenceLogits(c.config, *model, s.ref(rows, dense));
           double max_abs = 0;
           for (int b = 0; b < n; ++b) {
             ASSERT_NEAR(logits[b], ref[b], 1e-5 * (1 + std::fabs(ref[b])))
@@ -600,32 +529,16 @@ TEST(BlockModelTest, GradientsMatchCentralDifferences) {
         with_l2.config = config;
         std::unique_ptr<Model> model = CreateBlockModel(with_l2, F);
         ASSERT_NE(model, nullptr);
-        const Slice s = MakeSlice(*model, n, 5 + k);
-        const Grads g = RunTower(*model, s, /*threads=*/2, /*fill=*/0.25f);
+        const TowerSlice s = MakeSlice(*model, n, 5 + k);
+        const TowerGrads g = RunTower(*model, s, /*threads=*/2, /*fill=*/0.25f);
         std::vector<double> rows(s.rows.begin(), s.rows.end());
         std::vector<double> dense(s.dense.begin(), s.dense.end());
-        const ReferenceInput in = RefInput(s, rows, dense);
+        const ReferenceInput in = s.ref(rows, dense);
         EXPECT_NEAR(g.loss, ReferenceLoss(config, *model, in), 1e-5 * n) << c.name;
-        const double h = 1e-6;
-        auto check = [&](std::vector<double>* params, const std::vector<float>& grad,
-                         const std::string& what) {
-          double max_grad = 0;
-          for (size_t i = 0; i < params->size(); ++i) {
-            const double saved = (*params)[i];
-            (*params)[i] = saved + h;
-            const double up = ReferenceObjective(config, *model, in);
-            (*params)[i] = saved - h;
-            const double down = ReferenceObjective(config, *model, in);
-            (*params)[i] = saved;
-            const double fd = (up - down) / (2 * h);
-            ASSERT_NEAR(grad[i], fd, 2e-4 + 1e-3 * std::fabs(fd))
-                << c.name << " k " << k << " " << what << "[" << i << "]";
-            max_grad = std::max(max_grad, std::fabs(fd));
-          }
-          EXPECT_GT(max_grad, 1e-2) << c.name << " " << what << ": gradients are trivially zero";
-        };
-        check(&rows, g.rows, "row_grads");
-        check(&dense, g.dense, "dense_grad");
+        const auto objective = [&] { return ReferenceObjective(config, *model, in); };
+        const std::string what = absl::StrCat(c.name, " k ", k, " ");
+        ExpectCentralDifferences(objective, &rows, g.rows, what + "row_grads");
+        ExpectCentralDifferences(objective, &dense, g.dense, what + "dense_grad");
         // Every tensor of the grammar's layout gets a gradient somewhere (none is disconnected).
         for (const DenseTensor& t : model->dense_layout()) {
           int64_t size = 1;
@@ -647,8 +560,8 @@ TEST(BlockModelTest, OneAndTwoThreadsAgreeAndBatchSizesChange) {
     auto tower = model->CreateTower(100, 2);
     ASSERT_TRUE(tower.ok());
     for (int n : {100, 17, 100}) {
-      const Slice s = MakeSlice(*model, n, n);
-      const Grads one = RunTower(*model, s, 1);
+      const TowerSlice s = MakeSlice(*model, n, n);
+      const TowerGrads one = RunTower(*model, s, 1);
       std::vector<float> rows(s.rows.size()), dense(s.dense.size()), logits(n);
       auto loss = (*tower)->ForwardBackward(s.input(), rows.data(), dense.data(), logits.data());
       ASSERT_TRUE(loss.ok()) << loss.status();
@@ -669,9 +582,9 @@ TEST(BlockModelTest, Bf16IsCloseToF32) {
     std::unique_ptr<Model> f32 = CreateBlockModel(c, F);
     std::unique_ptr<Model> bf16 = CreateBlockModel(b16, F);
     ASSERT_TRUE(f32 != nullptr && bf16 != nullptr);
-    const Slice s = MakeSlice(*f32, n, 99);
-    const Grads a = RunTower(*f32, s, 1);
-    const Grads b = RunTower(*bf16, s, 1);
+    const TowerSlice s = MakeSlice(*f32, n, 99);
+    const TowerGrads a = RunTower(*f32, s, 1);
+    const TowerGrads b = RunTower(*bf16, s, 1);
     EXPECT_LT(RelDiff(b.logits, a.logits), 3e-2) << c.name;
     EXPECT_LT(RelDiff(b.rows, a.rows), 5e-2) << c.name;
     EXPECT_NEAR(b.loss, a.loss, 1e-2 * a.loss) << c.name;
@@ -710,9 +623,17 @@ TEST(BlockModelTest, LayoutOfThePresets) {
   EXPECT_EQ((*d)->dense_fields(), (std::vector<int>{1, 3}));
 }
 
+// num_fields fields, of which dense_fields are DENSE numeric.
+ModelInputs FieldsOf(int num_fields, std::vector<int> dense_fields = {}) {
+  ModelInputs inputs;
+  inputs.num_fields = num_fields;
+  inputs.dense_fields = std::move(dense_fields);
+  return inputs;
+}
+
 TEST(BlockModelTest, RejectsBadBlocks) {
   auto expect_bad = [](const ModelConfig& config, const std::string& needle,
-                       ModelInputs inputs = {4, {}}) {
+                       ModelInputs inputs = FieldsOf(4)) {
     auto m = Model::Create(config, inputs);
     ASSERT_FALSE(m.ok()) << needle;
     EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
@@ -741,9 +662,9 @@ TEST(BlockModelTest, RejectsBadBlocks) {
   expect_bad(dlrm, "DOT needs the top MLP");
   dlrm = Config(DLRM, 4, {8});
   dlrm.mutable_blocks()->add_bottom_hidden(-3);
-  expect_bad(dlrm, "bottom_hidden[0] is -3", {4, {1}});
-  expect_bad(Config(DLRM, 4, {8}), "dense field 7", {4, {7}});
-  expect_bad(Config(DLRM, 4, {8}), "dense field 1", {4, {2, 1}});
+  expect_bad(dlrm, "bottom_hidden[0] is -3", FieldsOf(4, {1}));
+  expect_bad(Config(DLRM, 4, {8}), "dense field 7", FieldsOf(4, {7}));
+  expect_bad(Config(DLRM, 4, {8}), "dense field 1", FieldsOf(4, {2, 1}));
   ModelConfig lr_like = Config(BLOCKS, 4, {8});
   lr_like.mutable_blocks()->set_mlp(false);
   expect_bad(lr_like, "use model.type LR");
@@ -762,9 +683,9 @@ TEST(BlockModelTest, BlocksWithTheFmTermIsDeepFm) {
   auto b = Model::Create(blocks, 6);
   ASSERT_TRUE(a.ok() && b.ok()) << b.status();
   ASSERT_EQ((*a)->dense_size(), (*b)->dense_size());
-  const Slice s = MakeSlice(**a, 50, 4);
-  const Grads ga = RunTower(**a, s, 2);
-  const Grads gb = RunTower(**b, s, 2);
+  const TowerSlice s = MakeSlice(**a, 50, 4);
+  const TowerGrads ga = RunTower(**a, s, 2);
+  const TowerGrads gb = RunTower(**b, s, 2);
   EXPECT_EQ(ga.logits, gb.logits);
   EXPECT_EQ(ga.rows, gb.rows);
   EXPECT_EQ(ga.dense, gb.dense);

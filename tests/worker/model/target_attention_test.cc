@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/isa_test_util.h"
 #include "worker/model/model.h"
+#include "tests/worker/model/tower_test_util.h"
 #include "worker/model/reference.h"
 
 namespace pstrain {
@@ -51,40 +52,10 @@ ModelInputs Inputs(std::vector<int> hidden = {36}, bool two_lists = false) {
   return inputs;
 }
 
-struct Slice {
-  int n = 0;
-  int rows_used = 0;
-  std::vector<int32_t> offsets, slots;
-  std::vector<float> scales, labels, rows, dense;
-
-  Tower::Input input() const {
-    Tower::Input in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = rows.data();
-    in.dense = dense.data();
-    in.offsets = offsets.data();
-    return in;
-  }
-  ReferenceInput ref(const std::vector<double>& r, const std::vector<double>& d) const {
-    ReferenceInput in;
-    in.n = n;
-    in.slots = slots.data();
-    in.scales = scales.data();
-    in.labels = labels.data();
-    in.rows = r.data();
-    in.dense = d.data();
-    in.offsets = offsets.data();
-    return in;
-  }
-};
-
 // The attended fields hold 1..max_len entries (duplicates included, scales as the combiners
 // leave them); the other fields one entry each. Row 0 is the missing row.
-Slice MakeSlice(const Model& model, int n, int max_len, uint64_t seed) {
-  Slice s;
+TowerSlice MakeSlice(const Model& model, int n, int max_len, uint64_t seed) {
+  TowerSlice s;
   const int F = model.num_fields();
   s.n = n;
   s.rows_used = std::max(4, n * F);
@@ -103,36 +74,12 @@ Slice MakeSlice(const Model& model, int n, int max_len, uint64_t seed) {
   for (int b = 0; b < n; ++b) s.labels.push_back(static_cast<float>(rng.Uniform(2)));
   s.rows.resize(static_cast<size_t>(s.rows_used) * model.row_dim());
   for (float& v : s.rows) v = static_cast<float>(0.5 * rng.Normal());
-  s.dense.resize(model.dense_size());
-  model.InitDense(seed, s.dense.data());
-  for (const DenseTensor& t : model.dense_layout()) {
-    if (t.shape.size() != 1) continue;
-    for (int64_t i = 0; i < t.shape[0]; ++i) {
-      s.dense[t.offset + i] = static_cast<float>(0.1 * rng.Normal());
-    }
-  }
+  RandomDense(model, seed, &rng, &s.dense);
   return s;
 }
 
-struct Grads {
-  std::vector<float> logits, rows, dense;
-  double loss = 0;
-};
 
-Grads RunTower(const Model& model, const Slice& s, int threads) {
-  auto tower = model.CreateTower(std::max(s.n, 1), threads);
-  EXPECT_TRUE(tower.ok()) << tower.status();
-  Grads g;
-  g.logits.assign(s.n, 0.f);
-  g.rows.assign(s.rows.size(), 0.f);
-  g.dense.assign(s.dense.size(), 0.f);
-  auto loss = (*tower)->ForwardBackward(s.input(), g.rows.data(), g.dense.data(), g.logits.data());
-  EXPECT_TRUE(loss.ok()) << loss.status();
-  g.loss = loss.ok() ? *loss : 0;
-  return g;
-}
-
-std::vector<float> RunForward(const Model& model, const Slice& s, int threads = 1) {
+std::vector<float> RunForward(const Model& model, const TowerSlice& s, int threads = 1) {
   auto tower = model.CreateTower(std::max(s.n, 1), threads);
   EXPECT_TRUE(tower.ok()) << tower.status();
   std::vector<float> logits(s.n);
@@ -141,7 +88,7 @@ std::vector<float> RunForward(const Model& model, const Slice& s, int threads = 
   return logits;
 }
 
-void ExpectMatchesReference(const ModelConfig& config, const Model& model, const Slice& s,
+void ExpectMatchesReference(const ModelConfig& config, const Model& model, const TowerSlice& s,
                             const std::vector<float>& logits) {
   const std::vector<double> rows(s.rows.begin(), s.rows.end());
   const std::vector<double> dense(s.dense.begin(), s.dense.end());
@@ -183,11 +130,11 @@ TEST_P(TargetAttentionForwardTest, MatchesReference) {
   const ModelConfig config = fm ? DeepFmBlocks(k) : ModelCfg(DIN, k);
   auto model = Model::Create(config, Inputs({36}, /*two_lists=*/true));
   ASSERT_TRUE(model.ok()) << model.status();
-  const Slice s = MakeSlice(**model, n, 12, 3 + n + k);
+  const TowerSlice s = MakeSlice(**model, n, 12, 3 + n + k);
   const std::vector<float> logits = RunForward(**model, s);
   ExpectMatchesReference(config, **model, s, logits);
   // ForwardBackward's logits are Forward's.
-  const Grads g = RunTower(**model, s, 1);
+  const TowerGrads g = RunTower(**model, s, 1);
   for (int b = 0; b < n; ++b) ASSERT_EQ(g.logits[b], logits[b]) << b;
 }
 
@@ -208,7 +155,7 @@ TEST(TargetAttentionTest, CrossAndDotModelsAttendToo) {
     const ModelConfig config = ModelCfg(type, 4);
     auto model = Model::Create(config, Inputs());
     ASSERT_TRUE(model.ok()) << model.status();
-    const Slice s = MakeSlice(**model, 17, 6, 5);
+    const TowerSlice s = MakeSlice(**model, 17, 6, 5);
     ExpectMatchesReference(config, **model, s, RunForward(**model, s));
   }
 }
@@ -228,30 +175,18 @@ TEST_P(TargetAttentionGradientTest, MatchesCentralDifferences) {
                                                        : std::vector<int>{7},
                                             /*two_lists=*/two_layers));
   ASSERT_TRUE(model.ok()) << model.status();
-  Slice s = MakeSlice(**model, n, 5, 9 + k);
+  TowerSlice s = MakeSlice(**model, n, 5, 9 + k);
   // The candidate's row also appears in the history (DIN's shared rows): both paths reach it.
   s.slots[s.offsets[1 * kFields + 1]] = s.slots[s.offsets[1 * kFields + 0]];
-  const Grads g = RunTower(**model, s, threads);
+  const TowerGrads g = RunTower(**model, s, threads);
   std::vector<double> rows(s.rows.begin(), s.rows.end());
   std::vector<double> dense(s.dense.begin(), s.dense.end());
   const ReferenceInput in = s.ref(rows, dense);
   EXPECT_NEAR(g.loss, ReferenceLoss(config, **model, in), 1e-5 * n);
-  const double h = 1e-6;
-  auto check = [&](std::vector<double>* params, const std::vector<float>& grad, int64_t begin,
-                   int64_t end, const std::string& what) {
-    double max_grad = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      const double saved = (*params)[i];
-      (*params)[i] = saved + h;
-      const double up = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved - h;
-      const double down = ReferenceObjective(config, **model, in);
-      (*params)[i] = saved;
-      const double fd = (up - down) / (2 * h);
-      ASSERT_NEAR(grad[i], fd, 2e-4 + 1e-3 * std::fabs(fd)) << what << "[" << i << "]";
-      max_grad = std::max(max_grad, std::fabs(fd));
-    }
-    EXPECT_GT(max_grad, 1e-3) << what << ": gradients are trivially zero";
+  const auto objective = [&] { return ReferenceObjective(config, **model, in); };
+  const auto check = [&](std::vector<double>* params, const std::vector<float>& grad,
+                         int64_t begin, int64_t end, const std::string& what) {
+    ExpectCentralDifferences(objective, params, grad, begin, end, what, /*min_abs_grad=*/1e-3);
   };
   check(&rows, g.rows, 0, static_cast<int64_t>(rows.size()), "row_grads");
   // Each attention tensor separately: none may be trivially zero.
@@ -292,12 +227,12 @@ TEST(TargetAttentionTest, RowGradientsAreBitIdenticalOverThreadCounts) {
   auto model = Model::Create(fm ? DeepFmBlocks(16, 0.1f) : ModelCfg(DIN, 16, 0.1f),
                              Inputs({36}, /*two_lists=*/true));
   ASSERT_TRUE(model.ok());
-  Slice s = MakeSlice(**model, n, 20, 21);
+  TowerSlice s = MakeSlice(**model, n, 20, 21);
   s.rows_used = 40;
   for (int32_t& slot : s.slots) slot %= s.rows_used;
-  const Grads one = RunTower(**model, s, 1);
+  const TowerGrads one = RunTower(**model, s, 1);
   for (int threads : {2, 3}) {
-    const Grads t = RunTower(**model, s, threads);
+    const TowerGrads t = RunTower(**model, s, threads);
     if (exact) {
       EXPECT_EQ(t.rows, one.rows) << threads << " threads";
     } else {
@@ -324,14 +259,14 @@ TEST(TargetAttentionTest, OneIdAndMissingHistoriesMatchTheReference) {
   const ModelConfig config = ModelCfg(DIN, k);
   auto model = Model::Create(config, Inputs());
   ASSERT_TRUE(model.ok());
-  Slice s = MakeSlice(**model, n, 1, 41);  // every history holds one id
+  TowerSlice s = MakeSlice(**model, n, 1, 41);  // every history holds one id
   for (int b = 0; b < n; b += 2) {
     const int i = s.offsets[b * kFields + 1];
     s.slots[i] = 0;
     s.scales[i] = 1.f;
   }
   ExpectMatchesReference(config, **model, s, RunForward(**model, s));
-  const Grads g = RunTower(**model, s, 2);
+  const TowerGrads g = RunTower(**model, s, 2);
   double missing = 0;
   for (int j = 0; j < k; ++j) missing += std::fabs(g.rows[1 + j]);
   EXPECT_GT(missing, 0.0) << "the missing row's embedding gets no gradient through attention";
@@ -341,7 +276,7 @@ TEST(TargetAttentionTest, OneIdAndMissingHistoriesMatchTheReference) {
 TEST(TargetAttentionTest, HistoryOrderDoesNotMatter) {
   auto model = Model::Create(ModelCfg(DIN, 8), Inputs());
   ASSERT_TRUE(model.ok());
-  Slice s = MakeSlice(**model, 20, 12, 7);
+  TowerSlice s = MakeSlice(**model, 20, 12, 7);
   const std::vector<float> before = RunForward(**model, s);
   for (int b = 0; b < s.n; ++b) {
     const int lo = s.offsets[b * kFields + 1], hi = s.offsets[b * kFields + 2];
@@ -363,7 +298,7 @@ TEST(TargetAttentionTest, AttentionIsNotTheCombinerSum) {
   plain_inputs.num_fields = kFields;
   auto plain = Model::Create(blocks, plain_inputs);
   ASSERT_TRUE(din.ok() && plain.ok());
-  Slice s = MakeSlice(**din, 30, 8, 11);
+  TowerSlice s = MakeSlice(**din, 30, 8, 11);
   const std::vector<float> attended = RunForward(**din, s);
   // The plain model's dense vector: DIN's without the attention tensors (the MLP's follow).
   const int64_t mlp = (*din)->dense_layout()[5].offset;
@@ -388,7 +323,7 @@ TEST(TargetAttentionTest, Bf16PrecisionWritesTheAttendedVectorInBf16) {
   auto a = Model::Create(f32, Inputs());
   auto b = Model::Create(bf16, Inputs());
   ASSERT_TRUE(a.ok() && b.ok()) << b.status();
-  const Slice s = MakeSlice(**a, 64, 10, 13);
+  const TowerSlice s = MakeSlice(**a, 64, 10, 13);
   const std::vector<float> want = RunForward(**a, s, 2);
   const std::vector<float> got = RunForward(**b, s, 2);
   for (int i = 0; i < s.n; ++i) EXPECT_NEAR(got[i], want[i], 3e-2 * (1 + std::fabs(want[i]))) << i;
@@ -402,14 +337,14 @@ TEST(TargetAttentionTest, BatchesWithoutOffsetsMatchOneEntryLists) {
     const ModelConfig config = fm ? DeepFmBlocks(8) : ModelCfg(DIN, 8);
     auto model = Model::Create(config, Inputs());
     ASSERT_TRUE(model.ok());
-    const Slice s = MakeSlice(**model, 25, 1, 17);  // every cell one entry
-    const Grads with = RunTower(**model, s, 2);
-    Slice plain = s;
+    const TowerSlice s = MakeSlice(**model, 25, 1, 17);  // every cell one entry
+    const TowerGrads with = RunTower(**model, s, 2);
+    TowerSlice plain = s;
     Tower::Input in = plain.input();
     in.offsets = nullptr;
     auto tower = (*model)->CreateTower(s.n, 2);
     ASSERT_TRUE(tower.ok());
-    Grads without;
+    TowerGrads without;
     without.logits.assign(s.n, 0.f);
     without.rows.assign(s.rows.size(), 0.f);
     without.dense.assign(s.dense.size(), 0.f);
@@ -423,7 +358,7 @@ TEST(TargetAttentionTest, BatchesWithoutOffsetsMatchOneEntryLists) {
 TEST(TargetAttentionTest, ATargetWithOtherThanOneEntryIsRefused) {
   auto model = Model::Create(ModelCfg(DIN, 4), Inputs());
   ASSERT_TRUE(model.ok());
-  Slice s = MakeSlice(**model, 3, 4, 1);
+  TowerSlice s = MakeSlice(**model, 3, 4, 1);
   // Example 1's target cell gets a second entry (the next field loses its one).
   s.offsets[1 * kFields + 1] += 1;
   auto tower = (*model)->CreateTower(3, 1);
