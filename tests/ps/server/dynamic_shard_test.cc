@@ -1,0 +1,375 @@
+// Dynamic tables on the PS (issue 28): shards own dynamic rows (negative ids) by key hash, over
+// real gRPC on loopback. Pulls and pushes of mixed fixed and dynamic ids through PsClient give
+// the bits of one EmbeddingStore and one DynamicEmbeddingStore per table holding every key; the
+// keys spread over the shards; a dynamic row is stored at 1 + dim floats and pulled at row_dim
+// (zeros after); an unknown dynamic table, a foreign key and a shard of another config are
+// refused by name, nothing applied.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "cmd/served_shard.h"
+#include "common/dynamic_rows.h"
+#include "common/random.h"
+#include "common/rpc/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ps/server/shard_server.h"
+#include "ps/store/dynamic_routing.h"
+#include "ps/store/dynamic_store.h"
+#include "pstrain/ps_service.grpc.pb.h"
+#include "worker/ps_client/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kRows = 1009;
+constexpr int kPartitions = 5;
+constexpr int kRowDim = 6;  // the stride: 1 + the fixed table's dim 5
+constexpr int64_t kDense = 31;
+// Two dynamic tables, narrower than the stride: 1 + 3 and 1 + 1 floats a row.
+const std::vector<int> kDynamicDims = {4, 2};
+
+OptimizerConfig MakeOptimizerConfig(OptimizerType type) {
+  OptimizerConfig c;
+  c.set_type(type);
+  c.set_learning_rate(type == SGD ? 0.1f : 0.05f);
+  if (type == FTRL) c.set_l1(0.001f), c.set_l2(0.01f);
+  return c;
+}
+
+void FixedInit(int64_t row, float* out, int dim) {
+  for (int j = 0; j < dim; ++j) out[j] = 0.001f * static_cast<float>(row % 997) - 0.01f * j;
+}
+// A dynamic row's initial value: a function of its key (ALWAYS admission reads it before the
+// first update), so that a pull that misplaced floats would show.
+void DynamicInit(int64_t key_bits, float* out, int dim) {
+  for (int j = 0; j < dim; ++j) {
+    out[j] = 0.0001f * static_cast<float>(static_cast<uint64_t>(key_bits) % 1013) + 0.02f * j;
+  }
+}
+
+DynamicEmbeddingStore::Options DynamicOptions(int dim, OptimizerType type) {
+  DynamicEmbeddingStore::Options d;
+  d.dim = dim;
+  d.optimizer = Optimizer::Create(MakeOptimizerConfig(type)).value();
+  d.row_init = [dim](int64_t key, float* out) { DynamicInit(key, out, dim); };
+  return d;
+}
+
+ShardServer::Options ShardOptions(int shard, int shards, OptimizerType type,
+                                  const std::vector<int>& dynamic_dims) {
+  ShardServer::Options o;
+  o.num_workers = 1;
+  o.data.shard = shard;
+  o.data.num_shards = shards;
+  o.data.rows = kRows;
+  o.data.partitions = kPartitions;
+  o.data.row_dim = kRowDim;
+  o.data.dense_size = kDense;
+  o.data.sparse_optimizer = MakeOptimizerConfig(type);
+  o.data.dense_optimizer = MakeOptimizerConfig(type);
+  o.data.row_init = [](int64_t row, float* out) { FixedInit(row, out, kRowDim); };
+  for (int dim : dynamic_dims) {
+    DynamicEmbeddingStore::Options d = DynamicOptions(dim, type);
+    d.optimizer = nullptr;  // the shard's sparse optimizer
+    o.data.dynamic_tables.push_back(std::move(d));
+  }
+  return o;
+}
+
+struct Cluster {
+  Cluster(int shards, OptimizerType type, const std::vector<int>& dynamic_dims = kDynamicDims) {
+    for (int s = 0; s < shards; ++s) {
+      auto server = ShardServer::Create(ShardOptions(s, shards, type, dynamic_dims));
+      EXPECT_TRUE(server.ok()) << server.status();
+      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
+      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers.push_back(std::move(server).value());
+    }
+  }
+  PsClient::Options ClientOptions() const {
+    PsClient::Options o;
+    o.shards = addresses;
+    o.rows = kRows;
+    o.partitions = kPartitions;
+    o.row_dim = kRowDim;
+    o.dense_size = kDense;
+    o.dynamic_row_dims = kDynamicDims;
+    o.rpc_deadline_ms = 5000;
+    return o;
+  }
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> addresses;
+};
+
+// The single-process twin: one fixed store of [0, V) and one dynamic store per table with
+// every key.
+struct Reference {
+  explicit Reference(OptimizerType type) {
+    EmbeddingStore::Options eo;
+    eo.begin = 0;
+    eo.end = kRows;
+    eo.dim = kRowDim;
+    eo.optimizer = Optimizer::Create(MakeOptimizerConfig(type)).value();
+    eo.row_init = [](int64_t row, float* out) { FixedInit(row, out, kRowDim); };
+    fixed = EmbeddingStore::Create(std::move(eo)).value();
+    for (int dim : kDynamicDims) {
+      dynamic.push_back(DynamicEmbeddingStore::Create(DynamicOptions(dim, type)).value());
+    }
+  }
+  // rows[ids.size() x kRowDim], a dynamic row's tail zeros.
+  std::vector<float> Gather(const std::vector<int64_t>& ids) const {
+    std::vector<float> out(ids.size() * kRowDim, 0.f);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (IsDynamicRow(ids[i])) {
+        const uint64_t key = DynamicKeyOf(ids[i]);
+        dynamic[DynamicTableOf(ids[i])]->Gather({&key, 1}, out.data() + i * kRowDim);
+      } else {
+        EXPECT_TRUE(fixed->Gather({&ids[i], 1}, out.data() + i * kRowDim).ok());
+      }
+    }
+    return out;
+  }
+  void Apply(const std::vector<int64_t>& ids, const std::vector<float>& grads, int64_t step) {
+    std::vector<int64_t> fixed_ids;
+    std::vector<float> fixed_grads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const float* g = grads.data() + i * kRowDim;
+      if (IsDynamicRow(ids[i])) {
+        const uint64_t key = DynamicKeyOf(ids[i]);
+        dynamic[DynamicTableOf(ids[i])]->Apply({&key, 1}, g, step);
+      } else {
+        fixed_ids.push_back(ids[i]);
+        fixed_grads.insert(fixed_grads.end(), g, g + kRowDim);
+      }
+    }
+    ASSERT_TRUE(fixed->Apply(fixed_ids, fixed_grads.data(), step).ok());
+  }
+  std::unique_ptr<EmbeddingStore> fixed;
+  std::vector<std::unique_ptr<DynamicEmbeddingStore>> dynamic;
+};
+
+// n distinct ids, about a third fixed and a third of each dynamic table (keys from a pool of
+// `keys`, so that steps revisit rows), shuffled.
+std::vector<int64_t> MixedIds(Rng* rng, int n, uint64_t keys) {
+  std::set<int64_t> s;
+  while (static_cast<int>(s.size()) < n) {
+    const uint64_t kind = rng->Uniform(3);
+    if (kind == 0) {
+      s.insert(static_cast<int64_t>(rng->Uniform(kRows)));
+    } else {
+      // Spread keys over the 55 bits (key 0 is the missing row: in the pool too).
+      const uint64_t key = rng->Uniform(keys) * 0x9e3779b97f4a7c15ull;
+      s.insert(DynamicRow(static_cast<int>(kind - 1), key));
+    }
+  }
+  std::vector<int64_t> ids(s.begin(), s.end());
+  for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng->Uniform(i)]);
+  return ids;
+}
+
+std::vector<float> RandomValues(Rng* rng, size_t n) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng->UniformDouble() * 2 - 1);
+  return v;
+}
+
+std::unique_ptr<PsClient> Connect(PsClient::Options o) {
+  auto c = PsClient::Create(std::move(o));
+  EXPECT_TRUE(c.ok()) << c.status();
+  const absl::Status ready = (*c)->WaitForShards(absl::Seconds(10));
+  EXPECT_TRUE(ready.ok()) << ready;
+  return std::move(c).value();
+}
+
+class DynamicEquivalence
+    : public ::testing::TestWithParam<std::tuple<int, OptimizerType, bool>> {};
+
+TEST_P(DynamicEquivalence, MixedPullPushMatchesOneStorePerTable) {
+  const auto [shards, type, direct] = GetParam();
+  Cluster cluster(shards, type);
+  Reference ref(type);
+  PsClient::Options o = cluster.ClientOptions();
+  ServedShard served(cluster.servers[1].get());
+  if (direct) {  // shard 1 in this process: GatherInto / Apply without messages
+    o.local_shard = 1;
+    o.local_server = &served;
+  }
+  auto client = Connect(std::move(o));
+  Rng rng(77 + shards);
+  const std::vector<int64_t> probe = MixedIds(&rng, 300, 400);
+  auto expect_same = [&](const std::vector<int64_t>& ids) {
+    std::vector<float> got(ids.size() * kRowDim, -1.f);
+    ASSERT_TRUE(client->Pull(ids, got.data(), nullptr).ok());
+    const std::vector<float> want = ref.Gather(ids);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  };
+  expect_same(probe);  // before any update: row_init's values (ALWAYS admission)
+  for (int step = 1; step <= 6; ++step) {
+    const std::vector<int64_t> ids = MixedIds(&rng, 200, 400);
+    // Gradients over the whole stride: the floats beyond a dynamic table's 1 + dim are ignored.
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+    ref.Apply(ids, grads, step);
+    if (step % 3 == 0) {
+      expect_same(ids);
+      expect_same(probe);
+    }
+  }
+  // Every shard holds some of each table's keys, exactly those it owns, and no key twice.
+  std::vector<int64_t> live(kDynamicDims.size(), 0);
+  for (int s = 0; s < shards; ++s) {
+    SCOPED_TRACE(s);
+    const Shard& shard = cluster.servers[s]->data();
+    ASSERT_EQ(shard.dynamic_stores().size(), kDynamicDims.size());
+    for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+      const DynamicSnapshot snap = shard.dynamic_stores()[t]->Snapshot().value();
+      EXPECT_GT(snap.rows(), 0);
+      EXPECT_EQ(snap.dim, kDynamicDims[t]);
+      for (uint64_t key : snap.keys) {
+        EXPECT_EQ(DynamicShardOf(DynamicRow(static_cast<int>(t), key), shards), s);
+      }
+      live[t] += snap.rows();
+    }
+    EXPECT_EQ(shard.LastStep(), 6);
+  }
+  for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+    EXPECT_EQ(live[t], ref.dynamic[t]->metrics().rows_live);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ShardsAndOptimizers, DynamicEquivalence,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(ADAGRAD, FTRL),
+                                            ::testing::Bool()));
+
+std::unique_ptr<ParameterServer::Stub> RawStub(const std::string& address) {
+  return ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+// A key of dynamic table `table` owned by `shard` of `shards`.
+int64_t KeyOwnedBy(int table, int shard, int shards, uint64_t from = 1) {
+  for (uint64_t key = from;; ++key) {
+    const int64_t id = DynamicRow(table, key);
+    if (DynamicShardOf(id, shards) == shard) return id;
+  }
+}
+
+TEST(DynamicShard, RefusesUnknownTableAndForeignKeyNothingApplied) {
+  Cluster cluster(2, ADAGRAD);
+  auto stub = RawStub(cluster.addresses[0]);
+  const int64_t owned_fixed = 0;  // partition 0 lives on shard 0
+  const int64_t owned = KeyOwnedBy(0, 0, 2);
+  const int64_t unknown = DynamicRow(2, 5);  // the shards have dynamic tables 0 and 1
+  const int64_t foreign = KeyOwnedBy(1, 1, 2);
+
+  auto push = [&](std::vector<int64_t> ids) {
+    PushRequest req;
+    PackArray(ids.data(), ids.size(), req.mutable_ids());
+    const std::vector<float> grads(ids.size() * kRowDim, 1.0f);
+    PackArray(grads.data(), grads.size(), req.mutable_row_grads());
+    req.set_sequence(0);
+    PushResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    return stub->Push(&ctx, req, &resp);
+  };
+  // The owned rows come first: a refused push applies none of them.
+  grpc::Status s = push({owned_fixed, owned, unknown});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("is of dynamic table 2, but this shard has 2"));
+  s = push({owned_fixed, owned, foreign});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr(absl::StrCat("dynamic row ", foreign, " (table 1, key ",
+                                     DynamicKeyOf(foreign), ") is owned by shard 1")));
+  EXPECT_EQ(cluster.servers[0]->Stats().rows_initialized(), 0);
+  EXPECT_EQ(cluster.servers[0]->data().dynamic_stores()[0]->metrics().seen, 0);
+
+  PullRequest pull;
+  PackArray(&unknown, 1, pull.mutable_ids());
+  PullResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  EXPECT_EQ(stub->Pull(&ctx, pull, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // The owned ones alone are applied: one fixed row and one dynamic row.
+  ASSERT_TRUE(push({owned_fixed, owned}).ok());
+  EXPECT_EQ(cluster.servers[0]->Stats().rows_initialized(), 2);
+
+  // The client refuses an id of a table it does not know before sending anything.
+  auto client = Connect(cluster.ClientOptions());
+  std::vector<float> rows(kRowDim);
+  const absl::Status c = client->Pull({unknown}, rows.data(), nullptr);
+  EXPECT_EQ(c.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.message()), HasSubstr("of dynamic table 2, but the job has 2"));
+}
+
+TEST(DynamicShard, HandshakeRefusesShardsOfAnotherDynamicConfig) {
+  Cluster without(2, ADAGRAD, {});  // shards that know no dynamic table
+  PsClient::Options o = without.ClientOptions();
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  absl::Status s = (*client)->WaitForShards(absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("with 0 dynamic tables of row dims [], but this worker expects 2 of row "
+                        "dims [4, 2]"));
+
+  Cluster with(2, ADAGRAD);
+  o = with.ClientOptions();
+  o.dynamic_row_dims = {4, 3};  // another dim for table 1
+  client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  s = (*client)->WaitForShards(absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("row dims [4, 2]"));
+
+  o.dynamic_row_dims = {4, kRowDim + 1};
+  EXPECT_THAT(std::string(PsClient::Create(o).status().message()),
+              HasSubstr("dynamic_row_dims[1] must be in [1, 6]"));
+}
+
+TEST(DynamicShard, GatherIntoWritesTheWholeStride) {
+  // Into a caller's buffer (the in-process path's): a dynamic row's tail is written as zeros,
+  // whatever the buffer held, and a push's floats beyond 1 + dim change nothing.
+  ShardServer::Options o = ShardOptions(0, 1, SGD, kDynamicDims);
+  auto shard = Shard::Create(o.data);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const std::vector<int64_t> ids = {DynamicRow(1, 42), 3, DynamicRow(0, 42)};
+  std::vector<float> grads(ids.size() * kRowDim, 0.5f);
+  ASSERT_TRUE((*shard)->Apply(ids, grads.data(), nullptr, 1).ok());
+  std::vector<float> rows(ids.size() * kRowDim, -7.f);
+  ASSERT_TRUE((*shard)->GatherInto(ids, rows.data(), nullptr).ok());
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    const int dim = kDynamicDims[DynamicTableOf(ids[i])];
+    std::vector<float> want(kRowDim, 0.f);
+    DynamicInit(static_cast<int64_t>(DynamicKeyOf(ids[i])), want.data(), dim);
+    for (int j = 0; j < dim; ++j) want[j] -= 0.1f * 0.5f;  // one SGD step, lr 0.1
+    for (int j = 0; j < kRowDim; ++j) {
+      EXPECT_FLOAT_EQ(rows[i * kRowDim + j], want[j]) << "row " << i << " float " << j;
+    }
+  }
+}
+
+TEST(DynamicShard, CreateRefusesADynamicTableWiderThanTheStride) {
+  ShardServer::Options o = ShardOptions(0, 1, SGD, {kRowDim + 1});
+  const absl::Status s = Shard::Create(o.data).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("dynamic_tables[0].dim must be in [1, 6]"));
+}
+
+}  // namespace
+}  // namespace pstrain
