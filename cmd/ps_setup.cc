@@ -20,6 +20,7 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
                                                         int num_shards, ShardShape shape) {
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
+  RETURN_IF_ERROR(spec.RefuseDynamic("the PS shards"));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();

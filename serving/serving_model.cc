@@ -26,6 +26,7 @@ constexpr int64_t kMaxStoreRows = (int64_t{1} << 32) - 1;
 absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription& description) {
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(description.features(), description.model()));
+  RETURN_IF_ERROR(spec.RefuseDynamic("serving (export, predict, serve)"));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Create(description.model(), ModelInputsOf(spec)));
   Shape shape;

@@ -31,6 +31,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   // The table's shape, as the shards have it (ShardOptionsForJob does the same).
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
+  RETURN_IF_ERROR(spec.RefuseDynamic("a PS worker"));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   const int64_t rows = spec.total_rows();
   const int row_dim = model->row_dim();
