@@ -20,7 +20,6 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
                                                         int num_shards, ShardShape shape) {
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
-  RETURN_IF_ERROR(spec.RefuseDynamic("the PS shards"));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();
@@ -44,6 +43,14 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
   ASSIGN_OR_RETURN(StoreTables tables,
                    StoreTablesOf(spec, *model, config.sparse_optimizer(), seed));
   o.data.range_optimizers = std::move(tables.optimizers);
+  // The dynamic tables' stores (each shard holds the keys it owns by hash; the caps are per
+  // shard), as the workers' clients expect them (PsClient::Options::dynamic_row_dims).
+  for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+    ASSIGN_OR_RETURN(DynamicEmbeddingStore::Options dynamic,
+                     DynamicStoreOptionsOf(spec.dynamic_table(d), config.sparse_optimizer(), seed));
+    o.data.dynamic_tables.push_back(std::move(dynamic));
+    o.data.dynamic_names.push_back(spec.dynamic_table(d).name);
+  }
   RowInit init = std::move(tables.row_init);
   if (row_dim == model->row_dim()) {
     o.data.row_init = [model, init](int64_t row, float* out) { init(row, out); };

@@ -31,7 +31,6 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   // The table's shape, as the shards have it (ShardOptionsForJob does the same).
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
-  RETURN_IF_ERROR(spec.RefuseDynamic("a PS worker"));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   const int64_t rows = spec.total_rows();
   const int row_dim = model->row_dim();
@@ -55,6 +54,10 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   if (!client_options.table_splits.empty()) {
     client_options.partitions =
         PartitionMap(client_options.table_splits, cc->ps_size()).partitions();
+  }
+  // The dynamic tables' rows go to the shards by key hash; each shard must hold them all.
+  for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+    client_options.dynamic_row_dims.push_back(1 + spec.dynamic_table(d).dim);
   }
   client_options.local_shard = o.local_shard;
   client_options.local_server = o.local_server;

@@ -129,7 +129,9 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   }
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
-  RETURN_IF_ERROR(spec.RefuseDynamic("pstrain train"));
+  // Dynamic tables train on the PS shards (opts.params, a PsClient); local parameters cannot
+  // hold them yet.
+  if (opts.params == nullptr) RETURN_IF_ERROR(spec.RefuseDynamic("pstrain train"));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
