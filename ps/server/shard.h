@@ -91,6 +91,10 @@ class Shard {
     // max_rows / max_bytes are per shard). dim: 1 + the table's dim, <= row_dim. A null optimizer
     // takes sparse_optimizer's; threads 0 takes `threads`. At most kMaxDynamicTables.
     std::vector<DynamicEmbeddingStore::Options> dynamic_tables;
+    // The dynamic tables' names (the table names of the config), by dynamic index: what their
+    // block groups in the checkpoint file are called and matched by on restore. Empty, or one
+    // shorter than dynamic_tables: "dynamic-<index>" for the rest.
+    std::vector<std::string> dynamic_names;
     // ASYNC: a dense push's learning rate / its staleness (DenseStore::scale_lr_by_staleness).
     bool scale_dense_lr_by_staleness = false;
     // ASYNC: rows keep versions; a row update's learning rate / its staleness
@@ -316,6 +320,15 @@ class Shard {
   std::vector<std::unique_ptr<EmbeddingStore::Image>> snap_images_ ABSL_GUARDED_BY(snap_mu_);
   uint32_t snap_changed_since_ ABSL_GUARDED_BY(snap_mu_) = 0;  // 0: a full checkpoint
   std::unique_ptr<DenseSnapshot> snap_dense_ ABSL_GUARDED_BY(snap_mu_);
+  // The dynamic stores' snapshots at the copy (full, or the delta since snap_changed_since_),
+  // by dynamic index: copies (DynamicEmbeddingStore has no copy-on-write image yet).
+  std::vector<DynamicSnapshot> snap_dynamic_ ABSL_GUARDED_BY(snap_mu_);
+  // Rows the copies of this shard's checkpoints evicted, over its life (Evict at every COPY).
+  std::atomic<int64_t> checkpoint_evictions_{0};
+  std::string DynamicName(int d) const;
+  // Restores the dynamic stores from the chain's DYN* groups of every shard file (see
+  // RestoreCheckpoint).
+  absl::Status RestoreDynamic(absl::Span<const CheckpointLink> chain, ParameterLoadMode mode);
   // Remembers that rows stamped >= generation changed after checkpoint ckpt-<step>.
   void RecordDeltaParent(int64_t step, uint32_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(snap_mu_);
   // Incremental checkpoints: the stores' generation (all stores share it), the one the held copy

@@ -7,12 +7,17 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/delta_chain.h"
+#include "checkpoint/layout.h"
 #include "cmd/served_shard.h"
 #include "common/dynamic_rows.h"
 #include "common/random.h"
@@ -24,6 +29,7 @@
 #include "ps/store/dynamic_store.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/train/checkpoint.h"
 
 namespace pstrain {
 namespace {
@@ -64,9 +70,14 @@ DynamicEmbeddingStore::Options DynamicOptions(int dim, OptimizerType type) {
   return d;
 }
 
+// Dynamic tables' options beyond the dim (eviction), the same for the shards and the twin.
+std::function<void(DynamicEmbeddingStore::Options*)> g_dynamic_extra;
+
 ShardServer::Options ShardOptions(int shard, int shards, OptimizerType type,
-                                  const std::vector<int>& dynamic_dims) {
+                                  const std::vector<int>& dynamic_dims,
+                                  const std::string& checkpoint_dir = "") {
   ShardServer::Options o;
+  o.data.checkpoint_dir = checkpoint_dir;
   o.num_workers = 1;
   o.data.shard = shard;
   o.data.num_shards = shards;
@@ -80,15 +91,19 @@ ShardServer::Options ShardOptions(int shard, int shards, OptimizerType type,
   for (int dim : dynamic_dims) {
     DynamicEmbeddingStore::Options d = DynamicOptions(dim, type);
     d.optimizer = nullptr;  // the shard's sparse optimizer
+    if (g_dynamic_extra) g_dynamic_extra(&d);
     o.data.dynamic_tables.push_back(std::move(d));
+    o.data.dynamic_names.push_back(absl::StrCat("table", dim));
   }
   return o;
 }
 
 struct Cluster {
-  Cluster(int shards, OptimizerType type, const std::vector<int>& dynamic_dims = kDynamicDims) {
+  Cluster(int shards, OptimizerType type, const std::vector<int>& dynamic_dims = kDynamicDims,
+          const std::string& checkpoint_dir = "") {
     for (int s = 0; s < shards; ++s) {
-      auto server = ShardServer::Create(ShardOptions(s, shards, type, dynamic_dims));
+      auto server =
+          ShardServer::Create(ShardOptions(s, shards, type, dynamic_dims, checkpoint_dir));
       EXPECT_TRUE(server.ok()) << server.status();
       EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
       addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
@@ -122,7 +137,9 @@ struct Reference {
     eo.row_init = [](int64_t row, float* out) { FixedInit(row, out, kRowDim); };
     fixed = EmbeddingStore::Create(std::move(eo)).value();
     for (int dim : kDynamicDims) {
-      dynamic.push_back(DynamicEmbeddingStore::Create(DynamicOptions(dim, type)).value());
+      DynamicEmbeddingStore::Options d = DynamicOptions(dim, type);
+      if (g_dynamic_extra) g_dynamic_extra(&d);
+      dynamic.push_back(DynamicEmbeddingStore::Create(std::move(d)).value());
     }
   }
   // rows[ids.size() x kRowDim], a dynamic row's tail zeros.
@@ -369,6 +386,180 @@ TEST(DynamicShard, CreateRefusesADynamicTableWiderThanTheStride) {
   const absl::Status s = Shard::Create(o.data).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("dynamic_tables[0].dim must be in [1, 6]"));
+}
+
+// ---- Checkpoints (ps/server/shard_checkpoint.cc) ----
+
+std::string TestDir(const std::string& name) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/dynamic_ckpt_", getpid(), "_", name);
+  std::system(("rm -rf " + dir).c_str());
+  return dir;
+}
+
+// Writes a checkpoint of `cluster` under dir as the chief does: COPY every shard, WRITE every
+// shard, then the MANIFEST and LATEST; a delta when `deltas` says so.
+void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, DeltaChain* deltas) {
+  ASSERT_TRUE(PrepareCheckpointDir(dir, step).ok());
+  CheckpointManifest manifest;
+  const std::optional<CheckpointDelta> delta = deltas->Next();
+  if (delta) *manifest.mutable_delta() = *delta;
+  manifest.set_step(step);
+  manifest.set_num_shards(static_cast<int>(cluster->servers.size()));
+  manifest.set_table_rows(kRows);
+  manifest.set_partitions(kPartitions);
+  manifest.set_row_dim(kRowDim);
+  manifest.set_dense_size(kDense);
+  for (auto& server : cluster->servers) {
+    ASSERT_TRUE(server
+                    ->CopyForCheckpoint(step, delta ? std::optional<int64_t>(delta->parent_step())
+                                                    : std::nullopt)
+                    .ok());
+  }
+  for (auto& server : cluster->servers) {
+    auto written = server->WriteCheckpoint(step, CheckpointName(step));
+    ASSERT_TRUE(written.ok()) << written.status();
+    auto* f = manifest.add_file();
+    f->set_name(written->file());
+    f->set_bytes(written->bytes());
+  }
+  WorkerState state;
+  state.set_step(step);
+  ASSERT_TRUE(CommitCheckpoint(dir, manifest, {{0, state}}, /*keep=*/3).ok());
+  deltas->Committed(manifest);
+}
+
+// Every live row of each dynamic table of the cluster, with its metadata, as one snapshot per
+// table (the shards' snapshots merged in key order).
+struct LiveRows {
+  std::vector<uint64_t> keys;
+  std::vector<float> weights, state;
+  std::vector<uint32_t> counts;
+  std::vector<int64_t> last_step;
+  bool operator==(const LiveRows& o) const {
+    return keys == o.keys && weights == o.weights && state == o.state && counts == o.counts &&
+           last_step == o.last_step;
+  }
+};
+LiveRows Live(const std::vector<const DynamicEmbeddingStore*>& stores) {
+  std::vector<std::pair<uint64_t, std::pair<size_t, int64_t>>> order;
+  std::vector<DynamicSnapshot> snaps;
+  for (const DynamicEmbeddingStore* s : stores) snaps.push_back(s->Snapshot().value());
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    for (int64_t r = 0; r < snaps[i].rows(); ++r) order.push_back({snaps[i].keys[r], {i, r}});
+  }
+  std::sort(order.begin(), order.end());
+  LiveRows l;
+  for (const auto& [key, at] : order) {
+    const DynamicSnapshot& s = snaps[at.first];
+    const int64_t r = at.second;
+    l.keys.push_back(key);
+    l.weights.insert(l.weights.end(), s.weights.begin() + r * s.dim,
+                     s.weights.begin() + (r + 1) * s.dim);
+    l.state.insert(l.state.end(), s.state.begin() + r * s.state_floats,
+                   s.state.begin() + (r + 1) * s.state_floats);
+    l.counts.push_back(s.counts[r]);
+    l.last_step.push_back(s.last_step_of[r]);
+  }
+  return l;
+}
+LiveRows ClusterLive(const Cluster& c, int table) {
+  std::vector<const DynamicEmbeddingStore*> stores;
+  for (const auto& server : c.servers) {
+    stores.push_back(server->data().dynamic_stores()[table].get());
+  }
+  return Live(stores);
+}
+
+// Full + delta checkpoints with TTL evictions at each COPY (tombstones in the delta) restore onto
+// 2 and 3 shards (re-sharding from 3: each shard reads every old file and keeps its keys) with
+// exactly the live rows, their optimizer slots and metadata of a single store per table that saw
+// the same pushes and evictions; training on from the restore matches too.
+TEST(DynamicCheckpoint, FullPlusDeltasWithEvictionsRestoreOntoAnyShardCount) {
+  g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) { d->ttl_steps = 3; };
+  const std::string dir = TestDir("chain");
+  Cluster three(3, ADAGRAD, kDynamicDims, dir);
+  Reference ref(ADAGRAD);
+  auto client = Connect(three.ClientOptions());
+  Rng rng(5);
+  DeltaChain deltas(4);
+  int64_t evicted = 0;
+  for (int step = 1; step <= 9; ++step) {
+    // A pool that drifts: keys of early steps stop, so the TTL evicts them.
+    const std::vector<int64_t> ids = MixedIds(&rng, 150, 100 + 40 * step);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+    ref.Apply(ids, grads, step);
+    if (step % 3 == 0) {  // ckpt-3 full, ckpt-6 and ckpt-9 deltas
+      for (auto& d : ref.dynamic) {
+        const DynamicEmbeddingStore::EvictionResult e = d->Evict();
+        evicted += e.ttl;
+      }
+      SaveCluster(&three, dir, step, &deltas);
+    }
+  }
+  ASSERT_GT(evicted, 0);  // the test exercises tombstones
+  for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+    ASSERT_TRUE(ClusterLive(three, static_cast<int>(t)) ==
+                Live({ref.dynamic[t].get()}))
+        << "the cluster's evictions differ from the twin's, table " << t;
+  }
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  ASSERT_EQ((*choice)->chain.size(), 3u);  // full + 2 deltas
+  g_dynamic_extra = nullptr;
+  for (int shards : {3, 2}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    Cluster restored(shards, ADAGRAD, kDynamicDims);
+    for (auto& server : restored.servers) {
+      ASSERT_TRUE(server->RestoreCheckpoint((*choice)->chain).ok());
+    }
+    for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+      EXPECT_TRUE(ClusterLive(restored, static_cast<int>(t)) == Live({ref.dynamic[t].get()}))
+          << "table " << t;
+      for (const auto& server : restored.servers) {  // every shard holds only its own keys
+        const DynamicSnapshot snap = server->data().dynamic_stores()[t]->Snapshot().value();
+        for (uint64_t key : snap.keys) {
+          EXPECT_EQ(DynamicShardOf(DynamicRow(static_cast<int>(t), key), shards),
+                    server->shard());
+        }
+      }
+    }
+    if (shards == 3) {  // the same layout: each shard's own sketch and counters come back
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_EQ(restored.servers[s]->data().dynamic_stores()[0]->metrics().evicted_ttl,
+                  three.servers[s]->data().dynamic_stores()[0]->metrics().evicted_ttl);
+      }
+    }
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(DynamicCheckpoint, RestoreRefusesATableOfAnotherWidth) {
+  const std::string dir = TestDir("width");
+  Cluster one(1, SGD, {4}, dir);
+  auto client = Connect([&] {
+    PsClient::Options o = one.ClientOptions();
+    o.dynamic_row_dims = {4};
+    return o;
+  }());
+  const int64_t id = DynamicRow(0, 9);
+  const std::vector<float> grads(kRowDim, 1.f);
+  ASSERT_TRUE(client->Push({id}, grads.data(), nullptr, 1).ok());
+  DeltaChain deltas(1);
+  SaveCluster(&one, dir, 1, &deltas);
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  // The group is named "table4" (ShardOptions): a shard whose table4 has rows of 3 floats.
+  ShardServer::Options o = ShardOptions(0, 1, SGD, {3});
+  o.data.dynamic_names = {"table4"};
+  auto shard = Shard::Create(o.data);
+  ASSERT_TRUE(shard.ok());
+  const absl::Status s = (*shard)->RestoreCheckpoint((*choice)->chain).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("dynamic table 'table4' has rows of 4 floats, "
+                                                  "this job's have 3"));
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
