@@ -525,6 +525,27 @@ TEST(DynamicCheckpoint, FullPlusDeltasWithEvictionsRestoreOntoAnyShardCount) {
         }
       }
     }
+    // Training goes on from the restore as from the twin (optimizer slots came along).
+    PsClient::Options o = restored.ClientOptions();
+    auto c = Connect(o);
+    Rng more(shards);
+    const std::vector<int64_t> ids = MixedIds(&more, 150, 500);
+    const std::vector<float> grads = RandomValues(&more, ids.size() * kRowDim);
+    ASSERT_TRUE(c->Push(ids, grads.data(), nullptr, 10).ok());
+    std::vector<float> got(ids.size() * kRowDim);
+    ASSERT_TRUE(c->Pull(ids, got.data(), nullptr).ok());
+    Reference twin(ADAGRAD);  // the twin as restored, then the same push
+    for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+      ASSERT_TRUE(twin.dynamic[t]->Restore(ref.dynamic[t]->Snapshot().value()).ok());
+    }
+    twin.Apply(ids, grads, 10);
+    const std::vector<float> want = twin.Gather(ids);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!IsDynamicRow(ids[i])) continue;  // the fixed rows: shard_server_test's
+      ASSERT_EQ(0, std::memcmp(got.data() + i * kRowDim, want.data() + i * kRowDim,
+                               kRowDim * sizeof(float)))
+          << "row " << ids[i];
+    }
     if (shards == 3) {  // the same layout: each shard's own sketch and counters come back
       for (int s = 0; s < 3; ++s) {
         EXPECT_EQ(restored.servers[s]->data().dynamic_stores()[0]->metrics().evicted_ttl,
