@@ -3,7 +3,9 @@
 // the hash of the raw id and owned by the shards by key hash. A 2-host `pstrain local` job learns
 // as the fixed-table job of tables_test does, and the shards hold the items' rows. A job stopped
 // by SIGTERM and resumed from its full + delta chain ends with the uninterrupted run's dynamic
-// rows, to the bit, and its test AUC and logloss.
+// rows, to the bit, and its test AUC and logloss. predict scores as the trainer did, from the
+// checkpoint and from an export (format version 3: the live rows of the dynamic table), and
+// serve scores as predict.
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +19,9 @@
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "serving/export.h"
 #include "tests/cmd/job_files.h"
+#include "tests/cmd/served_export.h"
 #include "tests/cmd/topic_history_csv.h"
 #include "tests/shell.h"
 #include "tests/subprocess.h"
@@ -85,6 +89,39 @@ TEST_F(DynamicPsTest, TwoHostJobLearns) {
   EXPECT_THAT(summary.at("mode").string_value(), HasSubstr("ps-"));
   EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
   EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << out;
+
+  // predict, from the PS checkpoint (every shard file's dynamic rows) and from an export.
+  const double auc = summary.at("test_auc").number_value();
+  auto predict = [&](const std::string& model, const std::string& name) {
+    ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", model, " --input ",
+                                             Dir(), "/test.csv --format csv --out ", Dir(), "/",
+                                             name, ".tsv --summary ", Dir(), "/", name,
+                                             ".json --batch_size 500 --threads 2"),
+                                300, &out),
+              0)
+        << out;
+    EXPECT_EQ(testing::ReadJsonFile(Dir() + "/" + name + ".json").fields().at("auc").number_value(),
+              auc)
+        << name;
+  };
+  predict(m, "ckpt_scores");
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
+                                           "/export"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("dynamic item: "));
+  auto dir = ResolveExportDir(Dir() + "/export");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto exported = ReadExport(*dir);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_EQ((*exported)->dynamic_stores().size(), 1u);
+  EXPECT_EQ((*exported)->dynamic_name(0), "item");
+  EXPECT_EQ((*exported)->dynamic_stores()[0]->dim(), 9);  // 1 + k
+  EXPECT_GE((*exported)->dynamic_rows(), 100);  // the 100 items
+  predict(Dir() + "/export", "export_scores");
+  testing::ServedExport served(P(), Dir() + "/export");
+  served.ExpectCsvScoresAsPredicted(Dir() + "/test.csv", Dir() + "/export_scores.tsv");
 }
 
 std::vector<std::string> LocalArgs(const std::string& model_dir) {
