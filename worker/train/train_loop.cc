@@ -76,6 +76,7 @@ absl::Status TrainLoop::Resume() {
     restored_.clear_position();  // a new pass reads its data from the start
   }
   nothing_to_do_ = pass.action == PassAction::kNothing;
+  pass_action_ = pass.action;
   if (have_eval_ && (config_.train().has_early_stopping() || keep_best_)) {
     // A resumed pass goes on counting its patience; a new pass starts afresh.
     stopper_.emplace(config_.train().early_stopping(),

@@ -52,6 +52,7 @@
 #include "worker/model/model.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/data_pass.h"
 #include "common/env.h"
 #include "worker/train/job_control.h"
 #include "worker/train/early_stopping.h"
@@ -98,6 +99,8 @@ class TrainLoop {
   int64_t step() const { return step_; }
   // The data the pass reads (after Resume).
   const DataSpec& pass_spec() const { return pass_spec_; }
+  // What Resume decided for this run's pass (a fresh job, a resumed pass, a new pass, nothing).
+  PassAction pass_action() const { return pass_action_; }
 
  private:
   // The next batch to train, batches_[cur_].
@@ -157,6 +160,7 @@ class TrainLoop {
   WorkerState restored_;  // the state resumed from (empty for a fresh start)
   // The pass this run trains: the data it reads, where it began, whether it had finished.
   DataSpec pass_spec_;
+  PassAction pass_action_ = PassAction::kFresh;
   int64_t pass_first_step_ = 0, pass_first_examples_ = 0;
   bool nothing_to_do_ = false;
   std::unique_ptr<Pipeline> pipeline_;

@@ -1,5 +1,6 @@
 #include "worker/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -129,7 +130,9 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   }
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
-  RETURN_IF_ERROR(spec.RefuseDynamic("pstrain train"));
+  // Dynamic tables live in LocalParams (below); parameters brought by the caller (PS workers,
+  // allreduce) cannot hold them yet.
+  if (opts.params != nullptr) RETURN_IF_ERROR(spec.RefuseDynamic(opts.mode));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
@@ -143,8 +146,24 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     // teams: one thread each, overlapping the towers.
     ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec, *model, config.sparse_optimizer(),
                                                       config.train().seed()));
-    ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config,
+    // A store needs one row at least: a config whose every table is dynamic has none fixed.
+    ASSIGN_OR_RETURN(local, LocalParams::Create(*model,
+                                                std::max<int64_t>(1, spec.total_rows()), config,
                                                 async_local ? 1 : T * I, std::move(tables)));
+    if (spec.has_dynamic_tables()) {
+      std::vector<LocalParams::DynamicTable> dynamic;
+      for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+        const FeatureSpec::Table& t = spec.dynamic_table(d);
+        ASSIGN_OR_RETURN(DynamicEmbeddingStore::Options o,
+                         DynamicStoreOptionsOf(t, config.sparse_optimizer(),
+                                               config.train().seed()));
+        o.threads = async_local ? 1 : T * I;
+        ASSIGN_OR_RETURN(std::unique_ptr<DynamicEmbeddingStore> store,
+                         DynamicEmbeddingStore::Create(std::move(o)));
+        dynamic.push_back({t.name, std::move(store)});
+      }
+      RETURN_IF_ERROR(local->AddDynamicTables(std::move(dynamic)));
+    }
     if (async_local) local->EnableBackgroundPush();
     params = local.get();
     ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));
@@ -153,6 +172,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
         config.train().has_warm_start() ? std::optional<WarmStart>(config.train().warm_start())
                                         : std::nullopt,
         config.checkpoint().incremental_every());
+    local_checkpointer->set_evict_every_steps(config.checkpoint().every_steps());
     checkpointer = local_checkpointer.get();
   }
   ASSIGN_OR_RETURN(auto progress,
@@ -184,6 +204,13 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   parts.prefetch_pulls = prefetch_pulls;
   TrainLoop loop(parts);
   RETURN_IF_ERROR(loop.Resume());
+  if (local != nullptr && local->num_dynamic() > 0) {
+    // The pass ("day") the dynamic tables record in their rows, for the TTL in passes: the
+    // restored one (Restore sets it), one more when this run begins a new pass.
+    int32_t pass = local->dynamic_store(0)->pass();
+    if (loop.pass_action() == PassAction::kNewPass) ++pass;
+    local->SetPass(pass);
+  }
   RETURN_IF_ERROR(loop.Run());
   ASSIGN_OR_RETURN(TrainSummary summary, loop.Finish());
   const int64_t step = loop.step();
