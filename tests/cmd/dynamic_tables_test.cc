@@ -198,6 +198,47 @@ TEST_F(DynamicTablesTest, TtlInPassesEvictsAtANewDaysEnd) {
   EXPECT_GT(summary.at("test_auc").number_value(), 0.6);
 }
 
+// The per-table counters reach metrics.jsonl at each logged step, TensorBoard and summary.json,
+// and move: rows are created and then evicted by the TTL.
+TEST_F(DynamicTablesTest, MetricsAppearAndMove) {
+  const std::string m = Dir() + "/metrics";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(m),
+                                           " --set train.log_every_steps=10 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  auto jsonl = ReadFileToString(m + "/metrics.jsonl");
+  ASSERT_TRUE(jsonl.ok());
+  const std::regex re("\"step\":([0-9]+),\"dynamic_table\":\"ids\",\"rows_live\":([0-9]+),"
+                      "\"admitted\":([0-9]+),\"rejected\":([0-9]+),\"evicted_ttl\":([0-9]+)");
+  std::vector<std::vector<int64_t>> points;
+  for (std::sregex_iterator it(jsonl->begin(), jsonl->end(), re), end; it != end; ++it) {
+    std::vector<int64_t> p;
+    for (int i = 1; i <= 5; ++i) p.push_back(std::stoll((*it)[i].str()));
+    points.push_back(p);
+  }
+  ASSERT_GE(points.size(), 7u) << *jsonl;  // steps 10 .. 70, and the end
+  EXPECT_EQ(points[0][0], 10);
+  EXPECT_GT(points[0][1], 0);
+  EXPECT_GT(points[0][3], 0);  // admit_count 2: first sightings are rejected
+  for (size_t i = 1; i < points.size(); ++i) {
+    EXPECT_GE(points[i][2], points[i - 1][2]);  // admitted, cumulative
+    EXPECT_GE(points[i][4], points[i - 1][4]);  // evicted, cumulative
+  }
+  EXPECT_GT(points.back()[4], 0);
+  EXPECT_GT(points.back()[2], points[0][2]);
+  const auto summary = testing::ReadSummary(m).fields();
+  const auto& ids = summary.at("dynamic_tables").struct_value().fields().at("ids").struct_value();
+  EXPECT_EQ(ids.fields().at("rows_live").number_value(), points.back()[1]);
+  EXPECT_EQ(ids.fields().at("evicted_ttl").number_value(), points.back()[4]);
+  EXPECT_GT(ids.fields().at("bytes").number_value(), 0);
+  std::string events;
+  ASSERT_EQ(testing::RunShell(absl::StrCat("cat ", m, "/events.out.tfevents.*"), 10, &events), 0);
+  EXPECT_THAT(events, HasSubstr("dynamic/ids/rows_live"));
+  EXPECT_THAT(events, HasSubstr("dynamic/ids/evicted_ttl"));
+}
+
 TEST_F(DynamicTablesTest, ConfigShowsItAndOtherModesRefuseIt) {
   std::string out;
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " config ", Args(Dir() + "/c")), 60, &out), 0)

@@ -39,9 +39,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pstrain/config.pb.h"
@@ -75,6 +77,9 @@ class TrainLoop {
     JobControl* job = nullptr;             // required: stops, requests, the pass's end
     ProgressReporter* progress = nullptr;
     bool prefetch_pulls = false;  // TrainStep::Stage's start_pull
+    // The dynamic tables' counters, recorded at each logged step (ProgressReporter::
+    // DynamicTables); null: none.
+    std::function<std::vector<DynamicTableMetrics>()> dynamic_metrics;
   };
 
   explicit TrainLoop(const Parts& parts);
@@ -152,6 +157,7 @@ class TrainLoop {
   Env* const env_;  // TrainerOptions::env: the timings' and the checkpoint schedule's clock
   ProgressReporter* const progress_;
   const bool prefetch_pulls_;
+  const std::function<std::vector<DynamicTableMetrics>()> dynamic_metrics_;
   const int64_t max_steps_, log_every_, eval_every_, ckpt_every_;
   const double ckpt_seconds_;
   const bool have_eval_;  // the chief with an eval channel evaluates

@@ -42,6 +42,25 @@ std::string MemoryJson(const std::string& per, const std::vector<StoreMemory>& p
   return j.str();
 }
 
+// The counters of `params`' dynamic tables (ProgressReporter's metrics, summary.json).
+std::vector<DynamicTableMetrics> DynamicMetricsOf(LocalParams& params) {
+  std::vector<DynamicTableMetrics> out;
+  for (int d = 0; d < params.num_dynamic(); ++d) {
+    const DynamicEmbeddingStore::Metrics m = params.dynamic_store(d)->metrics();
+    DynamicTableMetrics t;
+    t.table = params.dynamic_name(d);
+    t.rows_live = m.rows_live;
+    t.admitted = m.admitted;
+    t.rejected = m.rejected;
+    t.evicted_ttl = m.evicted_ttl;
+    t.evicted_capacity = m.evicted_capacity;
+    t.new_ids_last_step = m.new_keys_last_step;
+    t.bytes = m.bytes;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const Config& config,
                           const TrainerOptions& opts) {
   const ThreadConfig& t = config.threads();
@@ -77,6 +96,21 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
   }
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   if (!s.memory.empty()) j.AddRaw("memory", MemoryJson(s.memory_per, s.memory));
+  if (!s.dynamic_tables.empty()) {
+    JsonObject tables;
+    for (const DynamicTableMetrics& t : s.dynamic_tables) {
+      tables.AddRaw(t.table, JsonObject()
+                                 .Add("rows_live", t.rows_live)
+                                 .Add("admitted", t.admitted)
+                                 .Add("rejected", t.rejected)
+                                 .Add("evicted_ttl", t.evicted_ttl)
+                                 .Add("evicted_capacity", t.evicted_capacity)
+                                 .Add("new_ids_last_step", t.new_ids_last_step)
+                                 .Add("bytes", t.bytes)
+                                 .str());
+    }
+    j.AddRaw("dynamic_tables", tables.str());
+  }
   if (!s.restart_log.empty()) {
     std::string list = "[";
     for (const std::string& line : s.restart_log) {
@@ -202,6 +236,9 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   parts.job = opts.job != nullptr ? opts.job : &local_job;
   parts.progress = progress.get();
   parts.prefetch_pulls = prefetch_pulls;
+  if (local != nullptr && local->num_dynamic() > 0) {
+    parts.dynamic_metrics = [p = local.get()] { return DynamicMetricsOf(*p); };
+  }
   TrainLoop loop(parts);
   RETURN_IF_ERROR(loop.Resume());
   if (local != nullptr && local->num_dynamic() > 0) {
@@ -218,6 +255,11 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (local != nullptr) {
     summary.memory_per = "process";
     summary.memory = {local->memory()};
+    if (local->num_dynamic() > 0) {
+      // After the final checkpoint's eviction.
+      summary.dynamic_tables = DynamicMetricsOf(*local);
+      progress->DynamicTables(step, summary.dynamic_tables);
+    }
   }
   if (opts.after_training && !summary.preempted) {
     RETURN_IF_ERROR(opts.after_training(&summary));
