@@ -479,9 +479,9 @@ absl::Status FeatureSpec::RefuseDynamic(const std::string& what) const {
   if (dynamic_tables_.empty()) return absl::OkStatus();
   const Table& t = tables_[dynamic_tables_[0]];
   return absl::UnimplementedError(absl::StrCat(
-      "table '", t.name, "' is dynamic (features.table.dynamic): ", what,
-      " does not support dynamic tables yet (docs/ARCHITECTURE.md \"Dynamic tables\"); remove "
-      "`dynamic` and set rows to train it as a fixed table"));
+      "table '", t.name, "' is dynamic (features.table.dynamic), and dynamic tables are not "
+      "supported by ", what, " yet (docs/ARCHITECTURE.md \"Dynamic tables\"); train it with "
+      "`pstrain train`, or remove `dynamic` and set rows to make it a fixed table"));
 }
 
 int FeatureSpec::FieldIndex(const std::string& name) const {
