@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
 #include "common/status.h"
@@ -146,7 +147,9 @@ absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
   for (const CheckpointLink& link : chain) {
     std::vector<LinkSnapshots> tables(stores.size());
     for (const auto& f : link.manifest.file()) {
-      if (!IsShardFileName(f.name())) continue;
+      // A PS job's shard files hold DYNM groups; a `pstrain train` checkpoint has a file of its
+      // own per dynamic table (dynamic-<table>, worker/train/checkpoint.h).
+      if (!IsShardFileName(f.name()) && !absl::StartsWith(f.name(), "dynamic-")) continue;
       const std::string path = link.dir + "/" + f.name();
       ASSIGN_OR_RETURN(auto reader, BlockReader::Open(path));
       while (true) {

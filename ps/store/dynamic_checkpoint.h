@@ -22,7 +22,8 @@ namespace pstrain {
 using DynamicKeyFilter = std::function<bool(int table, uint64_t key)>;
 
 // Reads `chain` (VerifyCheckpointChain's: the full checkpoint, then its deltas) link by link: of
-// each link, the DYNM groups of every shard file its MANIFEST lists, each given to the store of
+// each link, the DYNM groups of every shard file (a PS job's) and dynamic-<table> file (`pstrain
+// train`'s) its MANIFEST lists, each given to the store of
 // `stores` whose name in `names` (the config's table names, by dynamic index) it has, with the
 // keys `owns` rejects dropped. A link's groups of one table (one per old shard) are merged and
 // restored at once: a full link replaces the store, a delta deletes its tombstones and writes
