@@ -198,6 +198,19 @@ void Shard::ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const floa
   store.Apply(keys, packed.data(), step);
 }
 
+void Shard::MaybeEvictAfter(int64_t step) {
+  const int64_t every = opt_.dynamic_evict_every_steps;
+  if (dynamic_stores_.empty() || every <= 0 || step <= 0 || step % every != 0) return;
+  int64_t last = evicted_at_step_.load();
+  // Once per step, whichever push of it comes first (ASYNC, BOUNDED: several workers push it).
+  while (last < step) {
+    if (evicted_at_step_.compare_exchange_weak(last, step)) {
+      EvictDynamic(absl::StrCat("after step ", step));
+      return;
+    }
+  }
+}
+
 absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
                                int64_t* dense_version, uint32_t* row_versions) {
   pull_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -350,6 +363,7 @@ absl::Status Shard::Apply(const Update& u, int64_t step) {
     dense_->Apply(u.dense_grad.data(), step, u.dense_version);
   }
   push_rows_.fetch_add(u.ids.size(), std::memory_order_relaxed);
+  MaybeEvictAfter(step);
   return absl::OkStatus();
 }
 
@@ -370,6 +384,7 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
   }
   if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step, dense_version);
   push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  MaybeEvictAfter(step);
   return absl::OkStatus();
 }
 

@@ -95,6 +95,12 @@ class Shard {
     // block groups in the checkpoint file are called and matched by on restore. Empty, or one
     // shorter than dynamic_tables: "dynamic-<index>" for the rest.
     std::vector<std::string> dynamic_names;
+    // When the dynamic stores evict (Evict: TTL, then the per-shard cap). > 0: right after the
+    // shard applies a step that is a multiple of it (the first push of that step in ASYNC /
+    // BOUNDED; SYNC's one mean update, so that a resumed job evicts exactly where an
+    // uninterrupted one does), never at a checkpoint's COPY. 0: at every COPY (a stop's
+    // included: not resume-exact). ps_setup: checkpoint.every_steps, the chief's schedule.
+    int64_t dynamic_evict_every_steps = 0;
     // ASYNC: a dense push's learning rate / its staleness (DenseStore::scale_lr_by_staleness).
     bool scale_dense_lr_by_staleness = false;
     // ASYNC: rows keep versions; a row update's learning rate / its staleness
@@ -291,6 +297,12 @@ class Shard {
   void GatherDynamic(absl::Span<const int64_t> ids, const Run& r, float* rows) const;
   void ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
                     int64_t step);
+  // Evicts the dynamic stores (counted, logged); `why` for the log.
+  void EvictDynamic(const std::string& why);
+  // After an update of `step`: evicts when step is a multiple of dynamic_evict_every_steps, once
+  // per such step.
+  void MaybeEvictAfter(int64_t step);
+  std::atomic<int64_t> evicted_at_step_{0};  // the last step MaybeEvictAfter evicted after
 
   const Options opt_;
   const PartitionMap map_;
@@ -323,8 +335,6 @@ class Shard {
   // The dynamic stores' snapshots at the copy (full, or the delta since snap_changed_since_),
   // by dynamic index: copies (DynamicEmbeddingStore has no copy-on-write image yet).
   std::vector<DynamicSnapshot> snap_dynamic_ ABSL_GUARDED_BY(snap_mu_);
-  // Rows the copies of this shard's checkpoints evicted, over its life (Evict at every COPY).
-  std::atomic<int64_t> checkpoint_evictions_{0};
   std::string DynamicName(int d) const;
   // Restores the dynamic stores from the chain's DYN* groups of every shard file (see
   // RestoreCheckpoint).

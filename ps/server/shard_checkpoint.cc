@@ -57,19 +57,15 @@ absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::st
   for (const auto& store : stores_) {
     snap_images_.push_back(store->Freeze(snap_generation_, keep_from));
   }
-  // Dynamic tables: evict first (docs/CHECKPOINT.md "Dynamic tables": evictions happen at
-  // checkpoint time; each is a tombstone of the generation this copy ends, so this checkpoint's
-  // delta carries it), then copy the rows (full, or changed since the parent), then start the
-  // copy's generation as the fixed stores just did.
+  // Dynamic tables: without a step schedule (dynamic_evict_every_steps), evict first
+  // (docs/CHECKPOINT.md "Dynamic tables in PS mode"; each eviction is a tombstone of the
+  // generation this copy ends, so this checkpoint's delta carries it), then copy the rows (full,
+  // or changed since the parent), then start the copy's generation as the fixed stores just did.
+  if (opt_.dynamic_evict_every_steps <= 0) {
+    EvictDynamic(absl::StrCat("before the checkpoint of round ", round));
+  }
   for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
     DynamicEmbeddingStore& store = *dynamic_stores_[d];
-    const DynamicEmbeddingStore::EvictionResult evicted = store.Evict();
-    checkpoint_evictions_.fetch_add(evicted.ttl + evicted.capacity, std::memory_order_relaxed);
-    if (evicted.ttl + evicted.capacity > 0) {
-      PSTRAIN_LOG(INFO) << "shard " << opt_.shard << ": " << DynamicName(d) << ": evicted "
-                        << evicted.ttl << " rows by TTL and " << evicted.capacity
-                        << " by capacity before the checkpoint of round " << round;
-    }
     absl::StatusOr<DynamicSnapshot> snap = store.Snapshot(changed_since);
     if (!snap.ok()) {
       // A delta whose change logs are gone (cannot happen while the chief names its last
@@ -242,6 +238,18 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
     RecordDeltaParent(manifest.step(), generation_);
   }
   return restored;
+}
+
+void Shard::EvictDynamic(const std::string& why) {
+  for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
+    const DynamicEmbeddingStore::EvictionResult evicted = dynamic_stores_[d]->Evict();
+    if (evicted.ttl + evicted.capacity > 0) {
+      PSTRAIN_LOG(INFO) << "shard " << opt_.shard << ": " << DynamicName(static_cast<int>(d))
+                        << ": evicted " << evicted.ttl << " rows by TTL and " << evicted.capacity
+                        << " by capacity " << why << "; "
+                        << dynamic_stores_[d]->metrics().rows_live << " live";
+    }
+  }
 }
 
 std::string Shard::DynamicName(int d) const {

@@ -556,6 +556,61 @@ TEST(DynamicCheckpoint, FullPlusDeltasWithEvictionsRestoreOntoAnyShardCount) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// With a step schedule (Shard::Options::dynamic_evict_every_steps, the chief's checkpoint.
+// every_steps), a shard evicts right after applying a step that is a multiple of it, and never at
+// a COPY: a stop's checkpoint at another step changes nothing a resumed job would see.
+TEST(DynamicCheckpoint, StepScheduleEvictsAfterItsStepsAndNotAtCopy) {
+  const std::string dir = TestDir("schedule");
+  g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) { d->ttl_steps = 2; };
+  Reference ref(ADAGRAD);
+  g_dynamic_extra = nullptr;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  PsClient::Options o;
+  for (int s = 0; s < 2; ++s) {
+    ShardServer::Options so = ShardOptions(s, 2, ADAGRAD, kDynamicDims, dir);
+    EXPECT_EQ(so.data.dynamic_evict_every_steps, 0);  // the default: at every COPY
+    for (auto& d : so.data.dynamic_tables) d.ttl_steps = 2;
+    so.data.dynamic_evict_every_steps = 3;
+    auto server = ShardServer::Create(std::move(so));
+    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
+    o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    servers.push_back(std::move(server).value());
+  }
+  o.rows = kRows;
+  o.partitions = kPartitions;
+  o.row_dim = kRowDim;
+  o.dense_size = kDense;
+  o.dynamic_row_dims = kDynamicDims;
+  auto client = Connect(o);
+  Rng rng(11);
+  int64_t twin_evicted = 0;
+  for (int step = 1; step <= 7; ++step) {
+    const std::vector<int64_t> ids = MixedIds(&rng, 120, 60 + 40 * step);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+    ref.Apply(ids, grads, step);
+    if (step % 3 == 0) {
+      for (auto& d : ref.dynamic) twin_evicted += d->Evict().ttl;
+    }
+    if (step == 4) {  // a checkpoint off the schedule: its COPY evicts nothing
+      for (auto& server : servers) ASSERT_TRUE(server->CopyForCheckpoint(1, std::nullopt).ok());
+    }
+  }
+  ASSERT_GT(twin_evicted, 0);
+  int64_t evicted = 0;
+  for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+    std::vector<const DynamicEmbeddingStore*> stores;
+    for (const auto& server : servers) {
+      stores.push_back(server->data().dynamic_stores()[t].get());
+      evicted += server->data().dynamic_stores()[t]->metrics().evicted_ttl;
+    }
+    EXPECT_TRUE(Live(stores) == Live({ref.dynamic[t].get()})) << "table " << t;
+  }
+  EXPECT_EQ(evicted, twin_evicted);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(DynamicCheckpoint, RestoreRefusesATableOfAnotherWidth) {
   const std::string dir = TestDir("width");
   Cluster one(1, SGD, {4}, dir);
