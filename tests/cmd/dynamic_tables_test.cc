@@ -57,7 +57,7 @@ class DynamicTablesTest : public ::testing::Test {
     // Two days of drifting ids (20% new a day) and day 0's test set, 2000 ids a field at most.
     for (const auto& [out, rows, seed, day] :
          std::vector<std::tuple<std::string, int, int, int>>{
-             {"day0", 20000, 1, 0}, {"day1", 10000, 3, 1}, {"test", 5000, 2, 0}}) {
+             {"day0", 12000, 1, 0}, {"day1", 8000, 3, 1}, {"test", 4000, 2, 0}}) {
       std::string log;
       ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " datagen --rows ", rows, " --seed ", seed,
                                                " --teacher_seed 7 --max_cardinality 2000 "
@@ -188,12 +188,13 @@ TEST_F(DynamicTablesTest, TtlInPassesEvictsAtANewDaysEnd) {
       << day1;
   EXPECT_THAT(day1, HasSubstr("new training pass"));
   const std::vector<int> e0 = TtlEvictions(day0), e1 = TtlEvictions(day1);
-  ASSERT_EQ(e0.size(), 8u) << day0;  // steps 10, 20, ..., 70 and the pass's end, 79
+  ASSERT_EQ(e0.size(), 5u) << day0;  // steps 10, 20, 30, 40 and the pass's end, 47
   for (int n : e0) EXPECT_EQ(n, 0) << day0;
-  ASSERT_EQ(e1.size(), 5u) << day1;  // steps 80, ..., 110 and the pass's end, 119
+  ASSERT_EQ(e1.size(), 4u) << day1;  // steps 50, 60, 70 and the pass's end, 79
   for (size_t i = 0; i + 1 < e1.size(); ++i) EXPECT_EQ(e1[i], 0) << day1;
-  // At day 1's end: every row day 1 did not update (day 0 made ~5000; day 1 sees the frequent).
-  EXPECT_GT(e1.back(), 500) << day1;
+  // At day 1's end: every row day 1 did not update (day 0 made thousands; day 1 sees the
+  // frequent ones again).
+  EXPECT_GT(e1.back(), 300) << day1;
   const auto summary = testing::ReadSummary(m).fields();
   EXPECT_GT(summary.at("test_auc").number_value(), 0.6);
 }
@@ -218,7 +219,7 @@ TEST_F(DynamicTablesTest, MetricsAppearAndMove) {
     for (int i = 1; i <= 5; ++i) p.push_back(std::stoll((*it)[i].str()));
     points.push_back(p);
   }
-  ASSERT_GE(points.size(), 7u) << *jsonl;  // steps 10 .. 70, and the end
+  ASSERT_GE(points.size(), 5u) << *jsonl;  // steps 10 .. 40, and the end
   EXPECT_EQ(points[0][0], 10);
   EXPECT_GT(points[0][1], 0);
   EXPECT_GT(points[0][3], 0);  // admit_count 2: first sightings are rejected

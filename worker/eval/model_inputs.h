@@ -15,6 +15,7 @@
 #include "ps/store/table_rows.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
+#include "worker/params/local_params.h"
 
 namespace pstrain {
 
@@ -139,6 +140,30 @@ inline absl::StatusOr<DynamicEmbeddingStore::Options> DynamicStoreOptionsOf(
                           ? DynamicEmbeddingStore::CapacityPolicy::kLfu
                           : DynamicEmbeddingStore::CapacityPolicy::kLru;
   return o;
+}
+
+// A store per dynamic table of `spec` (DynamicStoreOptionsOf with the job's sparse optimizer and
+// train.seed, splitting each call over `threads`) given to `params`: `pstrain train`'s and the
+// benchmarks' in-process parameters. No-op without dynamic tables.
+inline absl::Status AddDynamicTablesOf(const FeatureSpec& spec, const Config& config, int threads,
+                                       LocalParams* params) {
+  if (!spec.has_dynamic_tables()) return absl::OkStatus();
+  std::vector<LocalParams::DynamicTable> dynamic;
+  for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+    const FeatureSpec::Table& t = spec.dynamic_table(d);
+    absl::StatusOr<DynamicEmbeddingStore::Options> o =
+        DynamicStoreOptionsOf(t, config.sparse_optimizer(), config.train().seed());
+    if (!o.ok()) return o.status();
+    o->threads = threads;
+    absl::StatusOr<std::unique_ptr<DynamicEmbeddingStore>> store =
+        DynamicEmbeddingStore::Create(*std::move(o));
+    if (!store.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", t.name, "': ", store.status().message()));
+    }
+    dynamic.push_back({t.name, *std::move(store)});
+  }
+  return params->AddDynamicTables(std::move(dynamic));
 }
 
 }  // namespace pstrain

@@ -183,20 +183,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     ASSIGN_OR_RETURN(local, LocalParams::Create(*model,
                                                 std::max<int64_t>(1, spec.total_rows()), config,
                                                 async_local ? 1 : T * I, std::move(tables)));
-    if (spec.has_dynamic_tables()) {
-      std::vector<LocalParams::DynamicTable> dynamic;
-      for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
-        const FeatureSpec::Table& t = spec.dynamic_table(d);
-        ASSIGN_OR_RETURN(DynamicEmbeddingStore::Options o,
-                         DynamicStoreOptionsOf(t, config.sparse_optimizer(),
-                                               config.train().seed()));
-        o.threads = async_local ? 1 : T * I;
-        ASSIGN_OR_RETURN(std::unique_ptr<DynamicEmbeddingStore> store,
-                         DynamicEmbeddingStore::Create(std::move(o)));
-        dynamic.push_back({t.name, std::move(store)});
-      }
-      RETURN_IF_ERROR(local->AddDynamicTables(std::move(dynamic)));
-    }
+    RETURN_IF_ERROR(AddDynamicTablesOf(spec, config, async_local ? 1 : T * I, local.get()));
     if (async_local) local->EnableBackgroundPush();
     params = local.get();
     ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));

@@ -103,10 +103,10 @@ TEST(ProgressReporter, DynamicTableMetricsAreExported) {
   auto jsonl = ReadFileToString(dir + "/metrics.jsonl");
   ASSERT_TRUE(jsonl.ok());
   EXPECT_EQ(Lines(dir + "/metrics.jsonl"), 4);
-  EXPECT_THAT(*jsonl, ::testing::HasSubstr("\"step\":20,\"dynamic_table\":\"users\",\"rows_live\":150,"
-                                           "\"admitted\":120,\"rejected\":7,\"evicted_ttl\":20,"
-                                           "\"evicted_capacity\":0,\"new_ids_last_step\":3,"
-                                           "\"bytes\":4096}"));
+  EXPECT_THAT(*jsonl, ::testing::HasSubstr(
+                          "\"step\":20,\"dynamic_table\":\"users\",\"rows_live\":150,"
+                          "\"admitted\":120,\"rejected\":7,\"evicted_ttl\":20,"
+                          "\"evicted_capacity\":0,\"new_ids_last_step\":3,\"bytes\":4096}"));
 }
 
 }  // namespace
