@@ -153,9 +153,15 @@ int Main(int argc, char** argv) {
       // stale: as RunTraining with train.async_local_updates (one thread for pulls and pushes).
       const bool prefetch = mode == "stale";
       const int pt = params_threads > 0 ? params_threads : prefetch ? 1 : T * I;
-      auto params = LocalParams::Create(**model, spec->total_rows(), config, pt);
+      auto params = LocalParams::Create(**model, std::max<int64_t>(1, spec->total_rows()),
+                                        config, pt);
       auto step = TrainStep::Create(**model, T, batch, I);
       if (!params.ok() || !step.ok()) return 1;
+      // Dynamic tables (features.table.dynamic) as pstrain train has them.
+      if (absl::Status s = AddDynamicTablesOf(*spec, config, pt, params->get()); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
       if (prefetch) (*params)->EnableBackgroundPush();
 
       // In-memory batches of T x batch rows from the datagen distribution.

@@ -125,6 +125,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
+  RETURN_IF_ERROR(spec.RefuseDynamic("pstrain allreduce"));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   AllreduceOptions ao;
   ASSIGN_OR_RETURN(ao.replica_budget_bytes,

@@ -101,6 +101,11 @@ int RunConfig(int argc, char** argv) {
       for (const FeatureSpec::Field& f : spec->fields()) {
         if (&spec->tables()[f.table] == &t) fields += (fields.empty() ? "" : ", ") + f.name;
       }
+      if (t.is_dynamic()) {
+        std::printf("#   %s: dim %d, dynamic (rows keyed by the id's hash, index %d), fields %s\n",
+                    t.name.c_str(), t.dim, t.dynamic_index, fields.c_str());
+        continue;
+      }
       std::printf("#   %s: dim %d, rows %llu at offset %llu, partitions %s, fields %s\n",
                   t.is_default ? "(default: the fields naming no table)" : t.name.c_str(), t.dim,
                   static_cast<unsigned long long>(t.rows),

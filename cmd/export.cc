@@ -57,6 +57,12 @@ int RunExport(int argc, char** argv) {
                       t.name.empty() ? "default table" : t.name, " ", t.width);
     }
   }
+  // Dynamic tables (format version 3): their live rows, at 1 + dim floats.
+  for (size_t d = 0; d < (*model)->dynamic_stores().size(); ++d) {
+    const DynamicEmbeddingStore& store = *(*model)->dynamic_stores()[d];
+    absl::StrAppend(&tables, "; dynamic ", (*model)->dynamic_name(static_cast<int>(d)), ": ",
+                    store.metrics().rows_live, " live rows of ", store.dim(), " floats");
+  }
   absl::PrintF("pstrain export: version %d of %s (step %d): %d rows (%s%s), %d bytes, read %.2f s "
                "+ written %.2f s -> %s\n",
                info->version, (*model)->origin().path, (*model)->origin().step, info->rows,

@@ -22,6 +22,13 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
+  if (shape.rows <= 0 && spec.total_rows() == 0) {
+    // Every table is dynamic: the shards' fixed row space would be empty, which the partition
+    // map and the clients do not take yet.
+    return absl::UnimplementedError(
+        "features: every table is dynamic; a PS job needs at least one fixed row (a field of the "
+        "default table, or a table with rows)");
+  }
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();
   const int row_dim = shape.row_dim > 0 ? shape.row_dim : model->row_dim();
   const int64_t dense_size = shape.dense_size >= 0 ? shape.dense_size : model->dense_size();
@@ -43,6 +50,17 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
   ASSIGN_OR_RETURN(StoreTables tables,
                    StoreTablesOf(spec, *model, config.sparse_optimizer(), seed));
   o.data.range_optimizers = std::move(tables.optimizers);
+  // The dynamic tables' stores (each shard holds the keys it owns by hash; the caps are per
+  // shard), as the workers' clients expect them (PsClient::Options::dynamic_row_dims).
+  for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+    ASSIGN_OR_RETURN(DynamicEmbeddingStore::Options dynamic,
+                     DynamicStoreOptionsOf(spec.dynamic_table(d), config.sparse_optimizer(), seed));
+    o.data.dynamic_tables.push_back(std::move(dynamic));
+    o.data.dynamic_names.push_back(spec.dynamic_table(d).name);
+  }
+  // Evict on the step schedule of the chief's checkpoints (its own steps), after the shard
+  // applies such a step: a resumed job evicts where an uninterrupted one does (SYNC).
+  o.data.dynamic_evict_every_steps = config.checkpoint().every_steps();
   RowInit init = std::move(tables.row_init);
   if (row_dim == model->row_dim()) {
     o.data.row_init = [model, init](int64_t row, float* out) { init(row, out); };

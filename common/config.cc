@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/dynamic_rows.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "google/protobuf/descriptor.h"
@@ -193,13 +194,58 @@ absl::Status ValidateTableConfig(const TableConfig& t, absl::string_view path) {
     return bad(named + ".dim", absl::StrCat("must be in [0, ", kMaxTableDim,
                                             "] (0 = model.embedding_dim), got ", t.dim()));
   }
-  if (!t.has_rows()) return bad(named + ".rows", "must be set (>= 2: row 0 is the missing row)");
-  if (t.rows() < 2) {
-    return bad(named + ".rows",
-               absl::StrCat("must be >= 2 (row 0 is the missing row), got ", t.rows()));
-  }
-  if (t.rows() > (uint64_t{1} << 48)) {
-    return bad(named + ".rows", absl::StrCat("must be at most 2^48, got ", t.rows()));
+  if (t.has_dynamic()) {
+    // Rows keyed by the raw id's hash (docs/CONFIG.md "Dynamic tables"): no size, no ranges.
+    if (t.has_rows()) {
+      return bad(named + ".rows", "a dynamic table has no rows (they are created when an id is "
+                                  "admitted and deleted when it is evicted); remove rows, or "
+                                  "remove dynamic for a fixed table");
+    }
+    if (t.partitions() != 0) {
+      return bad(named + ".partitions",
+                 absl::StrCat("a dynamic table has no fixed partitions (the PS shards own its "
+                              "rows by key hash); remove partitions (got ", t.partitions(), ")"));
+    }
+    const DynamicTableConfig& d = t.dynamic();
+    const std::string dyn = named + ".dynamic.";
+    if (d.admit_count() < 1) return bad(dyn + "admit_count", "must be >= 1, got 0");
+    if (d.sketch_width() < 1 || d.sketch_width() > (int64_t{1} << 32)) {
+      return bad(dyn + "sketch_width",
+                 absl::StrCat("must be in [1, 2^32], got ", d.sketch_width()));
+    }
+    if (d.sketch_depth() < 1 || d.sketch_depth() > 16) {
+      return bad(dyn + "sketch_depth", absl::StrCat("must be in [1, 16], got ", d.sketch_depth()));
+    }
+    // NaN fails the comparison, and so is refused.
+    if (!(d.admit_probability() > 0 && d.admit_probability() <= 1)) {
+      return bad(dyn + "admit_probability",
+                 absl::StrCat("must be in (0, 1], got ", d.admit_probability()));
+    }
+    if (d.ttl_steps() < 0) {
+      return bad(dyn + "ttl_steps", absl::StrCat("must be >= 0 (0: off), got ", d.ttl_steps()));
+    }
+    if (d.ttl_passes() < 0) {
+      return bad(dyn + "ttl_passes", absl::StrCat("must be >= 0 (0: off), got ", d.ttl_passes()));
+    }
+    if (d.max_rows_per_shard() < 0) {
+      return bad(dyn + "max_rows_per_shard",
+                 absl::StrCat("must be >= 0 (0: off), got ", d.max_rows_per_shard()));
+    }
+    if (d.max_bytes_per_shard() < 0) {
+      return bad(dyn + "max_bytes_per_shard",
+                 absl::StrCat("must be >= 0 (0: off), got ", d.max_bytes_per_shard()));
+    }
+  } else {
+    if (!t.has_rows()) {
+      return bad(named + ".rows", "must be set (>= 2: row 0 is the missing row), or set dynamic");
+    }
+    if (t.rows() < 2) {
+      return bad(named + ".rows",
+                 absl::StrCat("must be >= 2 (row 0 is the missing row), got ", t.rows()));
+    }
+    if (t.rows() > (uint64_t{1} << 48)) {
+      return bad(named + ".rows", absl::StrCat("must be at most 2^48, got ", t.rows()));
+    }
   }
   const TableInitializer& init = t.initializer();
   if (init.has_stddev() && !(init.stddev() >= 0 && std::isfinite(init.stddev()))) {
@@ -383,9 +429,14 @@ absl::Status ValidateConfig(const Config& c) {
     if (!dense && fs.has_vocab_size() && fs.vocab_size() < 2) return bad(p + ".vocab_size", "must be >= 2 (row 0 is the missing value)");
     if (absl::Status s = ValidateListSpec(fs, p); !s.ok()) return s;
   }
+  int dynamic_tables = 0;
   for (int i = 0; i < f.table_size(); ++i) {
     absl::Status s = ValidateTableConfig(f.table(i), absl::StrCat("features.table[", i, "]"));
     if (!s.ok()) return s;
+    if (f.table(i).has_dynamic() && ++dynamic_tables > kMaxDynamicTables) {
+      return bad(absl::StrCat("features.table[", i, "].dynamic"),
+                 absl::StrCat("more than ", kMaxDynamicTables, " dynamic tables"));
+    }
   }
   if (f.categorical_vocab_size() < 2) return bad("features.categorical_vocab_size", "must be >= 2");
   if (f.numeric_vocab_size() < 2) return bad("features.numeric_vocab_size", "must be >= 2");

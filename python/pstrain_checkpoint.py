@@ -43,6 +43,13 @@ width 1 + dim, read here into the stride; a row never trained reads as its table
 A field of dim d_f contributes d_f floats to the MLP's input, and a field of a table with
 fm_join EXCLUDE (its dim not k) stays out of the FM term.
 
+Dynamic tables (docs/SERVING.md "Dynamic tables"): a field of dynamic table d encodes a key as
+the negative id DynamicRow(d, hash_key(key, the table's seed)) and a missing value as
+DynamicMissingRow(d) (common/dynamic_rows.h); an export of format version 3 holds each dynamic
+table's live rows (m.dynamic: {d: (keys uint64 [n], rows float32 [n, 1 + dim])}); lookup reads a
+key without a row as training does: the table's initializer with ALWAYS admission, zeros with
+COUNT or PROBABILITY. A checkpoint with dynamic tables is not read here (export it).
+
 Every checksum is verified (CRC32C of every block, in pure Python: about 1 s per 5 MB; pass
 verify=False to skip it for large files). Damaged or inconsistent files raise FormatError naming
 the file, the block and what was expected.
@@ -173,9 +180,11 @@ _FIELD = {1: ("name", "string", False), 2: ("kind", "int", False),
 # TableConfig (docs/CONFIG.md "Tables"); its optimizer overrides do not matter to a reader.
 _TABLE_INIT = {1: ("type", "int", False), 2: ("stddev", "float", False),
                3: ("limit", "float", False)}
+# DynamicTableConfig: only the admission matters to a reader (what a key without a row reads).
+_DYNAMIC = {1: ("admission", "int", False)}
 _TABLE = {1: ("name", "string", False), 2: ("dim", "int", False), 3: ("rows", "uint", False),
           4: ("initializer", _TABLE_INIT, False), 6: ("partitions", "int", False),
-          7: ("fm_join", "int", False)}
+          7: ("fm_join", "int", False), 8: ("dynamic", _DYNAMIC, False)}
 _FEATURES = {1: ("preset", "int", False), 2: ("field", _FIELD, True),
              3: ("categorical_vocab_size", "uint", False), 4: ("numeric_vocab_size", "uint", False),
              5: ("numeric_mode", "int", False), 6: ("label_name", "string", False),
@@ -209,7 +218,7 @@ _EXPORT_HEADER = {1: ("format_version", "int", False), 2: ("model", _DESCRIPTION
                                        3: ("shape", "int", True)}, True),
                   9: ("source_checkpoint", "string", False), 10: ("step", "int", False),
                   11: ("version", "int", False), 12: ("created_by", "string", False),
-                  13: ("wall_time", "double", False)}
+                  13: ("wall_time", "double", False), 14: ("dynamic_rows", "int", False)}
 
 # proto2 defaults of the fields a reader needs (proto/pstrain/config.proto)
 _DEFAULTS = {
@@ -378,6 +387,24 @@ def _reduce(h, n):
 # The model
 # ---------------------------------------------------------------------------------------------
 
+_DYNAMIC_KEY_BITS = 55
+_DYNAMIC_KEY_MASK = (1 << _DYNAMIC_KEY_BITS) - 1
+
+
+def dynamic_row(table, key):
+    """common/dynamic_rows.h DynamicRow: the negative int64 id of `key` in dynamic table `table`
+    (the key's low 55 bits; 0 -> 1, the key 0 being the missing row's)."""
+    k = int(key) & _DYNAMIC_KEY_MASK
+    if k == 0:
+        k = 1
+    return ((1 << 63) | (int(table) << _DYNAMIC_KEY_BITS) | k) - (1 << 64)
+
+
+def dynamic_missing_row(table):
+    """DynamicMissingRow: the row of dynamic table `table` that stands for a missing value."""
+    return ((1 << 63) | (int(table) << _DYNAMIC_KEY_BITS)) - (1 << 64)
+
+
 class Model:
     """A checkpoint's or an export's parameters (see the module's docstring)."""
 
@@ -392,6 +419,8 @@ class Model:
         # Without a description: one default table of rows of row_dim floats.
         self.k, self.tables = row_dim - 1, []
         self.attention = []
+        # Dynamic tables: their specs by dynamic index, and the live rows an export holds.
+        self.dynamic_tables, self.dynamic = [], {}
         if config is not None:
             self._layout(tensors)
 
@@ -458,12 +487,14 @@ class Model:
         for t in named.values():
             t.update(begin=offset, end=offset + t["rows"], default=False)
             offset += t["rows"]
-            self.tables.append(t)
+            if t["dynamic"] is None:
+                self.tables.append(t)
         self._table_begins = [t["begin"] for t in self.tables]
         for field in self.fields:
             t = named.get(field["table"]) if field["table"] is not None else self.tables[0]
             if field["table"] is not None:
                 field.update(offset=t["begin"], rows=t["rows"], seed=t["seed"])
+            field["dynamic"] = t.get("dynamic_index") if t.get("dynamic") is not None else None
             field["dim"] = t["dim"]
             field["fm_excluded"] = t["fm_join"] == FM_EXCLUDE and t["dim"] != self.k
         # DIN's target attention (list.attention_target, FeatureSpec::Create's rules): the target
@@ -490,11 +521,11 @@ class Model:
                               % (self.path, offset, self.table_rows))
         # The stride of a row: 1 + the largest dim (Model::row_dim()); a table's rows use their
         # first 1 + dim floats, zeros after them.
-        stride = 1 + max([self.k] + [t["dim"] for t in self.tables])
+        stride = 1 + max([self.k] + [t["dim"] for t in self.tables + self.dynamic_tables])
         if self.row_dim != stride:
             raise FormatError("%s: rows of %d floats, the description makes %d"
                               % (self.path, self.row_dim, stride))
-        for t in self.tables:
+        for t in self.tables + self.dynamic_tables:
             t["width"] = 1 + t["dim"]
         if self.model_type not in (DEEPFM, LR, FM, WIDE_DEEP, DCN_V2, DLRM, BLOCKS, DIN):
             raise FormatError("%s: model type %d, this reader knows 0..7"
@@ -587,7 +618,9 @@ class Model:
                 raise FormatError("%s: features.table[%d]: name %r is empty or not unique"
                                   % (self.path, i, name))
             dim = t["dim"] if t["dim"] > 0 else k
-            if not 0 < dim <= 1024 or t["rows"] < 2 or init["type"] not in (0, 1, 2, 3):
+            dynamic = "dynamic" in t
+            if not 0 < dim <= 1024 or (t["rows"] < 2 and not dynamic) or \
+                    init["type"] not in (0, 1, 2, 3):
                 raise FormatError("%s: features.table[%d] ('%s'): dim %d, rows %d, initializer %d: "
                                   "expected dim 1..1024, rows >= 2, initializer 0..3"
                                   % (self.path, i, name, dim, t["rows"], init["type"]))
@@ -598,7 +631,11 @@ class Model:
                            "seed": hash_key(hash_bytes(name.encode()),
                                             (features["hash_seed"] ^ 0x7461626C65) & _M64),
                            "init_type": init["type"], "stddev": float(stddev),
-                           "limit": float(limit), "fm_join": t["fm_join"]}
+                           "limit": float(limit), "fm_join": t["fm_join"],
+                           "dynamic": t["dynamic"].get("admission", 0) if dynamic else None}
+            if dynamic:  # no rows: its keys are hashed into ids of their own (dynamic_row)
+                named[name].update(rows=0, dynamic_index=len(self.dynamic_tables))
+                self.dynamic_tables.append(named[name])
         return named
 
     # -- rows -----------------------------------------------------------------------------------
@@ -620,6 +657,14 @@ class Model:
             for j in range(self.k):
                 out[1 + j] = np.float32(stddev * rng.normal())
             return out
+        return self._init_table_row(t, row_id)
+
+    def _init_table_row(self, t, row_id):
+        """InitTableRow (ps/store/table_rows.h) of named table t for row `row_id` (a dynamic
+        row's negative id as its 64 bits), over the stride."""
+        seed = self.config.get("init_seed", 0)
+        rng = _Rng(hash_key(int(row_id) & _M64, seed))
+        out = np.zeros(self.row_dim, dtype=np.float32)
         for j in range(t["dim"]):
             if t["init_type"] == NORMAL:
                 x = t["stddev"] * rng.normal()
@@ -635,10 +680,41 @@ class Model:
             out[1 + j] = np.float32(x)
         return out
 
+    def _lookup_dynamic(self, row_id):
+        """A dynamic table's row (row_id < 0), over the stride: the stored row, else what
+        training reads for a key without a row (ALWAYS: the table's initializer, InitTableRow of
+        the row's id; COUNT, PROBABILITY: zeros)."""
+        table = (row_id & _M64) >> _DYNAMIC_KEY_BITS & 0xFF
+        key = row_id & _DYNAMIC_KEY_MASK
+        if table >= len(self.dynamic_tables):
+            raise ValueError("row id %d is of dynamic table %d, the model has %d"
+                             % (row_id, table, len(self.dynamic_tables)))
+        t = self.dynamic_tables[table]
+        out = np.zeros(self.row_dim, dtype=np.float32)
+        keys, rows = self.dynamic.get(table, (np.zeros(0, np.uint64), None))
+        pos = int(np.searchsorted(keys, np.uint64(key)))
+        if pos < len(keys) and int(keys[pos]) == key:
+            out[:t["width"]] = rows[pos]
+        elif t["dynamic"] == 0:  # ALWAYS
+            out[:] = self._init_table_row(t, row_id)
+        return out
+
     def lookup(self, ids):
         """The rows of `ids` (any shape): stored values, else the initial value."""
         flat = np.asarray(ids, dtype=np.int64).ravel()
-        if flat.size and (flat.min() < 0 or flat.max() >= self.table_rows):
+        if flat.size and flat.min() < 0:  # dynamic tables' ids
+            out = np.empty((flat.size, self.row_dim), dtype=np.float32)
+            neg = flat < 0
+            if (~neg).any():
+                out[~neg] = self.lookup(flat[~neg])
+            cache = {}
+            for i in np.nonzero(neg)[0]:
+                r = int(flat[i])
+                if r not in cache:
+                    cache[r] = self._lookup_dynamic(r)
+                out[i] = cache[r]
+            return out.reshape(np.shape(ids) + (self.row_dim,))
+        if flat.size and flat.max() >= self.table_rows:
             raise ValueError("row ids must be in [0, %d)" % self.table_rows)
         pos = np.searchsorted(self.ids, flat)
         pos_c = np.minimum(pos, max(len(self.ids) - 1, 0))
@@ -666,7 +742,16 @@ class Model:
         return int(v)
 
     def _row_of_key(self, field, key):
+        if field.get("dynamic") is not None:
+            return dynamic_row(field["dynamic"], hash_key(key, field["seed"]))
         return field["offset"] + 1 + _reduce(hash_key(key, field["seed"]), field["rows"] - 1)
+
+    @staticmethod
+    def _missing_row(field):
+        """The row of a missing value: the field's slice's row 0, or its dynamic table's."""
+        if field.get("dynamic") is not None:
+            return dynamic_missing_row(field["dynamic"])
+        return field["offset"]
 
     def _list_entries(self, r, field, v):
         """A list field's value -> its entries [(row id, scale)] (FeatureSpec::EncodeList):
@@ -700,7 +785,7 @@ class Model:
             d = math.sqrt(d) if spec["combiner"] == SQRTN else d
             norm = 1.0 / d if d != 0.0 and math.isfinite(d) else 0.0
         if not items or norm == 0.0:
-            return [(field["offset"], 1.0)]
+            return [(self._missing_row(field), 1.0)]
         return [(self._row_of_key(field, self._categorical_key(k)), float(np.float32(w * norm)))
                 for k, w in items]
 
@@ -721,7 +806,7 @@ class Model:
                     entries[r][f] = self._list_entries(r, field, v)
                     width = max(width, len(entries[r][f]))
                 elif v is None or v == "":
-                    entries[r][f] = [(field["offset"], 1.0)]
+                    entries[r][f] = [(self._missing_row(field), 1.0)]
                 elif field["kind"] == CATEGORICAL:
                     entries[r][f] = [(self._row_of_key(field, self._categorical_key(v)), 1.0)]
                 elif field["numeric_mode"] == DENSE:
@@ -731,14 +816,13 @@ class Model:
                                       if field["numeric_transform"] == LOG1P else x)]
                 else:
                     b = log_squared_bucket(float(v)) & _M64
-                    h = hash_key(b, field["seed"])
-                    entries[r][f] = [(field["offset"] + 1 + _reduce(h, field["rows"] - 1), 1.0)]
+                    entries[r][f] = [(self._row_of_key(field, b), 1.0)]
         lists = any(f["list"] is not None for f in self.fields)
         ids = np.zeros((n, nf, width), dtype=np.int64)
         scales = np.zeros((n, nf, width), dtype=np.float32)
         for r in range(n):
             for f in range(nf):
-                ids[r, f, :] = self.fields[f]["offset"]  # padding: a valid row, scale 0
+                ids[r, f, :] = self._missing_row(self.fields[f])  # padding: a valid row, scale 0
                 for j, (row, scale) in enumerate(entries[r][f]):
                     ids[r, f, j], scales[r, f, j] = row, scale
         return (ids, scales) if lists else (ids[:, :, 0], scales[:, :, 0])
@@ -903,6 +987,9 @@ def _load_checkpoint(ckpt, verify):
                 rows.append(np.frombuffer(payload, np.float32, n * dim, 8 + 8 * n).reshape(n, dim))
                 states.append(np.frombuffer(payload, np.float32, n * state,
                                             8 + 8 * n + 4 * n * dim).reshape(n, state))
+            elif tag == "DYNM":
+                raise FormatError("%s: a dynamic table's rows: this reader reads them from an "
+                                  "export (pstrain export), not from a checkpoint" % where)
             elif tag == "DNSE":
                 begin, size, _opt, _r, sf, _last = struct.unpack_from("<qqIIqq", payload, 0)
                 if len(payload) != 40 + 4 * (size + sf) or begin < 0 or begin + size > dense_size:
@@ -948,6 +1035,19 @@ def _bf16(raw):
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
+def _decode_rows(body, enc, n, width, row_bytes):
+    """n rows of `width` floats from their encoded bytes (docs/SERVING.md)."""
+    if enc == 0:
+        return body.view(np.float32).reshape(n, width)
+    if enc == 1:
+        return _bf16(body.view(np.uint16)).reshape(n, width)
+    per = body.reshape(n, row_bytes)
+    w = per[:, 0:4].copy().view(np.float32)[:, 0]
+    scale = per[:, 4:8].copy().view(np.float32)[:, 0]
+    q = per[:, 8:].view(np.int8).astype(np.float32)
+    return np.concatenate([w[:, None], q * scale[:, None]], axis=1).astype(np.float32)
+
+
 def _load_export(version_dir, verify):
     path = os.path.join(version_dir, "MODEL")
     blocks = read_blocks(path, verify)
@@ -955,8 +1055,11 @@ def _load_export(version_dir, verify):
         raise FormatError("%s: expected the 'MODL' then the 'XDNS' block: not a pstrain export" % path)
     h = parse_message(blocks[0][1], _EXPORT_HEADER)
     version = h.get("format_version")
-    if version not in (1, 2):
-        raise FormatError("%s: export format version %s, this reader reads 1 and 2" % (path, version))
+    if version not in (1, 2, 3):
+        raise FormatError("%s: export format version %s, this reader reads 1 to 3" % (path, version))
+    has_dynamic = any("dynamic" in t for t in h.get("model", {}).get("features", {}).get("table", []))
+    if version < 3 and (has_dynamic or h.get("dynamic_rows", 0)):
+        raise FormatError("%s: format version %d cannot hold dynamic tables" % (path, version))
     if version == 1 and h.get("model", {}).get("features", {}).get("table"):
         raise FormatError("%s: format version 1 cannot hold tables (features.table)" % path)
     dim, enc = h["row_dim"], h.get("row_encoding", 0)
@@ -971,7 +1074,34 @@ def _load_export(version_dir, verify):
               dense, dim, h["table_rows"], tensors=tensors, step=h.get("step"),
               version=h.get("version"))
     ids, rows = [], []
+    dynamic = {}  # table -> ([keys], [rows])
+    last = (-1, -1)
     for index, (tag, payload) in enumerate(blocks[2:], start=2):
+        if tag == "XDYN" and version >= 3:
+            # A dynamic table's live rows: n, encoding, table, reserved, keys, rows at 1 + dim.
+            if len(payload) < 16:
+                raise FormatError("%s: block %d ('XDYN'): shorter than its 16-byte header"
+                                  % (path, index))
+            n, block_enc, table, _ = struct.unpack_from("<IIII", payload, 0)
+            if table >= len(m.dynamic_tables):
+                raise FormatError("%s: block %d ('XDYN'): dynamic table %d, the model has %d"
+                                  % (path, index, table, len(m.dynamic_tables)))
+            width = m.dynamic_tables[table]["width"]
+            row_bytes = {0: 4 * width, 1: 2 * width, 2: 8 + width - 1}[enc]
+            if block_enc != enc or n == 0 or len(payload) != 16 + n * (8 + row_bytes):
+                raise FormatError("%s: block %d ('XDYN'): %d bytes for %d rows of encoding %d; "
+                                  "expected encoding %d, rows of %d floats"
+                                  % (path, index, len(payload), n, block_enc, enc, width))
+            keys = np.frombuffer(payload, np.uint64, n, 16)
+            if (table, int(keys[0])) <= last or (n > 1 and not (np.diff(keys) > 0).all()):
+                raise FormatError("%s: block %d ('XDYN'): keys not (table, key) ascending"
+                                  % (path, index))
+            last = (table, int(keys[-1]))
+            body = np.frombuffer(payload, np.uint8, n * row_bytes, 16 + 8 * n)
+            d = dynamic.setdefault(table, ([], []))
+            d[0].append(keys)
+            d[1].append(_decode_rows(body, enc, n, width, row_bytes))
+            continue
         if tag != "XROW":
             continue
         n, block_enc = struct.unpack_from("<II", payload, 0)
@@ -992,16 +1122,7 @@ def _load_export(version_dir, verify):
                                                                    table["begin"], table["end"]))
         ids.append(block_ids)
         body = np.frombuffer(payload, np.uint8, n * row_bytes, 8 + 8 * n)
-        if enc == 0:
-            r = body.view(np.float32).reshape(n, width)
-        elif enc == 1:
-            r = _bf16(body.view(np.uint16)).reshape(n, width)
-        else:
-            per = body.reshape(n, row_bytes)
-            w = per[:, 0:4].copy().view(np.float32)[:, 0]
-            scale = per[:, 4:8].copy().view(np.float32)[:, 0]
-            q = per[:, 8:].view(np.int8).astype(np.float32)
-            r = np.concatenate([w[:, None], q * scale[:, None]], axis=1).astype(np.float32)
+        r = _decode_rows(body, enc, n, width, row_bytes)
         if width < dim:  # to the stride: zeros after the table's width
             r = np.concatenate([r, np.zeros((n, dim - width), np.float32)], axis=1)
         rows.append(r)
@@ -1012,6 +1133,11 @@ def _load_export(version_dir, verify):
     if len(ids) and (not (np.diff(ids) > 0).all() or ids[0] < 0 or ids[-1] >= h["table_rows"]):
         raise FormatError("%s: row ids not ascending inside [0, %d)" % (path, h["table_rows"]))
     m.ids, m.rows = ids, rows
+    m.dynamic = {t: (np.concatenate(k), np.concatenate(r)) for t, (k, r) in dynamic.items()}
+    if sum(len(k) for k, _ in m.dynamic.values()) != h.get("dynamic_rows", 0):
+        raise FormatError("%s: %d dynamic rows in its blocks, the header says %d"
+                          % (path, sum(len(k) for k, _ in m.dynamic.values()),
+                             h.get("dynamic_rows", 0)))
     return m
 
 

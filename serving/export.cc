@@ -161,7 +161,10 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
   // Format version 1 when the config names no table (such an export is byte for byte what
   // pstrain wrote before tables existed, so older readers keep reading it); 2 with tables, whose
   // rows are stored at their table's width (a reader of version 1 would misread them).
-  header.set_format_version(model.spec().has_named_tables() ? kExportFormatVersion : 1);
+  header.set_format_version(model.spec().has_dynamic_tables() ? 3
+                            : model.spec().has_named_tables() ? 2
+                                                              : 1);
+  if (model.spec().has_dynamic_tables()) header.set_dynamic_rows(model.dynamic_rows());
   *header.mutable_model() = model.description();
   header.set_row_encoding(static_cast<int>(options.encoding));
   header.set_table_rows(model.table_rows());
@@ -215,6 +218,29 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
     if (written != info.rows) {
       return absl::InternalError(absl::StrCat("export: ", written, " rows written, ", info.rows,
                                               " counted: the model changed while exported"));
+    }
+    // The dynamic tables' live rows, table by table (a snapshot of one table's live rows at a
+    // time: memory stays that table's rows).
+    int64_t dynamic_written = 0;
+    for (int d = 0; d < static_cast<int>(model.dynamic_stores().size()); ++d) {
+      ASSIGN_OR_RETURN(const DynamicSnapshot snap, model.dynamic_stores()[d]->Snapshot());
+      const int width = snap.dim;
+      for (int64_t b = 0; b < snap.rows(); b += kExportRowsPerBlock) {
+        const int64_t n = std::min<int64_t>(kExportRowsPerBlock, snap.rows() - b);
+        payload.clear();
+        Append(&payload, static_cast<uint32_t>(n));
+        Append(&payload, static_cast<uint32_t>(options.encoding));
+        Append(&payload, static_cast<uint32_t>(d));
+        Append(&payload, uint32_t{0});
+        payload.append(reinterpret_cast<const char*>(snap.keys.data() + b), 8 * n);
+        EncodeRows(options.encoding, width, n, snap.weights.data() + b * width, &payload);
+        RETURN_IF_ERROR(w->Add(kExportDynamicTag, payload));
+        dynamic_written += n;
+      }
+    }
+    if (dynamic_written != header.dynamic_rows()) {
+      return absl::InternalError(absl::StrCat("export: ", dynamic_written, " dynamic rows "
+                                              "written, ", header.dynamic_rows(), " counted"));
     }
     RETURN_IF_ERROR(w->Finish());
     info.bytes = w->bytes();
@@ -279,6 +305,14 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
     return r->Corrupt(b, absl::StrCat("format version ", header.format_version(),
                                       " cannot hold tables (features.table), version 2 does"));
   }
+  const bool has_dynamic =
+      std::any_of(header.model().features().table().begin(),
+                  header.model().features().table().end(),
+                  [](const TableConfig& t) { return t.has_dynamic(); });
+  if (header.format_version() < 3 && (has_dynamic || header.dynamic_rows() != 0)) {
+    return r->Corrupt(b, absl::StrCat("format version ", header.format_version(),
+                                      " cannot hold dynamic tables, version 3 does"));
+  }
   {
     const uint64_t file_bytes = r->size();
     const uint64_t dense_bytes = static_cast<uint64_t>(shape->dense_size) * sizeof(float);
@@ -299,6 +333,13 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
                                         " bytes each) does not fit in the file's ", file_bytes,
                                         " bytes"));
     }
+    // A dynamic row is at least a key and one float (a width-1 row).
+    const uint64_t dynamic_row_bytes = 8 + EncodedRowBytes(encoding, 1);
+    if (header.dynamic_rows() < 0 ||
+        static_cast<uint64_t>(header.dynamic_rows()) > file_bytes / dynamic_row_bytes) {
+      return r->Corrupt(b, absl::StrCat("header field dynamic_rows ", header.dynamic_rows(),
+                                        " does not fit in the file's ", file_bytes, " bytes"));
+    }
   }
   ServingModel::Origin origin{dir, header.step(), header.version()};
   absl::StatusOr<std::unique_ptr<ServingModel>> created =
@@ -318,13 +359,57 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
   }
   std::memcpy(m->mutable_dense()->data(), b.payload.data(), b.payload.size());
 
-  int64_t rows = 0, last_id = -1;
+  int64_t rows = 0, last_id = -1, dynamic_rows = 0;
+  int last_table = -1;
+  uint64_t last_key = 0;
   std::vector<float> decoded;
   std::vector<int64_t> ids;
+  std::vector<uint64_t> keys;
   while (true) {
     if (cancelled()) return stopped();
     ASSIGN_OR_RETURN(got, r->Next(&b));
     if (!got) break;
+    if (b.tag == kExportDynamicTag && header.format_version() >= 3) {
+      if (b.payload.size() < 16) return r->Corrupt(b, "shorter than its 16-byte header");
+      const int64_t n = Load<uint32_t>(b.payload.data());
+      const uint32_t enc = Load<uint32_t>(b.payload.data() + 4);
+      const uint32_t table = Load<uint32_t>(b.payload.data() + 8);
+      if (enc != static_cast<uint32_t>(encoding)) {
+        return r->Corrupt(b, absl::StrCat("row encoding ", enc, ", the header says ",
+                                          static_cast<int>(encoding)));
+      }
+      if (table >= m->dynamic_stores().size()) {
+        return r->Corrupt(b, absl::StrCat("dynamic table ", table, ", the model has ",
+                                          m->dynamic_stores().size()));
+      }
+      const int width = m->dynamic_stores()[table]->dim();
+      const int64_t row_bytes = EncodedRowBytes(encoding, width);
+      if (n == 0 || n > kExportRowsPerBlock ||
+          b.payload.size() != static_cast<size_t>(16 + n * (8 + row_bytes))) {
+        return r->Corrupt(b, absl::StrCat(b.payload.size(), " bytes for ", n,
+                                          " dynamic rows of ", row_bytes, " bytes (at most ",
+                                          kExportRowsPerBlock, " rows a block)"));
+      }
+      keys.resize(n);
+      std::memcpy(keys.data(), b.payload.data() + 16, 8 * n);
+      for (uint64_t key : keys) {
+        if (static_cast<int>(table) < last_table ||
+            (static_cast<int>(table) == last_table && key <= last_key)) {
+          return r->Corrupt(b, absl::StrCat("dynamic table ", table, " key ", key, " after table ",
+                                            last_table, " key ", last_key,
+                                            ": expected (table, key) ascending"));
+        }
+        last_table = static_cast<int>(table);
+        last_key = key;
+      }
+      decoded.resize(n * width);
+      DecodeRows(encoding, width, n, b.payload.data() + 16 + 8 * n, decoded.data());
+      RETURN_IF_ERROR(Annotate(m->StoreDynamicRows(static_cast<int>(table), keys,
+                                                   decoded.data()),
+                               path));
+      dynamic_rows += n;
+      continue;
+    }
     if (b.tag != kExportRowsTag) continue;  // a block kind this reader does not know
     if (b.payload.size() < 8) return r->Corrupt(b, "shorter than its 8-byte header");
     const int64_t n = Load<uint32_t>(b.payload.data());
@@ -370,6 +455,11 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ReadExport(const std::string& dir,
   if (rows != header.rows()) {
     return absl::DataLossError(
         absl::StrCat(path, ": ", rows, " rows in its blocks, the header says ", header.rows()));
+  }
+  if (dynamic_rows != header.dynamic_rows()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", dynamic_rows,
+                                            " dynamic rows in its blocks, the header says ",
+                                            header.dynamic_rows()));
   }
   return m;
 }

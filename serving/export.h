@@ -5,8 +5,9 @@
 //
 //   <base>/<version>/MODEL    block file:
 //     MODL  a serialized pstrain.ExportHeader (format_version 1, or 2 when the config names
-//           tables; the ModelDescription, the row encoding, table_rows, row_dim, rows,
-//           dense_size, the dense tensors, the source checkpoint and step, created_by, wall_time)
+//           tables, or 3 when it has dynamic tables; the ModelDescription, the row encoding,
+//           table_rows, row_dim, rows, dense_size, the dense tensors, the source checkpoint and
+//           step, created_by, wall_time, dynamic_rows)
 //     XDNS  the dense vector: dense_size float32
 //     XROW  the rows, in blocks of at most 65536, ids ascending across blocks, a block's rows all
 //           of one table (version 2; version 1 has one table):
@@ -16,6 +17,11 @@
 //             1 bfloat16: uint16[n][W] (the float's upper half, rounded to nearest even)
 //             2 int8:     per row: float32 w | float32 scale | int8 q[W - 1], with the
 //                         embedding v_j = q_j * scale (scale = max |v_j| / 127; w kept exact)
+//     XDYN  (version 3) a dynamic table's live rows, in blocks of at most 65536, (table, key)
+//           ascending across blocks: uint32 n | uint32 encoding | uint32 table (its dynamic
+//           index) | uint32 reserved (0) | uint64 keys[n] | the n rows in the encoding, each of
+//           1 + the table's dim floats. A key not exported reads as training reads a key
+//           without a row (ServingModel).
 //
 // Versions, as TensorFlow Serving lays them out: <base> holds one directory per version (a
 // decimal number: the checkpoint's step unless given), and a server serves the newest one. A
@@ -47,9 +53,10 @@ constexpr char kExportFileName[] = "MODEL";
 constexpr char kExportHeaderTag[] = "MODL";
 constexpr char kExportDenseTag[] = "XDNS";
 constexpr char kExportRowsTag[] = "XROW";
-// The newest format this pstrain reads and writes (2: tables); an export without named tables is
-// written as version 1, as before tables.
-constexpr int kExportFormatVersion = 2;
+constexpr char kExportDynamicTag[] = "XDYN";
+// The newest format this pstrain reads and writes (3: dynamic tables); an export without them is
+// written as before: version 2 with named tables, version 1 without.
+constexpr int kExportFormatVersion = 3;
 constexpr int kExportRowsPerBlock = 65536;
 
 enum class RowEncoding : int { kFloat32 = 0, kBfloat16 = 1, kInt8 = 2 };

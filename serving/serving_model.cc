@@ -8,7 +8,9 @@
 #include "checkpoint/block_file.h"
 #include "checkpoint/layout.h"
 #include "common/logging.h"
+#include "common/dynamic_rows.h"
 #include "common/status.h"
+#include "ps/store/dynamic_checkpoint.h"
 #include "ps/store/optimizer.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
@@ -59,6 +61,7 @@ absl::StatusOr<ServingModel::Shape> ServingModel::ShapeOf(const ModelDescription
           what, ": rows of 1 + ", t.dim, " floats do not fit the model's rows of ", shape.row_dim,
           " floats (this build's model takes no per-field dims)"));
     }
+    if (t.is_dynamic()) continue;  // no row range: a DynamicEmbeddingStore of its own
     if (t.rows > static_cast<uint64_t>(kMaxStoreRows)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.rows, " rows (a served table "
                                                      "holds at most 2^32 - 1)"));
@@ -92,6 +95,11 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
   const Model* model = m->model_.get();
   const uint64_t seed = description.init_seed();
   const int stride = m->model_->row_dim();
+  // The spec's table of each row table (the dynamic tables have none).
+  std::vector<int> spec_table;
+  for (int t = 0; t < m->spec_.num_tables(); ++t) {
+    if (!m->spec_.tables()[t].is_dynamic()) spec_table.push_back(t);
+  }
   for (size_t i = 0; i < m->row_tables_.size(); ++i) {
     const RowTable& rt = m->row_tables_[i];
     EmbeddingStore::Options o;
@@ -104,7 +112,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
     // initializer (InitTableRow).
     if (!m->spec_.has_named_tables()) {
       o.row_init = [model, seed](int64_t row, float* out) { model->InitRow(row, seed, out); };
-    } else if (m->spec_.tables()[i].is_default) {
+    } else if (m->spec_.tables()[spec_table[i]].is_default) {
       const int width = rt.width;
       o.row_init = [model, seed, stride, width](int64_t row, float* out) {
         thread_local std::vector<float> full;
@@ -113,7 +121,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
         std::copy(full.begin(), full.begin() + width, out);
       };
     } else {
-      const FeatureSpec::Table& t = m->spec_.tables()[i];
+      const FeatureSpec::Table& t = m->spec_.tables()[spec_table[i]];
       const TableInitializer init = t.initializer;
       const int dim = t.dim;
       o.row_init = [init, dim, seed](int64_t row, float* out) {
@@ -127,13 +135,60 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::Create(
     }
     m->rows_.push_back(*std::move(store));
   }
+  for (int d = 0; d < m->spec_.num_dynamic_tables(); ++d) {
+    const FeatureSpec::Table& t = m->spec_.dynamic_table(d);
+    ASSIGN_OR_RETURN(DynamicEmbeddingStore::Options o, DynamicStoreOptionsOf(t, none, seed));
+    o.optimizer = optimizer;  // weights only
+    // What training reads for a key without a row (ps/store/dynamic_store.h): the initializer
+    // with ALWAYS admission (o.row_init), zeros otherwise; no sketch, no eviction, no coin.
+    if (o.admission != DynamicEmbeddingStore::Admission::kAlways) {
+      o.admission = DynamicEmbeddingStore::Admission::kProbability;
+      o.admit_probability = 1.0;
+      o.row_init = nullptr;
+    }
+    o.ttl_steps = 0;
+    o.ttl_passes = 0;
+    o.max_rows = 0;
+    o.max_bytes = 0;
+    absl::StatusOr<std::unique_ptr<DynamicEmbeddingStore>> store =
+        DynamicEmbeddingStore::Create(std::move(o));
+    if (!store.ok()) return Annotate(store.status(), absl::StrCat("dynamic table '", t.name, "'"));
+    m->dynamic_.push_back(*std::move(store));
+  }
   m->dense_.assign(m->model_->dense_size(), 0.f);
   return m;
+}
+
+int64_t ServingModel::dynamic_rows() const {
+  int64_t n = 0;
+  for (const auto& d : dynamic_) n += d->metrics().rows_live;
+  return n;
+}
+
+absl::Status ServingModel::StoreDynamicRows(int d, absl::Span<const uint64_t> keys,
+                                            const float* weights) {
+  if (d < 0 || d >= static_cast<int>(dynamic_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("dynamic table ", d, " of ", dynamic_.size()));
+  }
+  DynamicEmbeddingStore& store = *dynamic_[d];
+  // A delta of rows only (no tombstones): Restore writes them and keeps the other rows.
+  DynamicSnapshot s;
+  s.dim = store.dim();
+  s.optimizer = store.options().optimizer->type();
+  s.state_floats = store.state_floats();
+  s.changed_since = 1;
+  s.keys.assign(keys.begin(), keys.end());
+  s.weights.assign(weights, weights + keys.size() * store.dim());
+  s.counts.assign(keys.size(), 0);
+  s.last_pass.assign(keys.size(), 0);
+  s.last_step_of.assign(keys.size(), 0);
+  return store.Restore(s);
 }
 
 int64_t ServingModel::memory_bytes() const {
   int64_t bytes = static_cast<int64_t>(dense_.size() * sizeof(float));
   for (const auto& r : rows_) bytes += r->stats().bytes;
+  for (const auto& d : dynamic_) bytes += d->metrics().bytes;
   return bytes;
 }
 
@@ -152,6 +207,49 @@ int ServingModel::RowTableOf(int64_t row) const {
 }
 
 absl::Status ServingModel::Gather(absl::Span<const int64_t> ids, float* rows) const {
+  if (dynamic_.empty() ||
+      std::none_of(ids.begin(), ids.end(), [](int64_t id) { return IsDynamicRow(id); })) {
+    return GatherFixed(ids, rows);
+  }
+  const int stride = row_dim();
+  std::vector<int64_t> fixed;
+  std::vector<size_t> fixed_at;
+  std::vector<std::vector<uint64_t>> keys(dynamic_.size());
+  std::vector<std::vector<size_t>> keys_at(dynamic_.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!IsDynamicRow(ids[i])) {
+      fixed.push_back(ids[i]);
+      fixed_at.push_back(i);
+      continue;
+    }
+    const int d = DynamicTableOf(ids[i]);
+    if (d >= static_cast<int>(dynamic_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("row id ", ids[i], " is of dynamic table ",
+                                                     d, ", the model has ", dynamic_.size()));
+    }
+    keys[d].push_back(DynamicKeyOf(ids[i]));
+    keys_at[d].push_back(i);
+  }
+  std::vector<float> part(fixed.size() * stride);
+  RETURN_IF_ERROR(GatherFixed(fixed, part.data()));
+  for (size_t j = 0; j < fixed.size(); ++j) {
+    std::copy_n(part.data() + j * stride, stride, rows + fixed_at[j] * stride);
+  }
+  for (size_t d = 0; d < dynamic_.size(); ++d) {
+    if (keys[d].empty()) continue;
+    const int width = dynamic_[d]->dim();
+    part.resize(keys[d].size() * width);
+    dynamic_[d]->Gather(keys[d], part.data());
+    for (size_t j = 0; j < keys[d].size(); ++j) {
+      float* out = rows + keys_at[d][j] * stride;
+      std::copy_n(part.data() + j * width, width, out);
+      std::fill(out + width, out + stride, 0.f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ServingModel::GatherFixed(absl::Span<const int64_t> ids, float* rows) const {
   const int stride = row_dim();
   if (rows_.size() == 1 && row_tables_[0].width == stride) return rows_[0]->Gather(ids, rows);
   // Rows by table: each table's rows gathered at its width, then expanded to the stride. The ids
@@ -297,6 +395,16 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
   }
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(chain, stores, dense.get(), mode));
+  // The dynamic tables' rows, from every shard file of every link (PS checkpoints).
+  if (!m->dynamic_.empty()) {
+    std::vector<DynamicEmbeddingStore*> dynamic;
+    std::vector<std::string> names;
+    for (size_t d = 0; d < m->dynamic_.size(); ++d) {
+      dynamic.push_back(m->dynamic_[d].get());
+      names.push_back(m->dynamic_name(static_cast<int>(d)));
+    }
+    RETURN_IF_ERROR(LoadDynamicTables(chain, dynamic, names, nullptr, "", mode));
+  }
   constexpr int64_t kRange = int64_t{1} << 20;
   std::vector<float> narrow;
   for (size_t t = 0; t < wide.size(); ++t) {

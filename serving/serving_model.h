@@ -17,6 +17,13 @@
 // however wide the model's stride row_dim() is): Gather expands a row to the stride, zeros after
 // its 1 + dim floats, as the trainer's pulled rows are (docs/SERVING.md "Tables").
 //
+// Dynamic tables (issue 28; docs/SERVING.md "Dynamic tables"): one DynamicEmbeddingStore per
+// dynamic table holding its live rows at 1 + dim floats (weights only, no optimizer slots); a
+// dynamic id (negative, common/dynamic_rows.h) reads its stored row, else what training reads for
+// a key without a row: the table's initializer with ALWAYS admission, zeros with COUNT or
+// PROBABILITY admission. Memory follows the live rows loaded (a newer export's model is a new
+// object: the old one's slabs go back when its last user drops it).
+//
 // Thread-safety: immutable after creation; every const method may be called from any number of
 // threads (shared through std::shared_ptr, e.g. by a server that swaps in a newer export while
 // requests scored by the old one finish).
@@ -32,6 +39,7 @@
 #include "absl/types/span.h"
 #include "checkpoint/layout.h"
 #include "common/env.h"
+#include "ps/store/dynamic_store.h"
 #include "ps/store/embedding_store.h"
 #include "pstrain/state.pb.h"
 #include "worker/data/feature_spec.h"
@@ -62,6 +70,7 @@ class ServingModel {
     int row_dim = 0;
     int64_t dense_size = 0;
     // In row order, covering [0, table_rows): one of row_dim floats without named tables.
+    // Dynamic tables have no row range: they are not among them.
     std::vector<RowTable> row_tables;
   };
   // A description is read from files: the largest dense vector a model may claim, refused before
@@ -106,8 +115,14 @@ class ServingModel {
   int64_t table_rows() const { return static_cast<int64_t>(spec_.total_rows()); }
   int64_t dense_size() const { return model_->dense_size(); }
   const std::vector<float>& dense() const { return dense_; }
-  // Rows with stored (trained) values.
+  // Rows with stored (trained) values, of the fixed tables.
   int64_t stored_rows() const;
+  // The dynamic tables' stores (by dynamic index) and their table names; live rows in all.
+  const std::vector<std::unique_ptr<DynamicEmbeddingStore>>& dynamic_stores() const {
+    return dynamic_;
+  }
+  const std::string& dynamic_name(int d) const { return spec_.dynamic_table(d).name; }
+  int64_t dynamic_rows() const;
   // Bytes held by the rows and their index, and the dense vector.
   int64_t memory_bytes() const;
 
@@ -119,7 +134,8 @@ class ServingModel {
   // rows[i * row_dim(), (i + 1) * row_dim()) = the weights of ids[i]: the stored row, else its
   // initial value (Model::InitRow(ids[i], init_seed) for the default table, a named table's
   // initializer: ps/store/table_rows.h InitTableRow), expanded to the stride (zeros after its
-  // table's width). INVALID_ARGUMENT naming the first id outside [0, table_rows()).
+  // table's width); a dynamic id as above. INVALID_ARGUMENT naming the first id outside
+  // [0, table_rows()) or of a dynamic table the model does not have.
   absl::Status Gather(absl::Span<const int64_t> ids, float* rows) const;
   // Every stored row in [from, to), ascending, at the stride row_dim() (zeros after a row's
   // table width): for tests and tools. Memory: that range's rows.
@@ -140,9 +156,14 @@ class ServingModel {
     return rows_[t]->RestoreRows(ids, weights, nullptr);
   }
   std::vector<float>* mutable_dense() { return &dense_; }
+  // Stores rows of dynamic table d: keys ascending and unique, weights keys.size() x its width
+  // (1 + dim). INVALID_ARGUMENT for a bad d or keys (the store's Restore checks).
+  absl::Status StoreDynamicRows(int d, absl::Span<const uint64_t> keys, const float* weights);
 
  private:
   ServingModel() = default;
+  // Gather of fixed-table ids only.
+  absl::Status GatherFixed(absl::Span<const int64_t> ids, float* rows) const;
 
   ModelDescription description_;
   Origin origin_;
@@ -150,6 +171,7 @@ class ServingModel {
   std::unique_ptr<Model> model_;
   std::vector<RowTable> row_tables_;
   std::vector<std::unique_ptr<EmbeddingStore>> rows_;  // one per row table
+  std::vector<std::unique_ptr<DynamicEmbeddingStore>> dynamic_;  // one per dynamic table
   std::vector<float> dense_;
 };
 

@@ -6,8 +6,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/dynamic_rows.h"
 #include "common/rpc/wire.h"
 #include "common/status.h"
+#include "ps/store/dynamic_routing.h"
 #include "ps/store/store_memory.h"
 
 namespace pstrain {
@@ -49,6 +51,18 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
     return absl::InvalidArgumentError(
         absl::StrCat("dense_size must be >= 0, got ", options.dense_size));
   }
+  if (options.dynamic_tables.size() > static_cast<size_t>(kMaxDynamicTables)) {
+    return absl::InvalidArgumentError(absl::StrCat("dynamic_tables: ",
+                                                   options.dynamic_tables.size(),
+                                                   " tables, at most ", kMaxDynamicTables));
+  }
+  for (size_t t = 0; t < options.dynamic_tables.size(); ++t) {
+    const int dim = options.dynamic_tables[t].dim;
+    if (dim < 1 || dim > options.row_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("dynamic_tables[", t, "].dim must be in [1, ",
+                                                     options.row_dim, "] (row_dim), got ", dim));
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> sparse_opt,
                    Optimizer::Create(options.sparse_optimizer));
   ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> dense_opt,
@@ -69,6 +83,16 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
     eo.row_versions = o.scale_row_lr_by_staleness;
     ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));
     s->stores_.push_back(std::move(store));
+  }
+  for (size_t t = 0; t < o.dynamic_tables.size(); ++t) {
+    DynamicEmbeddingStore::Options d = o.dynamic_tables[t];
+    if (d.optimizer == nullptr) d.optimizer = sparse_opt;
+    d.threads = o.threads;
+    auto store = DynamicEmbeddingStore::Create(std::move(d));
+    if (!store.ok()) {
+      return Annotate(store.status(), absl::StrCat("dynamic_tables[", t, "]"));
+    }
+    s->dynamic_stores_.push_back(*std::move(store));
   }
   const PartitionMap dense_map(o.dense_size, o.num_shards, o.num_shards);
   s->dense_begin_ = dense_map.PartitionBegin(o.shard);
@@ -95,9 +119,13 @@ absl::Status Shard::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs)
   const int S = opt_.num_shards;
   for (int64_t i = 0; i < static_cast<int64_t>(ids.size()); ++i) {
     const int64_t id = ids[i];
+    if (IsDynamicRow(id)) {
+      RETURN_IF_ERROR(RouteDynamic(id, i, runs));
+      continue;
+    }
     // Ids usually come grouped by partition (PsClient sorts them so): extend the current run
     // without a division when the id is in the same store.
-    if (!runs->empty() && stores_[runs->back().store]->Owns(id)) {
+    if (!runs->empty() && runs->back().dynamic < 0 && stores_[runs->back().store]->Owns(id)) {
       runs->back().end = i + 1;
       continue;
     }
@@ -116,6 +144,73 @@ absl::Status Shard::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs)
   return absl::OkStatus();
 }
 
+absl::Status Shard::RouteDynamic(int64_t id, int64_t i, std::vector<Run>* runs) const {
+  const int t = DynamicTableOf(id);
+  if (t >= static_cast<int>(dynamic_stores_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", opt_.shard, ": dynamic row ", id, " (position ", i, ") is of dynamic table ", t,
+        ", but this shard has ", dynamic_stores_.size(),
+        " dynamic tables (a worker with another config?)"));
+  }
+  const int owner = DynamicShardOf(id, opt_.num_shards);
+  if (owner != opt_.shard) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", opt_.shard, ": dynamic row ", id,
+                                                   " (table ", t, ", key ", DynamicKeyOf(id),
+                                                   ") is owned by shard ", owner,
+                                                   ", not by this shard"));
+  }
+  if (!runs->empty() && runs->back().dynamic == t && runs->back().end == i) {
+    runs->back().end = i + 1;
+  } else {
+    runs->push_back(Run{-1, i, i + 1, t});
+  }
+  return absl::OkStatus();
+}
+
+void Shard::GatherDynamic(absl::Span<const int64_t> ids, const Run& r, float* rows) const {
+  const DynamicEmbeddingStore& store = *dynamic_stores_[r.dynamic];
+  const int64_t n = r.end - r.begin;
+  const int dim = store.dim();
+  std::vector<uint64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = DynamicKeyOf(ids[r.begin + i]);
+  std::vector<float> packed(n * dim);
+  store.Gather(keys, packed.data());
+  const int stride = opt_.row_dim;
+  float* out = rows + r.begin * stride;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(packed.data() + i * dim, dim, out + i * stride);
+    std::fill(out + i * stride + dim, out + (i + 1) * stride, 0.f);
+  }
+}
+
+void Shard::ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
+                         int64_t step) {
+  DynamicEmbeddingStore& store = *dynamic_stores_[r.dynamic];
+  const int64_t n = r.end - r.begin;
+  const int dim = store.dim();
+  const int stride = opt_.row_dim;
+  std::vector<uint64_t> keys(n);
+  std::vector<float> packed(n * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = DynamicKeyOf(ids[r.begin + i]);
+    std::copy_n(grads + (r.begin + i) * stride, dim, packed.data() + i * dim);
+  }
+  store.Apply(keys, packed.data(), step);
+}
+
+void Shard::MaybeEvictAfter(int64_t step) {
+  const int64_t every = opt_.dynamic_evict_every_steps;
+  if (dynamic_stores_.empty() || every <= 0 || step <= 0 || step % every != 0) return;
+  int64_t last = evicted_at_step_.load();
+  // Once per step, whichever push of it comes first (ASYNC, BOUNDED: several workers push it).
+  while (last < step) {
+    if (evicted_at_step_.compare_exchange_weak(last, step)) {
+      EvictDynamic(absl::StrCat("after step ", step));
+      return;
+    }
+  }
+}
+
 absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
                                int64_t* dense_version, uint32_t* row_versions) {
   pull_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -123,6 +218,12 @@ absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float
   RETURN_IF_ERROR(Route(ids, &runs));
   const int dim = opt_.row_dim;
   for (const Run& r : runs) {
+    if (r.dynamic >= 0) {
+      // No row versions: a dynamic row reads as version 0 (never stale-scaled).
+      GatherDynamic(ids, r, rows);
+      if (row_versions != nullptr) std::fill_n(row_versions + r.begin, r.end - r.begin, 0u);
+      continue;
+    }
     RETURN_IF_ERROR(stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin),
                                              rows + r.begin * dim,
                                              row_versions != nullptr ? row_versions + r.begin
@@ -250,6 +351,10 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
 absl::Status Shard::Apply(const Update& u, int64_t step) {
   const int dim = opt_.row_dim;
   for (const Run& r : u.runs) {
+    if (r.dynamic >= 0) {
+      ApplyDynamic(u.ids, r, u.grads.data(), step);
+      continue;
+    }
     RETURN_IF_ERROR(stores_[r.store]->Apply(
         u.ids.subspan(r.begin, r.end - r.begin), u.grads.data() + r.begin * dim, step,
         u.row_versions.empty() ? nullptr : u.row_versions.data() + r.begin));
@@ -258,6 +363,7 @@ absl::Status Shard::Apply(const Update& u, int64_t step) {
     dense_->Apply(u.dense_grad.data(), step, u.dense_version);
   }
   push_rows_.fetch_add(u.ids.size(), std::memory_order_relaxed);
+  MaybeEvictAfter(step);
   return absl::OkStatus();
 }
 
@@ -268,12 +374,17 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
   RETURN_IF_ERROR(Route(ids, &runs));
   const int dim = opt_.row_dim;
   for (const Run& r : runs) {
+    if (r.dynamic >= 0) {
+      ApplyDynamic(ids, r, row_grads, step);
+      continue;
+    }
     RETURN_IF_ERROR(stores_[r.store]->Apply(
         ids.subspan(r.begin, r.end - r.begin), row_grads + r.begin * dim, step,
         row_versions != nullptr ? row_versions + r.begin : nullptr));
   }
   if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step, dense_version);
   push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  MaybeEvictAfter(step);
   return absl::OkStatus();
 }
 
@@ -354,6 +465,7 @@ DenseStore::Staleness Shard::DenseStaleness() const {
 int64_t Shard::LastStep() const {
   int64_t step = dense_ != nullptr ? dense_->last_step() : 0;
   for (const auto& s : stores_) step = std::max(step, s->last_step());
+  for (const auto& s : dynamic_stores_) step = std::max(step, s->last_step());
   return step;
 }
 
@@ -366,6 +478,7 @@ void Shard::FillInfo(InfoResponse* info) const {
   m->set_row_dim(opt_.row_dim);
   m->set_dense_size(opt_.dense_size);
   m->set_version(0);
+  for (const auto& d : dynamic_stores_) m->add_dynamic_row_dims(d->dim());
   info->set_ready(true);
   info->set_last_step(LastStep());
   info->set_dense_begin(dense_begin_);
@@ -386,6 +499,13 @@ ShardStats Shard::Stats() const {
     memory += MemoryOf(*store);
   }
   if (dense_ != nullptr) memory += MemoryOf(*dense_);
+  // A dynamic table's live rows count as initialized rows, and its measured bytes (rows, map,
+  // sketch) as the shard's; they are not split into parameter and optimizer bytes.
+  for (const auto& d : dynamic_stores_) {
+    const DynamicEmbeddingStore::Metrics m = d->metrics();
+    rows += m.rows_live;
+    memory.total_bytes += m.bytes;
+  }
   s.set_rows_initialized(rows);
   s.set_bytes(memory.total_bytes);
   s.set_parameter_bytes(memory.parameter_bytes);

@@ -1,5 +1,9 @@
 // Shard: the parameters PS shard s of S holds, and the work on them:
 //   - one EmbeddingStore per table partition it owns (PartitionMap(V, P, S).PartitionsOfShard(s));
+//   - one DynamicEmbeddingStore per dynamic table (issue 28), holding the keys this shard owns
+//     by hash (DynamicShardOf, ps/store/dynamic_routing.h); their rows travel as negative ids
+//     (common/dynamic_rows.h) and are stored at 1 + the table's dim floats, expanded to row_dim
+//     (zeros after) on pull and cut to it on push;
 //   - one DenseStore for its slice of the flat dense vector: the vector is split by size into S
 //     contiguous slices exactly like rows (PartitionMap(dense_size, S, S), slice s on shard s; the
 //     first dense_size mod S slices get one extra float). A shard with an empty slice has none;
@@ -47,6 +51,7 @@
 #include "checkpoint/layout.h"
 #include "common/env.h"
 #include "ps/store/dense_store.h"
+#include "ps/store/dynamic_store.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/partition.h"
 #include "ps/store/store_blocks.h"
@@ -81,6 +86,21 @@ class Shard {
     std::vector<EmbeddingStore::Options::RangeOptimizer> range_optimizers;
     DenseInit dense_init;  // null = zeros
     int threads = 1;       // OpenMP threads one request's gather / update is split over
+    // The dynamic tables, by dynamic index (common/dynamic_rows.h DynamicTableOf): the options of
+    // each one's store on every shard (the same on all: each holds its share of the keys, so
+    // max_rows / max_bytes are per shard). dim: 1 + the table's dim, <= row_dim. A null optimizer
+    // takes sparse_optimizer's; threads 0 takes `threads`. At most kMaxDynamicTables.
+    std::vector<DynamicEmbeddingStore::Options> dynamic_tables;
+    // The dynamic tables' names (the table names of the config), by dynamic index: what their
+    // block groups in the checkpoint file are called and matched by on restore. Empty, or one
+    // shorter than dynamic_tables: "dynamic-<index>" for the rest.
+    std::vector<std::string> dynamic_names;
+    // When the dynamic stores evict (Evict: TTL, then the per-shard cap). > 0: right after the
+    // shard applies a step that is a multiple of it (the first push of that step in ASYNC /
+    // BOUNDED; SYNC's one mean update, so that a resumed job evicts exactly where an
+    // uninterrupted one does), never at a checkpoint's COPY. 0: at every COPY (a stop's
+    // included: not resume-exact). ps_setup: checkpoint.every_steps, the chief's schedule.
+    int64_t dynamic_evict_every_steps = 0;
     // ASYNC: a dense push's learning rate / its staleness (DenseStore::scale_lr_by_staleness).
     bool scale_dense_lr_by_staleness = false;
     // ASYNC: rows keep versions; a row update's learning rate / its staleness
@@ -105,13 +125,16 @@ class Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
-  // A run of ids [begin, end) of one call that all belong to stores()[store].
+  // A run of ids [begin, end) of one call that all belong to stores()[store], or, when dynamic
+  // >= 0, all to dynamic_stores()[dynamic] (store is then -1).
   struct Run {
     int store;
     int64_t begin, end;
+    int dynamic = -1;
   };
   // Splits ids into runs of one store each; INVALID_ARGUMENT naming the first id that is out of
-  // range or owned by another shard (and its owner).
+  // range or owned by another shard (and its owner), or a dynamic id of a table this shard does
+  // not have.
   absl::Status Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const;
 
   // ---- Pulls ----
@@ -256,6 +279,10 @@ class Shard {
   int64_t dense_slice_size() const { return dense_slice_size_; }
   // Stores of the owned partitions, ascending by partition (partition shard + i * num_shards).
   const std::vector<std::unique_ptr<EmbeddingStore>>& stores() const { return stores_; }
+  // The dynamic tables' stores, by dynamic index (this shard's keys of each).
+  const std::vector<std::unique_ptr<DynamicEmbeddingStore>>& dynamic_stores() const {
+    return dynamic_stores_;
+  }
   // The dense slice, or null if this shard's slice is empty.
   DenseStore* dense() const { return dense_.get(); }
   // Random per process: a client seeing it change knows the shard restarted.
@@ -263,12 +290,26 @@ class Shard {
 
  private:
   explicit Shard(Options options);
+  // The run of dynamic id `id` at position i (appended, or extending the last run).
+  absl::Status RouteDynamic(int64_t id, int64_t i, std::vector<Run>* runs) const;
+  // Gathers / applies one dynamic run: the store's 1 + dim floats of each row at the stride
+  // row_dim (the rest of a pulled row is zeros; the rest of a pushed one is ignored).
+  void GatherDynamic(absl::Span<const int64_t> ids, const Run& r, float* rows) const;
+  void ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
+                    int64_t step);
+  // Evicts the dynamic stores (counted, logged); `why` for the log.
+  void EvictDynamic(const std::string& why);
+  // After an update of `step`: evicts when step is a multiple of dynamic_evict_every_steps, once
+  // per such step.
+  void MaybeEvictAfter(int64_t step);
+  std::atomic<int64_t> evicted_at_step_{0};  // the last step MaybeEvictAfter evicted after
 
   const Options opt_;
   const PartitionMap map_;
   int64_t dense_begin_ = 0;
   int64_t dense_slice_size_ = 0;
   std::vector<std::unique_ptr<EmbeddingStore>> stores_;
+  std::vector<std::unique_ptr<DynamicEmbeddingStore>> dynamic_stores_;
   std::unique_ptr<DenseStore> dense_;
   const uint64_t incarnation_;
   const absl::Duration start_time_;  // opt_.env->MonotonicNow() at creation
@@ -291,6 +332,13 @@ class Shard {
   std::vector<std::unique_ptr<EmbeddingStore::Image>> snap_images_ ABSL_GUARDED_BY(snap_mu_);
   uint32_t snap_changed_since_ ABSL_GUARDED_BY(snap_mu_) = 0;  // 0: a full checkpoint
   std::unique_ptr<DenseSnapshot> snap_dense_ ABSL_GUARDED_BY(snap_mu_);
+  // The dynamic stores' snapshots at the copy (full, or the delta since snap_changed_since_),
+  // by dynamic index: copies (DynamicEmbeddingStore has no copy-on-write image yet).
+  std::vector<DynamicSnapshot> snap_dynamic_ ABSL_GUARDED_BY(snap_mu_);
+  std::string DynamicName(int d) const;
+  // Restores the dynamic stores from the chain's DYN* groups of every shard file (see
+  // RestoreCheckpoint).
+  absl::Status RestoreDynamic(absl::Span<const CheckpointLink> chain, ParameterLoadMode mode);
   // Remembers that rows stamped >= generation changed after checkpoint ckpt-<step>.
   void RecordDeltaParent(int64_t step, uint32_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(snap_mu_);
   // Incremental checkpoints: the stores' generation (all stores share it), the one the held copy

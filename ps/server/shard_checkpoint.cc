@@ -2,6 +2,7 @@
 // when they happen are shard 0's (ps/server/job_coordinator.cc); the protocol is in
 // docs/CHECKPOINT.md "PS mode".
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/escaping.h"
@@ -9,8 +10,12 @@
 #include "common/file.h"
 #include "common/logging.h"
 #include "checkpoint/layout.h"
+#include "common/dynamic_rows.h"
 #include "common/status.h"
 #include "ps/server/shard.h"
+#include "ps/store/dynamic_checkpoint.h"
+#include "ps/store/dynamic_file.h"
+#include "ps/store/dynamic_routing.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
 
@@ -29,6 +34,7 @@ absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::st
   snap_header_ = std::move(header);  // shard index, map and step of this instant
   snap_consistency_ = std::move(consistency);
   snap_images_.clear();  // an earlier round's instant, never written: its copy-on-write ends
+  snap_dynamic_.clear();
   uint32_t changed_since = 0;  // every row
   if (delta_parent) {
     const auto parent = delta_parents_.find(*delta_parent);
@@ -50,6 +56,27 @@ absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::st
   const uint32_t keep_from = changed_since > 0 ? changed_since : snap_generation_;
   for (const auto& store : stores_) {
     snap_images_.push_back(store->Freeze(snap_generation_, keep_from));
+  }
+  // Dynamic tables: without a step schedule (dynamic_evict_every_steps), evict first
+  // (docs/CHECKPOINT.md "Dynamic tables in PS mode"; each eviction is a tombstone of the
+  // generation this copy ends, so this checkpoint's delta carries it), then copy the rows (full,
+  // or changed since the parent), then start the copy's generation as the fixed stores just did.
+  if (opt_.dynamic_evict_every_steps <= 0) {
+    EvictDynamic(absl::StrCat("before the checkpoint of round ", round));
+  }
+  for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
+    DynamicEmbeddingStore& store = *dynamic_stores_[d];
+    absl::StatusOr<DynamicSnapshot> snap = store.Snapshot(changed_since);
+    if (!snap.ok()) {
+      // A delta whose change logs are gone (cannot happen while the chief names its last
+      // committed checkpoint): the round fails rather than lose the tombstones.
+      snap_round_ = 0;
+      snap_images_.clear();
+      snap_dynamic_.clear();
+      return Annotate(snap.status(), absl::StrCat("shard ", opt_.shard, ": ", DynamicName(d)));
+    }
+    snap_dynamic_.push_back(*std::move(snap));
+    store.BeginGeneration(snap_generation_, keep_from);
   }
   // The dense slice is small (the MLP's share): copied.
   snap_dense_.reset(dense_ != nullptr ? new DenseSnapshot(dense_->Snapshot()) : nullptr);
@@ -117,6 +144,7 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
     ~Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       s->snap_round_ = 0;
       s->snap_images_.clear();
+      s->snap_dynamic_.clear();
       s->snap_dense_.reset();
     }
   } release{this};
@@ -131,6 +159,10 @@ absl::StatusOr<SaveShardResponse> Shard::WriteCheckpoint(int64_t round, const st
   int64_t rows = 0;
   for (const auto& image : snap_images_) {
     RETURN_IF_ERROR(SaveEmbeddingStore(*image, w.get(), snap_changed_since_, &rows));
+  }
+  for (size_t d = 0; d < snap_dynamic_.size(); ++d) {
+    RETURN_IF_ERROR(WriteDynamicSnapshot(DynamicName(d), snap_dynamic_[d], w.get()));
+    rows += snap_dynamic_[d].rows();
   }
   if (snap_dense_) RETURN_IF_ERROR(SaveDenseStore(*snap_dense_, w.get()));
   RETURN_IF_ERROR(w->Finish());
@@ -184,11 +216,16 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
       }
       return absl::OkStatus();
     }
+    if (b.tag == kDynamicMetaTag || b.tag == kDynamicRowsTag || b.tag == kDynamicDeletedTag ||
+        b.tag == kDynamicSketchTag) {
+      return absl::OkStatus();  // the dynamic tables': RestoreDynamic reads them
+    }
     return reader->Corrupt(b, "unexpected block in a shard file");
   };
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(chain, stores, dense_.get(), mode, other));
   if (header_of.empty()) restored.step = manifest.step();
+  RETURN_IF_ERROR(RestoreDynamic(chain, mode));
   if (counts.dense_floats != dense_slice_size_) {
     return absl::DataLossError(absl::StrCat(ckpt_dir, ": the shard files hold ",
                                             counts.dense_floats, " of shard ", opt_.shard, "'s ",
@@ -201,6 +238,41 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
     RecordDeltaParent(manifest.step(), generation_);
   }
   return restored;
+}
+
+void Shard::EvictDynamic(const std::string& why) {
+  for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
+    const DynamicEmbeddingStore::EvictionResult evicted = dynamic_stores_[d]->Evict();
+    if (evicted.ttl + evicted.capacity > 0) {
+      PSTRAIN_LOG(INFO) << "shard " << opt_.shard << ": " << DynamicName(static_cast<int>(d))
+                        << ": evicted " << evicted.ttl << " rows by TTL and " << evicted.capacity
+                        << " by capacity " << why << "; "
+                        << dynamic_stores_[d]->metrics().rows_live << " live";
+    }
+  }
+}
+
+std::string Shard::DynamicName(int d) const {
+  return d < static_cast<int>(opt_.dynamic_names.size()) ? opt_.dynamic_names[d]
+                                                         : absl::StrCat("dynamic-", d);
+}
+
+absl::Status Shard::RestoreDynamic(absl::Span<const CheckpointLink> chain,
+                                   ParameterLoadMode mode) {
+  if (dynamic_stores_.empty()) return absl::OkStatus();
+  std::vector<DynamicEmbeddingStore*> stores;
+  std::vector<std::string> names;
+  for (int d = 0; d < static_cast<int>(dynamic_stores_.size()); ++d) {
+    stores.push_back(dynamic_stores_[d].get());
+    names.push_back(DynamicName(d));
+  }
+  const int shard = opt_.shard, shards = opt_.num_shards;
+  return LoadDynamicTables(
+      chain, stores, names,
+      [shard, shards](int table, uint64_t key) {
+        return DynamicShardOf(DynamicRow(table, key), shards) == shard;
+      },
+      ShardFileName(shard, shards), mode);
 }
 
 }  // namespace pstrain

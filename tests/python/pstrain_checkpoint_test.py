@@ -8,8 +8,8 @@ the reader's arrays are the checkpoint's, that its forward pass of the exported 
 C++ scores (`pstrain predict`) to 1e-5, rows never trained included (its Model::InitRow twin),
 that an int8 export and a PS fixture read, that damage is refused, and that the gRPC client
 example scores through a real `pstrain serve` as the reader does; and the same for a model with
-list fields and shared rows, and for models with tables (docs/CONFIG.md "Tables": the reader,
-predict and serve agree).
+list fields and shared rows, for models with tables (docs/CONFIG.md "Tables": the reader,
+predict and serve agree), and for a model with dynamic tables trained on the PS.
 """
 
 import os
@@ -572,6 +572,91 @@ class TablesReaderTest(unittest.TestCase):
         trained = self.train_predict_export("tables_din", cats_dim=8, cats_join="", model="DIN",
                                             attention='attention_target: "item"')
         self.check_reader_and_serve(*trained, widths=[("", 5), ("item", 5), ("cats", 9)])
+
+
+# Dynamic tables (docs/ARCHITECTURE.md "Dynamic tables"), trained in a 2-host PS job (the mode
+# that carries them): `item` (ALWAYS admission, UNIFORM) shared by the candidate and the history,
+# `cats` (COUNT admission: a key seen fewer than 3 times gets no row and reads zeros). The reader
+# scores the version-3 export as `pstrain predict` does (cats never seen, items of the test only:
+# keys without rows read the initializer or zeros, as in training), and `pstrain serve` too.
+DYNAMIC_CONFIG = """
+data { train { name: "train" format: CSV } eval { name: "eval" format: CSV } shuffle_buffer: 1000 }
+features {
+  preset: NO_PRESET
+  field { name: "item" table: "item" }
+  field { name: "history" table: "item" list { combiner: MEAN max_length: 6 } }
+  field { name: "user" vocab_size: 100 }
+  field { name: "cat" table: "cats" }
+  table { name: "item" initializer { type: UNIFORM limit: 0.05 } dynamic { } }
+  table { name: "cats" dim: 4 initializer { type: TRUNCATED_NORMAL stddev: 0.03 }
+          dynamic { admission: COUNT admit_count: 3 sketch_width: 4096 sketch_depth: 2 } }
+}
+model { type: DEEPFM embedding_dim: 4 hidden: [ 16 ] }
+sparse_optimizer { type: ADAGRAD learning_rate: 0.1 initial_accumulator: 0.0001 }
+dense_optimizer { type: ADAM learning_rate: 0.003 }
+train { batch_size: 64 epochs: 2 log_every_steps: 100000 }
+threads { towers: 1 intra_op_threads: 1 inter_op_threads: 1 }
+"""
+
+
+class DynamicReaderTest(unittest.TestCase):
+    def test_dynamic_tables_score_as_predict_and_serve(self):
+        d = os.path.join(Fixture.dir, "dynamic")
+        os.makedirs(d)
+        paths = {}
+        # Test cats reach 40 (training's stop at 20), and its items i2xx become i3xx: keys never
+        # seen in training.
+        for fname, text in (("a.csv", tables_csv(1500, 1, 20)), ("b.csv", tables_csv(1500, 3, 20)),
+                            ("test.csv", tables_csv(400, 2, 40).replace(",i2", ",i3")),
+                            ("config.textproto", DYNAMIC_CONFIG)):
+            paths[fname] = os.path.join(d, fname)
+            with open(paths[fname], "w") as f:
+                f.write(text)
+        mdir, export = os.path.join(d, "m"), os.path.join(d, "export")
+        run("local", "--hosts", "2", "--config", paths["config.textproto"], "--train",
+            paths["a.csv"], "--train", paths["b.csv"], "--eval", paths["test.csv"], "--model_dir",
+            mdir)
+        scores = os.path.join(d, "scores.tsv")
+        run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format", "csv",
+            "--out", scores)
+        want = np.loadtxt(scores, dtype=np.float64)[:, 0]
+        run("export", "--model_dir", mdir, "--out", export, "--rows", "f32")
+        with open(paths["test.csv"]) as f:
+            lines = f.read().splitlines()[1:]
+        rows = [l.split(",")[1:] for l in lines]
+        m = pc.load(export)
+        self.assertEqual([t["name"] for t in m.dynamic_tables], ["item", "cats"])
+        self.assertEqual(m.tables[0]["name"], "")  # only the default table has a row range
+        self.assertGreater(len(m.dynamic[0][0]), 150)  # the items' live rows
+        ids, scales = m.encode_values([r[:4] for r in rows])
+        self.assertTrue((ids[:, 0, 0] < 0).all())  # dynamic ids
+        probs = m.predict(ids, scales)
+        np.testing.assert_allclose(probs, want, rtol=0, atol=1e-5)
+        self.assertGreater(float(np.std(probs)), 1e-2)
+        # A cat key never admitted reads zeros; an item key never seen its initializer.
+        unseen_cat = m._row_of_key(m.fields[3], m._categorical_key("c39"))
+        self.assertTrue((m.lookup([unseen_cat])[0] == 0).all())
+        unseen_item = m._row_of_key(m.fields[0], m._categorical_key("i999"))
+        init = m.lookup([unseen_item])[0]
+        self.assertEqual(init[0], 0.0)
+        self.assertTrue((init[1:5] != 0).all())
+        self.assertLessEqual(float(np.abs(init).max()), 0.05)
+        with self.assertRaises(pc.FormatError) as e:
+            pc.load(mdir)  # a PS checkpoint's dynamic rows: read the export
+        self.assertIn("export", str(e.exception))
+        import serve_client  # noqa: E402
+        server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
+                                  stdout=subprocess.PIPE, universal_newlines=True)
+        try:
+            line = server.stdout.readline()
+            self.assertIn("listening on", line)
+            client = serve_client.ServeClient(line.rsplit(" ", 1)[1].strip(), timeout=30)
+            served, _ = client.predict_tsv(lines, have_label=True, csv=True)
+            np.testing.assert_allclose(served, want, rtol=0, atol=1e-6)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0)
+            server.stdout.close()
 
 
 # DIN's target attention (docs/CONFIG.md "DIN"): `history` is pooled by an attention MLP against

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/dynamic_rows.h"
 #include "common/hash.h"
 #include "common/status.h"
 
@@ -99,6 +100,7 @@ absl::StatusOr<FeatureSpec> FeatureSpec::CreateImpl(const FeatureConfig& config,
   spec.embedding_dim_ = k;
   spec.has_named_tables_ = config.table_size() > 0;
   std::vector<Table> named;
+  int num_dynamic = 0;
   for (int t = 0; t < config.table_size(); ++t) {
     const TableConfig& tc = config.table(t);
     const std::string path = absl::StrCat("features.table[", t, "]");
@@ -130,6 +132,16 @@ absl::StatusOr<FeatureSpec> FeatureSpec::CreateImpl(const FeatureConfig& config,
     table.optimizer = tc.optimizer();
     table.partitions = tc.partitions();
     table.fm_join = tc.fm_join();
+    if (tc.has_dynamic()) {
+      table.rows = 0;
+      table.dynamic = tc.dynamic();
+      table.dynamic_index = num_dynamic++;
+      if (table.dynamic_index >= kMaxDynamicTables) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config ", path, " ('", tc.name(), "').dynamic: more than ", kMaxDynamicTables,
+            " dynamic tables (a dynamic row id carries the table in 8 bits)"));
+      }
+    }
     named.push_back(std::move(table));
   }
   auto named_index = [&](const std::string& name) {
@@ -209,7 +221,7 @@ absl::StatusOr<FeatureSpec> FeatureSpec::CreateImpl(const FeatureConfig& config,
     f.rows = dense ? 2 : fs.vocab_size();
     if (f.shares_rows_of >= 0) f.rows = specs[f.shares_rows_of].vocab_size();
     if (table_of[i] >= 0) f.rows = named[table_of[i]].rows;  // offset, seed: below
-    if (f.rows < 2) {
+    if (f.rows < 2 && !(table_of[i] >= 0 && named[table_of[i]].is_dynamic())) {
       return absl::InvalidArgumentError(absl::StrCat("config features field '", f.name,
                                                      "': vocab_size must be >= 2, got ", f.rows));
     }
@@ -265,7 +277,10 @@ absl::StatusOr<FeatureSpec> FeatureSpec::CreateImpl(const FeatureConfig& config,
           "').rows: the tables' rows pass 2^62"));
     }
     named[t].offset = offset;
-    offset += named[t].rows;
+    offset += named[t].rows;  // 0 for a dynamic table
+    if (named[t].is_dynamic()) {
+      spec.dynamic_tables_.push_back(static_cast<int>(spec.tables_.size()));
+    }
     spec.tables_.push_back(named[t]);
   }
   spec.max_dim_ = k;
@@ -280,6 +295,7 @@ absl::StatusOr<FeatureSpec> FeatureSpec::CreateImpl(const FeatureConfig& config,
       f.offset = t.offset;
       f.rows = t.rows;
       f.seed = t.seed;
+      f.dynamic = t.dynamic_index;
     }
   }
   // Target attention (list.attention_target): the target is another single-valued CATEGORICAL
@@ -372,7 +388,11 @@ FeatureConfig FeatureSpec::Resolved() const {
     TableConfig* tc = c.add_table();
     tc->set_name(t.name);
     tc->set_dim(t.dim);
-    tc->set_rows(t.rows);
+    if (t.is_dynamic()) {
+      *tc->mutable_dynamic() = t.dynamic;
+    } else {
+      tc->set_rows(t.rows);
+    }
     *tc->mutable_initializer() = t.initializer;
     if (t.optimizer.ByteSizeLong() > 0) *tc->mutable_optimizer() = t.optimizer;
     tc->set_partitions(t.partitions);
@@ -455,6 +475,15 @@ absl::Status FeatureSpec::RefuseLists(const std::string& what) const {
   return absl::OkStatus();
 }
 
+absl::Status FeatureSpec::RefuseDynamic(const std::string& what) const {
+  if (dynamic_tables_.empty()) return absl::OkStatus();
+  const Table& t = tables_[dynamic_tables_[0]];
+  return absl::UnimplementedError(absl::StrCat(
+      "table '", t.name, "' is dynamic (features.table.dynamic), and dynamic tables are not "
+      "supported by ", what, " yet (docs/ARCHITECTURE.md \"Dynamic tables\"); train it with "
+      "`pstrain train`, or remove `dynamic` and set rows to make it a fixed table"));
+}
+
 int FeatureSpec::FieldIndex(const std::string& name) const {
   for (size_t i = 0; i < fields_.size(); ++i) {
     if (fields_[i].name == name) return static_cast<int>(i);
@@ -473,6 +502,19 @@ int64_t FeatureSpec::LogSquaredBucket(double x) {
 void FeatureSpec::EncodeOne(int fi, bool present, uint64_t key, double value, int64_t* row,
                             float* scale) const {
   const Field& f = fields_[fi];
+  if (f.dynamic >= 0) {
+    // A dynamic table: the key's hash, tagged (common/dynamic_rows.h); no range to reduce into.
+    *scale = 1.0f;
+    if (!present) {
+      *row = DynamicMissingRow(f.dynamic);
+    } else if (f.kind == CATEGORICAL) {
+      *row = DynamicRow(f.dynamic, HashKey(key, f.seed));
+      *scale = static_cast<float>(value);
+    } else {  // NUMERIC bucket (a DENSE field cannot name a table)
+      *row = DynamicRow(f.dynamic, HashKey(static_cast<uint64_t>(LogSquaredBucket(value)), f.seed));
+    }
+    return;
+  }
   if (!present) {
     *row = static_cast<int64_t>(f.offset);
     *scale = 1.0f;
@@ -506,12 +548,14 @@ void FeatureSpec::EncodeList(int fi, const RawRows& raw, size_t i, std::vector<i
     norm = d != 0.0 && std::isfinite(d) ? 1.0 / d : 0.0;
   }
   if (n == 0 || norm == 0.0) {  // empty, or nothing to divide by: the missing row
-    ids->push_back(static_cast<int64_t>(f.offset));
+    ids->push_back(f.dynamic >= 0 ? DynamicMissingRow(f.dynamic) : static_cast<int64_t>(f.offset));
     values->push_back(1.0f);
     return;
   }
   for (size_t j = 0; j < n; ++j) {
-    ids->push_back(static_cast<int64_t>(f.offset + 1 + Reduce(HashKey(keys[j], f.seed), f.rows - 1)));
+    const uint64_t h = HashKey(keys[j], f.seed);
+    ids->push_back(f.dynamic >= 0 ? DynamicRow(f.dynamic, h)
+                                  : static_cast<int64_t>(f.offset + 1 + Reduce(h, f.rows - 1)));
     values->push_back(static_cast<float>(weights[j] * norm));
   }
 }

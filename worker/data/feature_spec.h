@@ -33,6 +33,12 @@ namespace pstrain {
 // table" (tables()[0] when some field uses it), dimension model.embedding_dim, rows [0, n). The
 // named tables follow in config order; a field naming table t hashes with t's seed into
 // [offset_t + 1, offset_t + rows_t), and offset_t is the missing row of every field of t.
+//
+// Dynamic tables (TableConfig.dynamic, docs/ARCHITECTURE.md "Dynamic tables") take no global
+// rows: a field of dynamic table t (dynamic index d) encodes a present value as the negative id
+// DynamicRow(d, HashKey(key, seed_t)) (the bucket b instead of key for NUMERIC bucket fields) and
+// a missing or empty value as DynamicMissingRow(d) (common/dynamic_rows.h); the stores key the
+// row by the hash.
 class FeatureSpec {
  public:
   struct Table {
@@ -48,6 +54,12 @@ class FeatureSpec {
     TableOptimizer optimizer;  // overrides of the job's sparse optimizer, as configured
     int partitions = 0;        // 0 = the cluster's rule
     TableConfig::FmJoin fm_join = TableConfig::REFUSE;
+    // Dynamic tables (TableConfig.dynamic, docs/CONFIG.md "Dynamic tables"): the table's index
+    // among the dynamic tables in config order (common/dynamic_rows.h), or -1 for a fixed table.
+    // A dynamic table has rows 0 and takes no global rows: offset is where it would start.
+    int dynamic_index = -1;
+    DynamicTableConfig dynamic;  // as configured (defaults of unset members apply)
+    bool is_dynamic() const { return dynamic_index >= 0; }
   };
   struct Field {
     std::string name;
@@ -70,6 +82,7 @@ class FeatureSpec {
     int attention_target = -1;
     std::vector<int> attention_hidden;
     int table = 0;  // index into tables()
+    int dynamic = -1;  // its table's dynamic_index (rows and offset then unused), or -1
     int dim = 0;    // its table's dim
     // True when the field's dim differs from model.embedding_dim and its table's fm_join is
     // EXCLUDE: it stays out of the FM term (ModelInputs::fm_excluded).
@@ -103,6 +116,15 @@ class FeatureSpec {
   int TableOfRow(int64_t row) const;
   // Index of the table with this name (the default table: ""), or -1.
   int TableIndex(const std::string& name) const;
+  // The dynamic tables in dynamic-index order: dynamic_table(d).dynamic_index == d.
+  int num_dynamic_tables() const { return static_cast<int>(dynamic_tables_.size()); }
+  bool has_dynamic_tables() const { return !dynamic_tables_.empty(); }
+  const Table& dynamic_table(int d) const { return tables_[dynamic_tables_[d]]; }
+  // The index into tables() of dynamic table d.
+  int dynamic_table_index(int d) const { return dynamic_tables_[d]; }
+  // For the modes that cannot carry dynamic tables yet: an error naming the first dynamic table
+  // and `what` ("allreduce"), or OK when the config has none.
+  absl::Status RefuseDynamic(const std::string& what) const;
   // True when some field holds lists: Encode then fills Batch::offsets.
   bool has_lists() const { return has_lists_; }
   // The most entries Encode makes for one example: 1 a field, max_length for a list field.
@@ -154,6 +176,7 @@ class FeatureSpec {
 
   std::vector<Field> fields_;
   std::vector<Table> tables_;
+  std::vector<int> dynamic_tables_;  // indexes into tables_, by dynamic_index
   bool has_named_tables_ = false;
   int embedding_dim_ = 0;
   int max_dim_ = 0;

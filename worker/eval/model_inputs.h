@@ -8,10 +8,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/dynamic_rows.h"
+#include "common/hash.h"
+#include "ps/store/dynamic_store.h"
 #include "ps/store/partition.h"
 #include "ps/store/table_rows.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
+#include "worker/params/local_params.h"
 
 namespace pstrain {
 
@@ -46,6 +50,7 @@ inline std::vector<PartitionMap::TableSplit> TableSplitsOf(const FeatureSpec& sp
   std::vector<PartitionMap::TableSplit> splits;
   if (!spec.has_named_tables()) return splits;
   for (const FeatureSpec::Table& t : spec.tables()) {
+    if (t.is_dynamic()) continue;  // no global rows: the shards own its keys by hash
     splits.push_back({static_cast<int64_t>(t.rows),
                       t.partitions > 0 ? t.partitions : NumPartitions(cluster, shards)});
   }
@@ -66,7 +71,7 @@ inline absl::StatusOr<StoreTables> StoreTablesOf(const FeatureSpec& spec, const 
   std::vector<TableRows> named;
   StoreTables tables;
   for (const FeatureSpec::Table& t : spec.tables()) {
-    if (t.is_default) continue;
+    if (t.is_default || t.is_dynamic()) continue;  // dynamic: DynamicStoreOptionsOf
     const int64_t begin = static_cast<int64_t>(t.offset);
     const int64_t end = static_cast<int64_t>(t.offset + t.rows);
     named.push_back({begin, end, t.dim, t.initializer});
@@ -82,6 +87,83 @@ inline absl::StatusOr<StoreTables> StoreTablesOf(const FeatureSpec& spec, const 
   }
   tables.row_init = TablesRowInit(std::move(named), std::move(default_init), model.row_dim(), seed);
   return tables;
+}
+
+// The options of the DynamicEmbeddingStore of dynamic table `table` (FeatureSpec::dynamic_table):
+// width 1 + dim, the job's sparse optimizer with the table's overrides, the admission and
+// eviction of its DynamicTableConfig (max_*_per_shard: this store's caps), and the row
+// initializer of the contract: the table's initializer as for a fixed named table
+// (InitTableRow over 1 + dim floats), called with the row's negative id DynamicRow(index, key).
+// `seed` is the job's init seed (train.seed); the sketch and the admission coin use it mixed
+// with the table's index. threads and chunk_rows keep their defaults.
+inline absl::StatusOr<DynamicEmbeddingStore::Options> DynamicStoreOptionsOf(
+    const FeatureSpec::Table& table, const OptimizerConfig& sparse, uint64_t seed) {
+  if (!table.is_dynamic()) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", table.name, "' is not dynamic"));
+  }
+  DynamicEmbeddingStore::Options o;
+  o.dim = 1 + table.dim;
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create(TableOptimizerConfig(sparse, table.optimizer));
+  if (!opt.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", table.name, "' optimizer: ", opt.status().message()));
+  }
+  o.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
+  const int index = table.dynamic_index;
+  const int dim = table.dim;
+  const TableInitializer init = table.initializer;
+  o.row_init = [init, dim, index, seed](int64_t key, float* out) {
+    InitTableRow(init, dim, 1 + dim, DynamicRow(index, static_cast<uint64_t>(key)), seed, out);
+  };
+  const DynamicTableConfig& d = table.dynamic;
+  switch (d.admission()) {
+    case DynamicTableConfig::COUNT:
+      o.admission = DynamicEmbeddingStore::Admission::kCount;
+      break;
+    case DynamicTableConfig::PROBABILITY:
+      o.admission = DynamicEmbeddingStore::Admission::kProbability;
+      break;
+    default:
+      o.admission = DynamicEmbeddingStore::Admission::kAlways;
+  }
+  o.admit_count = d.admit_count();
+  o.sketch_width = d.sketch_width();
+  o.sketch_depth = d.sketch_depth();
+  o.admit_probability = d.admit_probability();
+  o.seed = HashKey(seed, 0x64796e0000ull + static_cast<uint64_t>(index));
+  o.ttl_steps = d.ttl_steps();
+  o.ttl_passes = d.ttl_passes();
+  o.max_rows = d.max_rows_per_shard();
+  o.max_bytes = d.max_bytes_per_shard();
+  o.capacity_policy = d.capacity_policy() == DynamicTableConfig::LFU
+                          ? DynamicEmbeddingStore::CapacityPolicy::kLfu
+                          : DynamicEmbeddingStore::CapacityPolicy::kLru;
+  return o;
+}
+
+// A store per dynamic table of `spec` (DynamicStoreOptionsOf with the job's sparse optimizer and
+// train.seed, splitting each call over `threads`) given to `params`: `pstrain train`'s and the
+// benchmarks' in-process parameters. No-op without dynamic tables.
+inline absl::Status AddDynamicTablesOf(const FeatureSpec& spec, const Config& config, int threads,
+                                       LocalParams* params) {
+  if (!spec.has_dynamic_tables()) return absl::OkStatus();
+  std::vector<LocalParams::DynamicTable> dynamic;
+  for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+    const FeatureSpec::Table& t = spec.dynamic_table(d);
+    absl::StatusOr<DynamicEmbeddingStore::Options> o =
+        DynamicStoreOptionsOf(t, config.sparse_optimizer(), config.train().seed());
+    if (!o.ok()) return o.status();
+    o->threads = threads;
+    absl::StatusOr<std::unique_ptr<DynamicEmbeddingStore>> store =
+        DynamicEmbeddingStore::Create(*std::move(o));
+    if (!store.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", t.name, "': ", store.status().message()));
+    }
+    dynamic.push_back({t.name, *std::move(store)});
+  }
+  return params->AddDynamicTables(std::move(dynamic));
 }
 
 }  // namespace pstrain

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ps/store/dense_store.h"
+#include "ps/store/dynamic_store.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/store_memory.h"
 #include "ps/store/table_rows.h"
@@ -58,27 +60,66 @@ class LocalParams : public ParameterAccess, private InProcessParams {
   StoreMemory memory() const {
     StoreMemory m = MemoryOf(*rows_);
     m += MemoryOf(*dense_);
+    for (const DynamicTable& t : dynamic_) {
+      // A live row's weights and slots; total: what the store measures it holds.
+      const DynamicEmbeddingStore::Metrics dm = t.store->metrics();
+      m.parameter_bytes += dm.rows_live * t.store->dim() * 4;
+      m.optimizer_bytes += dm.rows_live * t.store->state_floats() * 4;
+      m.total_bytes += dm.bytes;
+    }
     return m;
   }
 
   EmbeddingStore* embedding() { return rows_.get(); }
   DenseStore* dense() { return dense_.get(); }
 
+  // Dynamic tables (issue 28, docs/ARCHITECTURE.md "Dynamic tables"): one DynamicEmbeddingStore
+  // per dynamic table, in dynamic-index order (FeatureSpec::dynamic_table). Every call above
+  // routes the negative ids (common/dynamic_rows.h) to the store of their table by key: a
+  // gathered row is the store's 1 + dim floats and zeros to row_dim(); an update reads the first
+  // 1 + dim floats of its gradient. Without dynamic stores the calls are the fixed store's
+  // alone, as before. Call once, before training (not thread-safe against the calls above).
+  struct DynamicTable {
+    std::string name;
+    std::unique_ptr<DynamicEmbeddingStore> store;
+  };
+  absl::Status AddDynamicTables(std::vector<DynamicTable> tables);
+  int num_dynamic() const { return static_cast<int>(dynamic_.size()); }
+  DynamicEmbeddingStore* dynamic_store(int d) { return dynamic_[d].store.get(); }
+  const std::string& dynamic_name(int d) const { return dynamic_[d].name; }
+  // The pass ("day") every dynamic store records in the rows it updates (TTL in passes).
+  void SetPass(int32_t pass) {
+    for (DynamicTable& t : dynamic_) t.store->SetPass(pass);
+  }
+
  private:
+  // The positions of a call's ids by store: the fixed store's and each dynamic table's.
+  struct Routed {
+    std::vector<int64_t> fixed;
+    std::vector<size_t> fixed_at;
+    std::vector<std::vector<uint64_t>> keys;  // per dynamic table
+    std::vector<std::vector<size_t>> at;
+  };
+  absl::Status Route(absl::Span<const int64_t> ids, Routed* r) const;
+  absl::Status GatherAll(absl::Span<const int64_t> ids, float* rows, int threads);
+  absl::Status ApplyAll(absl::Span<const int64_t> ids, const float* grads, int64_t step,
+                        int threads);
+  std::vector<DynamicTable> dynamic_;
+
   std::unique_ptr<EmbeddingStore> rows_;
   std::unique_ptr<DenseStore> dense_;
 
   // InProcessParams: the stores' calls on the calling thread.
   void BeginStep(int64_t step) override { dense_->BeginStep(step); }
   absl::Status GatherRows(absl::Span<const int64_t> ids, float* rows) override {
-    return rows_->Gather(ids, rows, /*versions=*/nullptr, /*threads=*/1);
+    return GatherAll(ids, rows, /*threads=*/1);
   }
   void CopyDense(int64_t begin, int64_t end, float* out) override {
     dense_->CopyRange(begin, end, out);
   }
   absl::Status ApplyRows(absl::Span<const int64_t> ids, const float* grads,
                          int64_t step) override {
-    return rows_->Apply(ids, grads, step, /*computed_from=*/nullptr, /*threads=*/1);
+    return ApplyAll(ids, grads, step, /*threads=*/1);
   }
   void ApplyDense(int64_t begin, int64_t end, const float* grad) override {
     dense_->UpdateRange(begin, end, grad);

@@ -69,7 +69,7 @@ uint64_t RandomIncarnation(Env* env) {
 PsClient::PsClient(Options options)
     : opt_(std::move(options)),
       router_(opt_.rows, DefaultPartitions(opt_), static_cast<int>(opt_.shards.size()),
-              opt_.dense_size, opt_.table_splits),
+              opt_.dense_size, opt_.table_splits, opt_.dynamic_row_dims),
       env_(opt_.env != nullptr ? opt_.env : Env::Default()),
       incarnation_(RandomIncarnation(env_)),
       pull_versions_(static_cast<int>(opt_.shards.size())),

@@ -98,6 +98,10 @@ class PsClient final : public ParameterAccess {
     std::vector<PartitionMap::TableSplit> table_splits;
     int row_dim = 0;                  // floats per row, > 0
     int64_t dense_size = 0;           // floats of the whole dense vector, >= 0
+    // The dynamic tables' floats per row (1 + dim, in dynamic index order; Shard::Options::
+    // dynamic_tables' dims): their rows (negative ids) go to the shard of their key's hash, and
+    // every shard must report the same (WaitForShards).
+    std::vector<int> dynamic_row_dims;
     int worker_id = 0;                // this worker's index (push ids, stats)
     int rpc_deadline_ms = 10000;      // deadline of one attempt
     int rpc_retries = 5;              // retries after the first attempt (UNAVAILABLE, DEADLINE)

@@ -1,5 +1,6 @@
 // PsClient::Options: from a cluster config, and their validation (worker/ps_client/ps_client.h).
 #include "absl/strings/str_cat.h"
+#include "common/dynamic_rows.h"
 #include "worker/ps_client/ps_client.h"
 
 namespace pstrain {
@@ -33,6 +34,16 @@ absl::Status PsClient::Options::Validate() const {
   if (o.partitions < 0) return bad(absl::StrCat("partitions must be >= 0, got ", o.partitions));
   if (o.row_dim < 1) return bad(absl::StrCat("row_dim must be > 0, got ", o.row_dim));
   if (o.dense_size < 0) return bad(absl::StrCat("dense_size must be >= 0, got ", o.dense_size));
+  if (o.dynamic_row_dims.size() > static_cast<size_t>(kMaxDynamicTables)) {
+    return bad(absl::StrCat("dynamic_row_dims: ", o.dynamic_row_dims.size(), " tables, at most ",
+                            kMaxDynamicTables));
+  }
+  for (size_t t = 0; t < o.dynamic_row_dims.size(); ++t) {
+    if (o.dynamic_row_dims[t] < 1 || o.dynamic_row_dims[t] > o.row_dim) {
+      return bad(absl::StrCat("dynamic_row_dims[", t, "] must be in [1, ", o.row_dim,
+                              "] (row_dim), got ", o.dynamic_row_dims[t]));
+    }
+  }
   if (o.rpc_deadline_ms < 1 || o.rpc_retries < 0 || o.call_deadline_ms < 0 ||
       o.initial_backoff_ms < 1 || o.max_backoff_ms < o.initial_backoff_ms) {
     return bad(absl::StrCat("need rpc_deadline_ms > 0 (", o.rpc_deadline_ms,

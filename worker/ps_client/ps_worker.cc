@@ -55,6 +55,10 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     client_options.partitions =
         PartitionMap(client_options.table_splits, cc->ps_size()).partitions();
   }
+  // The dynamic tables' rows go to the shards by key hash; each shard must hold them all.
+  for (int d = 0; d < spec.num_dynamic_tables(); ++d) {
+    client_options.dynamic_row_dims.push_back(1 + spec.dynamic_table(d).dim);
+  }
   client_options.local_shard = o.local_shard;
   client_options.local_server = o.local_server;
   client_options.security = security;

@@ -4,19 +4,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/dynamic_rows.h"
+#include "ps/store/dynamic_routing.h"
 
 namespace pstrain {
 
 ShardRouter::ShardRouter(int64_t rows, int partitions, int shards, int64_t dense_size,
-                         const std::vector<PartitionMap::TableSplit>& table_splits)
+                         const std::vector<PartitionMap::TableSplit>& table_splits,
+                         std::vector<int> dynamic_row_dims)
     : map_(table_splits.empty() ? PartitionMap(rows, partitions, shards)
                                 : PartitionMap(table_splits, shards)),
-      dense_(dense_size, shards, shards) {
+      dense_(dense_size, shards, shards),
+      dynamic_row_dims_(std::move(dynamic_row_dims)) {
   partition_rank_.resize(map_.partitions());
   int rank = 0;
   for (int s = 0; s < shards; ++s) {
     shard_rank_begin_.push_back(rank);
     for (int p : map_.PartitionsOfShard(s)) partition_rank_[p] = rank++;
+    if (!dynamic_row_dims_.empty()) dynamic_rank_.push_back(rank++);
   }
   shard_rank_begin_.push_back(rank);
 }
@@ -29,11 +35,22 @@ absl::Status ShardRouter::GroupByShard(absl::Span<const int64_t> ids, std::vecto
   }
   // Counting sort by partition rank: shards come out in order, each shard's ids grouped by
   // partition so that the shard handles each partition's ids in one run.
-  const int R = map_.partitions();
+  const int R = shard_rank_begin_.back();
   std::vector<int32_t> rank(n);
   std::vector<int64_t> start(R + 1, 0);
+  const int num_dynamic = static_cast<int>(dynamic_row_dims_.size());
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = ids[i];
+    if (IsDynamicRow(id)) {
+      if (DynamicTableOf(id) >= num_dynamic) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "row id ", id, " (position ", i, ") is of dynamic table ", DynamicTableOf(id),
+            ", but the job has ", num_dynamic, " dynamic tables"));
+      }
+      rank[i] = dynamic_rank_[DynamicShardOf(id, shards())];
+      ++start[rank[i] + 1];
+      continue;
+    }
     if (id < 0 || id >= map_.rows()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "row id ", id, " (position ", i, ") is outside the table [0, ", map_.rows(), ")"));
@@ -52,6 +69,15 @@ absl::Status ShardRouter::GroupByShard(absl::Span<const int64_t> ids, std::vecto
 absl::Status ShardRouter::CheckShard(int shard, const std::string& address,
                                      const InfoResponse& info, int row_dim, int worker) const {
   const ShardMap& m = info.map();
+  const std::vector<int> their_dynamic(m.dynamic_row_dims().begin(), m.dynamic_row_dims().end());
+  if (their_dynamic != dynamic_row_dims_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " serves shard ", info.shard(), " with ", their_dynamic.size(),
+        " dynamic tables of row dims [", absl::StrJoin(their_dynamic, ", "),
+        "], but this worker expects ", dynamic_row_dims_.size(), " of row dims [",
+        absl::StrJoin(dynamic_row_dims_, ", "),
+        "]: the shard and the worker run different configs (features.table[*].dynamic)"));
+  }
   if (info.shard() != shard || m.shards() != shards() || m.rows() != map_.rows() ||
       m.partitions() != map_.partitions() || m.row_dim() != row_dim ||
       m.dense_size() != dense_.rows()) {

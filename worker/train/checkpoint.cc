@@ -4,12 +4,101 @@
 #include "common/status.h"
 #include "checkpoint/warm_start.h"
 #include "common/logging.h"
+#include "ps/store/dynamic_file.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
 
 namespace pstrain {
+
+bool EvictDynamicTables(const WorkerState& state, int64_t every_steps, LocalParams* params) {
+  const bool pass_end = state.finished() && !state.max_steps_reached();
+  const bool scheduled = every_steps > 0 && state.step() % every_steps == 0;
+  if (params->num_dynamic() == 0 || !(pass_end || scheduled)) return false;
+  for (int d = 0; d < params->num_dynamic(); ++d) {
+    DynamicEmbeddingStore* s = params->dynamic_store(d);
+    // The TTL in passes counts finished passes: before the pass's end its clock is the last
+    // finished pass, so that a row of the previous pass not yet seen again in this one stays
+    // (with the current pass, ttl_passes 1 would evict, at the pass's first checkpoint, every
+    // row this pass had not reached yet). The trainer is between steps: nothing reads the pass.
+    const int32_t pass = s->pass();
+    if (!pass_end) s->SetPass(pass - 1);
+    const DynamicEmbeddingStore::EvictionResult e = s->Evict();
+    s->SetPass(pass);
+    if (pass_end) s->AgeAdmissionCounts();
+    PSTRAIN_LOG(INFO) << "dynamic table '" << params->dynamic_name(d) << "' at step "
+                      << state.step() << ": evicted " << e.ttl << " row(s) by TTL and "
+                      << e.capacity << " by capacity; " << s->metrics().rows_live << " live";
+  }
+  return true;
+}
+
+std::string DynamicTableFileName(const std::string& table) {
+  return absl::StrCat("dynamic-", table);
+}
+
+namespace {
+
+// Each dynamic table's file of a checkpoint: the rows changed since the delta's parent (and the
+// tombstones of the rows evicted since), or every row. The stores' generations move in lockstep
+// with the fixed store's (both start at 1 and only checkpoints raise them).
+absl::Status SaveDynamicTables(const std::string& ckpt, uint32_t generation,
+                               uint32_t changed_since, LocalParams& params,
+                               CheckpointManifest* manifest) {
+  for (int d = 0; d < params.num_dynamic(); ++d) {
+    DynamicEmbeddingStore& store = *params.dynamic_store(d);
+    if (store.generation() >= generation) {
+      return absl::InternalError(absl::StrCat(
+          "dynamic table '", params.dynamic_name(d), "' is at generation ", store.generation(),
+          ", the checkpoint's is ", generation));
+    }
+    store.BeginGeneration(generation, changed_since > 0 ? changed_since : generation);
+    ASSIGN_OR_RETURN(const DynamicSnapshot snapshot, store.Snapshot(changed_since));
+    const std::string file = DynamicTableFileName(params.dynamic_name(d));
+    ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + file));
+    RETURN_IF_ERROR(WriteDynamicSnapshot(params.dynamic_name(d), snapshot, w.get()));
+    RETURN_IF_ERROR(w->Finish());
+    auto* f = manifest->add_file();
+    f->set_name(file);
+    f->set_bytes(w->bytes());
+  }
+  return absl::OkStatus();
+}
+
+// The dynamic tables' files of every link of the chain: the base's full snapshot, then each
+// delta's rows and tombstones.
+absl::Status RestoreDynamicTables(absl::Span<const CheckpointLink> chain, LocalParams* params) {
+  for (int d = 0; d < params->num_dynamic(); ++d) {
+    const std::string& name = params->dynamic_name(d);
+    const std::string file = DynamicTableFileName(name);
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const CheckpointLink& link = chain[i];
+      bool listed = false;
+      for (const auto& f : link.manifest.file()) listed = listed || f.name() == file;
+      if (!listed) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            link.dir, " has no file ", file, " for dynamic table '", name,
+            "': it was written by a job without that table; use a new --model_dir"));
+      }
+      const std::string path = link.dir + "/" + file;
+      ASSIGN_OR_RETURN(NamedDynamicSnapshot s, ReadDynamicFile(path));
+      if (s.name != name) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": holds table '", s.name, "', expected '", name, "'"));
+      }
+      if ((i == 0) != (s.snapshot.changed_since == 0)) {
+        return absl::DataLossError(absl::StrCat(
+            path, ": a ", s.snapshot.changed_since == 0 ? "full snapshot" : "delta",
+            " where the chain needs a ", i == 0 ? "full snapshot (its base)" : "delta"));
+      }
+      RETURN_IF_ERROR(Annotate(params->dynamic_store(d)->Restore(s.snapshot), path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ModelDescription> DescribeModel(const Config& config) {
   ASSIGN_OR_RETURN(FeatureSpec spec,
@@ -61,6 +150,8 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
     f->set_name(file);
     f->set_bytes(w->bytes());
   }
+  RETURN_IF_ERROR(SaveDynamicTables(ckpt, generation, delta ? deltas->changed_since : 0, params,
+                                    &manifest));
   manifest.set_step(step);
   manifest.set_num_shards(1);
   manifest.set_table_rows(params.embedding()->end());
@@ -117,6 +208,7 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
     return absl::DataLossError(absl::StrCat(ckpt, ": its shard files hold ", counts.dense_floats,
                                             " of the ", params->dense_size(), " dense floats"));
   }
+  RETURN_IF_ERROR(RestoreDynamicTables(choice->chain, params));
   if (choice->chain.size() > 1) {
     PSTRAIN_LOG(INFO) << "restored " << ckpt << " with its chain: the full "
                       << choice->chain.front().dir << " and " << choice->chain.size() - 1
@@ -132,6 +224,12 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
 
 absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
                                             const ModelDescription& model, LocalParams* params) {
+  if (params->num_dynamic() > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "warm start (train.warm_start) of a job with dynamic table '", params->dynamic_name(0),
+        "' is not wired yet (docs/ARCHITECTURE.md \"Dynamic tables\"); start fresh or resume "
+        "its own model dir"));
+  }
   ASSIGN_OR_RETURN(const CheckpointChoice source, ChooseWarmStartCheckpoint(warm_start, model));
   const CheckpointManifest& m = source.manifest;
   if (m.row_dim() != params->row_dim() || m.dense_size() != params->dense_size() ||

@@ -6,6 +6,8 @@
 //   <dir>/ckpt-<step>/shard-0-of-1     block file: the embedding store (EMBM + EMBR blocks) and
 //                                      the dense store (DNSE), ps/store/store_blocks.h
 //   <dir>/ckpt-<step>/worker-<j>.state worker 0's state (`pstrain train`), each rank's (allreduce)
+//   <dir>/ckpt-<step>/dynamic-<table>  a dynamic table's store (`pstrain train`), full or delta
+//                                      as the checkpoint (ps/store/dynamic_file.h)
 //
 // docs/CHECKPOINT.md describes the files byte by byte.
 #pragma once
@@ -26,6 +28,20 @@
 #include "worker/params/local_params.h"
 
 namespace pstrain {
+
+// Dynamic tables (issue 28). Eviction runs right before a checkpoint's snapshot, but only at the
+// checkpoints of a schedule that depends on the step and the data alone, so that a resumed job
+// evicts exactly where an uninterrupted one does (a stop's or a timer's checkpoint would not be
+// at the same step in both): a checkpoint whose step is a multiple of `every_steps`
+// (checkpoint.every_steps; 0: none), and the final checkpoint of a pass that read all its data
+// (WorkerState finished, not max_steps_reached), which also ages the admission sketches
+// (DynamicEmbeddingStore::AgeAdmissionCounts). The TTL in passes counts finished passes: before
+// a pass's end it compares with the previous pass (a row is evicted once it missed ttl_passes
+// whole passes). Counted in the stores' metrics. Returns whether it ran.
+bool EvictDynamicTables(const WorkerState& state, int64_t every_steps, LocalParams* params);
+
+// "dynamic-<table>": a dynamic table's file in a checkpoint of `pstrain train`.
+std::string DynamicTableFileName(const std::string& table);
 
 // The model description every checkpoint's MANIFEST records (pstrain.ModelDescription): the
 // resolved feature layout (FeatureSpec::Resolved), the resolved model (ResolveModelConfig),
@@ -147,8 +163,11 @@ class LocalCheckpointer : public Checkpointer {
                               [&] { return WarmStartParams(*warm_start_, model_, params_); });
   }
   absl::StatusOr<std::string> Save(const WorkerState& state, bool /*final*/) override {
+    EvictDynamicTables(state, evict_every_steps_, params_);
     return SaveCheckpoint(dir_, state, *params_, keep_, model_, &deltas_);
   }
+  // checkpoint.every_steps: the dynamic tables' eviction schedule (EvictDynamicTables).
+  void set_evict_every_steps(int64_t every) { evict_every_steps_ = every; }
 
  private:
   const std::string dir_;
@@ -157,6 +176,7 @@ class LocalCheckpointer : public Checkpointer {
   const ModelDescription model_;
   const std::optional<WarmStart> warm_start_;
   ReplicaDeltas deltas_;
+  int64_t evict_every_steps_ = 0;
 };
 
 }  // namespace pstrain

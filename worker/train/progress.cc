@@ -27,6 +27,7 @@ std::string Duration(double s) {
 struct ProgressReporter::Gauges {
   explicit Gauges(int worker) {
     const std::map<std::string, std::string> label{{"worker", absl::StrCat(worker)}};
+    worker_label = absl::StrCat(worker);
     auto gauge = [&label](const char* name, const char* help) {
       return &prometheus::BuildGauge().Name(name).Help(help).Register(Metrics()).Add(label);
     };
@@ -52,6 +53,35 @@ struct ProgressReporter::Gauges {
       phase.push_back(&phases.Add(l));
     }
   }
+  // The dynamic tables' gauges (DynamicTables), by table: one per counter, made at first sight.
+  std::vector<prometheus::Gauge*>& Dynamic(const std::string& table) {
+    auto [it, inserted] = dynamic.try_emplace(table);
+    if (inserted) {
+      for (int i = 0; i < kDynamicCounters; ++i) {
+        it->second.push_back(
+            &prometheus::BuildGauge()
+                 .Name(absl::StrCat("pstrain_worker_dynamic_", kDynamicNames[i]))
+                 .Help(kDynamicHelp[i])
+                 .Register(Metrics())
+                 .Add({{"worker", worker_label}, {"table", table}}));
+      }
+    }
+    return it->second;
+  }
+  static constexpr int kDynamicCounters = 7;
+  static constexpr const char* kDynamicNames[kDynamicCounters] = {
+      "rows_live", "admitted", "rejected", "evicted_ttl", "evicted_capacity",
+      "new_ids_last_step", "bytes"};
+  static constexpr const char* kDynamicHelp[kDynamicCounters] = {
+      "Live rows of the dynamic table",
+      "Rows the dynamic table created (ids admitted), since the job began",
+      "Updates the dynamic table dropped (ids not admitted yet), since the job began",
+      "Rows evicted by the TTL, since the job began",
+      "Rows evicted above the row or byte cap, since the job began",
+      "Rows created by the last step's update (new ids)",
+      "Bytes the dynamic table's store holds"};
+  std::string worker_label;
+  std::map<std::string, std::vector<prometheus::Gauge*>> dynamic;
   prometheus::Counter* examples;
   prometheus::Gauge *examples_per_sec, *loss, *step, *eval_auc, *eval_logloss;
   std::vector<prometheus::Counter*> phase;
@@ -125,6 +155,26 @@ void ProgressReporter::StepPhases(double dedup, double pull, double compute, dou
   for (int i = 0; i < 5; ++i) {
     if (v[i] > gauges_->last_phase[i]) gauges_->phase[i]->Increment(v[i] - gauges_->last_phase[i]);
     gauges_->last_phase[i] = v[i];
+  }
+}
+
+void ProgressReporter::DynamicTables(int64_t step,
+                                     const std::vector<DynamicTableMetrics>& tables) {
+  for (const DynamicTableMetrics& t : tables) {
+    const int64_t v[Gauges::kDynamicCounters] = {t.rows_live,        t.admitted,
+                                                 t.rejected,         t.evicted_ttl,
+                                                 t.evicted_capacity, t.new_ids_last_step,
+                                                 t.bytes};
+    JsonObject j;
+    j.Add("wall_time", env_->WallSeconds()).Add("step", step).Add("dynamic_table", t.table);
+    std::vector<prometheus::Gauge*>& gauges = gauges_->Dynamic(t.table);
+    for (int i = 0; i < Gauges::kDynamicCounters; ++i) {
+      j.Add(Gauges::kDynamicNames[i], v[i]);
+      gauges[i]->Set(static_cast<double>(v[i]));
+      Record(events_->AddScalar(absl::StrCat("dynamic/", t.table, "/", Gauges::kDynamicNames[i]),
+                                step, static_cast<double>(v[i])));
+    }
+    std::fprintf(jsonl_, "%s\n", j.str().c_str());
   }
 }
 

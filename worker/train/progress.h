@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,6 +17,19 @@
 #include "worker/train/event_writer.h"
 
 namespace pstrain {
+
+// One dynamic table's counters (DynamicEmbeddingStore::Metrics, issue 28), for the metrics:
+// cumulative since the job began (a resumed job's stores count on from the checkpoint).
+struct DynamicTableMetrics {
+  std::string table;
+  int64_t rows_live = 0;
+  int64_t admitted = 0;          // rows created
+  int64_t rejected = 0;          // updates dropped: the id not admitted yet
+  int64_t evicted_ttl = 0;
+  int64_t evicted_capacity = 0;
+  int64_t new_ids_last_step = 0;  // rows created by the last step's update
+  int64_t bytes = 0;              // memory the table's store holds
+};
 
 // Not thread-safe: the trainer thread owns it.
 class ProgressReporter {
@@ -38,6 +52,10 @@ class ProgressReporter {
   // The step's phase times accumulated so far (worker/train/train_step.h StepProfile), for the
   // metrics.
   void StepPhases(double dedup, double pull, double compute, double reduce, double push);
+  // The dynamic tables' counters at `step`: one metrics.jsonl line per table ("dynamic_table":
+  // its name, and every counter), TensorBoard scalars dynamic/<table>/<counter>, and Prometheus
+  // gauges pstrain_worker_dynamic_<counter>{table, worker}.
+  void DynamicTables(int64_t step, const std::vector<DynamicTableMetrics>& tables);
   // An evaluation result.
   void Eval(int64_t step, double auc, double logloss, int64_t examples, bool final_eval);
   // A plain message that must not be overwritten by the progress line.

@@ -27,6 +27,7 @@ TrainLoop::TrainLoop(const Parts& parts)
       env_(parts.options->env != nullptr ? parts.options->env : Env::Default()),
       progress_(parts.progress),
       prefetch_pulls_(parts.prefetch_pulls),
+      dynamic_metrics_(parts.dynamic_metrics),
       max_steps_(config_.train().max_steps()),
       log_every_(std::max<int64_t>(1, config_.train().log_every_steps())),
       eval_every_(config_.train().eval_every_steps()),
@@ -76,6 +77,7 @@ absl::Status TrainLoop::Resume() {
     restored_.clear_position();  // a new pass reads its data from the start
   }
   nothing_to_do_ = pass.action == PassAction::kNothing;
+  pass_action_ = pass.action;
   if (have_eval_ && (config_.train().has_early_stopping() || keep_best_)) {
     // A resumed pass goes on counting its patience; a new pass starts afresh.
     stopper_.emplace(config_.train().early_stopping(),
@@ -225,6 +227,7 @@ absl::Status TrainLoop::RunStep() {
     const StepProfile& prof = step_runner_->profile();
     progress_->StepPhases(prof.dedup, prof.pull, prof.compute, prof.reduce, prof.push);
     progress_->Examples(ex_since_log_);
+    if (dynamic_metrics_) progress_->DynamicTables(step_, dynamic_metrics_());
     t_last_log_ = now;
     ex_since_log_ = 0;
     loss_since_log_ = 0;

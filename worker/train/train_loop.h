@@ -39,9 +39,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pstrain/config.pb.h"
@@ -52,6 +54,7 @@
 #include "worker/model/model.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/data_pass.h"
 #include "common/env.h"
 #include "worker/train/job_control.h"
 #include "worker/train/early_stopping.h"
@@ -74,6 +77,9 @@ class TrainLoop {
     JobControl* job = nullptr;             // required: stops, requests, the pass's end
     ProgressReporter* progress = nullptr;
     bool prefetch_pulls = false;  // TrainStep::Stage's start_pull
+    // The dynamic tables' counters, recorded at each logged step (ProgressReporter::
+    // DynamicTables); null: none.
+    std::function<std::vector<DynamicTableMetrics>()> dynamic_metrics;
   };
 
   explicit TrainLoop(const Parts& parts);
@@ -98,6 +104,8 @@ class TrainLoop {
   int64_t step() const { return step_; }
   // The data the pass reads (after Resume).
   const DataSpec& pass_spec() const { return pass_spec_; }
+  // What Resume decided for this run's pass (a fresh job, a resumed pass, a new pass, nothing).
+  PassAction pass_action() const { return pass_action_; }
 
  private:
   // The next batch to train, batches_[cur_].
@@ -149,6 +157,7 @@ class TrainLoop {
   Env* const env_;  // TrainerOptions::env: the timings' and the checkpoint schedule's clock
   ProgressReporter* const progress_;
   const bool prefetch_pulls_;
+  const std::function<std::vector<DynamicTableMetrics>()> dynamic_metrics_;
   const int64_t max_steps_, log_every_, eval_every_, ckpt_every_;
   const double ckpt_seconds_;
   const bool have_eval_;  // the chief with an eval channel evaluates
@@ -157,6 +166,7 @@ class TrainLoop {
   WorkerState restored_;  // the state resumed from (empty for a fresh start)
   // The pass this run trains: the data it reads, where it began, whether it had finished.
   DataSpec pass_spec_;
+  PassAction pass_action_ = PassAction::kFresh;
   int64_t pass_first_step_ = 0, pass_first_examples_ = 0;
   bool nothing_to_do_ = false;
   std::unique_ptr<Pipeline> pipeline_;

@@ -1,5 +1,6 @@
 #include "worker/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +42,25 @@ std::string MemoryJson(const std::string& per, const std::vector<StoreMemory>& p
   return j.str();
 }
 
+// The counters of `params`' dynamic tables (ProgressReporter's metrics, summary.json).
+std::vector<DynamicTableMetrics> DynamicMetricsOf(LocalParams& params) {
+  std::vector<DynamicTableMetrics> out;
+  for (int d = 0; d < params.num_dynamic(); ++d) {
+    const DynamicEmbeddingStore::Metrics m = params.dynamic_store(d)->metrics();
+    DynamicTableMetrics t;
+    t.table = params.dynamic_name(d);
+    t.rows_live = m.rows_live;
+    t.admitted = m.admitted;
+    t.rejected = m.rejected;
+    t.evicted_ttl = m.evicted_ttl;
+    t.evicted_capacity = m.evicted_capacity;
+    t.new_ids_last_step = m.new_keys_last_step;
+    t.bytes = m.bytes;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const Config& config,
                           const TrainerOptions& opts) {
   const ThreadConfig& t = config.threads();
@@ -76,6 +96,21 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
   }
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   if (!s.memory.empty()) j.AddRaw("memory", MemoryJson(s.memory_per, s.memory));
+  if (!s.dynamic_tables.empty()) {
+    JsonObject tables;
+    for (const DynamicTableMetrics& t : s.dynamic_tables) {
+      tables.AddRaw(t.table, JsonObject()
+                                 .Add("rows_live", t.rows_live)
+                                 .Add("admitted", t.admitted)
+                                 .Add("rejected", t.rejected)
+                                 .Add("evicted_ttl", t.evicted_ttl)
+                                 .Add("evicted_capacity", t.evicted_capacity)
+                                 .Add("new_ids_last_step", t.new_ids_last_step)
+                                 .Add("bytes", t.bytes)
+                                 .str());
+    }
+    j.AddRaw("dynamic_tables", tables.str());
+  }
   if (!s.restart_log.empty()) {
     std::string list = "[";
     for (const std::string& line : s.restart_log) {
@@ -129,6 +164,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   }
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
+  // Dynamic tables live in LocalParams (below) or on the PS shards (opts.params, a PsClient:
+  // ps/server/shard.h); allreduce refuses them before it gets here (cmd/allreduce.cc).
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
@@ -142,8 +179,11 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
     // teams: one thread each, overlapping the towers.
     ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec, *model, config.sparse_optimizer(),
                                                       config.train().seed()));
-    ASSIGN_OR_RETURN(local, LocalParams::Create(*model, spec.total_rows(), config,
+    // A store needs one row at least: a config whose every table is dynamic has none fixed.
+    ASSIGN_OR_RETURN(local, LocalParams::Create(*model,
+                                                std::max<int64_t>(1, spec.total_rows()), config,
                                                 async_local ? 1 : T * I, std::move(tables)));
+    RETURN_IF_ERROR(AddDynamicTablesOf(spec, config, async_local ? 1 : T * I, local.get()));
     if (async_local) local->EnableBackgroundPush();
     params = local.get();
     ASSIGN_OR_RETURN(ModelDescription description, DescribeModel(config));
@@ -152,6 +192,7 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
         config.train().has_warm_start() ? std::optional<WarmStart>(config.train().warm_start())
                                         : std::nullopt,
         config.checkpoint().incremental_every());
+    local_checkpointer->set_evict_every_steps(config.checkpoint().every_steps());
     checkpointer = local_checkpointer.get();
   }
   ASSIGN_OR_RETURN(auto progress,
@@ -181,8 +222,18 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   parts.job = opts.job != nullptr ? opts.job : &local_job;
   parts.progress = progress.get();
   parts.prefetch_pulls = prefetch_pulls;
+  if (local != nullptr && local->num_dynamic() > 0) {
+    parts.dynamic_metrics = [p = local.get()] { return DynamicMetricsOf(*p); };
+  }
   TrainLoop loop(parts);
   RETURN_IF_ERROR(loop.Resume());
+  if (local != nullptr && local->num_dynamic() > 0) {
+    // The pass ("day") the dynamic tables record in their rows, for the TTL in passes: the
+    // restored one (Restore sets it), one more when this run begins a new pass.
+    int32_t pass = local->dynamic_store(0)->pass();
+    if (loop.pass_action() == PassAction::kNewPass) ++pass;
+    local->SetPass(pass);
+  }
   RETURN_IF_ERROR(loop.Run());
   ASSIGN_OR_RETURN(TrainSummary summary, loop.Finish());
   const int64_t step = loop.step();
@@ -190,6 +241,11 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (local != nullptr) {
     summary.memory_per = "process";
     summary.memory = {local->memory()};
+    if (local->num_dynamic() > 0) {
+      // After the final checkpoint's eviction.
+      summary.dynamic_tables = DynamicMetricsOf(*local);
+      progress->DynamicTables(step, summary.dynamic_tables);
+    }
   }
   if (opts.after_training && !summary.preempted) {
     RETURN_IF_ERROR(opts.after_training(&summary));

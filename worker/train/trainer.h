@@ -18,6 +18,7 @@
 #include "pstrain/config.pb.h"
 #include "worker/params/params.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/progress.h"
 #include "common/env.h"
 #include "worker/train/job_control.h"
 
@@ -66,6 +67,9 @@ struct TrainSummary {
   // allreduce rank ("rank", each a full replica). summary.json "memory"; empty: omitted.
   std::string memory_per;
   std::vector<StoreMemory> memory;
+  // `train`'s dynamic tables at the end of training (summary.json "dynamic_tables", by name);
+  // empty: omitted.
+  std::vector<DynamicTableMetrics> dynamic_tables;
   // PS training: the workers' restarts by their hosts' supervisors (`--max_restarts`), one line
   // each; written to summary.json as "restarts" and "restart_log" when there were any.
   std::vector<std::string> restart_log;

@@ -65,5 +65,49 @@ TEST(ProgressReporter, WorkerMetricsAreExported) {
       testing::SampleValue(s, "pstrain_worker_step_phase_seconds_total", "phase=\"pull\"," + w), 0.3);
 }
 
+// Dynamic tables (issue 28): a metrics.jsonl line per table, TensorBoard scalars and Prometheus
+// gauges labelled by table, which follow the latest values.
+TEST(ProgressReporter, DynamicTableMetricsAreExported) {
+  const std::string dir = Dir("dynamic");
+  auto p = ProgressReporter::Create(dir, false, 10, /*worker=*/4);
+  ASSERT_TRUE(p.ok());
+  DynamicTableMetrics a;
+  a.table = "users";
+  a.rows_live = 100;
+  a.admitted = 120;
+  a.rejected = 7;
+  a.evicted_ttl = 20;
+  a.new_ids_last_step = 3;
+  a.bytes = 4096;
+  DynamicTableMetrics b;
+  b.table = "items";
+  b.rows_live = 5;
+  b.evicted_capacity = 2;
+  (*p)->DynamicTables(10, {a, b});
+  a.rows_live = 150;
+  (*p)->DynamicTables(20, {a, b});
+  (*p)->Flush();
+  std::vector<testing::Sample> s;
+  const std::string text = ScrapeText();
+  ASSERT_EQ(testing::CheckExposition(text, &s), "") << text;
+  const std::string users = "table=\"users\",worker=\"4\"";
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_rows_live", users), 150);
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_admitted", users), 120);
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_rejected", users), 7);
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_evicted_ttl", users), 20);
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_new_ids_last_step", users), 3);
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_bytes", users), 4096);
+  EXPECT_EQ(testing::SampleValue(s, "pstrain_worker_dynamic_evicted_capacity",
+                                 "table=\"items\",worker=\"4\""),
+            2);
+  auto jsonl = ReadFileToString(dir + "/metrics.jsonl");
+  ASSERT_TRUE(jsonl.ok());
+  EXPECT_EQ(Lines(dir + "/metrics.jsonl"), 4);
+  EXPECT_THAT(*jsonl, ::testing::HasSubstr(
+                          "\"step\":20,\"dynamic_table\":\"users\",\"rows_live\":150,"
+                          "\"admitted\":120,\"rejected\":7,\"evicted_ttl\":20,"
+                          "\"evicted_capacity\":0,\"new_ids_last_step\":3,\"bytes\":4096}"));
+}
+
 }  // namespace
 }  // namespace pstrain
