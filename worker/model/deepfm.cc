@@ -550,7 +550,9 @@ absl::StatusOr<int64_t> CtrModel::MakeDot(const ModelBlocks& blocks, double* flo
       RETURN_IF_ERROR(Add(name + "/w", {in, out}));
       opt.bottom.layers.push_back({static_cast<int>(in), out, w, dense_size_});
       RETURN_IF_ERROR(Add(name + "/b", {out}));
-      *flops += 4.0 * in * out;  // no backward-data into the data
+      // Forward, backward-weights and backward-data (bottom_mlp.cc), except the first layer's
+      // backward-data: its input is the data.
+      *flops += (l == 0 ? 4.0 : 6.0) * in * out;
       in = out;
     }
   }
