@@ -48,6 +48,9 @@ constexpr int kBlock = 32;
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+// GCC 12 warns of the intrinsics' own undefined pass-through operands (`__Y`) in the unpacks.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 namespace dot_avx512 {
 
@@ -221,6 +224,7 @@ void BackwardExample(const DotShape& shape, const float* front, const float* x0,
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
