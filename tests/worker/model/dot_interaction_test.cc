@@ -25,8 +25,10 @@ TEST_P(DotPathTest, MatchesReference) {
     for (int F : {1, 2, 5, 15, 16, 26, 32, 39, 70}) {
       for (int k : {1, 4, 16}) {
         if (!front && F == 1) continue;  // no pairs
+        // Only the AVX-512 kernels (k = 16) have blocks of 16 columns (kept off the AVX2 path,
+        // which CI also runs under QEMU).
         const bool block_edge = F == 15 || F == 16 || F == 26 || F == 32;
-        if (block_edge && k != 16) continue;  // only k = 16 has the blocked AVX-512 kernels
+        if (block_edge && (k != 16 || GetParam() == Isa::kAvx2)) continue;
         SCOPED_TRACE(testing::Message() << "front " << front << " F " << F << " k " << k);
         const DotShape shape{F, k, front};
         const int n = 37, m = F + (front ? 1 : 0);
