@@ -95,7 +95,7 @@ class CtrModel : public Model {
       opt.mlp = mlp_options;
       opt.max_batch = opt.cross.max_batch = opt.bottom.max_batch = max_batch;
       opt.threads = opt.cross.threads = opt.bottom.threads = intra_op_threads;
-      opt.cross.bf16 = config_.precision() == BF16;
+      opt.cross.bf16 = opt.bottom.bf16 = config_.precision() == BF16;
       ASSIGN_OR_RETURN(blocks, DenseBlocks::Create(opt));
     } else if (mlp_options.has_value()) {
       ASSIGN_OR_RETURN(mlp, Mlp::Create(*mlp_options));
