@@ -11,7 +11,7 @@
 // This is how worker/model/mlp.cc, cross_network.cc (full rank: W; low rank: V then U; DCN-Mix:
 // each expert's V_i, C_i, U_i and the gate, likewise) and bottom_mlp.cc run them. The MLP's
 // ("mlp<l>/w", "out/w") and the cross network's
-// ("cross<l>/...") run in bf16 under model.precision BF16; DLRM's bottom MLP always runs in f32.
+// ("cross<l>/...") and DLRM's bottom MLP's ("bottom<l>/w") run in bf16 under model.precision BF16.
 // Layers with N = 1 (the output layer "out/w", DCN-v2's linear head "cross_out/w") are
 // dot-product loops, not GEMMs, and are left out, as is the other non-GEMM work (the FM term,
 // DLRM's dots, the cross network's elementwise passes, activations):
@@ -56,7 +56,7 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
     if (K <= 1 || N <= 1) continue;
     const bool low =
         bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/") ||
-                 absl::StartsWith(t.name, "cross"));
+                 absl::StartsWith(t.name, "cross") || absl::StartsWith(t.name, "bottom"));
     add(M, K, N, false, false, low);
     add(K, M, N, true, false, low);
     if (t.name != "bottom0/w") add(M, N, K, false, true, low);

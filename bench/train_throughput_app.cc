@@ -9,6 +9,10 @@
 // backward-data and backward-weights at the tower's batch, each shape measured the same way), so
 // that DCN-v2's cross layers and DLRM's bottom and top MLPs are set against their own shapes.
 // --model deepfm|dcn_v2|dlrm is --config configs/<model>_criteo.textproto.
+// --paired_windows N adds N windows each followed at once by the model's own roof, and reports
+// the median of the N per-window fractions: on a shared machine the roof measured once after all
+// the windows moved 57-350 GFLOP/s between runs of the same binary, so that one run's fraction
+// said as much about the load when its roof ran as about the step.
 //
 // --mode picks how the step is driven (worker/train/train_step.h):
 //   sync      Run per step: stage, train, flush (no overlap);
@@ -24,6 +28,7 @@
 // usage: train_throughput_app [--out results.json] [--steps 20] [--windows 5]
 //                             [--settings 1x1,1x2,2x1] [--precisions f32,bf16]
 //                             [--mode pipelined] [--model dcn_v2 | --config C]
+//                             [--paired_windows 5]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -61,6 +66,9 @@ struct Result {
   double ex_per_sec, model_gflops, peak_gflops, tower_roof_gflops;
   // The roof of the model's own GEMMs at this setting (0: the model has none).
   double own_roof_gflops;
+  // --paired_windows: each window's model GFLOP/s over the own roof measured right after it
+  // (empty without the flag).
+  std::vector<double> paired_fractions;
   StepProfile profile_fraction;
   double unique_rows_per_step;
 };
@@ -68,6 +76,13 @@ struct Result {
 // The step's model FLOP/s over the roof of the model's own GEMMs; 0 when it has none.
 double OwnFraction(const Result& r) {
   return r.own_roof_gflops > 0 ? r.model_gflops / r.own_roof_gflops : 0.0;
+}
+
+// The median of v (the upper one of an even count); 0 when empty.
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 int Main(int argc, char** argv) {
@@ -88,6 +103,12 @@ int Main(int argc, char** argv) {
   flags.String("config", &config_path,
                "the config whose model and optimizers are measured (e.g. "
                "configs/dcn_v2_criteo.textproto); its features must be the CRITEO preset's");
+  int paired_windows = 0;
+  flags.Int("paired_windows", &paired_windows,
+            "after the usual measurement, this many more windows, each followed at once by the "
+            "model's own GEMM roof: the median of the per-window fractions (on a shared "
+            "machine, load that comes and goes between the steps and a roof measured later "
+            "moves a pair together, not one side of the fraction)");
   flags.String("model", &model_name,
                "deepfm, dcn_v2 or dlrm: --config configs/<model>_criteo.textproto");
   if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
@@ -198,6 +219,22 @@ int Main(int argc, char** argv) {
       r.own_roof_gflops = gemms.empty() ? 0.0 : GemmsRoofGflops(gemms, [&](const GemmShape& g) {
         return I == 1 ? ConcurrentGemmShapeGflops(g, T) : GemmShapeGflops(g, T * I);
       });
+      for (int w = 0; w < paired_windows && !gemms.empty(); ++w) {
+        StepTimingOptions one = topt;
+        one.windows = 1;
+        one.warmup_steps = 1;  // the machine is warm; one step re-warms after the roof
+        auto window = TimeTrainSteps(step->get(), access, CycleBatches(&batches), one,
+                                     &global_step);
+        if (!window.ok()) {
+          std::fprintf(stderr, "%s\n", window.status().ToString().c_str());
+          return 1;
+        }
+        const double gflops = window->examples_per_sec * (*model)->flops_per_example() * 1e-9;
+        const double roof = GemmsRoofGflops(gemms, [&](const GemmShape& g) {
+          return I == 1 ? ConcurrentGemmShapeGflops(g, T) : GemmShapeGflops(g, T * I);
+        });
+        if (roof > 0) r.paired_fractions.push_back(gflops / roof);
+      }
       const double gemm_share =
           ModelStepGemmFlopsPerExample(**model, batch, bf16) / (*model)->flops_per_example();
       r.profile_fraction = {p.dedup / elapsed, p.pull / elapsed, p.compute / elapsed,
@@ -215,6 +252,14 @@ int Main(int argc, char** argv) {
                   100 * r.profile_fraction.dedup, 100 * r.profile_fraction.pull,
                   100 * r.profile_fraction.compute, 100 * r.profile_fraction.reduce,
                   100 * r.profile_fraction.push);
+      if (!r.paired_fractions.empty()) {
+        const auto [lo, hi] =
+            std::minmax_element(r.paired_fractions.begin(), r.paired_fractions.end());
+        std::printf("%-5s paired windows: %.2f of the model's own GEMMs' roof, median of %zu "
+                    "(range %.2f-%.2f)\n",
+                    r.precision.c_str(), Median(r.paired_fractions), r.paired_fractions.size(),
+                    *lo, *hi);
+      }
       std::fflush(stdout);
     }
   }
@@ -241,6 +286,7 @@ int Main(int argc, char** argv) {
                 .Add("fraction_of_tower_gemm_roof", r.model_gflops / r.tower_roof_gflops)
                 .Add("model_gemm_roof_gflops", r.own_roof_gflops)
                 .Add("fraction_of_model_gemm_roof", OwnFraction(r))
+                .Add("paired_fraction_of_model_gemm_roof", Median(r.paired_fractions))
                 .Add("unique_rows_per_step", r.unique_rows_per_step)
                 .Add("dedup", r.profile_fraction.dedup).Add("pull", r.profile_fraction.pull)
                 .Add("towers_compute", r.profile_fraction.compute)

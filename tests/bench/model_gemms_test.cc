@@ -95,6 +95,14 @@ TEST(ModelGemmsTest, DlrmHasNoBackwardDataIntoTheNumericInputs) {
   const double gemm = 4.0 * 13 * 256 + 6.0 * (256 * 64 + 64 * 16) +
                       6.0 * (796 * 400 + 2 * 400 * 400);
   EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 512, false), gemm);
+  // The model's own count is these GEMMs (so every bottom layer but the first has its
+  // backward-data: it counted 4 in * out for all of them, 35k FLOPs an example short), the dots
+  // (2 k a pair forward, 4 k backward), the output layer and the 4 F of the embeddings.
+  EXPECT_DOUBLE_EQ((*model)->flops_per_example(), gemm + 6.0 * 16 * 780 + 6.0 * 400 + 4.0 * 39);
+  // Under bf16 the bottom MLP's GEMMs are bf16 too (worker/model/bottom_mlp.h), as the top's.
+  const auto low = Shapes(**model, 512, /*bf16=*/true);
+  EXPECT_EQ(low.at(Key{512, 13, 256, false, false}), std::make_pair(1, true));
+  EXPECT_EQ(low.at(Key{512, 796, 400, false, false}), std::make_pair(1, true));
 }
 
 }  // namespace

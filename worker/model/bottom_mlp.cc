@@ -29,6 +29,21 @@ absl::StatusOr<std::unique_ptr<BottomMlp>> BottomMlp::Create(const Options& opti
   return mlp;
 }
 
+absl::Status BottomMlp::Gemm(const Matmuls::Shape& s, const float* a, const float* b, float* c) {
+  if (!opt_.bf16) return gemm_.Run(s, a, b, c);
+  const size_t na = static_cast<size_t>(s.m) * s.k, nb = static_cast<size_t>(s.k) * s.n;
+  if (a16_.size() < na) a16_ = AlignedArray<uint16_t>(na);
+  if (b16_.size() < nb) b16_ = AlignedArray<uint16_t>(nb);
+  // Both layouts (transposed or not) are dense, so the whole operand converts as one array.
+  ParallelFor(static_cast<int64_t>(na), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(a + begin, a16_.data() + begin, end - begin);
+  });
+  ParallelFor(static_cast<int64_t>(nb), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(b + begin, b16_.data() + begin, end - begin);
+  });
+  return gemm_.RunBf16(s, a16_.data(), b16_.data(), c);
+}
+
 absl::Status BottomMlp::Forward(int n, const float* dense) {
   if (n < 0 || n > opt_.max_batch) {
     return absl::InvalidArgumentError(
@@ -38,7 +53,7 @@ absl::Status BottomMlp::Forward(int n, const float* dense) {
   for (size_t l = 0; l < opt_.layers.size(); ++l) {
     const Mlp::Layer& layer = opt_.layers[l];
     float* a = a_[l + 1].data();
-    RETURN_IF_ERROR(gemm_.Run({n, layer.in, layer.out}, a_[l].data(), dense + layer.w, a));
+    RETURN_IF_ERROR(Gemm({n, layer.in, layer.out}, a_[l].data(), dense + layer.w, a));
     const float* bias = dense + layer.b;
     const int64_t N = layer.out;
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
@@ -83,11 +98,11 @@ absl::Status BottomMlp::Backward(int n, const float* dense, const float* output_
         for (int64_t j = begin; j < end; ++j) gb[j] += dz[b * N + j];
       }
     });
-    RETURN_IF_ERROR(gemm_.Run({layer.in, n, N, /*trans_a=*/true, false, /*accumulate=*/true},
-                              a_[l].data(), dz, dense_grad + layer.w));
+    RETURN_IF_ERROR(Gemm({layer.in, n, N, /*trans_a=*/true, false, /*accumulate=*/true},
+                         a_[l].data(), dz, dense_grad + layer.w));
     if (l == 0) break;
-    RETURN_IF_ERROR(gemm_.Run({n, N, layer.in, false, /*trans_b=*/true, false}, dz,
-                              dense + layer.w, dz_[1 - cur].data()));
+    RETURN_IF_ERROR(Gemm({n, N, layer.in, false, /*trans_b=*/true, false}, dz,
+                         dense + layer.w, dz_[1 - cur].data()));
     cur = 1 - cur;
   }
   return absl::OkStatus();

@@ -2,8 +2,10 @@
 // numeric fields, a_0 = [n, fields], the last layer of width embedding_dim (its output joins the
 // embeddings in the dot interaction). W_l "bottom<l>/w" [in, out] row-major and b_l "bottom<l>/b"
 // [out] live in the caller's dense vector. GEMMs on oneDNN (Matmuls); bias, ReLU and their
-// backward are row loops. f32 (under precision BF16 only the top MLP runs in bf16). Nothing flows
-// back into the input: it is data.
+// backward are row loops. Nothing flows back into the input: it is data.
+// Precision: Options::bf16 (model.precision BF16) runs every GEMM with bf16 operands (rounded
+// from the f32 activations, weights and gradients just before it; f32 accumulation and outputs),
+// as the cross network does; the bias, ReLU and everything kept between steps stay f32.
 //
 // Thread-safety: none; one BottomMlp per tower.
 #pragma once
@@ -26,6 +28,7 @@ class BottomMlp {
     std::vector<Mlp::Layer> layers;  // at least one; layers[l].in == layers[l-1].out
     int max_batch = 0;
     int threads = 1;
+    bool bf16 = false;  // the GEMMs' operands in bf16 (needs AVX512-BF16 or AMX)
   };
 
   static absl::StatusOr<std::unique_ptr<BottomMlp>> Create(const Options& options);
@@ -46,10 +49,14 @@ class BottomMlp {
  private:
   explicit BottomMlp(const Options& options) : opt_(options) {}
 
+  // gemm_.Run, or with opt_.bf16 both operands rounded to bf16 and gemm_.RunBf16.
+  absl::Status Gemm(const Matmuls::Shape& s, const float* a, const float* b, float* c);
+
   Options opt_;
   Matmuls gemm_;
   std::vector<AlignedArray<float>> a_;  // a_0 .. a_L
   AlignedArray<float> dz_[2];           // ping-pong: d loss / d pre-activation
+  AlignedArray<uint16_t> a16_, b16_;    // bf16: the operands of the current GEMM
 };
 
 }  // namespace pstrain

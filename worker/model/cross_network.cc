@@ -1,5 +1,7 @@
 #include "worker/model/cross_network.h"
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 
@@ -21,6 +23,15 @@ void AddColumnSums(const float* d, int n, int64_t D, int threads, float* db) {
       for (int64_t j = begin; j < end; ++j) out[j] += row[j];
     }
   });
+}
+
+// x[j] = tanh(x[j]) for j < n, in registers: Eigen's vectorised rational approximation (within
+// 3e-7 relative of the double tanh over [-12, 12] and at 1e-30; NaN stays NaN, +-inf gives
+// +-1). Why: libm's scalar tanhf (through expm1f) was 11% of DCN-Mix's step samples, more
+// than its elementwise passes and the embeddings' prefetch together.
+void VectorTanh(float* x, int64_t n) {
+  Eigen::Map<Eigen::ArrayXf> a(x, n);
+  a = a.tanh();
 }
 
 }  // namespace
@@ -220,7 +231,7 @@ absl::Status CrossNetwork::MixForward(int n, size_t l, const float* dense, float
     RETURN_IF_ERROR(Gemm({n, D, r}, x, dense + layer.w + i * D * r, a1 + i * nr));
   }
   ParallelFor(K * nr, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) a1[j] = std::tanh(a1[j]);
+    VectorTanh(a1 + begin, end - begin);
   });
   for (int64_t i = 0; i < K; ++i) {
     RETURN_IF_ERROR(Gemm({n, r, r}, a1 + i * nr, dense + layer.c + i * r * r, a2 + i * nr));
@@ -232,10 +243,8 @@ absl::Status CrossNetwork::MixForward(int n, size_t l, const float* dense, float
         const float pbi = p[b * K + i];
         float* a2b = a2 + i * nr + b * r;
         float* qb = q + i * nr + b * r;
-        for (int64_t j = 0; j < r; ++j) {
-          a2b[j] = std::tanh(a2b[j]);
-          qb[j] = pbi * a2b[j];
-        }
+        VectorTanh(a2b, r);
+        for (int64_t j = 0; j < r; ++j) qb[j] = pbi * a2b[j];
       }
     }
   });

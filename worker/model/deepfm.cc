@@ -95,7 +95,7 @@ class CtrModel : public Model {
       opt.mlp = mlp_options;
       opt.max_batch = opt.cross.max_batch = opt.bottom.max_batch = max_batch;
       opt.threads = opt.cross.threads = opt.bottom.threads = intra_op_threads;
-      opt.cross.bf16 = config_.precision() == BF16;
+      opt.cross.bf16 = opt.bottom.bf16 = config_.precision() == BF16;
       ASSIGN_OR_RETURN(blocks, DenseBlocks::Create(opt));
     } else if (mlp_options.has_value()) {
       ASSIGN_OR_RETURN(mlp, Mlp::Create(*mlp_options));
@@ -550,7 +550,9 @@ absl::StatusOr<int64_t> CtrModel::MakeDot(const ModelBlocks& blocks, double* flo
       RETURN_IF_ERROR(Add(name + "/w", {in, out}));
       opt.bottom.layers.push_back({static_cast<int>(in), out, w, dense_size_});
       RETURN_IF_ERROR(Add(name + "/b", {out}));
-      *flops += 4.0 * in * out;  // no backward-data into the data
+      // Forward, backward-weights and backward-data (bottom_mlp.cc), except the first layer's
+      // backward-data: its input is the data.
+      *flops += (l == 0 ? 4.0 : 6.0) * in * out;
       in = out;
     }
   }

@@ -1,9 +1,13 @@
 #include "worker/model/dot_interaction.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <vector>
 
+#include "common/cpu.h"
 #include "common/parallel.h"
+#include "worker/model/simd.h"
 
 namespace pstrain {
 namespace {
@@ -19,14 +23,223 @@ inline const float* Vector(const DotShape& s, const float* front, const float* x
   return x0 + (b * s.fields + i) * k;
 }
 
+inline int64_t PairIndex(int m, int lo, int hi) {  // p(lo, hi), lo < hi
+  return static_cast<int64_t>(lo) * (2 * m - lo - 1) / 2 + (hi - lo - 1);
+}
+
 // DotForward's outputs per register block (four AVX2 vectors, two AVX-512 ones).
 constexpr int kBlock = 32;
 
 }  // namespace
 
+// The AVX-512 kernels for k = 16 (one vector a zmm register), reached only through KernelIsa().
+// Why: the AVX2 loops above are latency-bound at DLRM's sizes (m = 27: a row's 2-26 outputs
+// take a 32-wide block of 4 FMA chains, one chain per ymm, over the 16 steps d), and the
+// transpose before them is 432 scalar stores an example. Here:
+//   forward:  the example's m vectors transposed 16 at a time in registers, et[d][j]; then the
+//             Gram rows G[i][j] = sum_d e_i[d] et[d][j] of 4 rows i x up to 3 blocks of 16
+//             columns j at once (12 independent FMA chains), of which the lanes j > i, j < m are
+//             stored (compressed to the output's packed row); summed over d in order from 0, as
+//             before, so the dots are the same floats.
+//   backward: d E = S E as before, 8 rows i at once (8 chains of one zmm each, sharing each
+//             e_j's load), summed over j in increasing order as before.
+#if defined(__clang__)  // clang ignores #pragma GCC target (the fuzz preset builds with clang)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+// GCC 12 warns of the intrinsics' own undefined pass-through operands (`__Y`) in the unpacks.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace dot_avx512 {
+
+constexpr int kRowsF = 4;   // forward: rows i a register block
+constexpr int kMaxCols = 3;  // forward: blocks of 16 columns j a register block
+constexpr int kRowsB = 8;   // backward: rows i a register block
+
+// The 64-bit halves of a and b interleaved (lo: the even ones, hi: the odd ones).
+inline __m512 Lo64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+inline __m512 Hi64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+
+// r[t][d] -> r[d][t] for a 16 x 16 block of floats.
+inline void Transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int p = 0; p < 8; ++p) {
+    t[2 * p] = _mm512_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_ps(r[2 * p], r[2 * p + 1]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    r[4 * q + 0] = Lo64(t[4 * q + 0], t[4 * q + 2]);
+    r[4 * q + 1] = Hi64(t[4 * q + 0], t[4 * q + 2]);
+    r[4 * q + 2] = Lo64(t[4 * q + 1], t[4 * q + 3]);
+    r[4 * q + 3] = Hi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int c = 0; c < 4; ++c) {
+      t[8 * h + c] = _mm512_shuffle_f32x4(r[8 * h + c], r[8 * h + 4 + c], 0x88);
+      t[8 * h + 4 + c] = _mm512_shuffle_f32x4(r[8 * h + c], r[8 * h + 4 + c], 0xdd);
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+  }
+}
+
+// The dots of rows i0 .. i0 + kRowsF - 1 against the columns c0 .. c0 + 16 NC - 1 of et
+// [16][ld], stored into the example's packed outputs `out` where j > i and j < m.
+template <int NC>
+inline void GramBlock(const float* const e[kRowsF], const float* et, int ld, int c0, int i0,
+                      int m, float* out) {
+  __m512 acc[kRowsF][NC];
+  for (int r = 0; r < kRowsF; ++r) {
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int d = 0; d < 16; ++d) {
+    __m512 col[NC];
+    for (int c = 0; c < NC; ++c) col[c] = _mm512_load_ps(et + d * ld + c0 + 16 * c);
+    for (int r = 0; r < kRowsF; ++r) {
+      const __m512 a = _mm512_set1_ps(e[r][d]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(a, col[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kRowsF; ++r) {
+    const int i = i0 + r;
+    if (i >= m - 1) break;
+    float* row = out + PairIndex(m, i, i + 1);  // row[t] is the output of (i, i + 1 + t)
+    for (int c = 0; c < NC; ++c) {
+      const int base = c0 + 16 * c;
+      const int lo = std::max(base, i + 1), hi = std::min(base + 16, m);
+      if (lo >= hi) continue;
+      const uint32_t lanes = ((1u << (hi - base)) - 1) & ~((1u << (lo - base)) - 1);
+      const __m512 packed = _mm512_maskz_compress_ps(static_cast<__mmask16>(lanes), acc[r][c]);
+      _mm512_mask_storeu_ps(row + (lo - i - 1), static_cast<__mmask16>((1u << (hi - lo)) - 1),
+                            packed);
+    }
+  }
+}
+
+// et: 64-byte aligned scratch of 16 x ld floats, ld = m rounded up to 16.
+void ForwardExample(const DotShape& s, const float* front, const float* x0, int64_t b,
+                    float* out, float* et) {
+  const int m = s.vectors(), ld = (m + 15) / 16 * 16;
+  for (int j0 = 0; j0 < ld; j0 += 16) {
+    __m512 r[16];
+    for (int t = 0; t < 16; ++t) {
+      r[t] = j0 + t < m ? _mm512_loadu_ps(Vector(s, front, x0, b, j0 + t)) : _mm512_setzero_ps();
+    }
+    Transpose16(r);
+    for (int d = 0; d < 16; ++d) _mm512_store_ps(et + d * ld + j0, r[d]);
+  }
+  for (int i0 = 0; i0 < m - 1; i0 += kRowsF) {
+    const float* e[kRowsF];
+    // Rows past m - 2 have no outputs; they read a valid row and are not stored.
+    for (int r = 0; r < kRowsF; ++r) e[r] = Vector(s, front, x0, b, std::min(i0 + r, m - 1));
+    for (int c0 = (i0 + 1) / 16 * 16; c0 < ld; c0 += 16 * kMaxCols) {
+      switch (std::min(kMaxCols, (ld - c0) / 16)) {
+        case 3: GramBlock<3>(e, et, ld, c0, i0, m, out); break;
+        case 2: GramBlock<2>(e, et, ld, c0, i0, m, out); break;
+        default: GramBlock<1>(e, et, ld, c0, i0, m, out); break;
+      }
+    }
+  }
+}
+
+// The symmetric matrix of the pairs' gradients d (packed rows of the upper triangle), s[i][j] =
+// d[p(min, max)] with a zero diagonal, as s [ld][ld] (ld = m rounded up to 16; rows and
+// columns past m zero): the upper triangle U's rows are expanded from d's contiguous rows, and
+// S = U + U^T one pair of 16 x 16 blocks at a time through register transposes. Each entry is
+// one of d's floats plus an exact 0 (U's diagonal and lower triangle are 0), so S is exactly
+// the matrix DotBackwardExample lays out with scalar stores (351 of them at m = 27, most of the
+// backward's time once its FMAs are in registers).
+void SymmetricPairs(int m, const float* d, float* s) {
+  const int ld = (m + 15) / 16 * 16;
+  for (int i = 0; i < ld; ++i) {
+    float* row = s + static_cast<int64_t>(i) * ld;
+    const float* drow = i < m - 1 ? d + PairIndex(m, i, i + 1) : d;  // d(i, i + 1 + t)
+    for (int base = 0; base < ld; base += 16) {
+      const int lo = std::max(base, i + 1), hi = std::min(base + 16, m);
+      if (lo >= hi) {
+        _mm512_store_ps(row + base, _mm512_setzero_ps());
+        continue;
+      }
+      const uint32_t lanes = ((1u << (hi - base)) - 1) & ~((1u << (lo - base)) - 1);
+      _mm512_store_ps(row + base, _mm512_maskz_expandloadu_ps(static_cast<__mmask16>(lanes),
+                                                              drow + (lo - i - 1)));
+    }
+  }
+  for (int bi = 0; bi < ld; bi += 16) {
+    for (int bj = bi; bj < ld; bj += 16) {
+      __m512 u[16], v[16];  // U's blocks (bi, bj) and (bj, bi)
+      for (int t = 0; t < 16; ++t) {
+        u[t] = _mm512_load_ps(s + static_cast<int64_t>(bi + t) * ld + bj);
+        v[t] = _mm512_load_ps(s + static_cast<int64_t>(bj + t) * ld + bi);
+      }
+      __m512 vt[16];
+      for (int t = 0; t < 16; ++t) vt[t] = v[t];
+      Transpose16(vt);
+      for (int t = 0; t < 16; ++t) {
+        _mm512_store_ps(s + static_cast<int64_t>(bi + t) * ld + bj, _mm512_add_ps(u[t], vt[t]));
+      }
+      if (bj == bi) continue;  // a diagonal block: u is v
+      Transpose16(u);
+      for (int t = 0; t < 16; ++t) {
+        _mm512_store_ps(s + static_cast<int64_t>(bj + t) * ld + bi, _mm512_add_ps(v[t], u[t]));
+      }
+    }
+  }
+}
+
+// d: the example's packed pairs' gradients; s: 64-byte aligned scratch of ld x ld floats
+// (SymmetricPairs).
+void BackwardExample(const DotShape& shape, const float* front, const float* x0, int64_t b,
+                     const float* d, float* s, float* d_front, float* dx0) {
+  const int m = shape.vectors(), F = shape.fields, ld = (m + 15) / 16 * 16;
+  SymmetricPairs(m, d, s);
+  for (int i0 = 0; i0 < m; i0 += kRowsB) {
+    __m512 acc[kRowsB];
+    for (int r = 0; r < kRowsB; ++r) acc[r] = _mm512_setzero_ps();
+    const float* srow = s + static_cast<int64_t>(i0) * ld;
+    for (int j = 0; j < m; ++j) {
+      const __m512 ej = _mm512_loadu_ps(Vector(shape, front, x0, b, j));
+      for (int r = 0; r < kRowsB; ++r) {
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(srow[r * ld + j]), ej, acc[r]);
+      }
+    }
+    for (int r = 0; r < kRowsB && i0 + r < m; ++r) {
+      const int i = i0 + r;
+      float* g = shape.front && i == 0 ? d_front + b * 16
+                                       : dx0 + (b * F + i - (shape.front ? 1 : 0)) * 16;
+      _mm512_storeu_ps(g, acc[r]);
+    }
+  }
+}
+
+}  // namespace dot_avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
 void DotForward(const DotShape& shape, int n, const float* front, const float* x0, float* dots,
                 int64_t out_stride, int threads) {
   const int m = shape.vectors(), k = shape.dim;
+  if (k == 16 && KernelIsa() >= Isa::kAvx512Core) {
+    ParallelFor(n, threads, [&](int, int, int64_t begin, int64_t end) {
+      AlignedArray<float> et(16 * static_cast<size_t>((m + 15) / 16 * 16));
+      for (int64_t b = begin; b < end; ++b) {
+        dot_avx512::ForwardExample(shape, front, x0, b, dots + b * out_stride, et.data());
+      }
+    });
+    return;
+  }
   // The transposed vectors' rows are padded by a block so that a block's loads past m read zeros.
   const int64_t ld = m + kBlock;
   ParallelFor(n, threads, [&](int, int, int64_t begin, int64_t end) {
@@ -68,10 +281,6 @@ namespace {
 // once: kRows independent FMA chains share each e_j's load (one row's chain alone waits on the
 // FMA latency).
 constexpr int kRows = 4;
-
-inline int64_t PairIndex(int m, int lo, int hi) {  // p(lo, hi), lo < hi
-  return static_cast<int64_t>(lo) * (2 * m - lo - 1) / 2 + (hi - lo - 1);
-}
 
 template <int K>
 void DotBackwardExample(const DotShape& shape, const float* front, const float* x0, int64_t b,
@@ -128,6 +337,17 @@ void DotBackwardExample(const DotShape& shape, const float* front, const float* 
 
 void DotBackward(const DotShape& shape, int n, const float* front, const float* x0,
                  const float* d_dots, int64_t in_stride, float* d_front, float* dx0, int threads) {
+  if (shape.dim == 16 && KernelIsa() >= Isa::kAvx512Core) {
+    const int ld = (shape.vectors() + 15) / 16 * 16;
+    ParallelFor(n, threads, [&](int, int, int64_t begin, int64_t end) {
+      AlignedArray<float> s(static_cast<size_t>(ld) * ld);
+      for (int64_t b = begin; b < end; ++b) {
+        dot_avx512::BackwardExample(shape, front, x0, b, d_dots + b * in_stride, s.data(),
+                                    d_front, dx0);
+      }
+    });
+    return;
+  }
   ParallelFor(n, threads, [&](int, int, int64_t begin, int64_t end) {
     std::vector<float> sym;
     for (int64_t b = begin; b < end; ++b) {

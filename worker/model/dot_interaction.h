@@ -10,6 +10,11 @@
 // Backward: d e_i = sum_{j != i} d dots[p(i, j)] e_j, summed over j in increasing order; the
 // pairs' gradients are first laid out as a symmetric m x m matrix S (zero diagonal), so that
 // d E = S E runs four rows i at a time in registers (k = 16; other k one row at a time).
+// On the AVX-512 path (KernelIsa() >= avx512_core) and k = 16, dot_interaction.cc's dot_avx512
+// kernels: the forward as register blocks of the Gram matrix (4 rows x up to 48 columns, the
+// vectors transposed 16 at a time in registers), the backward's S built with register
+// transposes and d E = S E 8 rows at a time; same summation orders, so the same floats as the
+// AVX2 path (dot_interaction_test), about 3x (forward) and 1.4x (backward) its speed at m = 40.
 //
 // Thread-safety: the functions are pure apart from their outputs; they split the examples over
 // `threads` with ParallelFor.
