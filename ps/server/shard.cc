@@ -9,6 +9,7 @@
 #include "common/rpc/wire.h"
 #include "common/status.h"
 #include "ps/store/store_memory.h"
+#include "ps/store/table_rows.h"
 
 namespace pstrain {
 
@@ -58,12 +59,15 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
   const Options& o = s->opt_;
   for (int p : s->map_.PartitionsOfShard(o.shard)) {
     if (s->map_.PartitionSize(p) == 0) break;  // V < P: the trailing partitions are empty
+    // The partition's table's width (compact widths, ps/store/table_rows.h): its rows are
+    // expanded to the stride on a gather and cut to the width on an apply.
+    const int width = RowWidth(s->map_, p, o.row_dim);
     EmbeddingStore::Options eo;
     eo.begin = s->map_.PartitionBegin(p);
     eo.end = s->map_.PartitionBegin(p + 1);
-    eo.dim = o.row_dim;
+    eo.dim = width;
     eo.optimizer = sparse_opt;
-    eo.row_init = o.row_init;
+    eo.row_init = NarrowRowInit(o.row_init, o.row_dim, width);
     eo.range_optimizers = o.range_optimizers;
     eo.threads = o.threads;
     eo.row_versions = o.scale_row_lr_by_staleness;
@@ -123,10 +127,10 @@ absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float
   RETURN_IF_ERROR(Route(ids, &runs));
   const int dim = opt_.row_dim;
   for (const Run& r : runs) {
-    RETURN_IF_ERROR(stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin),
-                                             rows + r.begin * dim,
-                                             row_versions != nullptr ? row_versions + r.begin
-                                                                     : nullptr));
+    const EmbeddingStore& store = *stores_[r.store];
+    RETURN_IF_ERROR(store.Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim,
+                                 row_versions != nullptr ? row_versions + r.begin : nullptr));
+    ExpandRowsInPlace(rows + r.begin * dim, r.end - r.begin, store.dim(), dim);
   }
   if (dense != nullptr && dense_ != nullptr) {
     const int64_t version = dense_->Get(dense);
@@ -248,12 +252,8 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
 }
 
 absl::Status Shard::Apply(const Update& u, int64_t step) {
-  const int dim = opt_.row_dim;
-  for (const Run& r : u.runs) {
-    RETURN_IF_ERROR(stores_[r.store]->Apply(
-        u.ids.subspan(r.begin, r.end - r.begin), u.grads.data() + r.begin * dim, step,
-        u.row_versions.empty() ? nullptr : u.row_versions.data() + r.begin));
-  }
+  RETURN_IF_ERROR(ApplyRuns(u.runs, u.ids, u.grads.data(), step,
+                            u.row_versions.empty() ? nullptr : u.row_versions.data()));
   if (!u.dense_grad.empty() && dense_ != nullptr) {
     dense_->Apply(u.dense_grad.data(), step, u.dense_version);
   }
@@ -266,14 +266,29 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
                           const uint32_t* row_versions) {
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
-  const int dim = opt_.row_dim;
-  for (const Run& r : runs) {
-    RETURN_IF_ERROR(stores_[r.store]->Apply(
-        ids.subspan(r.begin, r.end - r.begin), row_grads + r.begin * dim, step,
-        row_versions != nullptr ? row_versions + r.begin : nullptr));
-  }
+  RETURN_IF_ERROR(ApplyRuns(runs, ids, row_grads, step, row_versions));
   if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step, dense_version);
   push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ApplyRuns(absl::Span<const Run> runs, absl::Span<const int64_t> ids,
+                              const float* row_grads, int64_t step,
+                              const uint32_t* row_versions) {
+  const int dim = opt_.row_dim;
+  std::vector<float> narrow;  // a run's gradients cut to its store's width
+  for (const Run& r : runs) {
+    EmbeddingStore& store = *stores_[r.store];
+    const int64_t n = r.end - r.begin;
+    const float* grads = row_grads + r.begin * dim;
+    if (store.dim() != dim) {
+      narrow.resize(n * store.dim());
+      NarrowRows(grads, n, dim, store.dim(), narrow.data());
+      grads = narrow.data();
+    }
+    RETURN_IF_ERROR(store.Apply(ids.subspan(r.begin, n), grads, step,
+                                row_versions != nullptr ? row_versions + r.begin : nullptr));
+  }
   return absl::OkStatus();
 }
 

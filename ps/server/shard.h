@@ -263,6 +263,10 @@ class Shard {
 
  private:
   explicit Shard(Options options);
+  // Applies row_grads[ids.size() x row_dim] run by run, each run's rows cut to its store's width
+  // (ps/store/table_rows.h).
+  absl::Status ApplyRuns(absl::Span<const Run> runs, absl::Span<const int64_t> ids,
+                         const float* row_grads, int64_t step, const uint32_t* row_versions);
 
   const Options opt_;
   const PartitionMap map_;

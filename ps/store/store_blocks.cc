@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/record_frame.h"
 #include "common/status.h"
+#include "ps/store/table_rows.h"
 
 namespace pstrain {
 namespace {
@@ -224,11 +225,32 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
       part.state_floats = m.state_floats;
       part.last_step = mode.keep_step ? m.last_step : 0;
       part.ids.assign(lo, hi);
+      const Optimizer& opt = store->optimizer();
+      if (m.dim != store->dim() &&
+          (!mode.keep_optimizer_state || m.optimizer == opt.type())) {
+        // Written at another width (a PS partition store keeps its table's, a stride-wide store
+        // the model's, ps/store/table_rows.h): each row resized, its slots with it.
+        const bool keep = mode.keep_optimizer_state;
+        part.dim = store->dim();
+        part.optimizer = opt.type();
+        part.state_floats = store->state_floats();
+        part.weights.resize(k * part.dim);
+        part.state.resize(k * part.state_floats);
+        for (int64_t i = 0; i < k; ++i) {
+          RETURN_IF_ERROR(Annotate(
+              ResizeRow(opt, m.dim, weights + (a + i) * m.dim, m.state_floats,
+                        keep ? state + (a + i) * m.state_floats : nullptr, part.dim,
+                        &part.weights[i * part.dim], &part.state[i * part.state_floats]),
+              reader->name()));
+        }
+        RETURN_IF_ERROR(Annotate(store->Restore(part), reader->name()));
+        if (rows_loaded != nullptr) *rows_loaded += k;
+        continue;
+      }
       part.weights.assign(weights + a * m.dim, weights + (a + k) * m.dim);
       if (mode.keep_optimizer_state) {
         part.state.assign(state + a * m.state_floats, state + (a + k) * m.state_floats);
       } else {  // every row's slots as the store's optimizer starts them
-        const Optimizer& opt = store->optimizer();
         part.optimizer = opt.type();
         part.state_floats = store->state_floats();
         part.state.resize(k * part.state_floats);

@@ -73,7 +73,11 @@ struct ParameterLoadMode {
 
 // Re-partitioning restore: reads one embedding group and gives every row to the store among
 // `stores` that owns it; rows no store owns are skipped (a shard reading another layout's
-// files). FAILED_PRECONDITION if a store's dim / optimizer / state size differ from the file's.
+// files). A group written at another width than a store's dim (compact table widths: a PS
+// partition store holds its table's 1 + dim, a single-process store the model's stride; or a
+// checkpoint written at the stride before compact widths) is resized row by row (ResizeRow,
+// ps/store/table_rows.h: the first min of the two widths kept, zeros / InitState's slots after
+// them). FAILED_PRECONDITION if a store's optimizer / state size differ from the file's.
 // Adds the number of rows restored to *rows_loaded when it is not null. `mode`: what is kept
 // besides the weights.
 absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore* const> stores,

@@ -5,16 +5,19 @@
 // FeatureSpec; LocalParams, the PS shards, allreduce's replicas and serving all take it, so that
 // a row starts with the same values and moves by the same optimizer in every mode.
 //
-// Storage is still one stride for every row (Model::row_dim() = 1 + max dim): a row of a table
-// of dim d holds [w, v_0 .. v_{d-1}] and zeros after them, which its gradients (0 there) never
-// move. Compact per-table widths in the stores, on the wire and in checkpoints are not built yet
-// (docs/ARCHITECTURE.md "Tables", "Not done").
+// Widths (docs/ARCHITECTURE.md "Tables"): the model sees every row at one stride
+// (Model::row_dim() = 1 + max dim): a row of a table of dim d is [w, v_0 .. v_{d-1}] and zeros
+// after them, which the model never reads and whose gradients are 0. A store that holds only one
+// table's rows (a PS shard's partition store) keeps them at the table's width 1 + d: the helpers
+// below are the ONE place a row is expanded to the stride (zeros after the width) or cut to its
+// width (a gradient's first 1 + d floats).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/optimizer.h"
 #include "pstrain/config.pb.h"
@@ -48,6 +51,25 @@ void InitTableRow(const TableInitializer& init, int dim, int stride, int64_t row
 // InitTableRow(..., stride, row, seed).
 RowInit TablesRowInit(std::vector<TableRows> tables, RowInit default_init, int stride,
                       uint64_t seed);
+
+// Rows packed at `width` floats each (rows[0, n x width)) spread in place to `stride` floats each
+// (rows[0, n x stride)), zeros from width to stride. Requires width <= stride.
+void ExpandRowsInPlace(float* rows, int64_t n, int width, int stride);
+// out[i x width, (i + 1) x width) = the first `width` floats of wide[i x stride, ...), i < n.
+void NarrowRows(const float* wide, int64_t n, int stride, int width, float* out);
+// A row initializer writing `width` floats: `init`'s first `width` of `stride` floats (it writes
+// stride). `init` itself when width == stride or init is null.
+RowInit NarrowRowInit(RowInit init, int stride, int width);
+
+// One row's weights and optimizer state at another width, for a checkpoint written at another
+// width than the store it loads into (a PS partition store at its table's width, a stride-wide
+// store, a checkpoint written before compact widths): weights keep their first min(from, to)
+// floats and are zero after them; each of the optimizer's state slots likewise, its floats after
+// `from` starting as InitState starts them; the extras are kept. `from_state` may be null (out_state
+// is then InitState's). INVALID_ARGUMENT when from_state_floats is not `opt`'s StateFloats(from).
+absl::Status ResizeRow(const Optimizer& opt, int from, const float* from_weights,
+                       int from_state_floats, const float* from_state, int to, float* out_weights,
+                       float* out_state);
 
 // `base` with the table's overrides (TableConfig.optimizer) applied: the type and schedule stay.
 OptimizerConfig TableOptimizerConfig(const OptimizerConfig& base, const TableOptimizer& overrides);

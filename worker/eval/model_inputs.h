@@ -38,7 +38,7 @@ inline ModelInputs ModelInputsOf(const FeatureSpec& spec) {
 
 // The tables' fixed-size partitions on `shards` PS shards (PartitionMap's TableSplit, in row
 // order): a named table's TableConfig.partitions, or cluster.num_partitions' rule (4 x shards when
-// 0) for it and for the default table. Empty when the spec names no tables: the one-table map of
+// 0) for it and for the default table, and its rows' width 1 + dim (compact widths). Empty when the spec names no tables: the one-table map of
 // before tables. Every worker and shard derives the same from the same config.
 inline std::vector<PartitionMap::TableSplit> TableSplitsOf(const FeatureSpec& spec,
                                                            const ClusterConfig& cluster,
@@ -47,7 +47,8 @@ inline std::vector<PartitionMap::TableSplit> TableSplitsOf(const FeatureSpec& sp
   if (!spec.has_named_tables()) return splits;
   for (const FeatureSpec::Table& t : spec.tables()) {
     splits.push_back({static_cast<int64_t>(t.rows),
-                      t.partitions > 0 ? t.partitions : NumPartitions(cluster, shards)});
+                      t.partitions > 0 ? t.partitions : NumPartitions(cluster, shards),
+                      1 + t.dim});
   }
   return splits;
 }
