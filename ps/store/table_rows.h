@@ -38,6 +38,11 @@ struct TableRows {
 struct StoreTables {
   RowInit row_init;  // null: the caller's default (Model::InitRow)
   std::vector<EmbeddingStore::Options::RangeOptimizer> optimizers;
+  // With named tables: every table of the row space (the default one too when it has rows), in
+  // row order, with its width 1 + dim (TableRows::dim is the width here; initializer unused): a
+  // store that keeps each table at its width (LocalParams) makes one store per entry. Empty: one
+  // store of the whole row space at the stride, as before tables.
+  std::vector<TableRows> widths;
 };
 
 // The initial value of row `row` of a named table, over `stride` floats: w = 0, v_j drawn from

@@ -2,6 +2,7 @@
 // worker/data; this is the first layer above both).
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -67,6 +68,13 @@ inline absl::StatusOr<StoreTables> StoreTablesOf(const FeatureSpec& spec, const 
   std::vector<TableRows> named;
   StoreTables tables;
   for (const FeatureSpec::Table& t : spec.tables()) {
+    if (spec.has_named_tables() && t.rows > 0) {
+      TableRows w;
+      w.begin = static_cast<int64_t>(t.offset);
+      w.end = static_cast<int64_t>(t.offset + t.rows);
+      w.dim = std::min(1 + t.dim, model.row_dim());
+      tables.widths.push_back(w);
+    }
     if (t.is_default) continue;
     const int64_t begin = static_cast<int64_t>(t.offset);
     const int64_t end = static_cast<int64_t>(t.offset + t.rows);

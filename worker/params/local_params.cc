@@ -1,6 +1,9 @@
 #include "worker/params/local_params.h"
 
+#include <algorithm>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/logging.h"
 #include "common/status.h"
@@ -18,18 +21,36 @@ absl::StatusOr<std::unique_ptr<LocalParams>> LocalParams::Create(const Model& mo
   ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> dense_opt,
                    Optimizer::Create(config.dense_optimizer()));
   const uint64_t seed = config.train().seed();
-  EmbeddingStore::Options eo;
-  eo.begin = 0;
-  eo.end = total_rows;
-  eo.dim = model.row_dim();
-  eo.optimizer = sparse_opt;
-  eo.row_init = tables.row_init ? std::move(tables.row_init)
-                                : [&model, seed](int64_t row, float* out) {
-                                    model.InitRow(row, seed, out);
-                                  };
-  eo.range_optimizers = std::move(tables.optimizers);
-  eo.threads = threads;
-  ASSIGN_OR_RETURN(p->rows_, EmbeddingStore::Create(std::move(eo)));
+  const int stride = model.row_dim();
+  p->row_dim_ = stride;
+  RowInit row_init = tables.row_init ? std::move(tables.row_init)
+                                     : [&model, seed](int64_t row, float* out) {
+                                         model.InitRow(row, seed, out);
+                                       };
+  std::vector<TableRows> widths = std::move(tables.widths);
+  if (widths.empty()) widths.push_back({0, total_rows, stride, {}});
+  for (size_t t = 0; t < widths.size(); ++t) {
+    const TableRows& w = widths[t];
+    if (w.begin != (t == 0 ? 0 : widths[t - 1].end) || w.end <= w.begin || w.dim < 1 ||
+        w.dim > stride || (t + 1 == widths.size() && w.end != total_rows)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LocalParams: table ", t, " [", w.begin, ", ", w.end, ") of width ", w.dim,
+          " does not continue a row space of ", total_rows, " rows at stride ", stride));
+    }
+    EmbeddingStore::Options eo;
+    eo.begin = w.begin;
+    eo.end = w.end;
+    eo.dim = w.dim;
+    eo.optimizer = sparse_opt;
+    eo.row_init = NarrowRowInit(row_init, stride, w.dim);
+    for (const auto& ro : tables.optimizers) {
+      if (ro.begin < w.end && ro.end > w.begin) eo.range_optimizers.push_back(ro);
+    }
+    eo.threads = threads;
+    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));
+    p->store_ptrs_.push_back(store.get());
+    p->stores_.push_back(std::move(store));
+  }
   DenseStore::Options dopt;
   dopt.size = model.dense_size();
   dopt.optimizer = dense_opt;
@@ -41,15 +62,101 @@ absl::StatusOr<std::unique_ptr<LocalParams>> LocalParams::Create(const Model& mo
   return p;
 }
 
+EmbeddingStore* LocalParams::embedding() const {
+  PSTRAIN_CHECK(stores_.size() == 1) << "LocalParams::embedding() with " << stores_.size()
+                                     << " table stores: use embeddings()";
+  return stores_[0].get();
+}
+
+namespace {
+
+// Positions of `ids` grouped by store (counting sort): order[bounds[s], bounds[s + 1]) are the
+// positions of the ids of stores[s]. INVALID_ARGUMENT naming the first id outside every store.
+absl::Status GroupByStore(absl::Span<const int64_t> ids, absl::Span<EmbeddingStore* const> stores,
+                          std::vector<int32_t>* order, std::vector<int64_t>* bounds,
+                          std::vector<int64_t>* grouped_ids) {
+  std::vector<int32_t> of(ids.size());
+  bounds->assign(stores.size() + 1, 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto it = std::upper_bound(
+        stores.begin(), stores.end(), ids[i],
+        [](int64_t id, const EmbeddingStore* s) { return id < s->begin(); });
+    if (it == stores.begin() || !(*(it - 1))->Owns(ids[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", ids[i], " is outside the table [0, ",
+                                                     stores.back()->end(), ")"));
+    }
+    of[i] = static_cast<int32_t>(it - stores.begin() - 1);
+    ++(*bounds)[of[i] + 1];
+  }
+  for (size_t s = 0; s < stores.size(); ++s) (*bounds)[s + 1] += (*bounds)[s];
+  std::vector<int64_t> next(bounds->begin(), bounds->end() - 1);
+  order->resize(ids.size());
+  grouped_ids->resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t at = next[of[i]]++;
+    (*order)[at] = static_cast<int32_t>(i);
+    (*grouped_ids)[at] = ids[i];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
+                                   int threads) const {
+  if (stores_.size() == 1) return stores_[0]->Gather(ids, rows, nullptr, threads);
+  std::vector<int32_t> order;
+  std::vector<int64_t> bounds, grouped;
+  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, &order, &bounds, &grouped));
+  std::vector<float> narrow;
+  for (size_t s = 0; s < stores_.size(); ++s) {
+    const int64_t n = bounds[s + 1] - bounds[s];
+    if (n == 0) continue;
+    const int width = stores_[s]->dim();
+    narrow.resize(n * row_dim_);
+    RETURN_IF_ERROR(stores_[s]->Gather(absl::MakeConstSpan(grouped).subspan(bounds[s], n),
+                                       narrow.data(), nullptr, threads));
+    ExpandRowsInPlace(narrow.data(), n, width, row_dim_);
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(narrow.data() + j * row_dim_, row_dim_,
+                  rows + int64_t{order[bounds[s] + j]} * row_dim_);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* grads, int64_t step,
+                                  int threads) {
+  if (stores_.size() == 1) return stores_[0]->Apply(ids, grads, step, nullptr, threads);
+  std::vector<int32_t> order;
+  std::vector<int64_t> bounds, grouped;
+  // Checked before anything is applied: an id outside every table applies nothing.
+  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, &order, &bounds, &grouped));
+  std::vector<float> narrow;
+  for (size_t s = 0; s < stores_.size(); ++s) {
+    const int64_t n = bounds[s + 1] - bounds[s];
+    if (n == 0) continue;
+    const int width = stores_[s]->dim();
+    narrow.resize(n * width);
+    for (int64_t j = 0; j < n; ++j) {
+      NarrowRows(grads + int64_t{order[bounds[s] + j]} * row_dim_, 1, row_dim_, width,
+                 narrow.data() + j * width);
+    }
+    RETURN_IF_ERROR(stores_[s]->Apply(absl::MakeConstSpan(grouped).subspan(bounds[s], n),
+                                      narrow.data(), step, nullptr, threads));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LocalParams::Pull(absl::Span<const int64_t> ids, float* rows, float* dense) {
-  RETURN_IF_ERROR(rows_->Gather(ids, rows));
+  RETURN_IF_ERROR(GatherAt(ids, rows, /*threads=*/0));
   if (dense != nullptr) dense_->Get(dense);
   return absl::OkStatus();
 }
 
 absl::Status LocalParams::Push(absl::Span<const int64_t> ids, const float* row_grads,
                                const float* dense_grad, int64_t step) {
-  RETURN_IF_ERROR(rows_->Apply(ids, row_grads, step));
+  RETURN_IF_ERROR(ApplyAt(ids, row_grads, step, /*threads=*/0));
   dense_->Apply(dense_grad, step);
   return absl::OkStatus();
 }
