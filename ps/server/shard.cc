@@ -120,17 +120,30 @@ absl::Status Shard::Route(absl::Span<const int64_t> ids, std::vector<Run>* runs)
   return absl::OkStatus();
 }
 
+int64_t Shard::RowFloats(absl::Span<const Run> runs) const {
+  int64_t n = 0;
+  for (const Run& r : runs) n += (r.end - r.begin) * stores_[r.store]->dim();
+  return n;
+}
+
 absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
                                int64_t* dense_version, uint32_t* row_versions) {
-  pull_requests_.fetch_add(1, std::memory_order_relaxed);
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
-  const int dim = opt_.row_dim;
+  return GatherRuns(ids, runs, rows, dense, dense_version, row_versions);
+}
+
+absl::Status Shard::GatherRuns(absl::Span<const int64_t> ids, absl::Span<const Run> runs,
+                               float* rows, float* dense, int64_t* dense_version,
+                               uint32_t* row_versions) {
+  pull_requests_.fetch_add(1, std::memory_order_relaxed);
+  // Each run's rows at its store's width, one after the other (the rows' layout of the wire).
+  float* out = rows;
   for (const Run& r : runs) {
     const EmbeddingStore& store = *stores_[r.store];
-    RETURN_IF_ERROR(store.Gather(ids.subspan(r.begin, r.end - r.begin), rows + r.begin * dim,
+    RETURN_IF_ERROR(store.Gather(ids.subspan(r.begin, r.end - r.begin), out,
                                  row_versions != nullptr ? row_versions + r.begin : nullptr));
-    ExpandRowsInPlace(rows + r.begin * dim, r.end - r.begin, store.dim(), dim);
+    out += (r.end - r.begin) * store.dim();
   }
   if (dense != nullptr && dense_ != nullptr) {
     const int64_t version = dense_->Get(dense);
@@ -155,15 +168,17 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
     scratch->resize(floats);
     return scratch->data();
   };
+  std::vector<Run> runs;
+  RETURN_IF_ERROR(Route(ids, &runs));
   std::vector<float> row_scratch, dense_scratch;
   std::string* rows = response->mutable_rows();
-  float* rows_out = view(rows, ids.size() * opt_.row_dim, &row_scratch);
+  float* rows_out = view(rows, RowFloats(runs), &row_scratch);
   const bool want_dense = request.want_dense() && dense_ != nullptr;
   float* dense_out =
       want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
   int64_t dense_version = 0;
   std::vector<uint32_t> versions(row_versions() && request.step() > 0 ? ids.size() : 0);
-  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out, &dense_version,
+  RETURN_IF_ERROR(GatherRuns(ids, runs, rows_out, dense_out, &dense_version,
                              versions.empty() ? nullptr : versions.data()));
   if (want_dense) response->set_dense_version(dense_version);
   if (!versions.empty()) PackArray(versions.data(), versions.size(), response->mutable_row_versions());
@@ -178,7 +193,8 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
   return absl::OkStatus();
 }
 
-absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float* dense_grad) {
+absl::Status Shard::CheckFinite(size_t row_floats, const float* row_grads,
+                                const float* dense_grad) {
   // One pass with no branch per value: x - x is 0 for finite x and NaN for NaN or +-Inf, and the
   // largest magnitude must stay within max_gradient_abs (a finite 3.4e38 would overflow the
   // optimizers' squared-gradient slots to +Inf and freeze what it touched).
@@ -191,7 +207,7 @@ absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float
     }
     return acc == 0.f && largest <= cap;
   };
-  const size_t n = rows * static_cast<size_t>(opt_.row_dim);
+  const size_t n = row_floats;
   const bool rows_ok = n == 0 || all_finite(row_grads, n);
   const bool dense_ok = dense_grad == nullptr || dense_ == nullptr ||
                         all_finite(dense_grad, static_cast<size_t>(dense_slice_size_));
@@ -223,11 +239,14 @@ absl::Status Shard::Unpack(const PushRequest& request, Update* u) {
 
 absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float> grads,
                           absl::Span<const float> dense_grad, std::vector<Run>* runs) {
-  const int dim = opt_.row_dim;
-  if (grads.size() != ids.size() * dim) {
+  RETURN_IF_ERROR(Route(ids, runs));
+  // Each row at its table's width (compact widths; every row at row_dim without tables).
+  const int64_t want = RowFloats(*runs);
+  if (static_cast<int64_t>(grads.size()) != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shard ", opt_.shard, ": push of ", ids.size(), " rows carries ", grads.size(),
-        " gradient floats, expected ", ids.size() * dim, " (row_dim ", dim, ")"));
+        " gradient floats, expected ", want, " (row_dim ", opt_.row_dim,
+        ", each row at its table's width)"));
   }
   if (!dense_grad.empty() && static_cast<int64_t>(dense_grad.size()) != dense_slice_size_) {
     return absl::InvalidArgumentError(
@@ -235,8 +254,7 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
                      " floats, but this shard's dense slice has ", dense_slice_size_));
   }
   RETURN_IF_ERROR(
-      CheckFinite(ids.size(), grads.data(), dense_grad.empty() ? nullptr : dense_grad.data()));
-  RETURN_IF_ERROR(Route(ids, runs));
+      CheckFinite(grads.size(), grads.data(), dense_grad.empty() ? nullptr : dense_grad.data()));
   // A row named twice would be updated twice by one push (workers dedup their ids). Ascending
   // ids are settled in one pass; others by a sorted copy (n log n, small beside the update).
   if (std::adjacent_find(ids.begin(), ids.end(), std::greater_equal<int64_t>()) == ids.end()) {
@@ -275,19 +293,13 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
 absl::Status Shard::ApplyRuns(absl::Span<const Run> runs, absl::Span<const int64_t> ids,
                               const float* row_grads, int64_t step,
                               const uint32_t* row_versions) {
-  const int dim = opt_.row_dim;
-  std::vector<float> narrow;  // a run's gradients cut to its store's width
+  const float* grads = row_grads;  // each run's rows at its store's width, one after the other
   for (const Run& r : runs) {
     EmbeddingStore& store = *stores_[r.store];
     const int64_t n = r.end - r.begin;
-    const float* grads = row_grads + r.begin * dim;
-    if (store.dim() != dim) {
-      narrow.resize(n * store.dim());
-      NarrowRows(grads, n, dim, store.dim(), narrow.data());
-      grads = narrow.data();
-    }
     RETURN_IF_ERROR(store.Apply(ids.subspan(r.begin, n), grads, step,
                                 row_versions != nullptr ? row_versions + r.begin : nullptr));
+    grads += n * store.dim();
   }
   return absl::OkStatus();
 }

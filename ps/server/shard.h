@@ -113,13 +113,19 @@ class Shard {
   // Splits ids into runs of one store each; INVALID_ARGUMENT naming the first id that is out of
   // range or owned by another shard (and its owner).
   absl::Status Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const;
+  // The rows' layout, wherever rows or their gradients come in or go out (a pull's answer, a
+  // push's request, GatherInto, Apply): each row at its table's width (its store's dim: 1 + the
+  // table's dim with named tables, docs/ARCHITECTURE.md "Tables"; row_dim otherwise), in ids'
+  // order. The floats of routed ids in that layout:
+  int64_t RowFloats(absl::Span<const Run> runs) const;
 
   // ---- Pulls ----
   // Fills response's rows (request.ids' order), the dense slice and its version when want_dense,
   // dense_begin, last_step and incarnation; counts the pull and its bytes. Does not touch
   // staleness or job.
   absl::Status Gather(const PullRequest& request, PullResponse* response);
-  // Rows of `ids` into rows[ids.size() x row_dim], the dense slice into dense and its version
+  // Rows of `ids` into rows (the rows' layout above: ids.size() x row_dim floats at most), the
+  // dense slice into dense and its version
   // into *dense_version if not null; counts the pull (not its bytes: nothing crossed a wire).
   // With scale_row_lr_by_staleness and row_versions not null, also the rows' versions.
   absl::Status GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
@@ -147,12 +153,12 @@ class Shard {
   // runs. The same errors as Unpack.
   absl::Status Check(absl::Span<const int64_t> ids, absl::Span<const float> grads,
                      absl::Span<const float> dense_grad, std::vector<Run>* runs);
-  // INVALID_ARGUMENT (counted) when a gradient of rows x row_dim floats, or of the dense slice
+  // INVALID_ARGUMENT (counted) when a gradient of row_floats floats, or of the dense slice
   // when dense_grad is not null, is NaN or infinite.
-  absl::Status CheckFinite(size_t rows, const float* row_grads, const float* dense_grad);
+  absl::Status CheckFinite(size_t row_floats, const float* row_grads, const float* dense_grad);
   // Applies an unpacked update with the optimizers' step `step`; counts its rows.
   absl::Status Apply(const Update& update, int64_t step);
-  // Routes and applies row_grads[ids.size() x row_dim] and, if not null, dense_grad[the slice
+  // Routes and applies row_grads (the rows' layout above) and, if not null, dense_grad[the slice
   // size] computed from the slice's `dense_version` (-1: unknown) (a push from this process: no
   // message).
   absl::Status Apply(absl::Span<const int64_t> ids, const float* row_grads,
@@ -263,10 +269,12 @@ class Shard {
 
  private:
   explicit Shard(Options options);
-  // Applies row_grads[ids.size() x row_dim] run by run, each run's rows cut to its store's width
-  // (ps/store/table_rows.h).
+  // Applies row_grads (the rows' layout, RowFloats) run by run.
   absl::Status ApplyRuns(absl::Span<const Run> runs, absl::Span<const int64_t> ids,
                          const float* row_grads, int64_t step, const uint32_t* row_versions);
+  // GatherInto of routed ids.
+  absl::Status GatherRuns(absl::Span<const int64_t> ids, absl::Span<const Run> runs, float* rows,
+                          float* dense, int64_t* dense_version, uint32_t* row_versions);
 
   const Options opt_;
   const PartitionMap map_;

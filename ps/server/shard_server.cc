@@ -515,7 +515,9 @@ absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
   data_->CountPushRequest(0);
   RETURN_IF_ERROR(tracker_->CheckWorker(worker_id));
   RETURN_IF_ERROR(tracker_->CheckPushStep(worker_id, step));
-  RETURN_IF_ERROR(data_->CheckFinite(ids.size(), row_grads, dense_grad));
+  std::vector<Shard::Run> runs;
+  RETURN_IF_ERROR(data_->Route(ids, &runs));
+  RETURN_IF_ERROR(data_->CheckFinite(data_->RowFloats(runs), row_grads, dense_grad));
   RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step, dense_version, row_versions));
   tracker_->NoteApplied(worker_id, step);
   return absl::OkStatus();

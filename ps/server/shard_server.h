@@ -139,9 +139,9 @@ class ShardServer {
   // on the caller's buffers, without messages or their copies (BOUNDED / SYNC hold pulls and
   // count pushes per step: use InProcessChannel() there; FAILED_PRECONDITION here). ids must be
   // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills
-  // rows[ids.size() x row_dim] in ids' order and, if dense is not null, dense[the slice size];
+  // rows in ids' order, each at its table's width as on the wire (Shard::RowFloats) and, if dense is not null, dense[the slice size];
   // *staleness as PullResponse.staleness (0 for step 0), and *dense_version (if not null) as
-  // PullResponse.dense_version. PushDirect applies row_grads[ids.size() x row_dim] and, if not
+  // PullResponse.dense_version. PushDirect applies row_grads (the same layout) and, if not
   // null, dense_grad[the slice size] computed from the slice's `dense_version` (-1: unknown) at
   // once (a call cannot be lost, so no push id). Both count in Stats() except bytes in/out
   // (nothing crosses a wire).

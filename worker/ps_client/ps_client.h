@@ -248,6 +248,14 @@ class PsClient final : public ParameterAccess {
   // returns the first error.
   template <typename Req, typename Resp, typename Call>
   absl::Status CallAllShards(const Req& request, std::vector<Resp>* responses, Call call);
+  // Floats of row `id` (routed already) on the wire: its table's width (compact widths,
+  // PartitionMap::PartitionRowDim), row_dim without tables.
+  // Negative ids (dynamic tables, common/dynamic_rows.h) are not in the map: row_dim.
+  int RowWidthOf(int64_t id) const {
+    return compact_ && id >= 0
+               ? RowWidth(router_.map(), router_.map().PartitionOf(id), opt_.row_dim)
+               : opt_.row_dim;
+  }
   void NoteIncarnation(int shard, uint64_t incarnation);
   void NoteJobState(uint64_t incarnation, const JobState& job);
   void OpStarted();
@@ -255,6 +263,7 @@ class PsClient final : public ParameterAccess {
 
   const Options opt_;
   const ShardRouter router_;
+  const bool compact_;  // some table's rows are narrower than row_dim (RowWidthOf)
   Env* const env_;              // Options::env
   const uint64_t incarnation_;  // random per client instance (push ids)
   PullVersions pull_versions_;  // what each push was computed from (its staleness)

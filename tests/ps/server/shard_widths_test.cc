@@ -5,6 +5,8 @@
 // compact widths into a compact store), with the optimizer slots resized alongside.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,10 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/block_file.h"
 #include "gtest/gtest.h"
+#include "cmd/served_shard.h"
+#include "common/random.h"
 #include "ps/server/shard.h"
+#include "ps/server/shard_server.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/store_blocks.h"
 #include "ps/store/table_rows.h"
+#include "worker/ps_client/ps_client.h"
 
 namespace pstrain {
 namespace {
@@ -41,7 +47,7 @@ Shard::Options Options(bool widths) {
   return o;
 }
 
-TEST(ShardWidths, EachTablesStoresKeepItsWidthAndTheStrideIsExpanded) {
+TEST(ShardWidths, EachTablesStoresKeepItsWidthAndRowsTravelAtIt) {
   auto shard = Shard::Create(Options(true));
   ASSERT_TRUE(shard.ok()) << shard.status();
   const auto& stores = (*shard)->stores();
@@ -50,30 +56,27 @@ TEST(ShardWidths, EachTablesStoresKeepItsWidthAndTheStrideIsExpanded) {
   EXPECT_EQ(stores[1]->dim(), 5);
   EXPECT_EQ(stores[2]->dim(), kStride);
 
+  // The rows' layout in and out of a shard: each row at its table's width, in ids' order.
   const std::vector<int64_t> ids = {3, 45, 39};
-  std::vector<float> rows(ids.size() * kStride, -1.f);
+  const std::vector<int> widths = {5, kStride, 5};
+  std::vector<float> rows(5 + kStride + 5, -1.f);
   ASSERT_TRUE((*shard)->GatherInto(ids, rows.data(), nullptr).ok());
   std::vector<float> want(kStride);
+  size_t at = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     Init(ids[i], want.data());
-    const int width = ids[i] < 40 ? 5 : kStride;
-    for (int j = 0; j < kStride; ++j) {
-      EXPECT_EQ(rows[i * kStride + j], j < width ? want[j] : 0.f) << "row " << ids[i] << " " << j;
-    }
+    for (int j = 0; j < widths[i]; ++j) EXPECT_EQ(rows[at + j], want[j]) << ids[i] << " " << j;
+    at += widths[i];
   }
 
-  // A stride-wide gradient: the narrow rows take its first 5 floats (the tail, which the model
-  // never produces, is dropped, not applied to the next row).
-  std::vector<float> grads(ids.size() * kStride, 1.f);
+  std::vector<float> grads(rows.size(), 1.f);
   ASSERT_TRUE((*shard)->Apply(ids, grads.data(), nullptr, /*step=*/1).ok());
   ASSERT_TRUE((*shard)->GatherInto(ids, rows.data(), nullptr).ok());
+  at = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     Init(ids[i], want.data());
-    const int width = ids[i] < 40 ? 5 : kStride;
-    for (int j = 0; j < kStride; ++j) {
-      EXPECT_FLOAT_EQ(rows[i * kStride + j], j < width ? want[j] - 0.1f : 0.f)
-          << "row " << ids[i] << " " << j;
-    }
+    for (int j = 0; j < widths[i]; ++j) EXPECT_FLOAT_EQ(rows[at + j], want[j] - 0.1f);
+    at += widths[i];
   }
 
   // A narrow table's trained row costs its width, not the stride.
@@ -81,6 +84,28 @@ TEST(ShardWidths, EachTablesStoresKeepItsWidthAndTheStrideIsExpanded) {
   ASSERT_TRUE(wide.ok());
   EXPECT_EQ((*wide)->stores()[0]->dim(), kStride);
   EXPECT_LT(stores[0]->stats().chunk_bytes, (*wide)->stores()[0]->stats().chunk_bytes);
+}
+
+// A push whose rows are not at their tables' widths (a hostile or mismatched peer: every row at
+// the stride) is refused with the expected size, and nothing is applied.
+TEST(ShardWidths, APushOfTheWrongLengthIsRefused) {
+  auto shard = Shard::Create(Options(true));
+  ASSERT_TRUE(shard.ok());
+  const std::vector<int64_t> ids = {3, 45};
+  for (size_t floats : {size_t{2 * kStride}, size_t{5 + kStride - 1}, size_t{5 + kStride + 1}}) {
+    PushRequest req;
+    req.set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+    const std::vector<float> g(floats, 1.f);
+    req.set_row_grads(std::string(reinterpret_cast<const char*>(g.data()), floats * 4));
+    Shard::Update u;
+    const absl::Status s = (*shard)->Unpack(req, &u);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(absl::StrCat("carries ", floats, " gradient floats, expected ",
+                                            5 + kStride)),
+              std::string::npos)
+        << s;
+  }
+  for (const auto& store : (*shard)->stores()) EXPECT_EQ(store->Snapshot().rows(), 0);
 }
 
 // A map without widths is the one-table map of before: every store at the stride.
@@ -180,6 +205,127 @@ TEST(ShardWidths, CheckpointRowsLoadAtAnotherWidth) {
                                    r.state.begin() + (i + 1) * r.state_floats),
                 init_state);
     }
+  }
+}
+
+// Through the real client and two shard servers (one of them also "in this process", its calls
+// direct): tables of dims 4 and 16 (widths 5 and 17). The client's stride-wide rows match a
+// stride-wide reference store whose gradients' tails are 0 (what the model produces), though the
+// client is given non-zero tails (dropped at the client), and the rows cross the wire at their
+// widths: the bytes a push and a pull carry, with and without widths, are printed (the figure in
+// docs/PERFORMANCE.md "Compact table widths").
+struct WireRun {
+  int64_t bytes_in = 0, bytes_out = 0;
+};
+
+WireRun RunCluster(bool widths, bool direct, int steps) {
+  constexpr int kShards = 2;
+  const std::vector<PartitionMap::TableSplit> splits = {{3000, 4, widths ? 5 : 0},
+                                                        {3000, 4, widths ? kStride : 0}};
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> addresses;
+  OptimizerConfig opt;
+  opt.set_type(ADAGRAD);
+  opt.set_learning_rate(0.05f);
+  for (int s = 0; s < kShards; ++s) {
+    ShardServer::Options o;
+    o.data.shard = s;
+    o.data.num_shards = kShards;
+    o.data.rows = 6000;
+    o.data.partitions = 8;
+    o.data.table_splits = splits;
+    o.data.row_dim = kStride;
+    o.data.dense_size = 10;
+    o.data.sparse_optimizer = opt;
+    o.data.dense_optimizer = opt;
+    o.data.row_init = [](int64_t row, float* out) {
+      Init(row, out);
+      if (row < 3000) std::fill(out + 5, out + kStride, 0.f);  // the narrow table's tail
+    };
+    auto server = ShardServer::Create(std::move(o));
+    EXPECT_TRUE(server.ok()) << server.status();
+    EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
+    addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    servers.push_back(std::move(server).value());
+  }
+  PsClient::Options o;
+  o.shards = addresses;
+  o.rows = 6000;
+  o.partitions = 8;
+  o.table_splits = splits;
+  o.row_dim = kStride;
+  o.dense_size = 10;
+  o.rpc_deadline_ms = 5000;
+  ServedShard served(servers[1].get());
+  if (direct) {
+    o.local_shard = 1;
+    o.local_server = &served;
+  }
+  auto client = PsClient::Create(std::move(o));
+  EXPECT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
+
+  EmbeddingStore::Options eo;
+  eo.begin = 0;
+  eo.end = 6000;
+  eo.dim = kStride;
+  eo.optimizer = *Optimizer::Create(opt);
+  eo.row_init = [](int64_t row, float* out) {
+    Init(row, out);
+    if (row < 3000) std::fill(out + 5, out + kStride, 0.f);
+  };
+  auto ref = *EmbeddingStore::Create(std::move(eo));
+
+  Rng rng(7);
+  std::vector<float> dense(10), dense_grad(10, 0.f);
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<int64_t> ids;
+    for (int64_t id = static_cast<int64_t>(rng.Uniform(4)); id < 6000;
+         id += 1 + static_cast<int64_t>(rng.Uniform(40))) ids.push_back(id);
+    std::vector<float> grads(ids.size() * kStride), ref_grads(ids.size() * kStride);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int j = 0; j < kStride; ++j) {
+        const float g = static_cast<float>(rng.UniformDouble() - 0.5);
+        grads[i * kStride + j] = g;
+        ref_grads[i * kStride + j] = ids[i] < 3000 && j >= 5 ? 0.f : g;
+      }
+    }
+    // Without widths the stride's tail is stored and moved: it gets the model's zeros.
+    EXPECT_TRUE(
+        (*client)->Push(ids, (widths ? grads : ref_grads).data(), dense_grad.data(), step).ok());
+    EXPECT_TRUE(ref->Apply(ids, ref_grads.data(), step).ok());
+    std::vector<float> got(ids.size() * kStride, -1.f), want(ids.size() * kStride);
+    EXPECT_TRUE((*client)->Pull(ids, got.data(), dense.data()).ok());
+    EXPECT_TRUE(ref->Gather(ids, want.data()).ok());
+    EXPECT_EQ(got, want) << "step " << step;
+  }
+  WireRun run;
+  auto stats = (*client)->GetStats();
+  EXPECT_TRUE(stats.ok());
+  for (const ShardStats& st : *stats) {
+    run.bytes_in += st.bytes_in();
+    run.bytes_out += st.bytes_out();
+  }
+  return run;
+}
+
+TEST(ShardWidths, ClientAndShardsMoveRowsAtTheirWidths) {
+  for (bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "direct" : "remote");
+    const int steps = 5;
+    const WireRun narrow = RunCluster(true, direct, steps);
+    const WireRun wide = RunCluster(false, direct, steps);
+    if (direct) continue;  // the in-process shard counts no bytes
+    std::printf("dims 4 and 16 (widths 5, 17), ~150 rows a step: bytes in (pushes and pulls' "
+                "requests) per step %lld with widths, %lld at the stride; bytes out (pulls' "
+                "answers) per step %lld, %lld\n",
+                static_cast<long long>(narrow.bytes_in / steps),
+                static_cast<long long>(wide.bytes_in / steps),
+                static_cast<long long>(narrow.bytes_out / steps),
+                static_cast<long long>(wide.bytes_out / steps));
+    // Half the rows at 5 floats instead of 17 (plus 8 bytes of id each): about 0.66 of the bytes.
+    EXPECT_LT(narrow.bytes_in, 0.75 * wide.bytes_in);
+    EXPECT_LT(narrow.bytes_out, 0.75 * wide.bytes_out);
   }
 }
 
