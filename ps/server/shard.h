@@ -118,6 +118,10 @@ class Shard {
   // table's dim with named tables, docs/ARCHITECTURE.md "Tables"; row_dim otherwise), in ids'
   // order. The floats of routed ids in that layout:
   int64_t RowFloats(absl::Span<const Run> runs) const;
+  // The floats of row `id` (in [0, rows)) in that layout.
+  int RowWidthOf(int64_t id) const {
+    return RowWidth(map_, map_.PartitionOf(id), opt_.row_dim);
+  }
 
   // ---- Pulls ----
   // Fills response's rows (request.ids' order), the dense slice and its version when want_dense,
