@@ -670,11 +670,9 @@ absl::Status ShardServer::RestoreCheckpoint(absl::Span<const CheckpointLink> cha
 }
 
 absl::Status ShardServer::WarmStart(absl::Span<const CheckpointLink> chain,
-                                    bool reset_optimizer) {
-  ParameterLoadMode mode;
-  mode.keep_step = false;
-  mode.keep_optimizer_state = !reset_optimizer;
-  return data_->RestoreCheckpoint(chain, mode).status();
+                                    bool reset_optimizer,
+                                    const std::optional<TableWarmStart>& tables) {
+  return data_->RestoreCheckpoint(chain, WarmStartLoadMode(reset_optimizer, tables)).status();
 }
 
 }  // namespace pstrain

@@ -188,7 +188,9 @@ class ShardServer {
   // another job's checkpoint of any shard count or mode, with its optimizer slots unless
   // `reset_optimizer`; the job's step and bookkeeping stay those of a fresh job (step 0). The
   // files must have been verified by the caller. Call before Start.
-  absl::Status WarmStart(absl::Span<const CheckpointLink> chain, bool reset_optimizer);
+  // `tables`: a warm start across changed tables (ChooseWarmStartCheckpoint's plan).
+  absl::Status WarmStart(absl::Span<const CheckpointLink> chain, bool reset_optimizer,
+                         const std::optional<TableWarmStart>& tables = std::nullopt);
 
   // ---- The parts ----
   Shard& data() { return *data_; }

@@ -210,8 +210,8 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
   std::sort(sorted.begin(), sorted.end(),
             [](EmbeddingStore* a, EmbeddingStore* b) { return a->begin() < b->begin(); });
   EmbeddingSnapshot part;
-  auto fn = [&](const EmbeddingMeta& m, absl::Span<const int64_t> ids, const float* weights,
-                const float* state) -> absl::Status {
+  auto place = [&](const EmbeddingMeta& m, absl::Span<const int64_t> ids, const float* weights,
+                   const float* state) -> absl::Status {
     // ids ascend, so each store's rows are one run: find the runs by binary search.
     for (EmbeddingStore* store : sorted) {
       const auto lo = std::lower_bound(ids.begin(), ids.end(), store->begin());
@@ -261,7 +261,39 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
     }
     return absl::OkStatus();
   };
+  std::vector<int64_t> moved;
+  auto fn = [&](const EmbeddingMeta& m, absl::Span<const int64_t> ids, const float* weights,
+                const float* state) -> absl::Status {
+    if (mode.moves.empty()) return place(m, ids, weights, state);
+    // Each move's rows are one run of the ascending ids; shifted, they stay ascending.
+    for (const ParameterLoadMode::RowMove& mv : mode.moves) {
+      const auto lo = std::lower_bound(ids.begin(), ids.end(), mv.from_begin);
+      const auto hi = std::lower_bound(lo, ids.end(), mv.from_end);
+      if (lo == hi) continue;
+      const int64_t a = lo - ids.begin();
+      moved.assign(lo, hi);
+      for (int64_t& id : moved) id += mv.to_begin - mv.from_begin;
+      RETURN_IF_ERROR(place(m, moved, weights + a * m.dim, state + a * m.state_floats));
+    }
+    return absl::OkStatus();
+  };
   return LoadEmbeddingRows(reader, fn).status();
+}
+
+ParameterLoadMode WarmStartLoadMode(bool reset_optimizer,
+                                    const std::optional<TableWarmStart>& tables) {
+  ParameterLoadMode mode;
+  mode.keep_step = false;
+  mode.keep_optimizer_state = !reset_optimizer;
+  if (tables) {
+    for (const TableWarmStart::Take& t : tables->taken) {
+      mode.moves.push_back({t.from_begin, t.from_end, t.to_begin});
+    }
+    // Nothing taken: no move would load every row; an empty range loads none.
+    if (mode.moves.empty()) mode.moves.push_back({0, 0, 0});
+    mode.dense = tables->dense;
+  }
+  return mode;
 }
 
 absl::Status SaveDenseStore(const DenseSnapshot& s, BlockWriter* w) {

@@ -8,11 +8,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "checkpoint/block_file.h"
+#include "checkpoint/warm_start.h"
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
 
@@ -69,7 +72,22 @@ struct ParameterLoadMode {
   // stores'; true: the saved slots (the same optimizer type and state size, FAILED_PRECONDITION
   // otherwise).
   bool keep_optimizer_state = true;
+  // A warm start across changed tables (checkpoint/warm_start.h TableWarmStart): when not empty,
+  // only the saved rows in a move's [from_begin, from_end) are loaded, each as row
+  // to_begin + (id - from_begin); every other saved row is skipped. Empty: every row as saved.
+  struct RowMove {
+    int64_t from_begin = 0, from_end = 0, to_begin = 0;
+  };
+  std::vector<RowMove> moves;
+  // false: the saved dense vector is not loaded (a warm start whose fields feeding it changed).
+  bool dense = true;
 };
+
+// The load mode of a warm start (keep_step false, the slots unless reset_optimizer), table by
+// table when `tables` is set (ChooseWarmStartCheckpoint's plan): its taken tables as moves, and
+// the dense vector only when the plan copies it.
+ParameterLoadMode WarmStartLoadMode(bool reset_optimizer,
+                                    const std::optional<TableWarmStart>& tables);
 
 // Re-partitioning restore: reads one embedding group and gives every row to the store among
 // `stores` that owns it; rows no store owns are skipped (a shard reading another layout's

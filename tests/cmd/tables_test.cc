@@ -4,10 +4,12 @@
 // layout; `pstrain train`, 2-host PS jobs (ASYNC, BOUNDED, SYNC) and a 2-rank `pstrain allreduce`
 // learn; predict scores as the trainer did, from the checkpoint and from an export; a train job
 // stopped and resumed ends with the uninterrupted run's parameters; a warm start takes every
-// table's rows and refuses a table of another dim; a 2-host PS checkpoint restores onto 3 hosts.
+// table's rows, refuses a table of another dim, and across changed tables takes the tables of
+// the same name and starts the new ones; a 2-host PS checkpoint restores onto 3 hosts.
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
@@ -203,8 +205,51 @@ TEST_F(TablesTest, WarmStartTakesEveryTablesRowsAndRefusesAnotherDim) {
                                            " --warm_start_from ", src, " --set train.max_steps=1"),
                               300, &out),
             0);
-  EXPECT_THAT(out, HasSubstr("features.table[1] 'small'.dim: 4 in the warm-start checkpoint, 8 in "
-                            "the config"));
+  EXPECT_THAT(out, HasSubstr("table 'small': dim 4 in the warm-start checkpoint, 8 in the "
+                            "config"));
+
+  // Changed tables (the `user` field moved to a new table `fresh` of the same dim): `item` is
+  // taken by name, `fresh` starts new, the dense vector (same inputs) is copied; in `train` and
+  // in a PS job. One step from it is far better than one step from scratch.
+  std::string changed = kConfig;
+  for (const auto& [a, b] :
+       {std::make_pair(std::string("table: \"small\" }"), std::string("table: \"fresh\" }")),
+        std::make_pair(std::string("table { name: \"small\""),
+                       std::string("table { name: \"fresh\""))}) {
+    ASSERT_NE(changed.find(a), std::string::npos) << a;
+    changed.replace(changed.find(a), a.size(), b);
+  }
+  ASSERT_TRUE(WriteFileAtomic(Dir() + "/changed.textproto", changed).ok());
+  auto changed_args = [](const std::string& model_dir) {
+    return absl::StrCat("--config ", Dir(), "/changed.textproto --train '", Dir(),
+                        "/train/*.csv' --eval ", Dir(), "/test.csv --model_dir ", model_dir);
+  };
+  const std::string taken = Dir() + "/warm_changed";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", changed_args(taken),
+                                           " --warm_start_from ", src,
+                                           " --set train.max_steps=1 2>&1"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("tables taken: 'item'; new (initialized): 'fresh'; the dense "
+                             "vector copied"));
+  const double changed_auc = testing::ReadSummary(taken).fields().at("test_auc").number_value();
+  EXPECT_GT(changed_auc, cold_auc + 0.05) << out;
+  const std::string ps_taken = Dir() + "/warm_changed_ps";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", changed_args(ps_taken),
+                                           " --warm_start_from ", src,
+                                           " --set train.max_steps=1 2>&1"),
+                              300, &out),
+            0)
+      << out;
+  // Host 0's log is the command's output; host 1's shard logs the same plan.
+  EXPECT_THAT(out, HasSubstr("tables taken: 'item'; new (initialized): 'fresh'"));
+  auto host1 = ReadFileToString(ps_taken + "/host-1/output.log");
+  ASSERT_TRUE(host1.ok()) << host1.status();
+  EXPECT_THAT(*host1, HasSubstr("shard 1: warm start from " + src));
+  EXPECT_THAT(*host1, HasSubstr("tables taken: 'item'; new (initialized): 'fresh'"));
+  EXPECT_GT(testing::ReadSummary(ps_taken).fields().at("test_auc").number_value(),
+            cold_auc + 0.05);
 }
 
 // A 2-host PS checkpoint stopped mid-run restores onto 3 hosts and trains on to the end.

@@ -137,22 +137,23 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
 
 absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
                                             const ModelDescription& model, LocalParams* params) {
-  ASSIGN_OR_RETURN(const CheckpointChoice source, ChooseWarmStartCheckpoint(warm_start, model));
+  std::optional<TableWarmStart> tables;
+  ASSIGN_OR_RETURN(const CheckpointChoice source,
+                   ChooseWarmStartCheckpoint(warm_start, model, Env::Default(), &tables));
   const CheckpointManifest& m = source.manifest;
-  if (m.row_dim() != params->row_dim() || m.dense_size() != params->dense_size() ||
-      m.table_rows() != params->total_rows()) {
+  const ParameterLoadMode mode = WarmStartLoadMode(warm_start.reset_optimizer(), tables);
+  // Across changed tables the row space and the stride differ by design (rows move by table).
+  if ((!tables && (m.row_dim() != params->row_dim() || m.table_rows() != params->total_rows())) ||
+      (mode.dense && m.dense_size() != params->dense_size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "warm start from ", source.dir, ": written for another model: rows ", m.table_rows(),
         " x ", m.row_dim(), ", dense ", m.dense_size(), "; this config has rows ",
         params->total_rows(), " x ", params->row_dim(), ", dense ", params->dense_size()));
   }
-  ParameterLoadMode mode;
-  mode.keep_step = false;
-  mode.keep_optimizer_state = !warm_start.reset_optimizer();
   const std::vector<EmbeddingStore*>& stores = params->embeddings();
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(source.chain, stores, params->dense(), mode));
-  if (counts.dense_floats != params->dense_size()) {
+  if (mode.dense && counts.dense_floats != params->dense_size()) {
     return absl::DataLossError(absl::StrCat("warm start from ", source.dir, ": the shard files hold ",
                                             counts.dense_floats, " of the ",
                                             params->dense_size(), " dense floats"));
@@ -160,7 +161,8 @@ absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
   PSTRAIN_LOG(INFO) << "warm start from " << source.dir << " (" << m.num_shards()
                     << " shard(s)): " << counts.rows << " embedding rows and the dense vector"
                     << (warm_start.reset_optimizer() ? ", optimizer slots reset"
-                                                     : " with their optimizer slots");
+                                                     : " with their optimizer slots")
+                    << (tables ? "; " + tables->Summary() : std::string());
   return source.dir;
 }
 
