@@ -8,13 +8,18 @@
 // the same name and starts the new ones; a 2-host PS checkpoint restores onto 3 hosts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/block_file.h"
+#include "checkpoint/layout.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ps/store/store_blocks.h"
 #include "tests/cmd/job_files.h"
 #include "tests/cmd/topic_history_csv.h"
 #include "tests/shell.h"
@@ -50,6 +55,36 @@ const char kConfig[] = R"pb(
 )pb";
 
 constexpr int kTrainRows = 2 * 6000;
+
+// The widths of the embedding groups in the shard files of `model_dir`'s latest checkpoint, in
+// file order (compact widths: each table's, or partition's, at 1 + its dim).
+std::vector<int> GroupWidths(const std::string& model_dir) {
+  std::vector<int> widths;
+  auto choice = ChooseCheckpoint(model_dir);
+  EXPECT_TRUE(choice.ok() && choice->has_value()) << model_dir;
+  if (!choice.ok() || !choice->has_value()) return widths;
+  for (const auto& f : (*choice)->manifest.file()) {
+    if (!IsShardFileName(f.name())) continue;
+    auto reader = BlockReader::Open((*choice)->dir + "/" + f.name());
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    if (!reader.ok()) return widths;
+    while (true) {
+      auto tag = (*reader)->PeekTag();
+      EXPECT_TRUE(tag.ok()) << tag.status();
+      if (!tag.ok() || tag->empty()) break;
+      if (*tag == kEmbeddingMetaTag) {
+        auto meta = LoadEmbeddingRows(reader->get(), [](auto&&...) { return absl::OkStatus(); });
+        EXPECT_TRUE(meta.ok()) << meta.status();
+        if (!meta.ok()) return widths;
+        widths.push_back(meta->dim);
+      } else {
+        Block b;
+        EXPECT_TRUE((*reader)->Next(&b).ok());
+      }
+    }
+  }
+  return widths;
+}
 
 class TablesTest : public ::testing::Test {
  protected:
@@ -104,6 +139,8 @@ TEST_F(TablesTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
   const double auc = summary.at("test_auc").number_value();
   EXPECT_GT(auc, 0.7) << out;
   EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
+  // One embedding group per table, each at its width (item dim 8, small dim 4), not the stride.
+  EXPECT_EQ(GroupWidths(m), (std::vector<int>{9, 5}));
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
                                            "/test.csv --format csv --out ", Dir(),
                                            "/scores.tsv --summary ", Dir(),
@@ -263,6 +300,11 @@ TEST_F(TablesTest, PsCheckpointRestoresOntoThreeHosts) {
       << out;
   const auto first = testing::ReadSummary(m).fields();
   EXPECT_LT(first.at("examples").number_value(), 2 * kTrainRows) << "not stopped mid-run";
+  // Each shard file's groups are its partitions at their tables' widths: item's (4 x 2 shards
+  // partitions of dim 8) and small's (3 partitions of dim 4), all over the two files.
+  std::vector<int> widths = GroupWidths(m);
+  std::sort(widths.begin(), widths.end());
+  EXPECT_EQ(widths, (std::vector<int>{5, 5, 5, 9, 9, 9, 9, 9, 9, 9, 9}));
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 3 ", Args(m), " --epochs 2"), 300,
                               &out),
             0)
