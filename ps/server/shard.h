@@ -1,5 +1,6 @@
 // Shard: the parameters PS shard s of S holds, and the work on them:
-//   - one EmbeddingStore per table partition it owns (PartitionMap(V, P, S).PartitionsOfShard(s));
+//   - one EmbeddingStore per table partition it owns (PartitionMap(V, P, S).PartitionsOfShard(s)),
+//     at its table's width with named tables (RowFloats);
 //   - one DenseStore for its slice of the flat dense vector: the vector is split by size into S
 //     contiguous slices exactly like rows (PartitionMap(dense_size, S, S), slice s on shard s; the
 //     first dense_size mod S slices get one extra float). A shard with an empty slice has none;
@@ -71,7 +72,9 @@ class Shard {
     // sum to `rows` and their partitions, clamped to their rows, to `partitions`). Empty: one
     // table of `rows` rows in `partitions` partitions.
     std::vector<PartitionMap::TableSplit> table_splits;
-    int row_dim = 0;         // floats per row, > 0
+    // Floats per row the model sees (the stride), > 0; a table split's row_dim below it gives
+    // that table's stores, pulls and pushes its own width (RowFloats).
+    int row_dim = 0;
     int64_t dense_size = 0;  // floats of the whole dense vector, >= 0
     OptimizerConfig sparse_optimizer;
     OptimizerConfig dense_optimizer;

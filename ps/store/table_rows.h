@@ -7,10 +7,11 @@
 //
 // Widths (docs/ARCHITECTURE.md "Tables"): the model sees every row at one stride
 // (Model::row_dim() = 1 + max dim): a row of a table of dim d is [w, v_0 .. v_{d-1}] and zeros
-// after them, which the model never reads and whose gradients are 0. A store that holds only one
-// table's rows (a PS shard's partition store) keeps them at the table's width 1 + d: the helpers
-// below are the ONE place a row is expanded to the stride (zeros after the width) or cut to its
-// width (a gradient's first 1 + d floats).
+// after them, which the model never reads and whose gradients are 0. With named tables a store
+// holds one table's rows at the table's width 1 + d (LocalParams' store per table, a PS shard's
+// partition store; StoreTables::widths, PartitionMap::TableSplit::row_dim): the helpers below
+// expand a row to the stride (zeros after the width), cut a gradient to its width, and resize a
+// saved row to a store of another width.
 #pragma once
 
 #include <cstdint>
