@@ -218,45 +218,61 @@ struct WireRun {
   int64_t bytes_in = 0, bytes_out = 0;
 };
 
-WireRun RunCluster(bool widths, bool direct, int steps) {
-  constexpr int kShards = 2;
-  const std::vector<PartitionMap::TableSplit> splits = {{3000, 4, widths ? 5 : 0},
-                                                        {3000, 4, widths ? kStride : 0}};
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
+std::vector<PartitionMap::TableSplit> Splits(bool widths) {
+  return {{3000, 4, widths ? 5 : 0}, {3000, 4, widths ? kStride : 0}};
+}
+
+OptimizerConfig Adagrad() {
   OptimizerConfig opt;
   opt.set_type(ADAGRAD);
   opt.set_learning_rate(0.05f);
-  for (int s = 0; s < kShards; ++s) {
-    ShardServer::Options o;
-    o.data.shard = s;
-    o.data.num_shards = kShards;
-    o.data.rows = 6000;
-    o.data.partitions = 8;
-    o.data.table_splits = splits;
-    o.data.row_dim = kStride;
-    o.data.dense_size = 10;
-    o.data.sparse_optimizer = opt;
-    o.data.dense_optimizer = opt;
-    o.data.row_init = [](int64_t row, float* out) {
-      Init(row, out);
-      if (row < 3000) std::fill(out + 5, out + kStride, 0.f);  // the narrow table's tail
-    };
-    auto server = ShardServer::Create(std::move(o));
-    EXPECT_TRUE(server.ok()) << server.status();
-    EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-    addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-    servers.push_back(std::move(server).value());
+  return opt;
+}
+
+// Two shard servers of rows [0, 3000) (dim 4) and [3000, 6000) (dim 16), with or without widths.
+struct Shards {
+  explicit Shards(bool widths) {
+    for (int s = 0; s < 2; ++s) {
+      ShardServer::Options o;
+      o.data.shard = s;
+      o.data.num_shards = 2;
+      o.data.rows = 6000;
+      o.data.partitions = 8;
+      o.data.table_splits = Splits(widths);
+      o.data.row_dim = kStride;
+      o.data.dense_size = 10;
+      o.data.sparse_optimizer = Adagrad();
+      o.data.dense_optimizer = Adagrad();
+      o.data.row_init = [](int64_t row, float* out) {
+        Init(row, out);
+        if (row < 3000) std::fill(out + 5, out + kStride, 0.f);  // the narrow table's tail
+      };
+      auto server = ShardServer::Create(std::move(o));
+      EXPECT_TRUE(server.ok()) << server.status();
+      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
+      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers.push_back(std::move(server).value());
+    }
   }
-  PsClient::Options o;
-  o.shards = addresses;
-  o.rows = 6000;
-  o.partitions = 8;
-  o.table_splits = splits;
-  o.row_dim = kStride;
-  o.dense_size = 10;
-  o.rpc_deadline_ms = 5000;
-  ServedShard served(servers[1].get());
+  PsClient::Options ClientOptions(bool widths) const {
+    PsClient::Options o;
+    o.shards = addresses;
+    o.rows = 6000;
+    o.partitions = 8;
+    o.table_splits = Splits(widths);
+    o.row_dim = kStride;
+    o.dense_size = 10;
+    o.rpc_deadline_ms = 5000;
+    return o;
+  }
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> addresses;
+};
+
+WireRun RunCluster(bool widths, bool direct, int steps) {
+  Shards shards(widths);
+  PsClient::Options o = shards.ClientOptions(widths);
+  ServedShard served(shards.servers[1].get());
   if (direct) {
     o.local_shard = 1;
     o.local_server = &served;
@@ -264,6 +280,7 @@ WireRun RunCluster(bool widths, bool direct, int steps) {
   auto client = PsClient::Create(std::move(o));
   EXPECT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
+  const OptimizerConfig opt = Adagrad();
 
   EmbeddingStore::Options eo;
   eo.begin = 0;
@@ -359,6 +376,28 @@ TEST(ShardWidths, MemoryOfAShardWithADim4AndADim32Table) {
               static_cast<double>(bytes[0]) / bytes[1]);
   // Per row 1 + 5 + 5 floats instead of 1 + 33 + 33 for the dim-4 table: about 0.58 in all.
   EXPECT_LT(bytes[0], 0.65 * bytes[1]);
+}
+
+// A worker whose config disagrees with the shards on a table's width (here: every row at the
+// stride) is refused at its first pull and push, both sides naming the sizes; nothing applied.
+TEST(ShardWidths, AWorkerWithOtherWidthsIsRefused) {
+  Shards shards(/*widths=*/true);
+  auto client = PsClient::Create(shards.ClientOptions(/*widths=*/false));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
+  const std::vector<int64_t> ids = {1, 3001};
+  std::vector<float> rows(ids.size() * kStride), dense(10);
+  absl::Status s = (*client)->Pull(ids, rows.data(), dense.data());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("row bytes for"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("each row at its table's width"), std::string::npos) << s;
+  const std::vector<float> grads(ids.size() * kStride, 0.1f), dense_grad(10, 0.f);
+  s = (*client)->Push(ids, grads.data(), dense_grad.data(), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("gradient floats, expected"), std::string::npos) << s;
+  for (const auto& server : shards.servers) {
+    for (const auto& store : server->data().stores()) EXPECT_EQ(store->Snapshot().rows(), 0);
+  }
 }
 
 }  // namespace
