@@ -29,6 +29,10 @@ absl::StatusOr<std::unique_ptr<LocalParams>> LocalParams::Create(const Model& mo
                                        };
   std::vector<TableRows> widths = std::move(tables.widths);
   if (widths.empty()) widths.push_back({0, total_rows, stride, {}});
+  if (widths.size() > kMaxTables) {
+    return absl::InvalidArgumentError(absl::StrCat("LocalParams: ", widths.size(),
+                                                   " tables, at most ", kMaxTables));
+  }
   for (size_t t = 0; t < widths.size(); ++t) {
     const TableRows& w = widths[t];
     if (w.begin != (t == 0 ? 0 : widths[t - 1].end) || w.end <= w.begin || w.dim < 1 ||
@@ -70,34 +74,49 @@ EmbeddingStore* LocalParams::embedding() const {
 
 namespace {
 
-// Positions of `ids` grouped by store (counting sort): order[bounds[s], bounds[s + 1]) are the
-// positions of the ids of stores[s]. INVALID_ARGUMENT naming the first id outside every store.
+// One call's ids grouped by store (counting sort): order[bounds[s], bounds[s + 1]) are the
+// positions of the ids of stores[s], grouped[...] those ids. Kept per thread (the tower threads
+// call concurrently) so that a step allocates nothing once warm.
+struct Grouping {
+  std::vector<uint16_t> of;  // the store of each id (LocalParams::kMaxTables at most)
+  std::vector<int32_t> order;
+  std::vector<int64_t> bounds, next, grouped;
+  std::vector<float> rows;  // a store's rows at its width
+};
+
+// INVALID_ARGUMENT naming the first id outside every store; nothing is grouped then.
 absl::Status GroupByStore(absl::Span<const int64_t> ids, absl::Span<EmbeddingStore* const> stores,
-                          std::vector<int32_t>* order, std::vector<int64_t>* bounds,
-                          std::vector<int64_t>* grouped_ids) {
-  std::vector<int32_t> of(ids.size());
-  bounds->assign(stores.size() + 1, 0);
+                          Grouping* g) {
+  const int64_t total = stores.back()->end();
+  g->of.resize(ids.size());
+  g->bounds.assign(stores.size() + 1, 0);
   for (size_t i = 0; i < ids.size(); ++i) {
-    const auto it = std::upper_bound(
-        stores.begin(), stores.end(), ids[i],
-        [](int64_t id, const EmbeddingStore* s) { return id < s->begin(); });
-    if (it == stores.begin() || !(*(it - 1))->Owns(ids[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("row ", ids[i], " is outside the table [0, ",
-                                                     stores.back()->end(), ")"));
+    const int64_t id = ids[i];
+    if (id < 0 || id >= total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", id, " is outside the table [0, ", total, ")"));
     }
-    of[i] = static_cast<int32_t>(it - stores.begin() - 1);
-    ++(*bounds)[of[i] + 1];
+    // A handful of tables: a linear scan from the last is faster than a search.
+    size_t s = stores.size() - 1;
+    while (id < stores[s]->begin()) --s;
+    g->of[i] = static_cast<uint16_t>(s);
+    ++g->bounds[s + 1];
   }
-  for (size_t s = 0; s < stores.size(); ++s) (*bounds)[s + 1] += (*bounds)[s];
-  std::vector<int64_t> next(bounds->begin(), bounds->end() - 1);
-  order->resize(ids.size());
-  grouped_ids->resize(ids.size());
+  for (size_t s = 0; s < stores.size(); ++s) g->bounds[s + 1] += g->bounds[s];
+  g->next.assign(g->bounds.begin(), g->bounds.end() - 1);
+  g->order.resize(ids.size());
+  g->grouped.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t at = next[of[i]]++;
-    (*order)[at] = static_cast<int32_t>(i);
-    (*grouped_ids)[at] = ids[i];
+    const int64_t at = g->next[g->of[i]]++;
+    g->order[at] = static_cast<int32_t>(i);
+    g->grouped[at] = ids[i];
   }
   return absl::OkStatus();
+}
+
+Grouping& ThreadGrouping() {
+  thread_local Grouping g;
+  return g;
 }
 
 }  // namespace
@@ -105,21 +124,20 @@ absl::Status GroupByStore(absl::Span<const int64_t> ids, absl::Span<EmbeddingSto
 absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
                                    int threads) const {
   if (stores_.size() == 1) return stores_[0]->Gather(ids, rows, nullptr, threads);
-  std::vector<int32_t> order;
-  std::vector<int64_t> bounds, grouped;
-  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, &order, &bounds, &grouped));
-  std::vector<float> narrow;
+  Grouping& g = ThreadGrouping();
+  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, &g));
   for (size_t s = 0; s < stores_.size(); ++s) {
-    const int64_t n = bounds[s + 1] - bounds[s];
+    const int64_t n = g.bounds[s + 1] - g.bounds[s];
     if (n == 0) continue;
     const int width = stores_[s]->dim();
-    narrow.resize(n * row_dim_);
-    RETURN_IF_ERROR(stores_[s]->Gather(absl::MakeConstSpan(grouped).subspan(bounds[s], n),
-                                       narrow.data(), nullptr, threads));
-    ExpandRowsInPlace(narrow.data(), n, width, row_dim_);
+    g.rows.resize(n * width);
+    RETURN_IF_ERROR(stores_[s]->Gather(absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n),
+                                       g.rows.data(), nullptr, threads));
+    // Each row to its place at the stride, zeros after its width (ExpandRowsInPlace's rule).
     for (int64_t j = 0; j < n; ++j) {
-      std::copy_n(narrow.data() + j * row_dim_, row_dim_,
-                  rows + int64_t{order[bounds[s] + j]} * row_dim_);
+      float* out = rows + int64_t{g.order[g.bounds[s] + j]} * row_dim_;
+      std::copy_n(g.rows.data() + j * width, width, out);
+      std::fill(out + width, out + row_dim_, 0.f);
     }
   }
   return absl::OkStatus();
@@ -128,22 +146,20 @@ absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
 absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* grads, int64_t step,
                                   int threads) {
   if (stores_.size() == 1) return stores_[0]->Apply(ids, grads, step, nullptr, threads);
-  std::vector<int32_t> order;
-  std::vector<int64_t> bounds, grouped;
+  Grouping& g = ThreadGrouping();
   // Checked before anything is applied: an id outside every table applies nothing.
-  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, &order, &bounds, &grouped));
-  std::vector<float> narrow;
+  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, &g));
   for (size_t s = 0; s < stores_.size(); ++s) {
-    const int64_t n = bounds[s + 1] - bounds[s];
+    const int64_t n = g.bounds[s + 1] - g.bounds[s];
     if (n == 0) continue;
     const int width = stores_[s]->dim();
-    narrow.resize(n * width);
+    g.rows.resize(n * width);
     for (int64_t j = 0; j < n; ++j) {
-      NarrowRows(grads + int64_t{order[bounds[s] + j]} * row_dim_, 1, row_dim_, width,
-                 narrow.data() + j * width);
+      NarrowRows(grads + int64_t{g.order[g.bounds[s] + j]} * row_dim_, 1, row_dim_, width,
+                 g.rows.data() + j * width);
     }
-    RETURN_IF_ERROR(stores_[s]->Apply(absl::MakeConstSpan(grouped).subspan(bounds[s], n),
-                                      narrow.data(), step, nullptr, threads));
+    RETURN_IF_ERROR(stores_[s]->Apply(absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n),
+                                      g.rows.data(), step, nullptr, threads));
   }
   return absl::OkStatus();
 }

@@ -40,6 +40,9 @@ class LocalParams : public ParameterAccess, private InProcessParams {
                                                              const Config& config, int threads,
                                                              StoreTables tables = {});
 
+  // Tables (stores) one LocalParams holds at most.
+  static constexpr size_t kMaxTables = 65536;
+
   int row_dim() const override { return row_dim_; }
   int64_t dense_size() const override { return dense_->size(); }
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
