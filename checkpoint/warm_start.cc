@@ -108,7 +108,8 @@ std::string TableWarmStart::Summary() const {
   for (const std::string& f : fresh) {
     fresh_names.push_back(f.empty() ? "the default table" : "'" + f + "'");
   }
-  return absl::StrCat("tables taken: ", taken_names.empty() ? "none" : absl::StrJoin(taken_names, ", "),
+  return absl::StrCat("tables taken: ",
+                      taken_names.empty() ? "none" : absl::StrJoin(taken_names, ", "),
                       "; new (initialized): ",
                       fresh_names.empty() ? "none" : absl::StrJoin(fresh_names, ", "),
                       dense ? "; the dense vector copied"

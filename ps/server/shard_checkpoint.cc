@@ -147,8 +147,8 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
   const CheckpointManifest& manifest = chain.back().manifest;
   // A warm start across changed tables (mode.moves) maps rows by table and may leave the dense
   // vector out: the shapes then differ by design.
-  const bool same_rows =
-      !mode.moves.empty() || (manifest.table_rows() == opt_.rows && manifest.row_dim() == opt_.row_dim);
+  const bool same_rows = !mode.moves.empty() || (manifest.table_rows() == opt_.rows &&
+                                                  manifest.row_dim() == opt_.row_dim);
   if (!same_rows || (mode.dense && manifest.dense_size() != opt_.dense_size)) {
     return absl::FailedPreconditionError(absl::StrCat(
         ckpt_dir, " was written for another model: rows ", manifest.table_rows(), " x ",

@@ -138,8 +138,9 @@ class ShardServer {
   // The fast path for a worker in this process (`pstrain host`) on an ASYNC shard: Pull and Push
   // on the caller's buffers, without messages or their copies (BOUNDED / SYNC hold pulls and
   // count pushes per step: use InProcessChannel() there; FAILED_PRECONDITION here). ids must be
-  // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills
-  // rows in ids' order, each at its table's width as on the wire (Shard::RowFloats) and, if dense is not null, dense[the slice size];
+  // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills rows in
+  // ids' order, each at its table's width as on the wire (Shard::RowFloats) and, if dense is not
+  // null, dense[the slice size];
   // *staleness as PullResponse.staleness (0 for step 0), and *dense_version (if not null) as
   // PullResponse.dense_version. PushDirect applies row_grads (the same layout) and, if not
   // null, dense_grad[the slice size] computed from the slice's `dense_version` (-1: unknown) at

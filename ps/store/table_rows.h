@@ -71,8 +71,9 @@ RowInit NarrowRowInit(RowInit init, int stride, int width);
 // width than the store it loads into (a PS partition store at its table's width, a stride-wide
 // store, a checkpoint written before compact widths): weights keep their first min(from, to)
 // floats and are zero after them; each of the optimizer's state slots likewise, its floats after
-// `from` starting as InitState starts them; the extras are kept. `from_state` may be null (out_state
-// is then InitState's). INVALID_ARGUMENT when from_state_floats is not `opt`'s StateFloats(from).
+// `from` starting as InitState starts them; the extras are kept. `from_state` may be null
+// (out_state is then InitState's). INVALID_ARGUMENT when from_state_floats is not `opt`'s
+// StateFloats(from).
 absl::Status ResizeRow(const Optimizer& opt, int from, const float* from_weights,
                        int from_state_floats, const float* from_state, int to, float* out_weights,
                        float* out_state);

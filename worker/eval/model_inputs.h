@@ -39,8 +39,9 @@ inline ModelInputs ModelInputsOf(const FeatureSpec& spec) {
 
 // The tables' fixed-size partitions on `shards` PS shards (PartitionMap's TableSplit, in row
 // order): a named table's TableConfig.partitions, or cluster.num_partitions' rule (4 x shards when
-// 0) for it and for the default table, and its rows' width 1 + dim (compact widths). Empty when the spec names no tables: the one-table map of
-// before tables. Every worker and shard derives the same from the same config.
+// 0) for it and for the default table, and its rows' width 1 + dim (compact widths). Empty when
+// the spec names no tables: the one-table map of before tables. Every worker and shard derives
+// the same from the same config.
 inline std::vector<PartitionMap::TableSplit> TableSplitsOf(const FeatureSpec& spec,
                                                            const ClusterConfig& cluster,
                                                            int shards) {
