@@ -1,9 +1,11 @@
 #include "checkpoint/warm_start.h"
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -21,11 +23,160 @@ absl::Status Prefixed(const absl::Status& s, const std::string& from) {
   return absl::Status(s.code(), absl::StrCat("warm start from ", from, ": ", s.message()));
 }
 
+// The tables and fields of a resolved description (FeatureSpec::Resolved's layout).
+struct Layout {
+  struct Table {
+    std::string name;  // "" for the default table
+    int dim = 0;
+    int64_t rows = 0;
+    int64_t offset = 0;
+  };
+  std::vector<Table> tables;  // the default table first when it has rows
+  // What feeds the dense vector: each field's name, kind and dim, in order.
+  std::vector<std::string> dense_inputs;
+  // The default table's fields as their rows depend on them: position, name, rows, sharing.
+  std::vector<std::string> default_fields;
+};
+
+Layout LayoutOf(const ModelDescription& d) {
+  const FeatureConfig& f = d.features();
+  const int k = d.model().embedding_dim();
+  Layout l;
+  int64_t default_rows = 0;
+  for (int i = 0; i < f.field_size(); ++i) {
+    const FieldSpec& fs = f.field(i);
+    if (!fs.has_table() && fs.share_rows_with().empty()) default_rows += fs.vocab_size();
+  }
+  if (default_rows > 0) l.tables.push_back({"", k, default_rows, 0});
+  int64_t offset = default_rows;
+  for (const TableConfig& t : f.table()) {
+    l.tables.push_back({t.name(), t.dim(), static_cast<int64_t>(t.rows()), offset});
+    offset += static_cast<int64_t>(t.rows());
+  }
+  auto dim_of_table = [&](const std::string& name) {
+    for (const TableConfig& t : f.table()) {
+      if (t.name() == name) return t.dim();
+    }
+    return k;
+  };
+  for (int i = 0; i < f.field_size(); ++i) {
+    const FieldSpec& fs = f.field(i);
+    int dim = k;
+    std::string table;
+    if (fs.has_table()) {
+      table = fs.table();
+    } else if (!fs.share_rows_with().empty()) {
+      for (const FieldSpec& o : f.field()) {
+        if (o.name() == fs.share_rows_with() && o.has_table()) table = o.table();
+      }
+    }
+    if (!table.empty()) dim = dim_of_table(table);
+    l.dense_inputs.push_back(
+        absl::StrCat("'", fs.name(), "' (", FieldKind_Name(fs.kind()), ", dim ", dim, ")"));
+    if (table.empty()) {
+      l.default_fields.push_back(absl::StrCat("field[", i, "] '", fs.name(), "' of ",
+                                              fs.vocab_size(), " rows",
+                                              fs.share_rows_with().empty()
+                                                  ? ""
+                                                  : " sharing '" + fs.share_rows_with() + "'"));
+    }
+  }
+  return l;
+}
+
+// The first entry where two lists differ, as "<a> in the warm-start checkpoint, <b> in the
+// config", or "" when they are the same.
+std::string FirstDifference(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) {
+      return absl::StrCat(a[i], " in the warm-start checkpoint, ", b[i], " in the config");
+    }
+  }
+  if (a.size() == b.size()) return "";
+  return a.size() > b.size() ? absl::StrCat(a[n], " only in the warm-start checkpoint")
+                             : absl::StrCat(b[n], " only in the config");
+}
+
 }  // namespace
+
+std::string TableWarmStart::Summary() const {
+  std::vector<std::string> taken_names, fresh_names;
+  for (const Take& t : taken) {
+    taken_names.push_back(t.name.empty() ? "the default table" : "'" + t.name + "'");
+  }
+  for (const std::string& f : fresh) {
+    fresh_names.push_back(f.empty() ? "the default table" : "'" + f + "'");
+  }
+  return absl::StrCat("tables taken: ",
+                      taken_names.empty() ? "none" : absl::StrJoin(taken_names, ", "),
+                      "; new (initialized): ",
+                      fresh_names.empty() ? "none" : absl::StrJoin(fresh_names, ", "),
+                      dense ? "; the dense vector copied"
+                            : absl::StrCat("; the dense vector starts fresh (", dense_reason, ")"));
+}
+
+absl::StatusOr<TableWarmStart> PlanTableWarmStart(const ModelDescription& saved,
+                                                  const ModelDescription& wanted) {
+  // The model itself must be the same: compare the descriptions without their features.
+  ModelDescription a = saved, b = wanted;
+  a.clear_features();
+  b.clear_features();
+  RETURN_IF_ERROR(CompareModelDescriptions(a, b, "the warm-start checkpoint"));
+  if (saved.features().hash_seed() != wanted.features().hash_seed()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "features.hash_seed: ", saved.features().hash_seed(), " in the warm-start checkpoint, ",
+        wanted.features().hash_seed(), " in the config (every table's hashing depends on it)"));
+  }
+  const Layout from = LayoutOf(saved), to = LayoutOf(wanted);
+  TableWarmStart plan;
+  for (const Layout::Table& t : to.tables) {
+    const Layout::Table* src = nullptr;
+    for (const Layout::Table& s : from.tables) {
+      if (s.name == t.name) src = &s;
+    }
+    const std::string what =
+        t.name.empty() ? "the default table (the fields that name no table)"
+                       : absl::StrCat("table '", t.name, "'");
+    if (src == nullptr) {
+      plan.fresh.push_back(t.name);
+      continue;
+    }
+    if (src->dim != t.dim) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": dim ", src->dim, " in the warm-start checkpoint, ", t.dim,
+                       " in the config (its rows would not fit; rename the table to start it "
+                       "fresh)"));
+    }
+    if (src->rows != t.rows) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": ", src->rows, " rows in the warm-start checkpoint, ", t.rows,
+                       " in the config (ids hash to other rows; rename the table to start it "
+                       "fresh)"));
+    }
+    if (t.name.empty()) {
+      const std::string d = FirstDifference(from.default_fields, to.default_fields);
+      if (!d.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, " has other fields: ", d, " (a field's rows and hashing depend on "
+                         "its place there)"));
+      }
+    }
+    plan.taken.push_back({t.name, src->offset, src->offset + src->rows, t.offset});
+  }
+  const std::string d = FirstDifference(from.dense_inputs, to.dense_inputs);
+  if (!d.empty()) {
+    plan.dense = false;
+    plan.dense_reason = absl::StrCat("the fields feeding it differ: ", d);
+  }
+  return plan;
+}
 
 absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm_start,
                                                            const ModelDescription& wanted,
-                                                           Env* env) {
+                                                           Env* env,
+                                                           std::optional<TableWarmStart>* tables) {
+  if (tables != nullptr) tables->reset();
   const std::string& from = warm_start.from();
   if (!env->IsDirectory(from)) {
     return absl::NotFoundError(absl::StrCat(
@@ -61,6 +212,13 @@ absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm
   }
   const ModelDescription& saved = c.manifest.model();
   absl::Status s = CompareModelDescriptions(saved, wanted, "the warm-start checkpoint");
+  if (!s.ok() && tables != nullptr &&
+      (saved.features().table_size() > 0 || wanted.features().table_size() > 0)) {
+    // Tables changed: table by table (PlanTableWarmStart), or its refusal.
+    absl::StatusOr<TableWarmStart> plan = PlanTableWarmStart(saved, wanted);
+    if (plan.ok()) *tables = *std::move(plan);
+    s = plan.status();
+  }
   if (s.ok() && !warm_start.reset_optimizer()) {
     for (const auto& [name, a, b] :
          {std::make_tuple("sparse_optimizer.type", saved.sparse_optimizer().type(),

@@ -3,7 +3,10 @@
 // ps/store/parameter_files.h LoadParameterFiles reads any mode's and shard count's files.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "checkpoint/layout.h"
@@ -23,8 +26,42 @@ namespace pstrain {
 // size, dense size) is then all that guards it. Errors name the source: NOT_FOUND for a missing
 // directory or a model dir without a checkpoint, DATA_LOSS for one whose checkpoints are all
 // corrupt. `env` checks that the source is a directory (or a symlink to one).
-absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(const WarmStart& warm_start,
-                                                           const ModelDescription& wanted,
-                                                           Env* env = Env::Default());
+//
+// Tables changed (docs/CHECKPOINT.md "Warm start across changed tables"): when the descriptions
+// differ and either names tables (features.table), the warm start goes table by table instead
+// (PlanTableWarmStart); *tables (when not null) is set to its plan, and left empty when the
+// descriptions are the same (every row and the dense vector, as before tables).
+struct TableWarmStart {
+  // A source table whose rows the target takes: source rows [from_begin, from_end) become
+  // target rows [to_begin, to_begin + from_end - from_begin).
+  struct Take {
+    std::string name;  // "" for the default table (the fields that name no table)
+    int64_t from_begin = 0, from_end = 0, to_begin = 0;
+  };
+  std::vector<Take> taken;
+  std::vector<std::string> fresh;  // target tables the source lacks: initialized as new
+  // The dense vector (the MLP and the rest) is copied only when the fields' layout feeding it
+  // is the same (the same fields in the same order at the same dims); else it starts fresh.
+  bool dense = true;
+  std::string dense_reason;  // why not, when dense is false
+  // One line for the log: which tables were taken, which are new, and the dense vector.
+  std::string Summary() const;
+};
+absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(
+    const WarmStart& warm_start, const ModelDescription& wanted, Env* env = Env::Default(),
+    std::optional<TableWarmStart>* tables = nullptr);
+
+// The table-by-table warm start from a checkpoint described by `saved` into a config described
+// by `wanted` (both resolved, FeatureSpec::Resolved's layout: the default table's slices first,
+// one per field without a table, then the named tables in order). Each target table takes the
+// rows of the source table of the same name when it has the same dim and rows; a table of the
+// same name with another dim or rows is refused (FAILED_PRECONDITION naming the table and both
+// values: its rows would mean something else, and no rule maps them); a table the source lacks
+// is fresh. The default table is the same table only if its fields are the same (names,
+// vocab_size, positions: a field's hash seed is its position), refused naming the first
+// difference otherwise. The model (type, embedding_dim, hidden) and features.hash_seed must be
+// the same (a named table's hashing depends on hash_seed and its name only).
+absl::StatusOr<TableWarmStart> PlanTableWarmStart(const ModelDescription& saved,
+                                                  const ModelDescription& wanted);
 
 }  // namespace pstrain

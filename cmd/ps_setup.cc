@@ -110,14 +110,16 @@ absl::Status RestoreShard(const Config& config, const std::optional<CheckpointCh
   if (config.train().has_warm_start()) warm_start = config.train().warm_start();
   return RestoreOrWarmStart(restored, warm_start, [&]() -> absl::StatusOr<std::string> {
     ASSIGN_OR_RETURN(const ModelDescription wanted, DescribeModel(config));
+    std::optional<TableWarmStart> tables;
     ASSIGN_OR_RETURN(const CheckpointChoice source,
-                     ChooseWarmStartCheckpoint(*warm_start, wanted));
+                     ChooseWarmStartCheckpoint(*warm_start, wanted, Env::Default(), &tables));
     RETURN_IF_ERROR(Annotate(
-        server->WarmStart(source.chain, warm_start->reset_optimizer()),
+        server->WarmStart(source.chain, warm_start->reset_optimizer(), tables),
         absl::StrCat("warm start of shard ", shard, " from ", source.dir)));
     PSTRAIN_LOG(INFO) << "shard " << shard << ": warm start from " << source.dir << " ("
                       << source.manifest.num_shards() << " shard(s)"
-                      << (warm_start->reset_optimizer() ? ", optimizer slots reset" : "") << ")";
+                      << (warm_start->reset_optimizer() ? ", optimizer slots reset" : "")
+                      << (tables ? "; " + tables->Summary() : std::string()) << ")";
     return source.dir;
   }).status();
 }

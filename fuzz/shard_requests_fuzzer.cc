@@ -10,10 +10,12 @@
 //     one, none, or the record's first bytes), the message cap, gRPC's parse of the request, the
 //     handler's own secret check and then the handler.
 // The first byte picks the fresh shard's consistency mode (SYNC, ASYNC or BOUNDED with staleness
-// 0..3), its workers (1 + (byte / 12) % 8) and its table (64 rows in 2 partitions, or 1024 rows
-// in 4 when the top bit is set; row_dim 3, a dense slice of 5). Input after it: records of [kind byte]
-// [2-byte length][serialized request]. Nothing may crash, spin or allocate without bound. Seed
-// corpus: fuzz/corpus/shard_requests/ (made by scripts/make_fuzz_corpus.sh from real requests).
+// 0..3), its workers (1 + (byte / 12) % 8) and its table (64 rows in 2 partitions; or, when the
+// top bit is set, 1024 rows in two tables of 2 partitions each, the first's rows 2 floats wide,
+// the second's 3 (compact table widths); row_dim 3, a dense slice of 5). Input after it: records
+// of [kind byte][2-byte length][serialized request]. Nothing may crash, spin or allocate without
+// bound. Seed corpus: fuzz/corpus/shard_requests/ (made by scripts/make_fuzz_corpus.sh from real
+// requests).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -122,6 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool large = (data[0] & 0x80) != 0;
   o.data.rows = large ? 1024 : 64;
   o.data.partitions = large ? 4 : 2;
+  if (large) o.data.table_splits = {{512, 2, 2}, {512, 2, 3}};
   o.data.checkpoint_dir = Dir();
   o.security.max_message_bytes = 1 << 16;
   o.lease = absl::Seconds(30);

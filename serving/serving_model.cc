@@ -373,26 +373,11 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
   ParameterLoadMode mode;
   mode.keep_step = false;
   mode.keep_optimizer_state = false;  // a served model keeps no optimizer state
-  // A checkpoint holds every row at the stride (Model::row_dim(); docs/CHECKPOINT.md): a table
-  // of that width reads straight into its store; a narrower one into a stride-wide store of its
-  // range, whose rows are then kept at the table's width range by range (memory: that table's
-  // stride-wide rows while the checkpoint is read).
-  std::vector<std::unique_ptr<EmbeddingStore>> wide(m->rows_.size());
+  // Each table's store at its width: the loader resizes a group written at another width (a
+  // checkpoint's table at its width, or at the stride before compact widths; docs/CHECKPOINT.md
+  // "Tables") row by row.
   std::vector<EmbeddingStore*> stores;
-  for (size_t t = 0; t < m->rows_.size(); ++t) {
-    if (m->row_tables_[t].width == m->row_dim()) {
-      stores.push_back(m->rows_[t].get());
-      continue;
-    }
-    EmbeddingStore::Options o;
-    o.begin = m->row_tables_[t].begin;
-    o.end = m->row_tables_[t].end;
-    o.dim = m->row_dim();
-    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> none, Optimizer::Create(sgd));
-    o.optimizer = std::move(none);
-    ASSIGN_OR_RETURN(wide[t], EmbeddingStore::Create(std::move(o)));
-    stores.push_back(wide[t].get());
-  }
+  for (const auto& rows : m->rows_) stores.push_back(rows.get());
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(chain, stores, dense.get(), mode));
   // The dynamic tables' rows, from every shard file of every link (PS checkpoints).
@@ -404,22 +389,6 @@ absl::StatusOr<std::unique_ptr<ServingModel>> ServingModel::FromCheckpoint(
       names.push_back(m->dynamic_name(static_cast<int>(d)));
     }
     RETURN_IF_ERROR(LoadDynamicTables(chain, dynamic, names, nullptr, "", mode));
-  }
-  constexpr int64_t kRange = int64_t{1} << 20;
-  std::vector<float> narrow;
-  for (size_t t = 0; t < wide.size(); ++t) {
-    if (wide[t] == nullptr) continue;
-    const RowTable& rt = m->row_tables_[t];
-    for (int64_t from = rt.begin; from < rt.end; from += kRange) {
-      const EmbeddingSnapshot snap = wide[t]->Snapshot(from, std::min(rt.end, from + kRange));
-      narrow.resize(snap.ids.size() * rt.width);
-      for (int64_t r = 0; r < snap.rows(); ++r) {
-        std::copy(snap.weights.begin() + r * snap.dim,
-                  snap.weights.begin() + r * snap.dim + rt.width, narrow.begin() + r * rt.width);
-      }
-      RETURN_IF_ERROR(m->rows_[t]->RestoreRows(snap.ids, narrow.data(), nullptr));
-    }
-    wide[t].reset();
   }
   if (counts.dense_floats != m->dense_size()) {
     return absl::DataLossError(absl::StrCat(

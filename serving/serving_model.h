@@ -100,10 +100,9 @@ class ServingModel {
   // rebuild: the MANIFEST's own (version >= 2), or the one a caller built from a config for a
   // version-1 checkpoint. FAILED_PRECONDITION when the files' shapes disagree with it (rows, row
   // size, dense size); DATA_LOSS naming the file for a malformed block, and when the dense vector
-  // is not covered exactly (its floats counted over the slices read). With tables, a checkpoint
-  // holds every row at the stride: a table narrower than the stride is read into a stride-wide
-  // store of its range and then kept at its width, so memory peaks at those tables' stride-wide
-  // rows while it reads.
+  // is not covered exactly (its floats counted over the slices read). With tables, each table's
+  // rows are read straight into its store at its width, whatever width the files hold them at
+  // (LoadEmbeddingStores resizes them).
   static absl::StatusOr<std::unique_ptr<ServingModel>> FromCheckpoint(
       absl::Span<const CheckpointLink> chain, const ModelDescription& description);
 

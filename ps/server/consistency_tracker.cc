@@ -194,11 +194,13 @@ void ConsistencyTracker::AdvanceSync() {
 
 void ConsistencyTracker::ApplyMean(int64_t step, const std::map<int, SyncPush>& pushes) {
   // Sum in worker order (deterministic whatever the arrival order), then scale once.
+  // Summed at the stride; each push's rows come at their tables' widths (Shard::RowFloats).
   const int dim = shard_->row_dim();
   absl::flat_hash_map<int64_t, int64_t> slot;
   std::vector<int64_t> ids;
   std::vector<float> sum, dense;
   for (const auto& [w, p] : pushes) {
+    const float* in = p.row_grads.data();
     for (size_t i = 0; i < p.ids.size(); ++i) {
       auto [it, fresh] = slot.emplace(p.ids[i], static_cast<int64_t>(ids.size()));
       if (fresh) {
@@ -206,8 +208,9 @@ void ConsistencyTracker::ApplyMean(int64_t step, const std::map<int, SyncPush>& 
         sum.resize(sum.size() + dim, 0.f);
       }
       float* out = sum.data() + it->second * dim;
-      const float* in = p.row_grads.data() + i * dim;
-      for (int d = 0; d < dim; ++d) out[d] += in[d];
+      const int width = shard_->RowWidthOf(p.ids[i]);
+      for (int d = 0; d < width; ++d) out[d] += in[d];
+      in += width;
     }
     if (!p.dense_grad.empty()) {
       if (dense.empty()) dense.assign(p.dense_grad.size(), 0.f);
@@ -220,10 +223,12 @@ void ConsistencyTracker::ApplyMean(int64_t step, const std::map<int, SyncPush>& 
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
   std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
   std::vector<int64_t> sorted(ids.size());
-  std::vector<float> grads(sum.size());
+  std::vector<float> grads;
+  grads.reserve(sum.size());
   for (size_t j = 0; j < order.size(); ++j) {
     sorted[j] = ids[order[j]];
-    for (int d = 0; d < dim; ++d) grads[j * dim + d] = sum[order[j] * dim + d] * scale;
+    const int width = shard_->RowWidthOf(sorted[j]);
+    for (int d = 0; d < width; ++d) grads.push_back(sum[order[j] * dim + d] * scale);
   }
   for (float& g : dense) g *= scale;
   // Every id was routed when its push came.

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "ps/store/dynamic_routing.h"
 #include "ps/store/store_memory.h"
+#include "ps/store/table_rows.h"
 
 namespace pstrain {
 
@@ -72,12 +73,15 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
   const Options& o = s->opt_;
   for (int p : s->map_.PartitionsOfShard(o.shard)) {
     if (s->map_.PartitionSize(p) == 0) break;  // V < P: the trailing partitions are empty
+    // The partition's table's width (compact widths, ps/store/table_rows.h): its rows are
+    // expanded to the stride on a gather and cut to the width on an apply.
+    const int width = RowWidth(s->map_, p, o.row_dim);
     EmbeddingStore::Options eo;
     eo.begin = s->map_.PartitionBegin(p);
     eo.end = s->map_.PartitionBegin(p + 1);
-    eo.dim = o.row_dim;
+    eo.dim = width;
     eo.optimizer = sparse_opt;
-    eo.row_init = o.row_init;
+    eo.row_init = NarrowRowInit(o.row_init, o.row_dim, width);
     eo.range_optimizers = o.range_optimizers;
     eo.threads = o.threads;
     eo.row_versions = o.scale_row_lr_by_staleness;
@@ -168,34 +172,16 @@ absl::Status Shard::RouteDynamic(int64_t id, int64_t i, std::vector<Run>* runs) 
 }
 
 void Shard::GatherDynamic(absl::Span<const int64_t> ids, const Run& r, float* rows) const {
-  const DynamicEmbeddingStore& store = *dynamic_stores_[r.dynamic];
-  const int64_t n = r.end - r.begin;
-  const int dim = store.dim();
-  std::vector<uint64_t> keys(n);
-  for (int64_t i = 0; i < n; ++i) keys[i] = DynamicKeyOf(ids[r.begin + i]);
-  std::vector<float> packed(n * dim);
-  store.Gather(keys, packed.data());
-  const int stride = opt_.row_dim;
-  float* out = rows + r.begin * stride;
-  for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(packed.data() + i * dim, dim, out + i * stride);
-    std::fill(out + i * stride + dim, out + (i + 1) * stride, 0.f);
-  }
+  std::vector<uint64_t> keys(r.end - r.begin);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = DynamicKeyOf(ids[r.begin + i]);
+  dynamic_stores_[r.dynamic]->Gather(keys, rows);
 }
 
 void Shard::ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
                          int64_t step) {
-  DynamicEmbeddingStore& store = *dynamic_stores_[r.dynamic];
-  const int64_t n = r.end - r.begin;
-  const int dim = store.dim();
-  const int stride = opt_.row_dim;
-  std::vector<uint64_t> keys(n);
-  std::vector<float> packed(n * dim);
-  for (int64_t i = 0; i < n; ++i) {
-    keys[i] = DynamicKeyOf(ids[r.begin + i]);
-    std::copy_n(grads + (r.begin + i) * stride, dim, packed.data() + i * dim);
-  }
-  store.Apply(keys, packed.data(), step);
+  std::vector<uint64_t> keys(r.end - r.begin);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = DynamicKeyOf(ids[r.begin + i]);
+  dynamic_stores_[r.dynamic]->Apply(keys, grads, step);
 }
 
 void Shard::MaybeEvictAfter(int64_t step) {
@@ -211,23 +197,45 @@ void Shard::MaybeEvictAfter(int64_t step) {
   }
 }
 
+int64_t Shard::RowFloats(absl::Span<const Run> runs) const {
+  int64_t n = 0;
+  for (const Run& r : runs) {
+    n += (r.end - r.begin) *
+         (r.dynamic >= 0 ? dynamic_stores_[r.dynamic]->dim() : stores_[r.store]->dim());
+  }
+  return n;
+}
+
+int Shard::RowWidthOf(int64_t id) const {
+  if (IsDynamicRow(id)) return dynamic_stores_[DynamicTableOf(id)]->dim();
+  return RowWidth(map_, map_.PartitionOf(id), opt_.row_dim);
+}
+
 absl::Status Shard::GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
                                int64_t* dense_version, uint32_t* row_versions) {
-  pull_requests_.fetch_add(1, std::memory_order_relaxed);
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
-  const int dim = opt_.row_dim;
+  return GatherRuns(ids, runs, rows, dense, dense_version, row_versions);
+}
+
+absl::Status Shard::GatherRuns(absl::Span<const int64_t> ids, absl::Span<const Run> runs,
+                               float* rows, float* dense, int64_t* dense_version,
+                               uint32_t* row_versions) {
+  pull_requests_.fetch_add(1, std::memory_order_relaxed);
+  // Each run's rows at its store's width, one after the other (the rows' layout of the wire).
+  float* out = rows;
   for (const Run& r : runs) {
     if (r.dynamic >= 0) {
       // No row versions: a dynamic row reads as version 0 (never stale-scaled).
-      GatherDynamic(ids, r, rows);
+      GatherDynamic(ids, r, out);
       if (row_versions != nullptr) std::fill_n(row_versions + r.begin, r.end - r.begin, 0u);
+      out += (r.end - r.begin) * dynamic_stores_[r.dynamic]->dim();
       continue;
     }
-    RETURN_IF_ERROR(stores_[r.store]->Gather(ids.subspan(r.begin, r.end - r.begin),
-                                             rows + r.begin * dim,
-                                             row_versions != nullptr ? row_versions + r.begin
-                                                                     : nullptr));
+    const EmbeddingStore& store = *stores_[r.store];
+    RETURN_IF_ERROR(store.Gather(ids.subspan(r.begin, r.end - r.begin), out,
+                                 row_versions != nullptr ? row_versions + r.begin : nullptr));
+    out += (r.end - r.begin) * store.dim();
   }
   if (dense != nullptr && dense_ != nullptr) {
     const int64_t version = dense_->Get(dense);
@@ -252,18 +260,22 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
     scratch->resize(floats);
     return scratch->data();
   };
+  std::vector<Run> runs;
+  RETURN_IF_ERROR(Route(ids, &runs));
   std::vector<float> row_scratch, dense_scratch;
   std::string* rows = response->mutable_rows();
-  float* rows_out = view(rows, ids.size() * opt_.row_dim, &row_scratch);
+  float* rows_out = view(rows, RowFloats(runs), &row_scratch);
   const bool want_dense = request.want_dense() && dense_ != nullptr;
   float* dense_out =
       want_dense ? view(response->mutable_dense(), dense_slice_size_, &dense_scratch) : nullptr;
   int64_t dense_version = 0;
   std::vector<uint32_t> versions(row_versions() && request.step() > 0 ? ids.size() : 0);
-  RETURN_IF_ERROR(GatherInto(ids, rows_out, dense_out, &dense_version,
+  RETURN_IF_ERROR(GatherRuns(ids, runs, rows_out, dense_out, &dense_version,
                              versions.empty() ? nullptr : versions.data()));
   if (want_dense) response->set_dense_version(dense_version);
-  if (!versions.empty()) PackArray(versions.data(), versions.size(), response->mutable_row_versions());
+  if (!versions.empty()) {
+    PackArray(versions.data(), versions.size(), response->mutable_row_versions());
+  }
   if (!row_scratch.empty()) PackArray(row_scratch.data(), row_scratch.size(), rows);
   if (!dense_scratch.empty()) {
     PackArray(dense_scratch.data(), dense_scratch.size(), response->mutable_dense());
@@ -275,7 +287,8 @@ absl::Status Shard::Gather(const PullRequest& request, PullResponse* response) {
   return absl::OkStatus();
 }
 
-absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float* dense_grad) {
+absl::Status Shard::CheckFinite(size_t row_floats, const float* row_grads,
+                                const float* dense_grad) {
   // One pass with no branch per value: x - x is 0 for finite x and NaN for NaN or +-Inf, and the
   // largest magnitude must stay within max_gradient_abs (a finite 3.4e38 would overflow the
   // optimizers' squared-gradient slots to +Inf and freeze what it touched).
@@ -288,7 +301,7 @@ absl::Status Shard::CheckFinite(size_t rows, const float* row_grads, const float
     }
     return acc == 0.f && largest <= cap;
   };
-  const size_t n = rows * static_cast<size_t>(opt_.row_dim);
+  const size_t n = row_floats;
   const bool rows_ok = n == 0 || all_finite(row_grads, n);
   const bool dense_ok = dense_grad == nullptr || dense_ == nullptr ||
                         all_finite(dense_grad, static_cast<size_t>(dense_slice_size_));
@@ -320,11 +333,14 @@ absl::Status Shard::Unpack(const PushRequest& request, Update* u) {
 
 absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float> grads,
                           absl::Span<const float> dense_grad, std::vector<Run>* runs) {
-  const int dim = opt_.row_dim;
-  if (grads.size() != ids.size() * dim) {
+  RETURN_IF_ERROR(Route(ids, runs));
+  // Each row at its table's width (compact widths; every row at row_dim without tables).
+  const int64_t want = RowFloats(*runs);
+  if (static_cast<int64_t>(grads.size()) != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shard ", opt_.shard, ": push of ", ids.size(), " rows carries ", grads.size(),
-        " gradient floats, expected ", ids.size() * dim, " (row_dim ", dim, ")"));
+        " gradient floats, expected ", want, " (row_dim ", opt_.row_dim,
+        ", each row at its table's width)"));
   }
   if (!dense_grad.empty() && static_cast<int64_t>(dense_grad.size()) != dense_slice_size_) {
     return absl::InvalidArgumentError(
@@ -332,8 +348,7 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
                      " floats, but this shard's dense slice has ", dense_slice_size_));
   }
   RETURN_IF_ERROR(
-      CheckFinite(ids.size(), grads.data(), dense_grad.empty() ? nullptr : dense_grad.data()));
-  RETURN_IF_ERROR(Route(ids, runs));
+      CheckFinite(grads.size(), grads.data(), dense_grad.empty() ? nullptr : dense_grad.data()));
   // A row named twice would be updated twice by one push (workers dedup their ids). Ascending
   // ids are settled in one pass; others by a sorted copy (n log n, small beside the update).
   if (std::adjacent_find(ids.begin(), ids.end(), std::greater_equal<int64_t>()) == ids.end()) {
@@ -349,16 +364,8 @@ absl::Status Shard::Check(absl::Span<const int64_t> ids, absl::Span<const float>
 }
 
 absl::Status Shard::Apply(const Update& u, int64_t step) {
-  const int dim = opt_.row_dim;
-  for (const Run& r : u.runs) {
-    if (r.dynamic >= 0) {
-      ApplyDynamic(u.ids, r, u.grads.data(), step);
-      continue;
-    }
-    RETURN_IF_ERROR(stores_[r.store]->Apply(
-        u.ids.subspan(r.begin, r.end - r.begin), u.grads.data() + r.begin * dim, step,
-        u.row_versions.empty() ? nullptr : u.row_versions.data() + r.begin));
-  }
+  RETURN_IF_ERROR(ApplyRuns(u.runs, u.ids, u.grads.data(), step,
+                            u.row_versions.empty() ? nullptr : u.row_versions.data()));
   if (!u.dense_grad.empty() && dense_ != nullptr) {
     dense_->Apply(u.dense_grad.data(), step, u.dense_version);
   }
@@ -372,19 +379,29 @@ absl::Status Shard::Apply(absl::Span<const int64_t> ids, const float* row_grads,
                           const uint32_t* row_versions) {
   std::vector<Run> runs;
   RETURN_IF_ERROR(Route(ids, &runs));
-  const int dim = opt_.row_dim;
-  for (const Run& r : runs) {
-    if (r.dynamic >= 0) {
-      ApplyDynamic(ids, r, row_grads, step);
-      continue;
-    }
-    RETURN_IF_ERROR(stores_[r.store]->Apply(
-        ids.subspan(r.begin, r.end - r.begin), row_grads + r.begin * dim, step,
-        row_versions != nullptr ? row_versions + r.begin : nullptr));
-  }
+  RETURN_IF_ERROR(ApplyRuns(runs, ids, row_grads, step, row_versions));
   if (dense_grad != nullptr && dense_ != nullptr) dense_->Apply(dense_grad, step, dense_version);
   push_rows_.fetch_add(ids.size(), std::memory_order_relaxed);
   MaybeEvictAfter(step);
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ApplyRuns(absl::Span<const Run> runs, absl::Span<const int64_t> ids,
+                              const float* row_grads, int64_t step,
+                              const uint32_t* row_versions) {
+  const float* grads = row_grads;  // each run's rows at its store's width, one after the other
+  for (const Run& r : runs) {
+    if (r.dynamic >= 0) {
+      ApplyDynamic(ids, r, grads, step);
+      grads += (r.end - r.begin) * dynamic_stores_[r.dynamic]->dim();
+      continue;
+    }
+    EmbeddingStore& store = *stores_[r.store];
+    const int64_t n = r.end - r.begin;
+    RETURN_IF_ERROR(store.Apply(ids.subspan(r.begin, n), grads, step,
+                                row_versions != nullptr ? row_versions + r.begin : nullptr));
+    grads += n * store.dim();
+  }
   return absl::OkStatus();
 }
 

@@ -1,9 +1,9 @@
 // Shard: the parameters PS shard s of S holds, and the work on them:
-//   - one EmbeddingStore per table partition it owns (PartitionMap(V, P, S).PartitionsOfShard(s));
+//   - one EmbeddingStore per table partition it owns (PartitionMap(V, P, S).PartitionsOfShard(s)),
+//     at its table's width with named tables (RowFloats);
 //   - one DynamicEmbeddingStore per dynamic table (issue 28), holding the keys this shard owns
 //     by hash (DynamicShardOf, ps/store/dynamic_routing.h); their rows travel as negative ids
-//     (common/dynamic_rows.h) and are stored at 1 + the table's dim floats, expanded to row_dim
-//     (zeros after) on pull and cut to it on push;
+//     (common/dynamic_rows.h) and are stored and sent at 1 + the table's dim floats;
 //   - one DenseStore for its slice of the flat dense vector: the vector is split by size into S
 //     contiguous slices exactly like rows (PartitionMap(dense_size, S, S), slice s on shard s; the
 //     first dense_size mod S slices get one extra float). A shard with an empty slice has none;
@@ -76,7 +76,9 @@ class Shard {
     // sum to `rows` and their partitions, clamped to their rows, to `partitions`). Empty: one
     // table of `rows` rows in `partitions` partitions.
     std::vector<PartitionMap::TableSplit> table_splits;
-    int row_dim = 0;         // floats per row, > 0
+    // Floats per row the model sees (the stride), > 0; a table split's row_dim below it gives
+    // that table's stores, pulls and pushes its own width (RowFloats).
+    int row_dim = 0;
     int64_t dense_size = 0;  // floats of the whole dense vector, >= 0
     OptimizerConfig sparse_optimizer;
     OptimizerConfig dense_optimizer;
@@ -136,13 +138,22 @@ class Shard {
   // range or owned by another shard (and its owner), or a dynamic id of a table this shard does
   // not have.
   absl::Status Route(absl::Span<const int64_t> ids, std::vector<Run>* runs) const;
+  // The rows' layout, wherever rows or their gradients come in or go out (a pull's answer, a
+  // push's request, GatherInto, Apply): each row at its table's width (its store's dim: 1 + the
+  // table's dim with named tables, docs/ARCHITECTURE.md "Tables"; row_dim otherwise), in ids'
+  // order. The floats of routed ids in that layout:
+  int64_t RowFloats(absl::Span<const Run> runs) const;
+  // The floats of row `id` (in [0, rows), or a dynamic id of one of this shard's dynamic tables)
+  // in that layout.
+  int RowWidthOf(int64_t id) const;
 
   // ---- Pulls ----
   // Fills response's rows (request.ids' order), the dense slice and its version when want_dense,
   // dense_begin, last_step and incarnation; counts the pull and its bytes. Does not touch
   // staleness or job.
   absl::Status Gather(const PullRequest& request, PullResponse* response);
-  // Rows of `ids` into rows[ids.size() x row_dim], the dense slice into dense and its version
+  // Rows of `ids` into rows (the rows' layout above: ids.size() x row_dim floats at most), the
+  // dense slice into dense and its version
   // into *dense_version if not null; counts the pull (not its bytes: nothing crossed a wire).
   // With scale_row_lr_by_staleness and row_versions not null, also the rows' versions.
   absl::Status GatherInto(absl::Span<const int64_t> ids, float* rows, float* dense,
@@ -170,12 +181,12 @@ class Shard {
   // runs. The same errors as Unpack.
   absl::Status Check(absl::Span<const int64_t> ids, absl::Span<const float> grads,
                      absl::Span<const float> dense_grad, std::vector<Run>* runs);
-  // INVALID_ARGUMENT (counted) when a gradient of rows x row_dim floats, or of the dense slice
+  // INVALID_ARGUMENT (counted) when a gradient of row_floats floats, or of the dense slice
   // when dense_grad is not null, is NaN or infinite.
-  absl::Status CheckFinite(size_t rows, const float* row_grads, const float* dense_grad);
+  absl::Status CheckFinite(size_t row_floats, const float* row_grads, const float* dense_grad);
   // Applies an unpacked update with the optimizers' step `step`; counts its rows.
   absl::Status Apply(const Update& update, int64_t step);
-  // Routes and applies row_grads[ids.size() x row_dim] and, if not null, dense_grad[the slice
+  // Routes and applies row_grads (the rows' layout above) and, if not null, dense_grad[the slice
   // size] computed from the slice's `dense_version` (-1: unknown) (a push from this process: no
   // message).
   absl::Status Apply(absl::Span<const int64_t> ids, const float* row_grads,
@@ -292,8 +303,8 @@ class Shard {
   explicit Shard(Options options);
   // The run of dynamic id `id` at position i (appended, or extending the last run).
   absl::Status RouteDynamic(int64_t id, int64_t i, std::vector<Run>* runs) const;
-  // Gathers / applies one dynamic run: the store's 1 + dim floats of each row at the stride
-  // row_dim (the rest of a pulled row is zeros; the rest of a pushed one is ignored).
+  // Gathers / applies one dynamic run, its rows at the store's 1 + dim floats in the rows' layout
+  // (RowFloats): `rows` / `grads` point at the run's first row.
   void GatherDynamic(absl::Span<const int64_t> ids, const Run& r, float* rows) const;
   void ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
                     int64_t step);
@@ -303,6 +314,12 @@ class Shard {
   // per such step.
   void MaybeEvictAfter(int64_t step);
   std::atomic<int64_t> evicted_at_step_{0};  // the last step MaybeEvictAfter evicted after
+  // Applies row_grads (the rows' layout, RowFloats) run by run.
+  absl::Status ApplyRuns(absl::Span<const Run> runs, absl::Span<const int64_t> ids,
+                         const float* row_grads, int64_t step, const uint32_t* row_versions);
+  // GatherInto of routed ids.
+  absl::Status GatherRuns(absl::Span<const int64_t> ids, absl::Span<const Run> runs, float* rows,
+                          float* dense, int64_t* dense_version, uint32_t* row_versions);
 
   const Options opt_;
   const PartitionMap map_;

@@ -177,8 +177,11 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
   if (chain.empty()) return absl::InvalidArgumentError("shard restore: no checkpoint given");
   const std::string& ckpt_dir = chain.back().dir;
   const CheckpointManifest& manifest = chain.back().manifest;
-  if (manifest.table_rows() != opt_.rows || manifest.row_dim() != opt_.row_dim ||
-      manifest.dense_size() != opt_.dense_size) {
+  // A warm start across changed tables (mode.moves) maps rows by table and may leave the dense
+  // vector out: the shapes then differ by design.
+  const bool same_rows = !mode.moves.empty() || (manifest.table_rows() == opt_.rows &&
+                                                  manifest.row_dim() == opt_.row_dim);
+  if (!same_rows || (mode.dense && manifest.dense_size() != opt_.dense_size)) {
     return absl::FailedPreconditionError(absl::StrCat(
         ckpt_dir, " was written for another model: rows ", manifest.table_rows(), " x ",
         manifest.row_dim(), ", dense ", manifest.dense_size(), "; this shard has rows ", opt_.rows,
@@ -226,7 +229,7 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
                    LoadParameterFiles(chain, stores, dense_.get(), mode, other));
   if (header_of.empty()) restored.step = manifest.step();
   RETURN_IF_ERROR(RestoreDynamic(chain, mode));
-  if (counts.dense_floats != dense_slice_size_) {
+  if (mode.dense && counts.dense_floats != dense_slice_size_) {
     return absl::DataLossError(absl::StrCat(ckpt_dir, ": the shard files hold ",
                                             counts.dense_floats, " of shard ", opt_.shard, "'s ",
                                             dense_slice_size_, " dense floats"));

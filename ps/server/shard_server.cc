@@ -515,7 +515,9 @@ absl::Status ShardServer::PushDirect(int32_t worker_id, int64_t step,
   data_->CountPushRequest(0);
   RETURN_IF_ERROR(tracker_->CheckWorker(worker_id));
   RETURN_IF_ERROR(tracker_->CheckPushStep(worker_id, step));
-  RETURN_IF_ERROR(data_->CheckFinite(ids.size(), row_grads, dense_grad));
+  std::vector<Shard::Run> runs;
+  RETURN_IF_ERROR(data_->Route(ids, &runs));
+  RETURN_IF_ERROR(data_->CheckFinite(data_->RowFloats(runs), row_grads, dense_grad));
   RETURN_IF_ERROR(data_->Apply(ids, row_grads, dense_grad, step, dense_version, row_versions));
   tracker_->NoteApplied(worker_id, step);
   return absl::OkStatus();
@@ -668,11 +670,9 @@ absl::Status ShardServer::RestoreCheckpoint(absl::Span<const CheckpointLink> cha
 }
 
 absl::Status ShardServer::WarmStart(absl::Span<const CheckpointLink> chain,
-                                    bool reset_optimizer) {
-  ParameterLoadMode mode;
-  mode.keep_step = false;
-  mode.keep_optimizer_state = !reset_optimizer;
-  return data_->RestoreCheckpoint(chain, mode).status();
+                                    bool reset_optimizer,
+                                    const std::optional<TableWarmStart>& tables) {
+  return data_->RestoreCheckpoint(chain, WarmStartLoadMode(reset_optimizer, tables)).status();
 }
 
 }  // namespace pstrain

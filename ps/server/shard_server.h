@@ -138,10 +138,11 @@ class ShardServer {
   // The fast path for a worker in this process (`pstrain host`) on an ASYNC shard: Pull and Push
   // on the caller's buffers, without messages or their copies (BOUNDED / SYNC hold pulls and
   // count pushes per step: use InProcessChannel() there; FAILED_PRECONDITION here). ids must be
-  // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills
-  // rows[ids.size() x row_dim] in ids' order and, if dense is not null, dense[the slice size];
+  // owned by this shard (INVALID_ARGUMENT otherwise, nothing applied). PullDirect fills rows in
+  // ids' order, each at its table's width as on the wire (Shard::RowFloats) and, if dense is not
+  // null, dense[the slice size];
   // *staleness as PullResponse.staleness (0 for step 0), and *dense_version (if not null) as
-  // PullResponse.dense_version. PushDirect applies row_grads[ids.size() x row_dim] and, if not
+  // PullResponse.dense_version. PushDirect applies row_grads (the same layout) and, if not
   // null, dense_grad[the slice size] computed from the slice's `dense_version` (-1: unknown) at
   // once (a call cannot be lost, so no push id). Both count in Stats() except bytes in/out
   // (nothing crosses a wire).
@@ -188,7 +189,9 @@ class ShardServer {
   // another job's checkpoint of any shard count or mode, with its optimizer slots unless
   // `reset_optimizer`; the job's step and bookkeeping stay those of a fresh job (step 0). The
   // files must have been verified by the caller. Call before Start.
-  absl::Status WarmStart(absl::Span<const CheckpointLink> chain, bool reset_optimizer);
+  // `tables`: a warm start across changed tables (ChooseWarmStartCheckpoint's plan).
+  absl::Status WarmStart(absl::Span<const CheckpointLink> chain, bool reset_optimizer,
+                         const std::optional<TableWarmStart>& tables = std::nullopt);
 
   // ---- The parts ----
   Shard& data() { return *data_; }

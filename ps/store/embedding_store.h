@@ -107,7 +107,7 @@ class EmbeddingStore {
   struct Options {
     int64_t begin = 0;  // global row range [begin, end); end > begin
     int64_t end = 0;
-    int dim = 0;  // floats per row (Model::row_dim())
+    int dim = 0;  // floats per row (Model::row_dim(), or a table's 1 + dim: table_rows.h)
     // Required. Shared: one optimizer usually serves every store of a shard.
     std::shared_ptr<const Optimizer> optimizer;
     // Initial weights of a row; null means zeros.

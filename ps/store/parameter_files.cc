@@ -23,7 +23,7 @@ absl::Status LoadLink(const CheckpointLink& link, bool last,
             Annotate(LoadEmbeddingStores(reader.get(), stores, &counts->rows, mode), path));
       } else if (tag == kDenseTag && last) {
         ASSIGN_OR_RETURN(DenseSnapshot d, LoadDenseSnapshot(reader.get()));
-        if (dense != nullptr) {
+        if (dense != nullptr && mode.dense) {
           ASSIGN_OR_RETURN(int64_t n,
                            dense->RestoreOverlap(DenseSnapshotForLoad(std::move(d), *dense, mode)));
           counts->dense_floats += n;

@@ -24,7 +24,11 @@ PartitionMap::PartitionMap(const std::vector<TableSplit>& tables, int shards)
         << "rows=" << t.rows << " partitions=" << t.partitions;
     const int p = static_cast<int>(std::min<int64_t>(t.partitions, t.rows));
     const int64_t base = t.rows / p, rem = t.rows % p;
-    for (int i = 0; i < p; ++i) begins_.push_back(begins_.back() + base + (i < rem ? 1 : 0));
+    PSTRAIN_CHECK(t.row_dim >= 0) << "row_dim=" << t.row_dim;
+    for (int i = 0; i < p; ++i) {
+      begins_.push_back(begins_.back() + base + (i < rem ? 1 : 0));
+      row_dims_.push_back(t.row_dim);
+    }
     rows_ += t.rows;
     partitions_ += p;
   }

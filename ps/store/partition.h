@@ -25,6 +25,9 @@ class PartitionMap {
   struct TableSplit {
     int64_t rows = 0;    // >= 1
     int partitions = 1;  // >= 1; more than rows are clamped to rows
+    // Floats per row of this table in its stores and on the wire (1 + the table's dim;
+    // docs/ARCHITECTURE.md "Tables", compact widths). 0: the job's stride (Model::row_dim()).
+    int row_dim = 0;
   };
 
   // Requires rows >= 0, partitions >= 1, shards >= 1.
@@ -45,6 +48,10 @@ class PartitionMap {
   int ShardOf(int64_t row) const { return ShardOfPartition(PartitionOf(row)); }
   // Partitions owned by shard s, ascending.
   std::vector<int> PartitionsOfShard(int s) const;
+  // Floats per row of partition p's table (TableSplit::row_dim), or 0 (the stride) for a map of
+  // one table or a table that gave none. The one place a row's width is looked up: a row's
+  // width is PartitionRowDim(PartitionOf(row)).
+  int PartitionRowDim(int p) const { return row_dims_.empty() ? 0 : row_dims_[p]; }
   int64_t RowsOfShard(int s) const;
 
  private:
@@ -55,7 +62,17 @@ class PartitionMap {
   int64_t rem_;   // rows % partitions
   // Several tables: the first row of every partition, then rows (partitions + 1 entries).
   std::vector<int64_t> begins_;
+  // Several tables: each partition's TableSplit::row_dim (partitions entries).
+  std::vector<int> row_dims_;
 };
+
+// Floats per row of partition p in the stores and on the wire: its table's row_dim, at most the
+// stride (a model whose rows hold fewer floats than 1 + dim, as LR's w alone, keeps its stride),
+// and the stride when the map gives none.
+inline int RowWidth(const PartitionMap& map, int p, int stride) {
+  const int w = map.PartitionRowDim(p);
+  return w > 0 && w < stride ? w : stride;
+}
 
 // Table partitions P of a cluster: cluster.num_partitions, or 4 x shards when it is 0.
 int NumPartitions(const ClusterConfig& cluster, int shards);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/record_frame.h"
 #include "common/status.h"
+#include "ps/store/table_rows.h"
 
 namespace pstrain {
 namespace {
@@ -209,8 +210,8 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
   std::sort(sorted.begin(), sorted.end(),
             [](EmbeddingStore* a, EmbeddingStore* b) { return a->begin() < b->begin(); });
   EmbeddingSnapshot part;
-  auto fn = [&](const EmbeddingMeta& m, absl::Span<const int64_t> ids, const float* weights,
-                const float* state) -> absl::Status {
+  auto place = [&](const EmbeddingMeta& m, absl::Span<const int64_t> ids, const float* weights,
+                   const float* state) -> absl::Status {
     // ids ascend, so each store's rows are one run: find the runs by binary search.
     for (EmbeddingStore* store : sorted) {
       const auto lo = std::lower_bound(ids.begin(), ids.end(), store->begin());
@@ -224,11 +225,32 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
       part.state_floats = m.state_floats;
       part.last_step = mode.keep_step ? m.last_step : 0;
       part.ids.assign(lo, hi);
+      const Optimizer& opt = store->optimizer();
+      if (m.dim != store->dim() &&
+          (!mode.keep_optimizer_state || m.optimizer == opt.type())) {
+        // Written at another width (a PS partition store keeps its table's, a stride-wide store
+        // the model's, ps/store/table_rows.h): each row resized, its slots with it.
+        const bool keep = mode.keep_optimizer_state;
+        part.dim = store->dim();
+        part.optimizer = opt.type();
+        part.state_floats = store->state_floats();
+        part.weights.resize(k * part.dim);
+        part.state.resize(k * part.state_floats);
+        for (int64_t i = 0; i < k; ++i) {
+          RETURN_IF_ERROR(Annotate(
+              ResizeRow(opt, m.dim, weights + (a + i) * m.dim, m.state_floats,
+                        keep ? state + (a + i) * m.state_floats : nullptr, part.dim,
+                        &part.weights[i * part.dim], &part.state[i * part.state_floats]),
+              reader->name()));
+        }
+        RETURN_IF_ERROR(Annotate(store->Restore(part), reader->name()));
+        if (rows_loaded != nullptr) *rows_loaded += k;
+        continue;
+      }
       part.weights.assign(weights + a * m.dim, weights + (a + k) * m.dim);
       if (mode.keep_optimizer_state) {
         part.state.assign(state + a * m.state_floats, state + (a + k) * m.state_floats);
       } else {  // every row's slots as the store's optimizer starts them
-        const Optimizer& opt = store->optimizer();
         part.optimizer = opt.type();
         part.state_floats = store->state_floats();
         part.state.resize(k * part.state_floats);
@@ -239,7 +261,39 @@ absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore*
     }
     return absl::OkStatus();
   };
+  std::vector<int64_t> moved;
+  auto fn = [&](const EmbeddingMeta& m, absl::Span<const int64_t> ids, const float* weights,
+                const float* state) -> absl::Status {
+    if (mode.moves.empty()) return place(m, ids, weights, state);
+    // Each move's rows are one run of the ascending ids; shifted, they stay ascending.
+    for (const ParameterLoadMode::RowMove& mv : mode.moves) {
+      const auto lo = std::lower_bound(ids.begin(), ids.end(), mv.from_begin);
+      const auto hi = std::lower_bound(lo, ids.end(), mv.from_end);
+      if (lo == hi) continue;
+      const int64_t a = lo - ids.begin();
+      moved.assign(lo, hi);
+      for (int64_t& id : moved) id += mv.to_begin - mv.from_begin;
+      RETURN_IF_ERROR(place(m, moved, weights + a * m.dim, state + a * m.state_floats));
+    }
+    return absl::OkStatus();
+  };
   return LoadEmbeddingRows(reader, fn).status();
+}
+
+ParameterLoadMode WarmStartLoadMode(bool reset_optimizer,
+                                    const std::optional<TableWarmStart>& tables) {
+  ParameterLoadMode mode;
+  mode.keep_step = false;
+  mode.keep_optimizer_state = !reset_optimizer;
+  if (tables) {
+    for (const TableWarmStart::Take& t : tables->taken) {
+      mode.moves.push_back({t.from_begin, t.from_end, t.to_begin});
+    }
+    // Nothing taken: no move would load every row; an empty range loads none.
+    if (mode.moves.empty()) mode.moves.push_back({0, 0, 0});
+    mode.dense = tables->dense;
+  }
+  return mode;
 }
 
 absl::Status SaveDenseStore(const DenseSnapshot& s, BlockWriter* w) {

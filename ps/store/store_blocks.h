@@ -8,11 +8,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "checkpoint/block_file.h"
+#include "checkpoint/warm_start.h"
 #include "ps/store/dense_store.h"
 #include "ps/store/embedding_store.h"
 
@@ -69,11 +72,30 @@ struct ParameterLoadMode {
   // stores'; true: the saved slots (the same optimizer type and state size, FAILED_PRECONDITION
   // otherwise).
   bool keep_optimizer_state = true;
+  // A warm start across changed tables (checkpoint/warm_start.h TableWarmStart): when not empty,
+  // only the saved rows in a move's [from_begin, from_end) are loaded, each as row
+  // to_begin + (id - from_begin); every other saved row is skipped. Empty: every row as saved.
+  struct RowMove {
+    int64_t from_begin = 0, from_end = 0, to_begin = 0;
+  };
+  std::vector<RowMove> moves;
+  // false: the saved dense vector is not loaded (a warm start whose fields feeding it changed).
+  bool dense = true;
 };
+
+// The load mode of a warm start (keep_step false, the slots unless reset_optimizer), table by
+// table when `tables` is set (ChooseWarmStartCheckpoint's plan): its taken tables as moves, and
+// the dense vector only when the plan copies it.
+ParameterLoadMode WarmStartLoadMode(bool reset_optimizer,
+                                    const std::optional<TableWarmStart>& tables);
 
 // Re-partitioning restore: reads one embedding group and gives every row to the store among
 // `stores` that owns it; rows no store owns are skipped (a shard reading another layout's
-// files). FAILED_PRECONDITION if a store's dim / optimizer / state size differ from the file's.
+// files). A group written at another width than a store's dim (compact table widths: a PS
+// partition store holds its table's 1 + dim, a single-process store the model's stride; or a
+// checkpoint written at the stride before compact widths) is resized row by row (ResizeRow,
+// ps/store/table_rows.h: the first min of the two widths kept, zeros / InitState's slots after
+// them). FAILED_PRECONDITION if a store's optimizer / state size differ from the file's.
 // Adds the number of rows restored to *rows_loaded when it is not null. `mode`: what is kept
 // besides the weights.
 absl::Status LoadEmbeddingStores(BlockReader* reader, absl::Span<EmbeddingStore* const> stores,

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/random.h"
 
@@ -56,6 +58,52 @@ RowInit TablesRowInit(std::vector<TableRows> tables, RowInit default_init, int s
       std::fill(out, out + stride, 0.f);
     }
   };
+}
+
+void ExpandRowsInPlace(float* rows, int64_t n, int width, int stride) {
+  if (width == stride) return;
+  // Back to front: row i's target [i x stride, ...) starts at or after its source i x width.
+  for (int64_t i = n - 1; i >= 0; --i) {
+    std::memmove(rows + i * stride, rows + i * width, sizeof(float) * width);
+    std::fill(rows + i * stride + width, rows + (i + 1) * stride, 0.f);
+  }
+}
+
+void NarrowRows(const float* wide, int64_t n, int stride, int width, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(out + i * width, wide + i * stride, sizeof(float) * width);
+  }
+}
+
+RowInit NarrowRowInit(RowInit init, int stride, int width) {
+  if (width == stride || !init) return init;
+  return [init = std::move(init), stride, width](int64_t row, float* out) {
+    thread_local std::vector<float> wide;
+    wide.resize(stride);
+    init(row, wide.data());
+    std::memcpy(out, wide.data(), sizeof(float) * width);
+  };
+}
+
+absl::Status ResizeRow(const Optimizer& opt, int from, const float* from_weights,
+                       int from_state_floats, const float* from_state, int to, float* out_weights,
+                       float* out_state) {
+  if (from_state != nullptr && from_state_floats != opt.StateFloats(from)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a row of ", from, " floats with ", from_state_floats, " optimizer state floats, but ",
+        OptimizerType_Name(opt.type()), " keeps ", opt.StateFloats(from)));
+  }
+  const int keep = std::min(from, to);
+  std::copy(from_weights, from_weights + keep, out_weights);
+  std::fill(out_weights + keep, out_weights + to, 0.f);
+  opt.InitState(out_state, to);
+  if (from_state == nullptr) return absl::OkStatus();
+  for (int s = 0; s < opt.state_slots(); ++s) {
+    std::copy(from_state + s * from, from_state + s * from + keep, out_state + s * to);
+  }
+  std::copy(from_state + opt.state_slots() * from, from_state + from_state_floats,
+            out_state + opt.state_slots() * to);
+  return absl::OkStatus();
 }
 
 OptimizerConfig TableOptimizerConfig(const OptimizerConfig& base, const TableOptimizer& o) {

@@ -5,16 +5,20 @@
 // FeatureSpec; LocalParams, the PS shards, allreduce's replicas and serving all take it, so that
 // a row starts with the same values and moves by the same optimizer in every mode.
 //
-// Storage is still one stride for every row (Model::row_dim() = 1 + max dim): a row of a table
-// of dim d holds [w, v_0 .. v_{d-1}] and zeros after them, which its gradients (0 there) never
-// move. Compact per-table widths in the stores, on the wire and in checkpoints are not built yet
-// (docs/ARCHITECTURE.md "Tables", "Not done").
+// Widths (docs/ARCHITECTURE.md "Tables"): the model sees every row at one stride
+// (Model::row_dim() = 1 + max dim): a row of a table of dim d is [w, v_0 .. v_{d-1}] and zeros
+// after them, which the model never reads and whose gradients are 0. With named tables a store
+// holds one table's rows at the table's width 1 + d (LocalParams' store per table, a PS shard's
+// partition store; StoreTables::widths, PartitionMap::TableSplit::row_dim): the helpers below
+// expand a row to the stride (zeros after the width), cut a gradient to its width, and resize a
+// saved row to a store of another width.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "ps/store/embedding_store.h"
 #include "ps/store/optimizer.h"
 #include "pstrain/config.pb.h"
@@ -35,6 +39,11 @@ struct TableRows {
 struct StoreTables {
   RowInit row_init;  // null: the caller's default (Model::InitRow)
   std::vector<EmbeddingStore::Options::RangeOptimizer> optimizers;
+  // With named tables: every table of the row space (the default one too when it has rows), in
+  // row order, with its width 1 + dim (TableRows::dim is the width here; initializer unused): a
+  // store that keeps each table at its width (LocalParams) makes one store per entry. Empty: one
+  // store of the whole row space at the stride, as before tables.
+  std::vector<TableRows> widths;
 };
 
 // The initial value of row `row` of a named table, over `stride` floats: w = 0, v_j drawn from
@@ -48,6 +57,26 @@ void InitTableRow(const TableInitializer& init, int dim, int stride, int64_t row
 // InitTableRow(..., stride, row, seed).
 RowInit TablesRowInit(std::vector<TableRows> tables, RowInit default_init, int stride,
                       uint64_t seed);
+
+// Rows packed at `width` floats each (rows[0, n x width)) spread in place to `stride` floats each
+// (rows[0, n x stride)), zeros from width to stride. Requires width <= stride.
+void ExpandRowsInPlace(float* rows, int64_t n, int width, int stride);
+// out[i x width, (i + 1) x width) = the first `width` floats of wide[i x stride, ...), i < n.
+void NarrowRows(const float* wide, int64_t n, int stride, int width, float* out);
+// A row initializer writing `width` floats: `init`'s first `width` of `stride` floats (it writes
+// stride). `init` itself when width == stride or init is null.
+RowInit NarrowRowInit(RowInit init, int stride, int width);
+
+// One row's weights and optimizer state at another width, for a checkpoint written at another
+// width than the store it loads into (a PS partition store at its table's width, a stride-wide
+// store, a checkpoint written before compact widths): weights keep their first min(from, to)
+// floats and are zero after them; each of the optimizer's state slots likewise, its floats after
+// `from` starting as InitState starts them; the extras are kept. `from_state` may be null
+// (out_state is then InitState's). INVALID_ARGUMENT when from_state_floats is not `opt`'s
+// StateFloats(from).
+absl::Status ResizeRow(const Optimizer& opt, int from, const float* from_weights,
+                       int from_state_floats, const float* from_state, int to, float* out_weights,
+                       float* out_state);
 
 // `base` with the table's overrides (TableConfig.optimizer) applied: the type and schedule stay.
 OptimizerConfig TableOptimizerConfig(const OptimizerConfig& base, const TableOptimizer& overrides);

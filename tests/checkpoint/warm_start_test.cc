@@ -4,9 +4,11 @@
 #include "checkpoint/warm_start.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -86,6 +88,100 @@ TEST(WarmStart, AMissingSourceIsNotFound) {
   auto none = ChooseWarmStartCheckpoint(From(kTestdata), V2Description());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("no checkpoint there"));
+}
+
+// A resolved description with tables, as FeatureSpec::Resolved lays them out: `user` (vocab 50)
+// in the default table, then the named tables.
+ModelDescription Tables(const std::string& tables_and_fields) {
+  ModelDescription d;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(features { preset: NO_PRESET hash_seed: 3
+                      field { name: "user" kind: CATEGORICAL vocab_size: 50 } )pb" +
+          tables_and_fields + R"pb( }
+           model { type: DEEPFM embedding_dim: 8 hidden: 16 })pb",
+      &d));
+  return d;
+}
+
+const char kSource[] = R"pb(
+  field { name: "item" kind: CATEGORICAL table: "item" }
+  field { name: "dev" kind: CATEGORICAL table: "small" }
+  table { name: "item" dim: 8 rows: 1000 }
+  table { name: "small" dim: 4 rows: 30 })pb";
+
+// A table of the same name, dim and rows is taken wherever it now lies; one the source lacks is
+// fresh; the dense vector is copied when the fields feeding it are the same.
+TEST(TableWarmStart, TakesTablesByNameAndInitializesNewOnes) {
+  // A new field `geo` names a new table `extra`, listed before `small`: `small`'s rows move, and
+  // the dense vector's inputs change.
+  const ModelDescription target = Tables(R"pb(
+    field { name: "item" kind: CATEGORICAL table: "item" }
+    field { name: "dev" kind: CATEGORICAL table: "small" }
+    field { name: "geo" kind: CATEGORICAL table: "extra" }
+    table { name: "item" dim: 8 rows: 1000 }
+    table { name: "extra" dim: 4 rows: 7 }
+    table { name: "small" dim: 4 rows: 30 })pb");
+  auto plan = PlanTableWarmStart(Tables(kSource), target);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->taken.size(), 3u);
+  EXPECT_EQ(plan->taken[0].name, "");  // the default table: user's 50 rows, in place
+  EXPECT_EQ(plan->taken[0].from_begin, 0);
+  EXPECT_EQ(plan->taken[0].from_end, 50);
+  EXPECT_EQ(plan->taken[0].to_begin, 0);
+  EXPECT_EQ(plan->taken[1].name, "item");
+  EXPECT_EQ(plan->taken[1].from_begin, 50);
+  EXPECT_EQ(plan->taken[1].to_begin, 50);
+  EXPECT_EQ(plan->taken[2].name, "small");  // behind `extra` now
+  EXPECT_EQ(plan->taken[2].from_begin, 1050);
+  EXPECT_EQ(plan->taken[2].from_end, 1080);
+  EXPECT_EQ(plan->taken[2].to_begin, 1057);
+  EXPECT_EQ(plan->fresh, std::vector<std::string>{"extra"});
+  EXPECT_FALSE(plan->dense);
+  EXPECT_THAT(plan->dense_reason, HasSubstr("'geo' (CATEGORICAL, dim 4) only in the config"));
+  EXPECT_THAT(plan->Summary(),
+              HasSubstr("tables taken: the default table, 'item', 'small'; new (initialized): "
+                        "'extra'; the dense vector starts fresh"));
+
+  // A field moved to a new table of the same dim: the dense vector's inputs are the same.
+  const ModelDescription moved = Tables(R"pb(
+    field { name: "item" kind: CATEGORICAL table: "item" }
+    field { name: "dev" kind: CATEGORICAL table: "small2" }
+    table { name: "item" dim: 8 rows: 1000 }
+    table { name: "small2" dim: 4 rows: 30 })pb");
+  plan = PlanTableWarmStart(Tables(kSource), moved);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->fresh, std::vector<std::string>{"small2"});
+  EXPECT_TRUE(plan->dense);
+}
+
+// A table of the same name but another dim or rows is refused naming it and both values; so is
+// a default table whose fields changed, another model, or another hash seed.
+TEST(TableWarmStart, RefusesATableThatChangedShape) {
+  const ModelDescription source = Tables(kSource);
+  auto refused = [&](const ModelDescription& target) {
+    auto plan = PlanTableWarmStart(source, target);
+    EXPECT_FALSE(plan.ok());
+    return std::string(plan.status().message());
+  };
+  std::string other = kSource;
+  other.replace(other.find("dim: 4"), 6, "dim: 6");
+  EXPECT_THAT(refused(Tables(other)),
+              HasSubstr("table 'small': dim 4 in the warm-start checkpoint, 6 in the config"));
+  other = kSource;
+  other.replace(other.find("rows: 30"), 8, "rows: 31");
+  EXPECT_THAT(refused(Tables(other)),
+              HasSubstr("table 'small': 30 rows in the warm-start checkpoint, 31 in the config"));
+  ModelDescription target = Tables(kSource);
+  target.mutable_features()->mutable_field(0)->set_name("visitor");
+  EXPECT_THAT(refused(target), HasSubstr("the default table (the fields that name no table) has "
+                                         "other fields: field[0] 'user' of 50 rows in the "
+                                         "warm-start checkpoint, field[0] 'visitor' of 50 rows"));
+  target = Tables(kSource);
+  target.mutable_model()->set_embedding_dim(16);
+  EXPECT_THAT(refused(target), HasSubstr("model.embedding_dim"));
+  target = Tables(kSource);
+  target.mutable_features()->set_hash_seed(4);
+  EXPECT_THAT(refused(target), HasSubstr("features.hash_seed: 3 in the warm-start checkpoint"));
 }
 
 }  // namespace

@@ -4,15 +4,22 @@
 // layout; `pstrain train`, 2-host PS jobs (ASYNC, BOUNDED, SYNC) and a 2-rank `pstrain allreduce`
 // learn; predict scores as the trainer did, from the checkpoint and from an export; a train job
 // stopped and resumed ends with the uninterrupted run's parameters; a warm start takes every
-// table's rows and refuses a table of another dim; a 2-host PS checkpoint restores onto 3 hosts.
+// table's rows, refuses a table of another dim, and across changed tables takes the tables of
+// the same name and starts the new ones; a 2-host PS checkpoint restores onto 3 hosts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/block_file.h"
+#include "checkpoint/layout.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ps/store/store_blocks.h"
 #include "tests/cmd/job_files.h"
 #include "tests/cmd/topic_history_csv.h"
 #include "tests/shell.h"
@@ -48,6 +55,36 @@ const char kConfig[] = R"pb(
 )pb";
 
 constexpr int kTrainRows = 2 * 6000;
+
+// The widths of the embedding groups in the shard files of `model_dir`'s latest checkpoint, in
+// file order (compact widths: each table's, or partition's, at 1 + its dim).
+std::vector<int> GroupWidths(const std::string& model_dir) {
+  std::vector<int> widths;
+  auto choice = ChooseCheckpoint(model_dir);
+  EXPECT_TRUE(choice.ok() && choice->has_value()) << model_dir;
+  if (!choice.ok() || !choice->has_value()) return widths;
+  for (const auto& f : (*choice)->manifest.file()) {
+    if (!IsShardFileName(f.name())) continue;
+    auto reader = BlockReader::Open((*choice)->dir + "/" + f.name());
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    if (!reader.ok()) return widths;
+    while (true) {
+      auto tag = (*reader)->PeekTag();
+      EXPECT_TRUE(tag.ok()) << tag.status();
+      if (!tag.ok() || tag->empty()) break;
+      if (*tag == kEmbeddingMetaTag) {
+        auto meta = LoadEmbeddingRows(reader->get(), [](auto&&...) { return absl::OkStatus(); });
+        EXPECT_TRUE(meta.ok()) << meta.status();
+        if (!meta.ok()) return widths;
+        widths.push_back(meta->dim);
+      } else {
+        Block b;
+        EXPECT_TRUE((*reader)->Next(&b).ok());
+      }
+    }
+  }
+  return widths;
+}
 
 class TablesTest : public ::testing::Test {
  protected:
@@ -102,6 +139,8 @@ TEST_F(TablesTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
   const double auc = summary.at("test_auc").number_value();
   EXPECT_GT(auc, 0.7) << out;
   EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
+  // One embedding group per table, each at its width (item dim 8, small dim 4), not the stride.
+  EXPECT_EQ(GroupWidths(m), (std::vector<int>{9, 5}));
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
                                            "/test.csv --format csv --out ", Dir(),
                                            "/scores.tsv --summary ", Dir(),
@@ -203,8 +242,51 @@ TEST_F(TablesTest, WarmStartTakesEveryTablesRowsAndRefusesAnotherDim) {
                                            " --warm_start_from ", src, " --set train.max_steps=1"),
                               300, &out),
             0);
-  EXPECT_THAT(out, HasSubstr("features.table[1] 'small'.dim: 4 in the warm-start checkpoint, 8 in "
-                            "the config"));
+  EXPECT_THAT(out, HasSubstr("table 'small': dim 4 in the warm-start checkpoint, 8 in the "
+                            "config"));
+
+  // Changed tables (the `user` field moved to a new table `fresh` of the same dim): `item` is
+  // taken by name, `fresh` starts new, the dense vector (same inputs) is copied; in `train` and
+  // in a PS job. One step from it is far better than one step from scratch.
+  std::string changed = kConfig;
+  for (const auto& [a, b] :
+       {std::make_pair(std::string("table: \"small\" }"), std::string("table: \"fresh\" }")),
+        std::make_pair(std::string("table { name: \"small\""),
+                       std::string("table { name: \"fresh\""))}) {
+    ASSERT_NE(changed.find(a), std::string::npos) << a;
+    changed.replace(changed.find(a), a.size(), b);
+  }
+  ASSERT_TRUE(WriteFileAtomic(Dir() + "/changed.textproto", changed).ok());
+  auto changed_args = [](const std::string& model_dir) {
+    return absl::StrCat("--config ", Dir(), "/changed.textproto --train '", Dir(),
+                        "/train/*.csv' --eval ", Dir(), "/test.csv --model_dir ", model_dir);
+  };
+  const std::string taken = Dir() + "/warm_changed";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", changed_args(taken),
+                                           " --warm_start_from ", src,
+                                           " --set train.max_steps=1 2>&1"),
+                              300, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("tables taken: 'item'; new (initialized): 'fresh'; the dense "
+                             "vector copied"));
+  const double changed_auc = testing::ReadSummary(taken).fields().at("test_auc").number_value();
+  EXPECT_GT(changed_auc, cold_auc + 0.05) << out;
+  const std::string ps_taken = Dir() + "/warm_changed_ps";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", changed_args(ps_taken),
+                                           " --warm_start_from ", src,
+                                           " --set train.max_steps=1 2>&1"),
+                              300, &out),
+            0)
+      << out;
+  // Host 0's log is the command's output; host 1's shard logs the same plan.
+  EXPECT_THAT(out, HasSubstr("tables taken: 'item'; new (initialized): 'fresh'"));
+  auto host1 = ReadFileToString(ps_taken + "/host-1/output.log");
+  ASSERT_TRUE(host1.ok()) << host1.status();
+  EXPECT_THAT(*host1, HasSubstr("shard 1: warm start from " + src));
+  EXPECT_THAT(*host1, HasSubstr("tables taken: 'item'; new (initialized): 'fresh'"));
+  EXPECT_GT(testing::ReadSummary(ps_taken).fields().at("test_auc").number_value(),
+            cold_auc + 0.05);
 }
 
 // A 2-host PS checkpoint stopped mid-run restores onto 3 hosts and trains on to the end.
@@ -218,6 +300,11 @@ TEST_F(TablesTest, PsCheckpointRestoresOntoThreeHosts) {
       << out;
   const auto first = testing::ReadSummary(m).fields();
   EXPECT_LT(first.at("examples").number_value(), 2 * kTrainRows) << "not stopped mid-run";
+  // Each shard file's groups are its partitions at their tables' widths: item's (4 x 2 shards
+  // partitions of dim 8) and small's (3 partitions of dim 4), all over the two files.
+  std::vector<int> widths = GroupWidths(m);
+  std::sort(widths.begin(), widths.end());
+  EXPECT_EQ(widths, (std::vector<int>{5, 5, 5, 9, 9, 9, 9, 9, 9, 9, 9}));
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 3 ", Args(m), " --epochs 2"), 300,
                               &out),
             0)

@@ -46,13 +46,13 @@ absl::StatusOr<std::unique_ptr<AllreduceParams>> AllreduceParams::Create(
                                                    " exceeds MPI's int counts"));
   }
   if (options.sparse_as_dense) {
-    const int64_t floats = replica->embedding()->end() * (replica->row_dim() + 1);
+    const int64_t floats = replica->total_rows() * (replica->row_dim() + 1);
     if (floats * 4 > options.max_dense_table_bytes || floats > INT_MAX) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "allreduce.sparse_as_dense: the embedding table's gradient is %d rows x (%d + 1) floats = "
           "%.1f MB per step, above the limit of %.1f MB (allreduce.max_dense_table_mb); allgather "
           "(the default) moves only the rows a batch touches",
-          replica->embedding()->end(), replica->row_dim(), floats * 4 / 1e6,
+          replica->total_rows(), replica->row_dim(), floats * 4 / 1e6,
           options.max_dense_table_bytes / 1e6));
     }
   }
@@ -157,7 +157,7 @@ absl::Status AllreduceParams::Exchange(const std::vector<Header>& all,
   if (opt_.sparse_as_dense) {
     // [rows x D gradients][rows flags]: a flag counts the ranks that touched the row, so that
     // exactly the rows of the allgather path are updated (also those whose gradient is zero).
-    const int64_t rows = replica_->embedding()->end();
+    const int64_t rows = replica_->total_rows();
     table_.assign(rows * (D + 1), 0.0f);
     float* flags = table_.data() + rows * D;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -234,12 +234,17 @@ absl::Status AllreduceParams::CheckReplicaGrowth(int64_t step) const {
   if (opt_.replica_budget_bytes < 0) return absl::OkStatus();
   // The most this step can add (EmbeddingStore's allocation units): every merged row new, each
   // in a new arena chunk's worth of rows at most, and each opening an index page not yet there.
-  const EmbeddingStore::Stats st = replica_->embedding()->stats();
-  const int64_t row_bytes = (replica_->row_dim() + replica_->embedding()->state_floats()) * 4;
+  // With a store per table (compact widths), the widest row bounds every row, and each store
+  // may open a chunk.
   const int64_t rows_added = static_cast<int64_t>(merged_ids_.size());
-  const int64_t growth =
-      rows_added * row_bytes + st.chunk_bytes +
-      std::min(rows_added * st.index_page_bytes, st.max_index_bytes - st.index_bytes);
+  int64_t row_bytes = 0, growth = 0;
+  for (const EmbeddingStore* store : replica_->embeddings()) {
+    const EmbeddingStore::Stats st = store->stats();
+    row_bytes = std::max<int64_t>(row_bytes, (store->dim() + store->state_floats()) * 4);
+    growth += st.chunk_bytes +
+              std::min(rows_added * st.index_page_bytes, st.max_index_bytes - st.index_bytes);
+  }
+  growth += rows_added * row_bytes;
   const int64_t now = replica_->memory().total_bytes;
   if (now + growth <= opt_.replica_budget_bytes) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
@@ -390,13 +395,14 @@ uint32_t AllreduceParams::ReplicaChecksum() const {
     crc = crc32c::Extend(crc, v.data(), v.size() * sizeof(v[0]));
   };
   // Range by range: a copy of the whole replica would double a rank's memory at its end.
-  const EmbeddingStore& store = *replica_->embedding();
   constexpr int64_t kRange = int64_t{1} << 20;
-  for (int64_t from = store.begin(); from < store.end(); from += kRange) {
-    const EmbeddingSnapshot rows = store.Snapshot(from, from + kRange);
-    add(rows.ids);
-    add(rows.weights);
-    add(rows.state);
+  for (const EmbeddingStore* store : replica_->embeddings()) {
+    for (int64_t from = store->begin(); from < store->end(); from += kRange) {
+      const EmbeddingSnapshot rows = store->Snapshot(from, from + kRange);
+      add(rows.ids);
+      add(rows.weights);
+      add(rows.state);
+    }
   }
   const DenseSnapshot dense = replica_->dense()->Snapshot();
   add(dense.weights);

@@ -2,6 +2,7 @@
 // worker/data; this is the first layer above both).
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -42,8 +43,9 @@ inline ModelInputs ModelInputsOf(const FeatureSpec& spec) {
 
 // The tables' fixed-size partitions on `shards` PS shards (PartitionMap's TableSplit, in row
 // order): a named table's TableConfig.partitions, or cluster.num_partitions' rule (4 x shards when
-// 0) for it and for the default table. Empty when the spec names no tables: the one-table map of
-// before tables. Every worker and shard derives the same from the same config.
+// 0) for it and for the default table, and its rows' width 1 + dim (compact widths). Empty when
+// the spec names no tables: the one-table map of before tables. Every worker and shard derives
+// the same from the same config.
 inline std::vector<PartitionMap::TableSplit> TableSplitsOf(const FeatureSpec& spec,
                                                            const ClusterConfig& cluster,
                                                            int shards) {
@@ -52,7 +54,8 @@ inline std::vector<PartitionMap::TableSplit> TableSplitsOf(const FeatureSpec& sp
   for (const FeatureSpec::Table& t : spec.tables()) {
     if (t.is_dynamic()) continue;  // no global rows: the shards own its keys by hash
     splits.push_back({static_cast<int64_t>(t.rows),
-                      t.partitions > 0 ? t.partitions : NumPartitions(cluster, shards)});
+                      t.partitions > 0 ? t.partitions : NumPartitions(cluster, shards),
+                      1 + t.dim});
   }
   return splits;
 }
@@ -71,6 +74,13 @@ inline absl::StatusOr<StoreTables> StoreTablesOf(const FeatureSpec& spec, const 
   std::vector<TableRows> named;
   StoreTables tables;
   for (const FeatureSpec::Table& t : spec.tables()) {
+    if (spec.has_named_tables() && t.rows > 0) {  // a dynamic table has no global rows
+      TableRows w;
+      w.begin = static_cast<int64_t>(t.offset);
+      w.end = static_cast<int64_t>(t.offset + t.rows);
+      w.dim = std::min(1 + t.dim, model.row_dim());
+      tables.widths.push_back(w);
+    }
     if (t.is_default || t.is_dynamic()) continue;  // dynamic: DynamicStoreOptionsOf
     const int64_t begin = static_cast<int64_t>(t.offset);
     const int64_t end = static_cast<int64_t>(t.offset + t.rows);

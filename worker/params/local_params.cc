@@ -23,18 +23,40 @@ absl::StatusOr<std::unique_ptr<LocalParams>> LocalParams::Create(const Model& mo
   ASSIGN_OR_RETURN(std::shared_ptr<const Optimizer> dense_opt,
                    Optimizer::Create(config.dense_optimizer()));
   const uint64_t seed = config.train().seed();
-  EmbeddingStore::Options eo;
-  eo.begin = 0;
-  eo.end = total_rows;
-  eo.dim = model.row_dim();
-  eo.optimizer = sparse_opt;
-  eo.row_init = tables.row_init ? std::move(tables.row_init)
-                                : [&model, seed](int64_t row, float* out) {
-                                    model.InitRow(row, seed, out);
-                                  };
-  eo.range_optimizers = std::move(tables.optimizers);
-  eo.threads = threads;
-  ASSIGN_OR_RETURN(p->rows_, EmbeddingStore::Create(std::move(eo)));
+  const int stride = model.row_dim();
+  p->row_dim_ = stride;
+  RowInit row_init = tables.row_init ? std::move(tables.row_init)
+                                     : [&model, seed](int64_t row, float* out) {
+                                         model.InitRow(row, seed, out);
+                                       };
+  std::vector<TableRows> widths = std::move(tables.widths);
+  if (widths.empty()) widths.push_back({0, total_rows, stride, {}});
+  if (widths.size() > kMaxTables) {
+    return absl::InvalidArgumentError(absl::StrCat("LocalParams: ", widths.size(),
+                                                   " tables, at most ", kMaxTables));
+  }
+  for (size_t t = 0; t < widths.size(); ++t) {
+    const TableRows& w = widths[t];
+    if (w.begin != (t == 0 ? 0 : widths[t - 1].end) || w.end <= w.begin || w.dim < 1 ||
+        w.dim > stride || (t + 1 == widths.size() && w.end != total_rows)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LocalParams: table ", t, " [", w.begin, ", ", w.end, ") of width ", w.dim,
+          " does not continue a row space of ", total_rows, " rows at stride ", stride));
+    }
+    EmbeddingStore::Options eo;
+    eo.begin = w.begin;
+    eo.end = w.end;
+    eo.dim = w.dim;
+    eo.optimizer = sparse_opt;
+    eo.row_init = NarrowRowInit(row_init, stride, w.dim);
+    for (const auto& ro : tables.optimizers) {
+      if (ro.begin < w.end && ro.end > w.begin) eo.range_optimizers.push_back(ro);
+    }
+    eo.threads = threads;
+    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, EmbeddingStore::Create(std::move(eo)));
+    p->store_ptrs_.push_back(store.get());
+    p->stores_.push_back(std::move(store));
+  }
   DenseStore::Options dopt;
   dopt.size = model.dense_size();
   dopt.optimizer = dense_opt;
@@ -63,97 +85,151 @@ absl::Status LocalParams::AddDynamicTables(std::vector<DynamicTable> tables) {
   return absl::OkStatus();
 }
 
-absl::Status LocalParams::Route(absl::Span<const int64_t> ids, Routed* r) const {
-  r->keys.assign(dynamic_.size(), {});
-  r->at.assign(dynamic_.size(), {});
-  r->fixed.reserve(ids.size());
-  r->fixed_at.reserve(ids.size());
+EmbeddingStore* LocalParams::embedding() const {
+  PSTRAIN_CHECK(stores_.size() == 1) << "LocalParams::embedding() with " << stores_.size()
+                                     << " table stores: use embeddings()";
+  return stores_[0].get();
+}
+
+namespace {
+
+// One call's ids grouped by store (counting sort): group s < S (the fixed stores) holds the ids
+// of stores[s], group S + d those of dynamic table d; order[bounds[s], bounds[s + 1]) are the
+// positions of a group's ids, grouped[...] those ids. Kept per thread (the tower threads call
+// concurrently) so that a step allocates nothing once warm.
+struct Grouping {
+  std::vector<uint32_t> of;  // the group of each id
+  std::vector<int32_t> order;
+  std::vector<int64_t> bounds, next, grouped;
+  std::vector<uint64_t> keys;  // a dynamic group's keys
+  std::vector<float> rows;     // a group's rows at its store's width
+};
+
+// INVALID_ARGUMENT naming the first id outside every store or of a dynamic table past
+// num_dynamic; nothing is grouped then.
+absl::Status GroupByStore(absl::Span<const int64_t> ids, absl::Span<EmbeddingStore* const> stores,
+                          int num_dynamic, Grouping* g) {
+  const int64_t total = stores.back()->end();
+  const size_t groups = stores.size() + num_dynamic;
+  g->of.resize(ids.size());
+  g->bounds.assign(groups + 1, 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     const int64_t id = ids[i];
-    if (!IsDynamicRow(id)) {
-      r->fixed.push_back(id);
-      r->fixed_at.push_back(i);
-      continue;
+    size_t s;
+    if (IsDynamicRow(id)) {
+      const int d = DynamicTableOf(id);
+      if (d >= num_dynamic) {
+        return absl::InvalidArgumentError(absl::StrCat("row id ", id, " is of dynamic table ", d,
+                                                       "; this job has ", num_dynamic));
+      }
+      s = stores.size() + d;
+    } else {
+      if (id >= total) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("row ", id, " is outside the table [0, ", total, ")"));
+      }
+      // A handful of tables: a linear scan from the last is faster than a search.
+      s = stores.size() - 1;
+      while (id < stores[s]->begin()) --s;
     }
-    const int d = DynamicTableOf(id);
-    if (d >= static_cast<int>(dynamic_.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("row id ", id, " is of dynamic table ", d,
-                                                     "; this job has ", dynamic_.size()));
-    }
-    r->keys[d].push_back(DynamicKeyOf(id));
-    r->at[d].push_back(i);
+    g->of[i] = static_cast<uint32_t>(s);
+    ++g->bounds[s + 1];
+  }
+  for (size_t s = 0; s < groups; ++s) g->bounds[s + 1] += g->bounds[s];
+  g->next.assign(g->bounds.begin(), g->bounds.end() - 1);
+  g->order.resize(ids.size());
+  g->grouped.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t at = g->next[g->of[i]]++;
+    g->order[at] = static_cast<int32_t>(i);
+    g->grouped[at] = ids[i];
   }
   return absl::OkStatus();
 }
 
-absl::Status LocalParams::GatherAll(absl::Span<const int64_t> ids, float* rows, int threads) {
-  if (dynamic_.empty()) return rows_->Gather(ids, rows, /*versions=*/nullptr, threads);
-  Routed r;
-  RETURN_IF_ERROR(Route(ids, &r));
-  const size_t D = static_cast<size_t>(row_dim());
-  std::vector<float> tmp;
-  if (r.fixed.size() == ids.size()) {
-    RETURN_IF_ERROR(rows_->Gather(ids, rows, nullptr, threads));
-  } else if (!r.fixed.empty()) {
-    tmp.resize(r.fixed.size() * D);
-    RETURN_IF_ERROR(rows_->Gather(r.fixed, tmp.data(), nullptr, threads));
-    for (size_t j = 0; j < r.fixed.size(); ++j) {
-      std::memcpy(rows + r.fixed_at[j] * D, tmp.data() + j * D, D * sizeof(float));
-    }
+Grouping& ThreadGrouping() {
+  thread_local Grouping g;
+  return g;
+}
+
+}  // namespace
+
+absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
+                                   int threads) const {
+  if (stores_.size() == 1 && dynamic_.empty()) {
+    return stores_[0]->Gather(ids, rows, nullptr, threads);
   }
-  for (size_t d = 0; d < dynamic_.size(); ++d) {
-    if (r.keys[d].empty()) continue;
-    const DynamicEmbeddingStore& s = *dynamic_[d].store;
-    const size_t w = static_cast<size_t>(s.dim());
-    tmp.resize(r.keys[d].size() * w);
-    s.Gather(r.keys[d], tmp.data(), threads);
-    for (size_t j = 0; j < r.keys[d].size(); ++j) {
-      float* out = rows + r.at[d][j] * D;
-      std::memcpy(out, tmp.data() + j * w, w * sizeof(float));
-      std::fill(out + w, out + D, 0.0f);
+  Grouping& g = ThreadGrouping();
+  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, num_dynamic(), &g));
+  const size_t S = stores_.size();
+  for (size_t s = 0; s < S + dynamic_.size(); ++s) {
+    const int64_t n = g.bounds[s + 1] - g.bounds[s];
+    if (n == 0) continue;
+    const absl::Span<const int64_t> grouped =
+        absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n);
+    int width;
+    if (s < S) {
+      width = stores_[s]->dim();
+      g.rows.resize(n * width);
+      RETURN_IF_ERROR(stores_[s]->Gather(grouped, g.rows.data(), nullptr, threads));
+    } else {
+      const DynamicEmbeddingStore& d = *dynamic_[s - S].store;
+      width = d.dim();
+      g.keys.resize(n);
+      for (int64_t j = 0; j < n; ++j) g.keys[j] = DynamicKeyOf(grouped[j]);
+      g.rows.resize(n * width);
+      d.Gather(g.keys, g.rows.data(), threads);
+    }
+    // Each row to its place at the stride, zeros after its width (ExpandRowsInPlace's rule).
+    for (int64_t j = 0; j < n; ++j) {
+      float* out = rows + int64_t{g.order[g.bounds[s] + j]} * row_dim_;
+      std::copy_n(g.rows.data() + j * width, width, out);
+      std::fill(out + width, out + row_dim_, 0.f);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status LocalParams::ApplyAll(absl::Span<const int64_t> ids, const float* grads,
-                                   int64_t step, int threads) {
-  if (dynamic_.empty()) return rows_->Apply(ids, grads, step, nullptr, threads);
-  Routed r;
-  RETURN_IF_ERROR(Route(ids, &r));
-  const size_t D = static_cast<size_t>(row_dim());
-  std::vector<float> tmp;
-  if (r.fixed.size() == ids.size()) {
-    RETURN_IF_ERROR(rows_->Apply(ids, grads, step, nullptr, threads));
-  } else if (!r.fixed.empty()) {
-    tmp.resize(r.fixed.size() * D);
-    for (size_t j = 0; j < r.fixed.size(); ++j) {
-      std::memcpy(tmp.data() + j * D, grads + r.fixed_at[j] * D, D * sizeof(float));
-    }
-    RETURN_IF_ERROR(rows_->Apply(r.fixed, tmp.data(), step, nullptr, threads));
+absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* grads, int64_t step,
+                                  int threads) {
+  if (stores_.size() == 1 && dynamic_.empty()) {
+    return stores_[0]->Apply(ids, grads, step, nullptr, threads);
   }
-  for (size_t d = 0; d < dynamic_.size(); ++d) {
-    if (r.keys[d].empty()) continue;
-    DynamicEmbeddingStore& s = *dynamic_[d].store;
-    const size_t w = static_cast<size_t>(s.dim());
-    tmp.resize(r.keys[d].size() * w);
-    for (size_t j = 0; j < r.keys[d].size(); ++j) {
-      std::memcpy(tmp.data() + j * w, grads + r.at[d][j] * D, w * sizeof(float));
+  Grouping& g = ThreadGrouping();
+  // Checked before anything is applied: an id outside every table applies nothing.
+  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, num_dynamic(), &g));
+  const size_t S = stores_.size();
+  for (size_t s = 0; s < S + dynamic_.size(); ++s) {
+    const int64_t n = g.bounds[s + 1] - g.bounds[s];
+    if (n == 0) continue;
+    const absl::Span<const int64_t> grouped =
+        absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n);
+    const int width = s < S ? stores_[s]->dim() : dynamic_[s - S].store->dim();
+    g.rows.resize(n * width);
+    for (int64_t j = 0; j < n; ++j) {
+      NarrowRows(grads + int64_t{g.order[g.bounds[s] + j]} * row_dim_, 1, row_dim_, width,
+                 g.rows.data() + j * width);
     }
-    s.Apply(r.keys[d], tmp.data(), step, threads);
+    if (s < S) {
+      RETURN_IF_ERROR(stores_[s]->Apply(grouped, g.rows.data(), step, nullptr, threads));
+    } else {
+      g.keys.resize(n);
+      for (int64_t j = 0; j < n; ++j) g.keys[j] = DynamicKeyOf(grouped[j]);
+      dynamic_[s - S].store->Apply(g.keys, g.rows.data(), step, threads);
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status LocalParams::Pull(absl::Span<const int64_t> ids, float* rows, float* dense) {
-  RETURN_IF_ERROR(GatherAll(ids, rows, /*threads=*/0));
+  RETURN_IF_ERROR(GatherAt(ids, rows, /*threads=*/0));
   if (dense != nullptr) dense_->Get(dense);
   return absl::OkStatus();
 }
 
 absl::Status LocalParams::Push(absl::Span<const int64_t> ids, const float* row_grads,
                                const float* dense_grad, int64_t step) {
-  RETURN_IF_ERROR(ApplyAll(ids, row_grads, step, /*threads=*/0));
+  RETURN_IF_ERROR(ApplyAt(ids, row_grads, step, /*threads=*/0));
   dense_->Apply(dense_grad, step);
   return absl::OkStatus();
 }

@@ -33,13 +33,19 @@ class LocalParams : public ParameterAccess, private InProcessParams {
   // and one dense store initialized by model.InitDense(seed). `threads` splits each Pull/Push.
   // `model` must outlive the parameters: a row's first pull or push calls its InitRow.
   // `tables` (worker/eval/model_inputs.h StoreTablesOf) gives the named tables' initializer and
-  // optimizers; its null row_init is model.InitRow.
+  // optimizers; its null row_init is model.InitRow. With tables.widths (named tables), one store
+  // per table at the table's width 1 + dim instead (compact widths, docs/ARCHITECTURE.md
+  // "Tables"): Pull / Push and the in-process calls still see rows at the stride row_dim(), the
+  // narrow rows expanded with zeros and the gradients cut to the width (ps/store/table_rows.h).
   static absl::StatusOr<std::unique_ptr<LocalParams>> Create(const Model& model,
                                                              int64_t total_rows,
                                                              const Config& config, int threads,
                                                              StoreTables tables = {});
 
-  int row_dim() const override { return rows_->dim(); }
+  // Tables (stores) one LocalParams holds at most.
+  static constexpr size_t kMaxTables = 65536;
+
+  int row_dim() const override { return row_dim_; }
   int64_t dense_size() const override { return dense_->size(); }
   absl::Status Pull(absl::Span<const int64_t> ids, float* rows, float* dense) override;
   absl::Status Push(absl::Span<const int64_t> ids, const float* row_grads,
@@ -58,7 +64,8 @@ class LocalParams : public ParameterAccess, private InProcessParams {
 
   // What the stores hold now: the touched rows, the dense vector and their optimizer slots.
   StoreMemory memory() const {
-    StoreMemory m = MemoryOf(*rows_);
+    StoreMemory m;
+    for (const auto& s : stores_) m += MemoryOf(*s);
     m += MemoryOf(*dense_);
     for (const DynamicTable& t : dynamic_) {
       // A live row's weights and slots; total: what the store measures it holds.
@@ -70,7 +77,13 @@ class LocalParams : public ParameterAccess, private InProcessParams {
     return m;
   }
 
-  EmbeddingStore* embedding() { return rows_.get(); }
+  // The embedding stores, ascending by row range: one of [0, total_rows) at the stride without
+  // named tables, one per table at its width with them.
+  const std::vector<EmbeddingStore*>& embeddings() const { return store_ptrs_; }
+  // The one store of a config without named tables (a programmer's error with several: use
+  // embeddings()).
+  EmbeddingStore* embedding() const;
+  int64_t total_rows() const { return stores_.back()->end(); }
   DenseStore* dense() { return dense_.get(); }
 
   // Dynamic tables (issue 28, docs/ARCHITECTURE.md "Dynamic tables"): one DynamicEmbeddingStore
@@ -93,33 +106,29 @@ class LocalParams : public ParameterAccess, private InProcessParams {
   }
 
  private:
-  // The positions of a call's ids by store: the fixed store's and each dynamic table's.
-  struct Routed {
-    std::vector<int64_t> fixed;
-    std::vector<size_t> fixed_at;
-    std::vector<std::vector<uint64_t>> keys;  // per dynamic table
-    std::vector<std::vector<size_t>> at;
-  };
-  absl::Status Route(absl::Span<const int64_t> ids, Routed* r) const;
-  absl::Status GatherAll(absl::Span<const int64_t> ids, float* rows, int threads);
-  absl::Status ApplyAll(absl::Span<const int64_t> ids, const float* grads, int64_t step,
-                        int threads);
   std::vector<DynamicTable> dynamic_;
-
-  std::unique_ptr<EmbeddingStore> rows_;
+  std::vector<std::unique_ptr<EmbeddingStore>> stores_;
+  std::vector<EmbeddingStore*> store_ptrs_;
+  int row_dim_ = 0;
   std::unique_ptr<DenseStore> dense_;
+
+  // The stores' Gather / Apply at the stride, ids routed to their tables' stores (a negative id
+  // to its dynamic table's); `threads` as EmbeddingStore's.
+  absl::Status GatherAt(absl::Span<const int64_t> ids, float* rows, int threads) const;
+  absl::Status ApplyAt(absl::Span<const int64_t> ids, const float* grads, int64_t step,
+                       int threads);
 
   // InProcessParams: the stores' calls on the calling thread.
   void BeginStep(int64_t step) override { dense_->BeginStep(step); }
   absl::Status GatherRows(absl::Span<const int64_t> ids, float* rows) override {
-    return GatherAll(ids, rows, /*threads=*/1);
+    return GatherAt(ids, rows, /*threads=*/1);
   }
   void CopyDense(int64_t begin, int64_t end, float* out) override {
     dense_->CopyRange(begin, end, out);
   }
   absl::Status ApplyRows(absl::Span<const int64_t> ids, const float* grads,
                          int64_t step) override {
-    return ApplyAll(ids, grads, step, /*threads=*/1);
+    return ApplyAt(ids, grads, step, /*threads=*/1);
   }
   void ApplyDense(int64_t begin, int64_t end, const float* grad) override {
     dense_->UpdateRange(begin, end, grad);

@@ -24,7 +24,8 @@ class LocalShard {
   virtual std::shared_ptr<grpc::Channel> InProcessChannel() = 0;
 
   // ASYNC's fast path, on the caller's buffers, without messages (ShardServer::PullDirect /
-  // PushDirect have the contract): rows[ids.size() x row_dim] in ids' order and, when dense is
+  // PushDirect have the contract): rows in ids' order, each at its table's width as on the wire
+  // (at most ids.size() x row_dim floats) and, when dense is
   // not null, the shard's dense slice and its version; *staleness as PullResponse.staleness.
   // A dense gradient names the version it was computed from (-1: unknown). With row_versions()
   // (per-row staleness), row_versions[ids.size()] likewise (pull: filled if not null; push: the

@@ -70,6 +70,10 @@ PsClient::PsClient(Options options)
     : opt_(std::move(options)),
       router_(opt_.rows, DefaultPartitions(opt_), static_cast<int>(opt_.shards.size()),
               opt_.dense_size, opt_.table_splits, opt_.dynamic_row_dims),
+      compact_(std::any_of(opt_.table_splits.begin(), opt_.table_splits.end(),
+                           [this](const PartitionMap::TableSplit& t) {
+                             return t.row_dim > 0 && t.row_dim < opt_.row_dim;
+                           })),
       env_(opt_.env != nullptr ? opt_.env : Env::Default()),
       incarnation_(RandomIncarnation(env_)),
       pull_versions_(static_cast<int>(opt_.shards.size())),
@@ -297,10 +301,34 @@ void PsClient::PullPartDone(PullOp* op, int k, absl::Status st) {
     NoteIncarnation(s, part.incarnation);
     if (part.job != nullptr) NoteJobState(part.incarnation, *part.job);
     const std::vector<int32_t>& positions = op->positions[k];
+    // Each row came at its table's width (compact widths): spread to the stride, zeros after.
+    const char* ids = part.request.ids().data();
+    auto id_at = [ids](size_t j) {
+      int64_t id;
+      std::memcpy(&id, ids + j * sizeof(int64_t), sizeof(id));
+      return id;
+    };
+    int64_t want = 0;
+    for (size_t j = 0; j < positions.size(); ++j) want += RowWidthOf(id_at(j)) * sizeof(float);
+    if (part.rows_bytes >= 0 && part.rows_bytes != want) {
+      st = absl::InternalError(absl::StrCat(
+          shards_[s]->name(), ": Pull answered ", part.rows_bytes, " row bytes for ",
+          positions.size(), " rows, expected ", want, " (each row at its table's width)"));
+    }
+  }
+  if (st.ok()) {
+    const std::vector<int32_t>& positions = op->positions[k];
     const int dim = opt_.row_dim;
-    const size_t row_bytes = dim * sizeof(float);
+    const char* in = part.rows;
+    const char* ids = part.request.ids().data();
     for (size_t j = 0; j < positions.size(); ++j) {
-      std::memcpy(op->rows + int64_t{positions[j]} * dim, part.rows + j * row_bytes, row_bytes);
+      int64_t id;
+      std::memcpy(&id, ids + j * sizeof(int64_t), sizeof(id));
+      const int width = RowWidthOf(id);
+      float* out = op->rows + int64_t{positions[j]} * dim;
+      std::memcpy(out, in, width * sizeof(float));
+      std::fill(out + width, out + dim, 0.f);
+      in += width * sizeof(float);
     }
     if (op->step > 0 && part.request.want_dense()) {
       pull_versions_.PulledDense(s, op->step, part.dense_version);
@@ -356,14 +384,18 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     std::string* packed_ids = req.mutable_ids();
     std::string* packed_grads = req.mutable_row_grads();
     packed_ids->resize(n * sizeof(int64_t));
-    packed_grads->resize(n * dim * sizeof(float));
+    // Each row at its table's width (compact widths): its gradient's first floats only.
+    int64_t floats = 0;
+    for (int64_t j = 0; j < n; ++j) floats += RowWidthOf(ids[order[bounds[s] + j]]);
+    packed_grads->resize(floats * sizeof(float));
     char* id_out = &(*packed_ids)[0];
     char* grad_out = &(*packed_grads)[0];
-    const size_t row_bytes = dim * sizeof(float);
     for (int64_t j = 0; j < n; ++j) {
       const int32_t pos = order[bounds[s] + j];
+      const size_t row_bytes = RowWidthOf(ids[pos]) * sizeof(float);
       std::memcpy(id_out + j * sizeof(int64_t), &ids[pos], sizeof(int64_t));
-      std::memcpy(grad_out + j * row_bytes, row_grads + int64_t{pos} * dim, row_bytes);
+      std::memcpy(grad_out, row_grads + int64_t{pos} * dim, row_bytes);
+      grad_out += row_bytes;
     }
     const std::vector<uint32_t> versions = pull_versions_.RowsForPush(
         s, step, ids, absl::MakeConstSpan(order).subspan(bounds[s], n));

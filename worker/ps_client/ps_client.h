@@ -70,6 +70,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/dynamic_rows.h"
 #include "common/env.h"
 #include "common/rpc/retry.h"
 #include "common/rpc/security.h"
@@ -252,6 +253,14 @@ class PsClient final : public ParameterAccess {
   // returns the first error.
   template <typename Req, typename Resp, typename Call>
   absl::Status CallAllShards(const Req& request, std::vector<Resp>* responses, Call call);
+  // Floats of row `id` (routed already) on the wire: its table's width (compact widths,
+  // PartitionMap::PartitionRowDim), row_dim without tables.
+  // A dynamic table's row (a negative id, common/dynamic_rows.h): 1 + its dim.
+  int RowWidthOf(int64_t id) const {
+    if (IsDynamicRow(id)) return router_.dynamic_row_dim(DynamicTableOf(id));
+    return compact_ ? RowWidth(router_.map(), router_.map().PartitionOf(id), opt_.row_dim)
+                    : opt_.row_dim;
+  }
   void NoteIncarnation(int shard, uint64_t incarnation);
   void NoteJobState(uint64_t incarnation, const JobState& job);
   void OpStarted();
@@ -259,6 +268,7 @@ class PsClient final : public ParameterAccess {
 
   const Options opt_;
   const ShardRouter router_;
+  const bool compact_;  // some table's rows are narrower than row_dim (RowWidthOf)
   Env* const env_;              // Options::env
   const uint64_t incarnation_;  // random per client instance (push ids)
   PullVersions pull_versions_;  // what each push was computed from (its staleness)

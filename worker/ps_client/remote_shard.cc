@@ -134,10 +134,11 @@ class RemoteShard final : public ShardEndpoint {
   absl::Status TakeAnswer(PullPart* part) const {
     const PullResponse& r = part->response;
     const size_t n = part->request.ids().size() / sizeof(int64_t);
-    if (r.rows().size() != n * opt_.row_dim * sizeof(float)) {
+    // Each row at its table's width, at most row_dim floats (PsClient checks the exact size).
+    if (r.rows().size() > n * opt_.row_dim * sizeof(float) || r.rows().size() % sizeof(float)) {
       return absl::InternalError(absl::StrCat(name_, ": Pull answered ", r.rows().size(),
-                                              " row bytes for ", n, " rows of ", opt_.row_dim,
-                                              " floats"));
+                                              " row bytes for ", n, " rows of at most ",
+                                              opt_.row_dim, " floats"));
     }
     if (!r.row_versions().empty() && r.row_versions().size() != n * sizeof(uint32_t)) {
       return absl::InternalError(absl::StrCat(name_, ": Pull answered ", r.row_versions().size(),
@@ -155,6 +156,7 @@ class RemoteShard final : public ShardEndpoint {
       part->dense_version = r.dense_version();
     }
     part->rows = r.rows().data();
+    part->rows_bytes = static_cast<int64_t>(r.rows().size());
     part->row_versions = r.row_versions().empty() ? nullptr : r.row_versions().data();
     part->staleness = r.staleness();
     part->incarnation = r.incarnation();

@@ -60,7 +60,10 @@ struct PullPart {
   PullRequest request;         // ids (packed int64), want_dense, worker_id, step
   float* dense_out = nullptr;  // want_dense: the shard's slice of the caller's dense vector
   // The answer, valid when `done` reports OK (the dense slice is then in dense_out already):
-  const char* rows = nullptr;          // request ids x row_dim floats, packed, in the ids' order
+  // The rows in the ids' order, each at its table's width (Shard::RowFloats: row_dim without
+  // tables), packed; rows_bytes their size as answered, or -1 (in-process: the shard wrote them).
+  const char* rows = nullptr;
+  int64_t rows_bytes = -1;
   const char* row_versions = nullptr;  // request ids x uint32, or null (no per-row versions)
   int64_t dense_version = -1;          // want_dense: the slice's version
   int64_t staleness = 0;               // PullResponse.staleness

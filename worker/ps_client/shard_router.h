@@ -30,6 +30,8 @@ class ShardRouter {
   const PartitionMap& map() const { return map_; }
   int64_t dense_begin(int shard) const { return dense_.PartitionBegin(shard); }
   int64_t dense_size(int shard) const { return dense_.PartitionSize(shard); }
+  // Floats per row of dynamic table `table` (an index GroupByShard accepted).
+  int dynamic_row_dim(int table) const { return dynamic_row_dims_[table]; }
 
   // Orders ids by owning shard, then partition (each shard handles a partition's ids in one
   // run), a shard's dynamic ids after its partitions' (in call order): *order lists the positions

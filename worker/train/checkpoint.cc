@@ -135,15 +135,20 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
       deltas != nullptr ? deltas->chain.Next() : std::nullopt;
   if (delta) *manifest.mutable_delta() = *delta;
   // Updates after this copy are stamped with a new generation: the next delta's rows.
-  EmbeddingStore& store = *params.embedding();
   // A delta keeps the change logs since its parent: if its write fails, the next checkpoint is
-  // again a delta from that parent. A full checkpoint drops every older log.
-  const uint32_t generation = store.generation() + 1;
-  store.BeginGeneration(generation, delta ? deltas->changed_since : generation);
+  // again a delta from that parent. A full checkpoint drops every older log. With named tables,
+  // one store per table at its width, one embedding group each (every store's generation moves
+  // together: they start at 1 and are raised here only).
+  const uint32_t generation = params.embeddings().front()->generation() + 1;
+  for (EmbeddingStore* store : params.embeddings()) {
+    store->BeginGeneration(generation, delta ? deltas->changed_since : generation);
+  }
   {
     const std::string file = ShardFileName(0, 1);
     ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + file));
-    RETURN_IF_ERROR(SaveEmbeddingStore(store, w.get(), delta ? deltas->changed_since : 0));
+    for (const EmbeddingStore* store : params.embeddings()) {
+      RETURN_IF_ERROR(SaveEmbeddingStore(*store, w.get(), delta ? deltas->changed_since : 0));
+    }
     RETURN_IF_ERROR(SaveDenseStore(params.dense()->Snapshot(), w.get()));
     RETURN_IF_ERROR(w->Finish());
     auto* f = manifest.add_file();
@@ -154,7 +159,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                     &manifest));
   manifest.set_step(step);
   manifest.set_num_shards(1);
-  manifest.set_table_rows(params.embedding()->end());
+  manifest.set_table_rows(params.total_rows());
   manifest.set_partitions(1);
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
@@ -186,11 +191,11 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
   // say that they differ (and a hash seed changes no shape at all).
   RETURN_IF_ERROR(CheckCheckpointModel(ckpt, manifest, model));
   if (manifest.row_dim() != params->row_dim() || manifest.dense_size() != params->dense_size() ||
-      manifest.table_rows() != params->embedding()->end()) {
+      manifest.table_rows() != params->total_rows()) {
     return absl::FailedPreconditionError(absl::StrCat(
         ckpt, " was written for another model: rows ", manifest.table_rows(), " x ",
         manifest.row_dim(), ", dense ", manifest.dense_size(), "; this config has rows ",
-        params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size(),
+        params->total_rows(), " x ", params->row_dim(), ", dense ", params->dense_size(),
         ". Use a new --model_dir or the same config."));
   }
   if (manifest.num_shards() != 1 || manifest.num_workers() != num_workers) {
@@ -201,7 +206,7 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
         "command and number of ranks, or a new --model_dir"));
   }
   RETURN_IF_ERROR(ReadWorkerState(ckpt, worker, state));
-  EmbeddingStore* stores[] = {params->embedding()};
+  const std::vector<EmbeddingStore*>& stores = params->embeddings();
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(choice->chain, stores, params->dense(), ParameterLoadMode()));
   if (counts.dense_floats != params->dense_size()) {
@@ -217,7 +222,7 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
   if (deltas != nullptr) {
     deltas->chain.Committed(manifest);
     // Restored rows are stamped 0; every update from now on is stamped with the live generation.
-    deltas->changed_since = params->embedding()->generation();
+    deltas->changed_since = params->embeddings().front()->generation();
   }
   return std::optional<std::string>(ckpt);
 }
@@ -230,22 +235,23 @@ absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
         "' is not wired yet (docs/ARCHITECTURE.md \"Dynamic tables\"); start fresh or resume "
         "its own model dir"));
   }
-  ASSIGN_OR_RETURN(const CheckpointChoice source, ChooseWarmStartCheckpoint(warm_start, model));
+  std::optional<TableWarmStart> tables;
+  ASSIGN_OR_RETURN(const CheckpointChoice source,
+                   ChooseWarmStartCheckpoint(warm_start, model, Env::Default(), &tables));
   const CheckpointManifest& m = source.manifest;
-  if (m.row_dim() != params->row_dim() || m.dense_size() != params->dense_size() ||
-      m.table_rows() != params->embedding()->end()) {
+  const ParameterLoadMode mode = WarmStartLoadMode(warm_start.reset_optimizer(), tables);
+  // Across changed tables the row space and the stride differ by design (rows move by table).
+  if ((!tables && (m.row_dim() != params->row_dim() || m.table_rows() != params->total_rows())) ||
+      (mode.dense && m.dense_size() != params->dense_size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "warm start from ", source.dir, ": written for another model: rows ", m.table_rows(),
         " x ", m.row_dim(), ", dense ", m.dense_size(), "; this config has rows ",
-        params->embedding()->end(), " x ", params->row_dim(), ", dense ", params->dense_size()));
+        params->total_rows(), " x ", params->row_dim(), ", dense ", params->dense_size()));
   }
-  ParameterLoadMode mode;
-  mode.keep_step = false;
-  mode.keep_optimizer_state = !warm_start.reset_optimizer();
-  EmbeddingStore* stores[] = {params->embedding()};
+  const std::vector<EmbeddingStore*>& stores = params->embeddings();
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
                    LoadParameterFiles(source.chain, stores, params->dense(), mode));
-  if (counts.dense_floats != params->dense_size()) {
+  if (mode.dense && counts.dense_floats != params->dense_size()) {
     return absl::DataLossError(absl::StrCat("warm start from ", source.dir, ": the shard files hold ",
                                             counts.dense_floats, " of the ",
                                             params->dense_size(), " dense floats"));
@@ -253,7 +259,8 @@ absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
   PSTRAIN_LOG(INFO) << "warm start from " << source.dir << " (" << m.num_shards()
                     << " shard(s)): " << counts.rows << " embedding rows and the dense vector"
                     << (warm_start.reset_optimizer() ? ", optimizer slots reset"
-                                                     : " with their optimizer slots");
+                                                     : " with their optimizer slots")
+                    << (tables ? "; " + tables->Summary() : std::string());
   return source.dir;
 }
 

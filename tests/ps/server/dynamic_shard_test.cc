@@ -295,7 +295,13 @@ TEST(DynamicShard, RefusesUnknownTableAndForeignKeyNothingApplied) {
   auto push = [&](std::vector<int64_t> ids) {
     PushRequest req;
     PackArray(ids.data(), ids.size(), req.mutable_ids());
-    const std::vector<float> grads(ids.size() * kRowDim, 1.0f);
+    // Each row at its width (the wire's layout): a dynamic row at 1 + its table's dim.
+    int64_t floats = 0;
+    for (const int64_t id : ids) {
+      const bool known = IsDynamicRow(id) && DynamicTableOf(id) < 2;
+      floats += known ? kDynamicDims[DynamicTableOf(id)] : kRowDim;
+    }
+    const std::vector<float> grads(floats, 1.0f);
     PackArray(grads.data(), grads.size(), req.mutable_row_grads());
     req.set_sequence(0);
     PushResponse resp;
@@ -359,26 +365,35 @@ TEST(DynamicShard, HandshakeRefusesShardsOfAnotherDynamicConfig) {
               HasSubstr("dynamic_row_dims[1] must be in [1, 6]"));
 }
 
-TEST(DynamicShard, GatherIntoWritesTheWholeStride) {
-  // Into a caller's buffer (the in-process path's): a dynamic row's tail is written as zeros,
-  // whatever the buffer held, and a push's floats beyond 1 + dim change nothing.
+TEST(DynamicShard, GatherIntoWritesEachRowAtItsWidth) {
+  // The in-process path's calls take the wire's layout (Shard::RowFloats): each row at its width,
+  // a dynamic row at its store's 1 + dim floats, one after the other, whatever the buffer held.
   ShardServer::Options o = ShardOptions(0, 1, SGD, kDynamicDims);
   auto shard = Shard::Create(o.data);
   ASSERT_TRUE(shard.ok()) << shard.status();
   const std::vector<int64_t> ids = {DynamicRow(1, 42), 3, DynamicRow(0, 42)};
-  std::vector<float> grads(ids.size() * kRowDim, 0.5f);
+  std::vector<int> width, offset;
+  int total = 0;
+  for (const int64_t id : ids) {
+    offset.push_back(total);
+    width.push_back(IsDynamicRow(id) ? kDynamicDims[DynamicTableOf(id)] : kRowDim);
+    total += width.back();
+  }
+  std::vector<float> grads(total, 0.5f);
   ASSERT_TRUE((*shard)->Apply(ids, grads.data(), nullptr, 1).ok());
-  std::vector<float> rows(ids.size() * kRowDim, -7.f);
+  std::vector<float> rows(total + 1, -7.f);
   ASSERT_TRUE((*shard)->GatherInto(ids, rows.data(), nullptr).ok());
   for (size_t i : {size_t{0}, size_t{2}}) {
     const int dim = kDynamicDims[DynamicTableOf(ids[i])];
-    std::vector<float> want(kRowDim, 0.f);
+    ASSERT_EQ(width[i], dim);
+    std::vector<float> want(dim, 0.f);
     DynamicInit(static_cast<int64_t>(DynamicKeyOf(ids[i])), want.data(), dim);
     for (int j = 0; j < dim; ++j) want[j] -= 0.1f * 0.5f;  // one SGD step, lr 0.1
-    for (int j = 0; j < kRowDim; ++j) {
-      EXPECT_FLOAT_EQ(rows[i * kRowDim + j], want[j]) << "row " << i << " float " << j;
+    for (int j = 0; j < dim; ++j) {
+      EXPECT_FLOAT_EQ(rows[offset[i] + j], want[j]) << "row " << i << " float " << j;
     }
   }
+  EXPECT_EQ(rows[total], -7.f);  // nothing written past the layout's floats
 }
 
 TEST(DynamicShard, CreateRefusesADynamicTableWiderThanTheStride) {

@@ -126,5 +126,64 @@ TEST(StoreTables, LocalParamsApplyEachTablesOptimizer) {
   }
 }
 
+// Compact widths: with named tables LocalParams keeps a store per table at its width 1 + dim
+// (the `small` table of dim 2 beside dim 4: 3 floats, not the stride's 5), while Pull and Push
+// stay stride-wide: a narrow row reads zeros after its width, and a gradient's tail is dropped.
+TEST(StoreTables, LocalParamsKeepEachTableAtItsWidth) {
+  Config config;
+  config.mutable_model()->set_type(WIDE_DEEP);
+  config.mutable_model()->set_embedding_dim(4);
+  config.mutable_model()->add_hidden(8);
+  config.mutable_sparse_optimizer()->set_type(ADAGRAD);
+  config.mutable_sparse_optimizer()->set_learning_rate(0.1f);
+  config.mutable_sparse_optimizer()->set_initial_accumulator(0.1f);
+  config.mutable_dense_optimizer()->set_type(SGD);
+  config.mutable_train()->set_seed(5);
+  const FeatureSpec spec =
+      Spec(std::string(kTables) + "field { name: 'dev' table: 'small' } "
+                                  "table { name: 'small' rows: 4 dim: 2 fm_join: EXCLUDE }",
+           config.model());
+  auto model = Model::Create(config.model(), ModelInputsOf(spec));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int d = (*model)->row_dim();
+  ASSERT_EQ(d, 5);
+  auto tables = StoreTablesOf(spec, **model, config.sparse_optimizer(), config.train().seed());
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  StoreTables wide_tables = *tables;
+  wide_tables.widths.clear();
+  auto params = LocalParams::Create(**model, spec.total_rows(), config, 1, *std::move(tables));
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto wide = LocalParams::Create(**model, spec.total_rows(), config, 1, std::move(wide_tables));
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  const std::vector<EmbeddingStore*>& stores = (*params)->embeddings();
+  ASSERT_EQ(stores.size(), 3u);  // default, item, small
+  EXPECT_EQ(stores[0]->dim(), 5);
+  EXPECT_EQ(stores[1]->dim(), 5);
+  EXPECT_EQ(stores[2]->dim(), 3);
+  EXPECT_EQ(stores[2]->end(), spec.total_rows());
+
+  // The last row is small's; the first the default table's. Both parameter sets agree at the
+  // stride, before and after an update whose gradient tail is not 0.
+  const int64_t small_row = spec.total_rows() - 1;
+  const std::vector<int64_t> ids = {small_row, 3};
+  std::vector<float> got(2 * d), want(2 * d), grads(2 * d, 1.f);
+  std::vector<float> dense_grad((*model)->dense_size(), 0.f);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE((*params)->Pull(ids, got.data(), nullptr).ok());
+    ASSERT_TRUE((*wide)->Pull(ids, want.data(), nullptr).ok());
+    for (int j = 3; j < d; ++j) EXPECT_EQ(got[j], 0.f) << j;
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(got[j], want[j]) << j;
+    for (int j = d; j < 2 * d; ++j) EXPECT_EQ(got[j], want[j]) << j;
+    if (round == 0) EXPECT_NE(got[1], 0.f);  // small's initializer drew it
+    ASSERT_TRUE((*params)->Push(ids, grads.data(), dense_grad.data(), 1 + round).ok());
+    ASSERT_TRUE((*wide)->Push(ids, grads.data(), dense_grad.data(), 1 + round).ok());
+  }
+  EXPECT_LT(stores[2]->stats().chunk_bytes, (*wide)->embeddings()[0]->stats().chunk_bytes);
+  // An id outside every table is refused, nothing applied.
+  const std::vector<int64_t> bad = {3, spec.total_rows()};
+  EXPECT_FALSE((*params)->Push(bad, grads.data(), dense_grad.data(), 3).ok());
+  EXPECT_EQ(stores[0]->Snapshot().rows(), 1);
+}
+
 }  // namespace
 }  // namespace pstrain
