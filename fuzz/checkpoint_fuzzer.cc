@@ -1,7 +1,9 @@
 // libFuzzer target: a checkpoint file as the PS restore reads it (checkpoint/block_file.h's
 // BlockReader, then the blocks a shard file holds: SHRD, CONS, EMBM/EMBR, DNSE, through
-// ShardServer::RestoreCheckpoint), and every block of the file read on its own. Seed corpus:
-// fuzz/corpus/checkpoint/ (shard, worker-state and MANIFEST files written by pstrain).
+// ShardServer::RestoreCheckpoint), every block of the file read on its own, and the file as a
+// dynamic table's snapshot (ps/store/dynamic_file.h: DYNM/DYNR/DYND/DYNS) restored into a store
+// of its shape. Seed corpus: fuzz/corpus/checkpoint/ (shard, worker-state, MANIFEST and
+// dynamic-table files written by pstrain).
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,6 +16,9 @@
 #include "fuzz/fuzz_util.h"
 #include "fuzz/small_shard.h"
 #include "ps/server/shard_server.h"
+#include "ps/store/dynamic_file.h"
+#include "ps/store/dynamic_store.h"
+#include "ps/store/optimizer.h"
 #include "pstrain/state.pb.h"
 
 namespace {
@@ -36,6 +41,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!more.ok() || !*more) break;
       if (b.tag == "MANI") CheckpointManifest().ParseFromString(b.payload);
       if (b.tag == "WSTA") WorkerState().ParseFromString(b.payload);
+    }
+  }
+  // As a dynamic table's snapshot, restored into a store of the shape it claims (small shapes
+  // only: the harness's memory is not what is under test).
+  if (auto reader = BlockReader::FromString("fuzz", bytes); reader.ok()) {
+    auto snap = ReadDynamicSnapshot(reader->get());
+    if (snap.ok() && snap->snapshot.dim >= 1 && snap->snapshot.dim <= 64 &&
+        snap->snapshot.sketch_width <= 4096 && snap->snapshot.sketch_depth <= 8) {
+      OptimizerConfig oc;
+      oc.set_type(snap->snapshot.optimizer);
+      auto optimizer = Optimizer::Create(oc);
+      if (optimizer.ok()) {
+        DynamicEmbeddingStore::Options o;
+        o.dim = snap->snapshot.dim;
+        o.optimizer = std::move(*optimizer);
+        if (snap->snapshot.sketch_depth > 0) {
+          o.admission = DynamicEmbeddingStore::Admission::kCount;
+          o.admit_count = 2;
+          o.sketch_width = snap->snapshot.sketch_width;
+          o.sketch_depth = snap->snapshot.sketch_depth;
+        }
+        if (auto store = DynamicEmbeddingStore::Create(std::move(o)); store.ok()) {
+          (void)(*store)->Restore(snap->snapshot);
+        }
+      }
     }
   }
   // As a shard file of a 1-shard checkpoint.

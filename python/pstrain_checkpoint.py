@@ -21,7 +21,8 @@ docs/CHECKPOINT.md (checkpoints) and docs/SERVING.md (exports); this reader foll
     m.tables       the tables (FeatureConfig.table): name, begin, end, dim, width; the default
                    table first (name "") when some field names none
     m.attention    DIN's attended list fields: [(field, target field, attention MLP widths)]
-    m.row_state, m.dense_state   a checkpoint's optimizer slots (None for an export)
+    m.row_state, m.dense_state   a checkpoint's optimizer slots (None for an export; row_state
+                                 None when its tables' rows have slots of different sizes)
 
     m.lookup(ids)                  rows of any ids: stored ones, else their initial value
                                    (Model::InitRow; a named table's initializer)
@@ -971,8 +972,11 @@ def _load_checkpoint(ckpt, verify):
                 if len(payload) != 48:
                     raise FormatError("%s: %d bytes, expected 48" % (where, len(payload)))
                 begin, end, dim, _opt, state, _r, _last = struct.unpack("<qqIIIIq", payload[:40])
-                if dim != row_dim:
-                    raise FormatError("%s: rows of %d floats, MANIFEST says %d" % (where, dim, row_dim))
+                # A table's group is at the table's width 1 + dim (compact widths), at most the
+                # stride: its rows are read into the stride, zeros after (docs/CHECKPOINT.md).
+                if not 1 <= dim <= row_dim:
+                    raise FormatError("%s: rows of %d floats, MANIFEST says at most %d"
+                                      % (where, dim, row_dim))
             elif tag == "EMBR":
                 if dim is None:
                     raise FormatError("%s: rows before their EMBM block" % where)
@@ -984,7 +988,9 @@ def _load_checkpoint(ckpt, verify):
                 if n and (block_ids.min() < begin or block_ids.max() >= end):
                     raise FormatError("%s: row ids outside [%d, %d)" % (where, begin, end))
                 ids.append(block_ids)
-                rows.append(np.frombuffer(payload, np.float32, n * dim, 8 + 8 * n).reshape(n, dim))
+                narrow = np.frombuffer(payload, np.float32, n * dim, 8 + 8 * n).reshape(n, dim)
+                rows.append(np.pad(narrow, ((0, 0), (0, row_dim - dim))) if dim < row_dim
+                            else narrow)
                 states.append(np.frombuffer(payload, np.float32, n * state,
                                             8 + 8 * n + 4 * n * dim).reshape(n, state))
             elif tag == "DYNM":
@@ -1006,7 +1012,9 @@ def _load_checkpoint(ckpt, verify):
     ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     order = np.argsort(ids, kind="stable")
     rows = np.concatenate(rows)[order] if rows else np.zeros((0, row_dim), np.float32)
-    states = np.concatenate(states)[order] if states else None
+    # The slots of tables at other widths have other sizes: then no row_state (None).
+    same_slots = len({st.shape[1] for st in states}) == 1
+    states = np.concatenate(states)[order] if states and same_slots else None
     ids = ids[order]
     if len(ids) > 1 and not (np.diff(ids) > 0).all():
         raise FormatError("%s: a row id appears in two shard files" % ckpt)

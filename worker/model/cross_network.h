@@ -77,8 +77,7 @@ class CrossNetwork {
 
  private:
   explicit CrossNetwork(const Options& options) : opt_(options) {}
-  // gemm_.Run, or with opt_.bf16 both operands rounded to bf16 (op(A) is M x K, op(B) K x N
-  // floats, transposed or not) and gemm_.RunBf16.
+  // gemm_.Run, or with opt_.bf16 gemm_.RunRoundedToBf16.
   absl::Status Gemm(const Matmuls::Shape& shape, const float* a, const float* b, float* c);
   // DCN-Mix's y_l (incl. b_l is added by the caller) for layer l, and its backward from dy,
   // which adds into dense_grad and g (= d loss / d x_l).
@@ -96,7 +95,6 @@ class CrossNetwork {
   std::vector<AlignedArray<float>> a2_, q_, p_;
   AlignedArray<float> g_, dy_, dt_, dx0_;
   AlignedArray<float> da_, ds_;  // DCN-Mix backward scratch: [K][n, r] and [n, K]
-  AlignedArray<uint16_t> a16_, b16_;  // bf16: the operands of the current GEMM
 };
 
 }  // namespace pstrain

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel.h"
 
 namespace pstrain {
 
@@ -19,6 +20,20 @@ absl::Status Matmuls::Run(const Shape& s, const float* a, const float* b, float*
 
 absl::Status Matmuls::RunBf16(const Shape& s, const uint16_t* a, const uint16_t* b, float* c) {
   return RunTyped(s, /*bf16=*/true, a, b, c);
+}
+
+absl::Status Matmuls::RunRoundedToBf16(const Shape& s, const float* a, const float* b,
+                                       float* c, int threads) {
+  const size_t na = static_cast<size_t>(s.m) * s.k, nb = static_cast<size_t>(s.k) * s.n;
+  if (a16_.size() < na) a16_ = AlignedArray<uint16_t>(na);
+  if (b16_.size() < nb) b16_ = AlignedArray<uint16_t>(nb);
+  ParallelFor(static_cast<int64_t>(na), threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(a + begin, a16_.data() + begin, end - begin);
+  });
+  ParallelFor(static_cast<int64_t>(nb), threads, [&](int, int, int64_t begin, int64_t end) {
+    FloatToBf16(b + begin, b16_.data() + begin, end - begin);
+  });
+  return RunBf16(s, a16_.data(), b16_.data(), c);
 }
 
 absl::Status Matmuls::RunTyped(const Shape& s, bool bf16, const void* a, const void* b,

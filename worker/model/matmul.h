@@ -36,6 +36,11 @@ class Matmuls {
   // oneDNN's message when oneDNN fails.
   absl::Status Run(const Shape& shape, const float* a, const float* b, float* c);
   absl::Status RunBf16(const Shape& shape, const uint16_t* a, const uint16_t* b, float* c);
+  // RunBf16 of f32 operands: both rounded to bf16 first (op(A) is M x K, op(B) K x N floats,
+  // transposed or not: dense either way, so each converts as one array), over `threads` OpenMP
+  // threads, into buffers kept for the next call.
+  absl::Status RunRoundedToBf16(const Shape& shape, const float* a, const float* b, float* c,
+                                int threads);
 
  private:
   absl::Status RunTyped(const Shape& shape, bool bf16, const void* a, const void* b, float* c);
@@ -50,6 +55,7 @@ class Matmuls {
   dnnl::stream stream_;
   std::map<Key, Entry> cache_;
   AlignedArray<uint8_t> scratchpad_;
+  AlignedArray<uint16_t> a16_, b16_;  // RunRoundedToBf16's operands
 };
 
 }  // namespace pstrain

@@ -3,6 +3,7 @@
 // documented one, with and without prefetched pulls.
 #include "worker/train/train_step.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -174,7 +175,7 @@ class CountingInProcess : public ForwardingParams, public InProcessParams {
   int64_t dense_chunk() const override { return local_->dense_chunk(); }
   void EndStep(bool applied) override { local_->EndStep(applied); }
   int steps = 0, pulls = 0, pushes = 0;
-  int64_t dense_applied = 0;
+  std::atomic<int64_t> dense_applied{0};  // the tower threads apply their shares concurrently
 
  private:
   InProcessParams* local_;
@@ -206,7 +207,7 @@ TEST_F(TrainStepTest, InProcessStepEqualsPullAndPush) {
     ASSERT_NO_FATAL_FAILURE(TrainPipelined(push_step->get(), &logged, false, &push_results));
     EXPECT_EQ(counting.steps, static_cast<int>(batches_.size()));
     EXPECT_EQ(counting.pulls + counting.pushes, 0);
-    EXPECT_EQ(counting.dense_applied, model_->dense_size() * counting.steps);
+    EXPECT_EQ(counting.dense_applied.load(), model_->dense_size() * counting.steps);
     EXPECT_EQ(logged.log.size(), 2 * batches_.size());
     ASSERT_EQ(split_results.size(), push_results.size());
     for (size_t i = 0; i < split_results.size(); ++i) {
