@@ -1,9 +1,14 @@
 // What the end-to-end benchmark apps (bench/*_app.cc) share: their main, their flag parsing
-// front, the median and range of repeated measurements, and writing their JSON results.
+// front, the process's resident memory, the median and range of repeated measurements, and
+// writing their JSON results.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +26,14 @@ inline std::optional<int> ParseAppFlags(FlagSet& flags, int argc, char** argv) {
   if (s.ok() && !flags.help_requested()) return std::nullopt;
   std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
   return s.ok() ? 0 : 2;
+}
+
+// The process's resident memory now (/proc/self/statm), in bytes; 0 where it cannot be read.
+inline int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
 }
 
 // The median and range of repeated measurements (of at least one).

@@ -15,11 +15,8 @@
 //   cmake --build build/release -j2 --target dynamic_days_app
 //   build/release/bench/dynamic_days_app --ttl_passes 2
 //   build/release/bench/dynamic_days_app --ttl_passes 0
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -31,13 +28,6 @@
 
 namespace pstrain {
 namespace {
-
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
-}
 
 int Main(int argc, char** argv) {
   int days = 10, ttl_passes = 2, batches = 100, batch = 20000, dim = 17;

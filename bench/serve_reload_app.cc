@@ -12,10 +12,7 @@
 //
 //   cmake --build build/release -j2 --target serve_reload_app
 //   build/release/bench/serve_reload_app --live 1000000 --versions 10 --out /tmp/reload
-#include <unistd.h>
-
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,13 +27,6 @@
 
 namespace pstrain {
 namespace {
-
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
-}
 
 ModelDescription Description(int dim) {
   ModelDescription d;
