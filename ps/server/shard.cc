@@ -496,6 +496,7 @@ void Shard::FillInfo(InfoResponse* info) const {
   m->set_dense_size(opt_.dense_size);
   m->set_version(0);
   for (const auto& d : dynamic_stores_) m->add_dynamic_row_dims(d->dim());
+  for (const int w : PartitionWidths(map_, opt_.row_dim)) m->add_partition_row_dims(w);
   info->set_ready(true);
   info->set_last_step(LastStep());
   info->set_dense_begin(dense_begin_);

@@ -74,6 +74,19 @@ inline int RowWidth(const PartitionMap& map, int p, int stride) {
   return w > 0 && w < stride ? w : stride;
 }
 
+// Every partition's RowWidth in partition order, or empty when each is the stride (no table
+// narrower than it): what a shard's Info says and a worker compares (ShardMap.partition_row_dims).
+inline std::vector<int> PartitionWidths(const PartitionMap& map, int stride) {
+  std::vector<int> widths(map.partitions());
+  bool narrow = false;
+  for (int p = 0; p < map.partitions(); ++p) {
+    widths[p] = RowWidth(map, p, stride);
+    narrow = narrow || widths[p] != stride;
+  }
+  if (!narrow) widths.clear();
+  return widths;
+}
+
 // Table partitions P of a cluster: cluster.num_partitions, or 4 x shards when it is 0.
 int NumPartitions(const ClusterConfig& cluster, int shards);
 

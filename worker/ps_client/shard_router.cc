@@ -1,6 +1,8 @@
 #include "worker/ps_client/shard_router.h"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -87,6 +89,19 @@ absl::Status ShardRouter::CheckShard(int shard, const std::string& address,
         "dense_size=%d: check the cluster spec and the config",
         address, info.shard(), m.shards(), m.rows(), m.partitions(), m.row_dim(), m.dense_size(),
         shard, shards(), map_.rows(), map_.partitions(), row_dim, dense_.rows()));
+  }
+  const std::vector<int> their_widths(m.partition_row_dims().begin(),
+                                      m.partition_row_dims().end());
+  const std::vector<int> widths = PartitionWidths(map_, row_dim);
+  if (their_widths != widths) {
+    auto list = [](const std::vector<int>& w) {
+      return w.empty() ? std::string("every row at the stride")
+                       : absl::StrCat("[", absl::StrJoin(w, ", "), "]");
+    };
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " serves shard ", info.shard(), " with partition row widths ",
+        list(their_widths), ", but this worker expects ", list(widths),
+        ": the shard and the worker run different configs (features.table[*].dim)"));
   }
   if (info.num_workers() > 0 && worker >= info.num_workers()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -379,12 +379,22 @@ TEST(ShardWidths, MemoryOfAShardWithADim4AndADim32Table) {
 }
 
 // A worker whose config disagrees with the shards on a table's width (here: every row at the
-// stride) is refused at its first pull and push, both sides naming the sizes; nothing applied.
+// stride) is refused at the handshake (ShardMap.partition_row_dims), naming both; and one that
+// skips it is refused at its first pull and push, both sides naming the sizes; nothing applied.
 TEST(ShardWidths, AWorkerWithOtherWidthsIsRefused) {
   Shards shards(/*widths=*/true);
   auto client = PsClient::Create(shards.ClientOptions(/*widths=*/false));
   ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->WaitForShards(absl::Seconds(10)).ok());
+  const absl::Status handshake = (*client)->WaitForShards(absl::Seconds(10));
+  EXPECT_EQ(handshake.code(), absl::StatusCode::kFailedPrecondition) << handshake;
+  EXPECT_NE(handshake.message().find("with partition row widths ["), std::string::npos)
+      << handshake;
+  EXPECT_NE(handshake.message().find("this worker expects every row at the stride"),
+            std::string::npos)
+      << handshake;
+  auto agreeing = PsClient::Create(shards.ClientOptions(/*widths=*/true));
+  ASSERT_TRUE(agreeing.ok()) << agreeing.status();
+  EXPECT_TRUE((*agreeing)->WaitForShards(absl::Seconds(10)).ok());
   const std::vector<int64_t> ids = {1, 3001};
   std::vector<float> rows(ids.size() * kStride), dense(10);
   absl::Status s = (*client)->Pull(ids, rows.data(), dense.data());
