@@ -63,10 +63,11 @@ absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(
 // is fresh. A dynamic table takes the live rows of a dynamic table of the same name and dim
 // (its lifetime settings may change); a fixed table of the name of a dynamic one, or the other
 // way round, is refused naming both kinds (a fixed row is a hash bucket of many raw ids, a
-// dynamic key the hash of one: neither maps to the other). The default table is the same table only if its fields are the same (names,
-// vocab_size, positions: a field's hash seed is its position), refused naming the first
-// difference otherwise. The model (type, embedding_dim, hidden) and features.hash_seed must be
-// the same (a named table's hashing depends on hash_seed and its name only).
+// dynamic key the hash of one: neither maps to the other). The default table is the same table
+// only if its fields are the same (names, vocab_size, positions: a field's hash seed is its
+// position), refused naming the first difference otherwise. The model (type, embedding_dim,
+// hidden) and features.hash_seed must be the same (a named table's hashing depends on hash_seed
+// and its name only).
 absl::StatusOr<TableWarmStart> PlanTableWarmStart(const ModelDescription& saved,
                                                   const ModelDescription& wanted);
 

@@ -279,7 +279,8 @@ TEST_F(DynamicTablesTest, WarmStartTakesTheDynamicRowsAndRefusesNamingWhy) {
   // A dim change: refused naming the table and both dims.
   ASSERT_NE(testing::RunShell(absl::StrCat(P(), " train ", Args(Dir() + "/warm_dim"),
                                            " --warm_start_from ", src,
-                                           " --set features.table[0].dim=4 --set features.table[0].fm_join=EXCLUDE",
+                                           " --set features.table[0].dim=4",
+                                           " --set features.table[0].fm_join=EXCLUDE",
                                            one_step),
                               120, &out),
             0);
