@@ -266,6 +266,8 @@ TEST_F(DynamicTablesTest, WarmStartTakesTheDynamicRowsAndRefusesNamingWhy) {
       << out;
   const double scratch_auc = testing::ReadSummary(scratch).fields().at("test_auc").number_value();
   EXPECT_LT(scratch_auc, source_auc - 0.08) << out;
+  RecordProperty("auc_source_warm_scratch",
+                 absl::StrCat(source_auc, " ", warm_auc, " ", scratch_auc));
 
   // A changed admission rule is the same table: taken (the lifetime settings may change).
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(Dir() + "/warm_admit"),
