@@ -222,7 +222,7 @@ TEST_F(DynamicPsTest, WarmStartSplitsTheDynamicRowsAmongTheShards) {
   const std::string src = Dir() + "/warm_src";
   std::string out;
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(src),
-                                           " --set train.max_steps=20 2>&1"),
+                                           " --epochs 3 2>&1"),
                               120, &out),
             0)
       << out;
@@ -240,7 +240,7 @@ TEST_F(DynamicPsTest, WarmStartSplitsTheDynamicRowsAmongTheShards) {
     ASSERT_TRUE((*shard)->RestoreCheckpoint((*choice)->chain).ok());
     source = (*shard)->dynamic_stores()[0]->Snapshot().value();
   }
-  ASSERT_GE(source.rows(), 50);  // the items seen in 20 steps
+  ASSERT_GE(source.rows(), 50);  // the 100 items
   // The source's counters and steps, which the warm start restarts (a re-sharding restore
   // restarts the counters as well, so they are read from the file itself).
   auto file = ReadDynamicFile((*choice)->chain.front().dir + "/dynamic-item");
@@ -284,6 +284,20 @@ TEST_F(DynamicPsTest, WarmStartSplitsTheDynamicRowsAmongTheShards) {
     taken += got.rows();
   }
   EXPECT_EQ(taken, source.rows());
+
+  // And a real 2-host job started from it: the shards take the rows and it trains a step.
+  const std::string warm = Dir() + "/warm_ps";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(warm),
+                                           " --warm_start_from ", src,
+                                           " --set train.max_steps=1 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("shard 0: warm start from " + src));
+  const double source_auc = testing::ReadSummary(src).fields().at("test_auc").number_value();
+  const double warm_auc = testing::ReadSummary(warm).fields().at("test_auc").number_value();
+  EXPECT_NEAR(warm_auc, source_auc, 0.02) << out;
+  RecordProperty("auc_source_warm", absl::StrCat(source_auc, " ", warm_auc));
 }
 
 }  // namespace
