@@ -30,6 +30,7 @@ struct Layout {
     int dim = 0;
     int64_t rows = 0;
     int64_t offset = 0;
+    bool dynamic = false;  // keyed by the hash of the raw id (no rows, no offset)
   };
   std::vector<Table> tables;  // the default table first when it has rows
   // What feeds the dense vector: each field's name, kind and dim, in order.
@@ -50,8 +51,10 @@ Layout LayoutOf(const ModelDescription& d) {
   if (default_rows > 0) l.tables.push_back({"", k, default_rows, 0});
   int64_t offset = default_rows;
   for (const TableConfig& t : f.table()) {
-    l.tables.push_back({t.name(), t.dim(), static_cast<int64_t>(t.rows()), offset});
-    offset += static_cast<int64_t>(t.rows());
+    const bool dynamic = t.has_dynamic();
+    const int64_t rows = dynamic ? 0 : static_cast<int64_t>(t.rows());
+    l.tables.push_back({t.name(), t.dim(), rows, offset, dynamic});
+    offset += rows;
   }
   auto dim_of_table = [&](const std::string& name) {
     for (const TableConfig& t : f.table()) {
@@ -103,7 +106,8 @@ std::string FirstDifference(const std::vector<std::string>& a, const std::vector
 std::string TableWarmStart::Summary() const {
   std::vector<std::string> taken_names, fresh_names;
   for (const Take& t : taken) {
-    taken_names.push_back(t.name.empty() ? "the default table" : "'" + t.name + "'");
+    taken_names.push_back(t.name.empty() ? "the default table"
+                                         : "'" + t.name + "'" + (t.dynamic ? " (dynamic)" : ""));
   }
   for (const std::string& f : fresh) {
     fresh_names.push_back(f.empty() ? "the default table" : "'" + f + "'");
@@ -130,6 +134,10 @@ absl::StatusOr<TableWarmStart> PlanTableWarmStart(const ModelDescription& saved,
   }
   const Layout from = LayoutOf(saved), to = LayoutOf(wanted);
   TableWarmStart plan;
+  auto kind = [](bool dynamic) {
+    return dynamic ? "dynamic (a row per 64-bit hash of one raw id)"
+                   : "fixed (a row per hash bucket of many raw ids)";
+  };
   for (const Layout::Table& t : to.tables) {
     const Layout::Table* src = nullptr;
     for (const Layout::Table& s : from.tables) {
@@ -142,11 +150,23 @@ absl::StatusOr<TableWarmStart> PlanTableWarmStart(const ModelDescription& saved,
       plan.fresh.push_back(t.name);
       continue;
     }
+    if (src->dynamic != t.dynamic) {
+      // Neither maps to the other: a bucket mixes ids whose own rows a dynamic table would need,
+      // and a dynamic key is a hash no bucket can be found from without the raw id.
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": ", kind(src->dynamic), " in the warm-start checkpoint, ", kind(t.dynamic),
+          " in the config; neither's rows map to the other's (rename the table to start it "
+          "fresh)"));
+    }
     if (src->dim != t.dim) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, ": dim ", src->dim, " in the warm-start checkpoint, ", t.dim,
                        " in the config (its rows would not fit; rename the table to start it "
                        "fresh)"));
+    }
+    if (t.dynamic) {
+      plan.taken.push_back({t.name, 0, 0, 0, /*dynamic=*/true});
+      continue;
     }
     if (src->rows != t.rows) {
       return absl::FailedPreconditionError(

@@ -33,10 +33,13 @@ namespace pstrain {
 // descriptions are the same (every row and the dense vector, as before tables).
 struct TableWarmStart {
   // A source table whose rows the target takes: source rows [from_begin, from_end) become
-  // target rows [to_begin, to_begin + from_end - from_begin).
+  // target rows [to_begin, to_begin + from_end - from_begin). A dynamic table's rows are not
+  // ranges: its live rows are taken by table name (ps/store/dynamic_checkpoint.h), the range is
+  // empty and `dynamic` set.
   struct Take {
     std::string name;  // "" for the default table (the fields that name no table)
     int64_t from_begin = 0, from_end = 0, to_begin = 0;
+    bool dynamic = false;
   };
   std::vector<Take> taken;
   std::vector<std::string> fresh;  // target tables the source lacks: initialized as new
@@ -57,10 +60,14 @@ absl::StatusOr<CheckpointChoice> ChooseWarmStartCheckpoint(
 // rows of the source table of the same name when it has the same dim and rows; a table of the
 // same name with another dim or rows is refused (FAILED_PRECONDITION naming the table and both
 // values: its rows would mean something else, and no rule maps them); a table the source lacks
-// is fresh. The default table is the same table only if its fields are the same (names,
-// vocab_size, positions: a field's hash seed is its position), refused naming the first
-// difference otherwise. The model (type, embedding_dim, hidden) and features.hash_seed must be
-// the same (a named table's hashing depends on hash_seed and its name only).
+// is fresh. A dynamic table takes the live rows of a dynamic table of the same name and dim
+// (its lifetime settings may change); a fixed table of the name of a dynamic one, or the other
+// way round, is refused naming both kinds (a fixed row is a hash bucket of many raw ids, a
+// dynamic key the hash of one: neither maps to the other). The default table is the same table
+// only if its fields are the same (names, vocab_size, positions: a field's hash seed is its
+// position), refused naming the first difference otherwise. The model (type, embedding_dim,
+// hidden) and features.hash_seed must be the same (a named table's hashing depends on hash_seed
+// and its name only).
 absl::StatusOr<TableWarmStart> PlanTableWarmStart(const ModelDescription& saved,
                                                   const ModelDescription& wanted);
 

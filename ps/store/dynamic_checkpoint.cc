@@ -164,6 +164,7 @@ absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
         ASSIGN_OR_RETURN(NamedDynamicSnapshot named, ReadDynamicSnapshot(reader.get()));
         const auto it = index_of.find(named.name);
         if (it == index_of.end()) {
+          if (mode.skip_unknown_dynamic) continue;  // a warm start: the config dropped it
           return absl::FailedPreconditionError(absl::StrCat(
               path, " holds the rows of dynamic table '", named.name,
               "', which this job's config does not have (its dynamic tables are named by "
@@ -180,7 +181,9 @@ absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
         KeepOwned(d, owns, &named.snapshot);
         tables[d].parts.push_back(std::move(named.snapshot));
         tables[d].paths.push_back(path);
-        tables[d].own.push_back(!own_file.empty() && f.name() == own_file);
+        // A warm start (!keep_step) is a new job: its counters restart even from a same-named
+        // shard file, and the sketch is the parts' sum.
+        tables[d].own.push_back(mode.keep_step && !own_file.empty() && f.name() == own_file);
       }
     }
     for (size_t d = 0; d < tables.size(); ++d) {

@@ -29,11 +29,12 @@ using DynamicKeyFilter = std::function<bool(int table, uint64_t key)>;
 // restored at once: a full link replaces the store, a delta deletes its tombstones and writes
 // its rows (DynamicEmbeddingStore::Restore). The sketch and the cumulative counters are those of
 // the group in the file named `own_file` (a shard restoring its own layout: exact); without one
-// (re-sharding, serving) the sketch is the parts' sum (saturating: it never undercounts, as a
-// count-min sketch must not) and the counters restart at 0. `mode`: !keep_step zeroes the steps
-// and passes, !keep_optimizer_state gives the rows the store's optimizer's fresh slots. A store
-// without an admission sketch takes none. FAILED_PRECONDITION naming the file for a table the
-// config does not have or of another width; DATA_LOSS naming the file for a malformed group or
+// (re-sharding, serving, a warm start) the sketch is the parts' sum (saturating: it never
+// undercounts, as a count-min sketch must not) and the counters restart at 0. `mode`: !keep_step
+// (a warm start) zeroes the steps and passes and ignores `own_file`, !keep_optimizer_state gives
+// the rows the store's optimizer's fresh slots, skip_unknown_dynamic skips the groups of tables
+// not in `names`. A store without an admission sketch takes none. FAILED_PRECONDITION naming the
+// file for a table the config does not have (unless skipped) or of another width; DATA_LOSS naming the file for a malformed group or
 // parts of different shapes; the store's Restore errors naming the checkpoint and table.
 absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
                                absl::Span<DynamicEmbeddingStore* const> stores,

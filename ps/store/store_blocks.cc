@@ -285,8 +285,10 @@ ParameterLoadMode WarmStartLoadMode(bool reset_optimizer,
   ParameterLoadMode mode;
   mode.keep_step = false;
   mode.keep_optimizer_state = !reset_optimizer;
+  mode.skip_unknown_dynamic = true;
   if (tables) {
     for (const TableWarmStart::Take& t : tables->taken) {
+      if (t.dynamic) continue;  // loaded by name (LoadDynamicTables), not as a row range
       mode.moves.push_back({t.from_begin, t.from_end, t.to_begin});
     }
     // Nothing taken: no move would load every row; an empty range loads none.

@@ -81,9 +81,13 @@ struct ParameterLoadMode {
   std::vector<RowMove> moves;
   // false: the saved dense vector is not loaded (a warm start whose fields feeding it changed).
   bool dense = true;
+  // true (a warm start): a saved dynamic table the config does not have is skipped (the table
+  // was dropped); false (a resume): refused (LoadDynamicTables).
+  bool skip_unknown_dynamic = false;
 };
 
-// The load mode of a warm start (keep_step false, the slots unless reset_optimizer), table by
+// The load mode of a warm start (keep_step false, the slots unless reset_optimizer, dynamic
+// tables the config dropped skipped), table by
 // table when `tables` is set (ChooseWarmStartCheckpoint's plan): its taken tables as moves, and
 // the dense vector only when the plan copies it.
 ParameterLoadMode WarmStartLoadMode(bool reset_optimizer,

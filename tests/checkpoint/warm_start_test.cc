@@ -184,5 +184,62 @@ TEST(TableWarmStart, RefusesATableThatChangedShape) {
   EXPECT_THAT(refused(target), HasSubstr("features.hash_seed: 3 in the warm-start checkpoint"));
 }
 
+// A dynamic table (issue 28) of the same name and dim is taken by name (no row range: its rows
+// are keyed by the raw id's hash), whatever the fixed tables around it; a dynamic table the
+// config drops is left out; fixed <-> dynamic is refused naming both kinds.
+TEST(TableWarmStart, TakesADynamicTableByNameAndRefusesAKindChange) {
+  const ModelDescription source = Tables(R"pb(
+    field { name: "item" kind: CATEGORICAL table: "item" }
+    field { name: "dev" kind: CATEGORICAL table: "small" }
+    field { name: "gone" kind: CATEGORICAL table: "gone" }
+    table { name: "item" dim: 8 dynamic { admit_count: 2 } }
+    table { name: "small" dim: 4 rows: 30 }
+    table { name: "gone" dim: 8 dynamic {} })pb");
+  const ModelDescription target = Tables(R"pb(
+    field { name: "item" kind: CATEGORICAL table: "item" }
+    field { name: "dev" kind: CATEGORICAL table: "small" }
+    field { name: "geo" kind: CATEGORICAL table: "geo" }
+    table { name: "geo" dim: 8 dynamic {} }
+    table { name: "item" dim: 8 dynamic { admission: COUNT admit_count: 3 } }
+    table { name: "small" dim: 4 rows: 30 })pb");
+  auto plan = PlanTableWarmStart(source, target);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->taken.size(), 3u);
+  EXPECT_FALSE(plan->taken[0].dynamic);  // the default table
+  EXPECT_EQ(plan->taken[1].name, "item");
+  EXPECT_TRUE(plan->taken[1].dynamic);
+  EXPECT_EQ(plan->taken[1].from_end - plan->taken[1].from_begin, 0);
+  EXPECT_EQ(plan->taken[2].name, "small");  // a dynamic table has no rows in the row space
+  EXPECT_FALSE(plan->taken[2].dynamic);
+  EXPECT_EQ(plan->taken[2].from_begin, 50);
+  EXPECT_EQ(plan->taken[2].to_begin, 50);
+  EXPECT_EQ(plan->fresh, std::vector<std::string>{"geo"});
+  EXPECT_THAT(plan->Summary(), HasSubstr("tables taken: the default table, 'item' (dynamic), "
+                                         "'small'; new (initialized): 'geo'"));
+
+  auto refused = [&](const ModelDescription& from, const ModelDescription& to) {
+    auto p = PlanTableWarmStart(from, to);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+    return std::string(p.status().message());
+  };
+  const ModelDescription fixed_item = Tables(R"pb(
+    field { name: "item" kind: CATEGORICAL table: "item" }
+    table { name: "item" dim: 8 rows: 1000 })pb");
+  const ModelDescription dynamic_item = Tables(R"pb(
+    field { name: "item" kind: CATEGORICAL table: "item" }
+    table { name: "item" dim: 8 dynamic {} })pb");
+  EXPECT_THAT(refused(dynamic_item, fixed_item),
+              HasSubstr("table 'item': dynamic (a row per 64-bit hash of one raw id) in the "
+                        "warm-start checkpoint, fixed (a row per hash bucket of many raw ids) in "
+                        "the config"));
+  EXPECT_THAT(refused(fixed_item, dynamic_item),
+              HasSubstr("table 'item': fixed (a row per hash bucket of many raw ids) in the "
+                        "warm-start checkpoint, dynamic"));
+  ModelDescription other_dim = dynamic_item;
+  other_dim.mutable_features()->mutable_table(0)->set_dim(4);
+  EXPECT_THAT(refused(dynamic_item, other_dim),
+              HasSubstr("table 'item': dim 8 in the warm-start checkpoint, 4 in the config"));
+}
+
 }  // namespace
 }  // namespace pstrain

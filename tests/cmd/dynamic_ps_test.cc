@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,11 @@
 #include "checkpoint/layout.h"
 #include "cmd/ps_setup.h"
 #include "common/config.h"
+#include "common/dynamic_rows.h"
 #include "common/file.h"
+#include "ps/store/dynamic_file.h"
+#include "ps/store/dynamic_routing.h"
+#include "ps/store/store_blocks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "serving/export.h"
@@ -208,6 +213,91 @@ TEST_F(DynamicPsTest, ResumedFromDeltasEqualsAnUninterruptedRun) {
   auto whole1 = ReadFileToString(whole + "/host-1/output.log");
   ASSERT_TRUE(whole1.ok());
   EXPECT_THAT(*whole1, HasSubstr("rows by TTL and 0 by capacity after step 40;"));
+}
+
+// A PS job's warm start (cmd/ps_setup.cc: ShardServer::WarmStart) from a `pstrain train`
+// checkpoint (one dynamic-item file): each of 2 shards keeps the keys it owns, together every
+// source row with its weights and slots, the steps and the cumulative counters restarting at 0.
+TEST_F(DynamicPsTest, WarmStartSplitsTheDynamicRowsAmongTheShards) {
+  const std::string src = Dir() + "/warm_src";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(src),
+                                           " --epochs 3 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  auto config = LoadConfigFile(Dir() + "/config.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto choice = ChooseCheckpoint(src);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  // The source's rows, as a resume restores them.
+  DynamicSnapshot source;
+  {
+    auto options = ShardOptionsForJob(*config, 0, 1);
+    ASSERT_TRUE(options.ok()) << options.status();
+    auto shard = Shard::Create(options->data);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ASSERT_TRUE((*shard)->RestoreCheckpoint((*choice)->chain).ok());
+    source = (*shard)->dynamic_stores()[0]->Snapshot().value();
+  }
+  ASSERT_GE(source.rows(), 50);  // the 100 items
+  // The source's counters and steps, which the warm start restarts (a re-sharding restore
+  // restarts the counters as well, so they are read from the file itself).
+  auto file = ReadDynamicFile((*choice)->chain.front().dir + "/dynamic-item");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_GT(file->snapshot.admitted, 0);
+  EXPECT_GT(*std::max_element(source.last_step_of.begin(), source.last_step_of.end()), 0);
+  std::map<uint64_t, int64_t> row_of;
+  for (int64_t r = 0; r < source.rows(); ++r) row_of[source.keys[r]] = r;
+  int64_t taken = 0;
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(s);
+    auto options = ShardOptionsForJob(*config, s, 2);
+    ASSERT_TRUE(options.ok()) << options.status();
+    auto shard = Shard::Create(options->data);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    const absl::Status warm =
+        (*shard)
+            ->RestoreCheckpoint((*choice)->chain,
+                                WarmStartLoadMode(/*reset_optimizer=*/false, std::nullopt))
+            .status();
+    ASSERT_TRUE(warm.ok()) << warm;
+    const DynamicSnapshot got = (*shard)->dynamic_stores()[0]->Snapshot().value();
+    EXPECT_GT(got.rows(), 0);
+    EXPECT_EQ(got.admitted, 0);  // a new job's counters
+    const int dim = got.dim, sf = got.state_floats;
+    ASSERT_EQ(dim, source.dim);
+    ASSERT_EQ(sf, source.state_floats);
+    for (int64_t r = 0; r < got.rows(); ++r) {
+      const uint64_t key = got.keys[r];
+      EXPECT_EQ(DynamicShardOf(DynamicRow(0, key), 2), s) << key;
+      ASSERT_TRUE(row_of.count(key)) << key;
+      const int64_t at = row_of[key];
+      EXPECT_TRUE(std::equal(got.weights.begin() + r * dim, got.weights.begin() + (r + 1) * dim,
+                             source.weights.begin() + at * dim))
+          << key;
+      EXPECT_TRUE(std::equal(got.state.begin() + r * sf, got.state.begin() + (r + 1) * sf,
+                             source.state.begin() + at * sf))
+          << key;
+      EXPECT_EQ(got.last_step_of[r], 0);
+    }
+    taken += got.rows();
+  }
+  EXPECT_EQ(taken, source.rows());
+
+  // And a real 2-host job started from it: the shards take the rows and it trains a step.
+  const std::string warm = Dir() + "/warm_ps";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(warm),
+                                           " --warm_start_from ", src,
+                                           " --set train.max_steps=1 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("shard 0: warm start from " + src));
+  const double source_auc = testing::ReadSummary(src).fields().at("test_auc").number_value();
+  const double warm_auc = testing::ReadSummary(warm).fields().at("test_auc").number_value();
+  EXPECT_NEAR(warm_auc, source_auc, 0.02) << out;
+  RecordProperty("auc_source_warm", absl::StrCat(source_auc, " ", warm_auc));
 }
 
 }  // namespace

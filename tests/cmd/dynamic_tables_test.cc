@@ -240,6 +240,86 @@ TEST_F(DynamicTablesTest, MetricsAppearAndMove) {
   EXPECT_THAT(events, HasSubstr("dynamic/ids/evicted_ttl"));
 }
 
+// Warm start (docs/CHECKPOINT.md "Warm start"): a fresh model dir takes the source's dynamic rows
+// by table name; one step from them scores about as the source, one step from scratch near
+// chance. A kind change (fixed <-> dynamic) or a dim change is refused naming the table and why.
+TEST_F(DynamicTablesTest, WarmStartTakesTheDynamicRowsAndRefusesNamingWhy) {
+  const std::string src = Dir() + "/warm_src";
+  const std::string one_step = " --set train.max_steps=1 2>&1";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(src), " 2>&1"), 120, &out), 0)
+      << out;
+  const double source_auc = testing::ReadSummary(src).fields().at("test_auc").number_value();
+  ASSERT_GT(source_auc, 0.65) << out;
+  const std::string warm = Dir() + "/warm";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(warm), " --warm_start_from ", src,
+                                           one_step),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("warm start from .* [1-9][0-9]* dynamic rows"));
+  const double warm_auc = testing::ReadSummary(warm).fields().at("test_auc").number_value();
+  EXPECT_NEAR(warm_auc, source_auc, 0.03) << out;
+  const std::string scratch = Dir() + "/scratch";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(scratch), one_step), 120, &out),
+            0)
+      << out;
+  const double scratch_auc = testing::ReadSummary(scratch).fields().at("test_auc").number_value();
+  EXPECT_LT(scratch_auc, source_auc - 0.08) << out;
+  RecordProperty("auc_source_warm_scratch",
+                 absl::StrCat(source_auc, " ", warm_auc, " ", scratch_auc));
+
+  // A changed admission rule is the same table: taken (the lifetime settings may change).
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(Dir() + "/warm_admit"),
+                                           " --warm_start_from ", src,
+                                           " --set features.table[0].dynamic.admit_count=3",
+                                           one_step),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("warm start from .* [1-9][0-9]* dynamic rows"));
+  // A dim change: refused naming the table and both dims.
+  ASSERT_NE(testing::RunShell(absl::StrCat(P(), " train ", Args(Dir() + "/warm_dim"),
+                                           " --warm_start_from ", src,
+                                           " --set features.table[0].dim=4",
+                                           " --set features.table[0].fm_join=EXCLUDE",
+                                           one_step),
+                              120, &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("table 'ids': dim 8 in the warm-start checkpoint, 4 in the config"));
+  // Dynamic -> fixed: refused naming both kinds.
+  std::string fixed = kConfig;
+  const std::string dyn = "dynamic { admission: COUNT admit_count: 2 sketch_width: 4096\n"
+                          "                                  ttl_steps: 15 ttl_passes: 1 }";
+  ASSERT_NE(fixed.find(dyn), std::string::npos);
+  fixed.replace(fixed.find(dyn), dyn.size(), "rows: 4000");
+  ASSERT_TRUE(WriteFileAtomic(Dir() + "/fixed.textproto", fixed).ok());
+  auto fixed_args = [&](const std::string& model_dir) {
+    return absl::StrCat("--config ", Dir(), "/fixed.textproto --train '", Dir(),
+                        "/day0/*.tsv' --eval '", Dir(), "/test/*.tsv' --model_dir ", model_dir);
+  };
+  ASSERT_NE(testing::RunShell(absl::StrCat(P(), " train ", fixed_args(Dir() + "/warm_fixed"),
+                                           " --warm_start_from ", src, one_step),
+                              120, &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("table 'ids': dynamic (a row per 64-bit hash of one raw id) in the "
+                             "warm-start checkpoint, fixed (a row per hash bucket of many raw "
+                             "ids) in the config"));
+  // Fixed -> dynamic: the same refusal the other way round.
+  const std::string fixed_src = Dir() + "/fixed_src";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", fixed_args(fixed_src), one_step), 120,
+                              &out),
+            0)
+      << out;
+  ASSERT_NE(testing::RunShell(absl::StrCat(P(), " train ", Args(Dir() + "/warm_dynamic"),
+                                           " --warm_start_from ", fixed_src, one_step),
+                              120, &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("table 'ids': fixed (a row per hash bucket of many raw ids) in the "
+                             "warm-start checkpoint, dynamic (a row per 64-bit hash of one raw "
+                             "id) in the config"));
+}
+
 TEST_F(DynamicTablesTest, ConfigShowsItAndOtherModesRefuseIt) {
   std::string out;
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " config ", Args(Dir() + "/c")), 60, &out), 0)

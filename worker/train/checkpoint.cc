@@ -4,6 +4,7 @@
 #include "common/status.h"
 #include "checkpoint/warm_start.h"
 #include "common/logging.h"
+#include "ps/store/dynamic_checkpoint.h"
 #include "ps/store/dynamic_file.h"
 #include "ps/store/parameter_files.h"
 #include "ps/store/store_blocks.h"
@@ -229,12 +230,6 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
 
 absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
                                             const ModelDescription& model, LocalParams* params) {
-  if (params->num_dynamic() > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "warm start (train.warm_start) of a job with dynamic table '", params->dynamic_name(0),
-        "' is not wired yet (docs/ARCHITECTURE.md \"Dynamic tables\"); start fresh or resume "
-        "its own model dir"));
-  }
   std::optional<TableWarmStart> tables;
   ASSIGN_OR_RETURN(const CheckpointChoice source,
                    ChooseWarmStartCheckpoint(warm_start, model, Env::Default(), &tables));
@@ -256,8 +251,22 @@ absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
                                             counts.dense_floats, " of the ",
                                             params->dense_size(), " dense floats"));
   }
+  // The dynamic tables' live rows, by table name (the plan refused a kind or dim change); a
+  // table the source lacks starts empty, one the config dropped is skipped.
+  std::vector<DynamicEmbeddingStore*> dynamic_stores;
+  std::vector<std::string> dynamic_names;
+  for (int d = 0; d < params->num_dynamic(); ++d) {
+    dynamic_stores.push_back(params->dynamic_store(d));
+    dynamic_names.push_back(params->dynamic_name(d));
+  }
+  RETURN_IF_ERROR(Annotate(LoadDynamicTables(source.chain, dynamic_stores, dynamic_names,
+                                             nullptr, "", mode),
+                           absl::StrCat("warm start from ", source.dir)));
+  int64_t dynamic_rows = 0;
+  for (DynamicEmbeddingStore* s : dynamic_stores) dynamic_rows += s->metrics().rows_live;
   PSTRAIN_LOG(INFO) << "warm start from " << source.dir << " (" << m.num_shards()
-                    << " shard(s)): " << counts.rows << " embedding rows and the dense vector"
+                    << " shard(s)): " << counts.rows << " embedding rows, " << dynamic_rows
+                    << " dynamic rows and the dense vector"
                     << (warm_start.reset_optimizer() ? ", optimizer slots reset"
                                                      : " with their optimizer slots")
                     << (tables ? "; " + tables->Summary() : std::string());
