@@ -101,6 +101,15 @@ TEST_F(DynamicPsTest, TwoHostJobLearns) {
   EXPECT_THAT(summary.at("mode").string_value(), HasSubstr("ps-"));
   EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
   EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << out;
+  // The chief sums the shards' dynamic tables into summary.json as `train` writes its own (no
+  // eviction configured: every admitted row is live).
+  ASSERT_TRUE(summary.count("dynamic_tables")) << out;
+  const auto& item =
+      summary.at("dynamic_tables").struct_value().fields().at("item").struct_value().fields();
+  EXPECT_GT(item.at("rows_live").number_value(), 100);
+  EXPECT_EQ(item.at("admitted").number_value(), item.at("rows_live").number_value());
+  EXPECT_EQ(item.at("evicted_ttl").number_value(), 0);
+  EXPECT_GT(item.at("bytes").number_value(), 0);
 
   // predict, from the PS checkpoint (every shard file's dynamic rows) and from an export.
   const double auc = summary.at("test_auc").number_value();

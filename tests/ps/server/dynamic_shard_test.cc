@@ -20,6 +20,7 @@
 #include "checkpoint/layout.h"
 #include "cmd/served_shard.h"
 #include "common/dynamic_rows.h"
+#include "common/metrics/metrics.h"
 #include "common/random.h"
 #include "common/rpc/wire.h"
 #include "gmock/gmock.h"
@@ -29,6 +30,7 @@
 #include "ps/store/dynamic_store.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_balance.h"
 #include "worker/train/checkpoint.h"
 
 namespace pstrain {
@@ -623,6 +625,87 @@ TEST(DynamicCheckpoint, StepScheduleEvictsAfterItsStepsAndNotAtCopy) {
     EXPECT_TRUE(Live(stores) == Live({ref.dynamic[t].get()})) << "table " << t;
   }
   EXPECT_EQ(evicted, twin_evicted);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Issue 28's per-table metrics on the PS: each shard's Stats carry its share of every dynamic
+// table, which sum over the shards to one store's metrics (what the chief writes to summary.json),
+// and its /metrics scrape has them as pstrain_shard_dynamic_*{shard, table}; they move with
+// training and with an eviction.
+TEST(DynamicShard, StatsAndScrapeCountEachTableOnEachShard) {
+  const std::string dir = TestDir("stats");
+  g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) { d->ttl_steps = 1; };
+  Reference ref(ADAGRAD);
+  g_dynamic_extra = nullptr;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  PsClient::Options o;
+  for (int s = 0; s < 2; ++s) {
+    ShardServer::Options so = ShardOptions(s, 2, ADAGRAD, kDynamicDims, dir);
+    for (auto& d : so.data.dynamic_tables) d.ttl_steps = 1;
+    so.data.dynamic_evict_every_steps = 3;
+    auto server = ShardServer::Create(std::move(so));
+    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
+    o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    servers.push_back(std::move(server).value());
+  }
+  o.rows = kRows;
+  o.partitions = kPartitions;
+  o.row_dim = kRowDim;
+  o.dense_size = kDense;
+  o.dynamic_row_dims = kDynamicDims;
+  auto client = Connect(o);
+  auto stats_of = [&] {
+    std::vector<ShardStats> stats;
+    for (const auto& server : servers) stats.push_back(server->data().Stats());
+    return stats;
+  };
+  Rng rng(13);
+  std::vector<DynamicTableMetrics> before;
+  for (int step = 1; step <= 3; ++step) {
+    // Step 3 draws from keys far from the first steps', so that TTL 1 evicts rows of steps 1, 2.
+    const std::vector<int64_t> ids = MixedIds(&rng, 100, step < 3 ? 50 : 1000);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+    ref.Apply(ids, grads, step);
+    if (step == 3) {
+      for (auto& d : ref.dynamic) d->Evict();
+    }
+    if (step == 1) before = SumDynamicTables(stats_of());
+  }
+  const std::vector<ShardStats> stats = stats_of();
+  for (const ShardStats& s : stats) ASSERT_EQ(s.dynamic_tables_size(), 2) << s.shard();
+  const std::vector<DynamicTableMetrics> sum = SumDynamicTables(stats);
+  ASSERT_EQ(sum.size(), kDynamicDims.size());
+  ASSERT_EQ(before.size(), kDynamicDims.size());
+  for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+    const DynamicEmbeddingStore::Metrics m = ref.dynamic[t]->metrics();
+    EXPECT_EQ(sum[t].table, absl::StrCat("table", kDynamicDims[t]));
+    EXPECT_EQ(sum[t].rows_live, m.rows_live) << t;
+    EXPECT_EQ(sum[t].admitted, m.admitted) << t;
+    EXPECT_EQ(sum[t].evicted_ttl, m.evicted_ttl) << t;
+    EXPECT_GT(sum[t].evicted_ttl, 0) << t;
+    EXPECT_EQ(before[t].evicted_ttl, 0) << t;
+    EXPECT_GT(sum[t].admitted, before[t].admitted) << t;
+    EXPECT_GT(sum[t].bytes, 0) << t;
+    EXPECT_GT(stats[0].dynamic_tables(t).rows_live(), 0) << t;  // both shards hold some
+    EXPECT_GT(stats[1].dynamic_tables(t).rows_live(), 0) << t;
+  }
+  const std::string text = ScrapeText();
+  for (int s = 0; s < 2; ++s) {
+    for (int dim : kDynamicDims) {
+      const std::string labels = absl::StrCat("{shard=\"", s, "\",table=\"table", dim, "\"}");
+      for (const char* name : {"pstrain_shard_dynamic_rows_live", "pstrain_shard_dynamic_bytes",
+                               "pstrain_shard_dynamic_admitted_total",
+                               "pstrain_shard_dynamic_evicted_ttl_total"}) {
+        EXPECT_NE(text.find(absl::StrCat(name, labels)), std::string::npos) << name << labels;
+      }
+    }
+  }
+  const std::string live =
+      absl::StrCat("pstrain_shard_dynamic_rows_live{shard=\"0\",table=\"table4\"} ",
+                   stats[0].dynamic_tables(0).rows_live());
+  EXPECT_NE(text.find(live), std::string::npos) << live << " in\n" << text;
   std::system(("rm -rf " + dir).c_str());
 }
 
