@@ -155,12 +155,17 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
         summary->wire_bytes += st.bytes_in() + st.bytes_out();
         summary->memory.push_back({st.parameter_bytes(), st.optimizer_bytes(), st.bytes()});
       }
-      // The shards' dynamic tables, summed: summary.json's dynamic_tables as `train` writes it.
-      summary->dynamic_tables = SumDynamicTables(*stats);
     }
     auto final_ckpt = job.SaveFinal();
     RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
     summary->checkpoint = *final_ckpt;
+    // The shards' dynamic tables summed, after the final checkpoint's evictions (a pass's end):
+    // summary.json's dynamic_tables as `train` writes it.
+    if (auto stats = client->GetStats(); stats.ok()) {
+      summary->dynamic_tables = SumDynamicTables(*stats);
+    } else {
+      PSTRAIN_LOG(WARNING) << "shard stats for the dynamic tables: " << stats.status();
+    }
     PSTRAIN_LOG(INFO) << "chief: final checkpoint " << summary->checkpoint;
     return absl::OkStatus();
   };

@@ -628,6 +628,56 @@ TEST(DynamicCheckpoint, StepScheduleEvictsAfterItsStepsAndNotAtCopy) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// Passes on the PS: a COPY of a pass's end (SaveShardRequest.end_pass) evicts with the TTL in
+// passes counting that pass as finished, ages the sketch and counts the next pass; a COPY before
+// a pass's end (every_steps 0) compares with the last finished pass, so it does not evict the
+// previous pass's rows while the current pass may still see them.
+TEST(DynamicCheckpoint, PassEndCopyEvictsByPassesAndCountsTheNextPass) {
+  const std::string dir = TestDir("passes");
+  ShardServer::Options so = ShardOptions(0, 1, ADAGRAD, kDynamicDims, dir);
+  for (auto& d : so.data.dynamic_tables) d.ttl_passes = 1;
+  auto server = ShardServer::Create(std::move(so));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
+  PsClient::Options o;
+  o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+  o.rows = kRows;
+  o.partitions = kPartitions;
+  o.row_dim = kRowDim;
+  o.dense_size = kDense;
+  o.dynamic_row_dims = kDynamicDims;
+  auto client = Connect(o);
+  const auto& stores = (*server)->data().dynamic_stores();
+  auto live = [&] { return stores[0]->metrics().rows_live + stores[1]->metrics().rows_live; };
+  auto evicted = [&] {
+    return stores[0]->metrics().evicted_ttl + stores[1]->metrics().evicted_ttl;
+  };
+  Rng rng(17);
+  auto push = [&](int step, uint64_t keys) {
+    const std::vector<int64_t> ids = MixedIds(&rng, 60, keys);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+  };
+  push(1, 1000);  // pass 0: ~40 rows
+  ASSERT_TRUE((*server)->CopyForCheckpoint(1, std::nullopt, /*end_pass=*/false).ok());
+  EXPECT_EQ(stores[0]->pass(), 0);
+  ASSERT_TRUE((*server)->CopyForCheckpoint(2, std::nullopt, /*end_pass=*/true).ok());
+  EXPECT_EQ(evicted(), 0);  // every row is of the pass that just ended
+  EXPECT_EQ(stores[0]->pass(), 1);
+  EXPECT_EQ(stores[1]->pass(), 1);
+  const int64_t pass0_rows = live();
+  ASSERT_GT(pass0_rows, 20);
+  push(2, 3);  // pass 1 sees at most 3 keys a table: pass 0's others are a pass old at its end
+  ASSERT_TRUE((*server)->CopyForCheckpoint(3, std::nullopt, /*end_pass=*/false).ok());
+  EXPECT_EQ(evicted(), 0);  // before the pass's end: the last finished pass is 0
+  ASSERT_TRUE((*server)->CopyForCheckpoint(4, std::nullopt, /*end_pass=*/true).ok());
+  EXPECT_GT(evicted(), pass0_rows / 2);  // pass 0's rows not seen in pass 1
+  EXPECT_EQ(stores[0]->pass(), 2);
+  EXPECT_EQ(live(), stores[0]->metrics().admitted + stores[1]->metrics().admitted - evicted());
+  EXPECT_LE(live(), 6);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // Issue 28's per-table metrics on the PS: each shard's Stats carry its share of every dynamic
 // table, which sum over the shards to one store's metrics (what the chief writes to summary.json),
 // and its /metrics scrape has them as pstrain_shard_dynamic_*{shard, table}; they move with
