@@ -519,10 +519,20 @@ ShardStats Shard::Stats() const {
   if (dense_ != nullptr) memory += MemoryOf(*dense_);
   // A dynamic table's live rows count as initialized rows, and its measured bytes (rows, map,
   // sketch) as the shard's; they are not split into parameter and optimizer bytes.
-  for (const auto& d : dynamic_stores_) {
-    const DynamicEmbeddingStore::Metrics m = d->metrics();
+  for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
+    const DynamicEmbeddingStore::Metrics m = dynamic_stores_[d]->metrics();
     rows += m.rows_live;
     memory.total_bytes += m.bytes;
+    DynamicTableStats* t = s.add_dynamic_tables();
+    t->set_name(DynamicName(static_cast<int>(d)));
+    t->set_rows_live(m.rows_live);
+    t->set_admitted(m.admitted);
+    t->set_rejected(m.rejected);
+    t->set_evicted_ttl(m.evicted_ttl);
+    t->set_evicted_capacity(m.evicted_capacity);
+    t->set_new_keys_last_step(m.new_keys_last_step);
+    t->set_last_step(m.last_step);
+    t->set_bytes(m.bytes);
   }
   s.set_rows_initialized(rows);
   s.set_bytes(memory.total_bytes);

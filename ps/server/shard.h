@@ -254,8 +254,11 @@ class Shard {
   // Every copy starts a new store generation (which drops the change logs no later delta
   // needs), and a successful WRITE records it under the checkpoint's step for the deltas after
   // it.
+  // `end_pass` (SaveShardRequest.end_pass): first the pass's end of the dynamic tables
+  // (EvictDynamic).
   absl::Status CopyForCheckpoint(int64_t round, std::string header, std::string consistency,
-                                 std::optional<int64_t> delta_parent = std::nullopt);
+                                 std::optional<int64_t> delta_parent = std::nullopt,
+                                 bool end_pass = false);
   // `name` must be a checkpoint directory name (ckpt-<step>, checkpoint/layout.h) of a directory
   // that exists under options.checkpoint_dir and is not committed (no MANIFEST, LATEST does not
   // name it): INVALID_ARGUMENT / FAILED_PRECONDITION naming the path otherwise.
@@ -309,7 +312,11 @@ class Shard {
   void ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
                     int64_t step);
   // Evicts the dynamic stores (counted, logged); `why` for the log.
-  void EvictDynamic(const std::string& why);
+  // The TTL in passes counts finished passes, as `pstrain train` does: before a pass's end it
+  // compares with pass() - 1; at a pass's end (`pass_end`) with pass(), then the admission
+  // sketches age and the stores count the next pass (SetPass(pass() + 1), which the copy that
+  // follows saves, so that a restored job trains its next pass with it).
+  void EvictDynamic(const std::string& why, bool pass_end = false);
   // After an update of `step`: evicts when step is a multiple of dynamic_evict_every_steps, once
   // per such step.
   void MaybeEvictAfter(int64_t step);

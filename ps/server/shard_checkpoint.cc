@@ -28,7 +28,7 @@ constexpr char kConsistencyTag[] = "CONS";
 }  // namespace
 
 absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::string consistency,
-                                      std::optional<int64_t> delta_parent) {
+                                      std::optional<int64_t> delta_parent, bool end_pass) {
   absl::MutexLock lock(&snap_mu_);
   snap_round_ = round;
   snap_header_ = std::move(header);  // shard index, map and step of this instant
@@ -61,7 +61,10 @@ absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::st
   // (docs/CHECKPOINT.md "Dynamic tables in PS mode"; each eviction is a tombstone of the
   // generation this copy ends, so this checkpoint's delta carries it), then copy the rows (full,
   // or changed since the parent), then start the copy's generation as the fixed stores just did.
-  if (opt_.dynamic_evict_every_steps <= 0) {
+  if (end_pass) {
+    EvictDynamic(absl::StrCat("at the pass's end (checkpoint round ", round, ")"),
+                 /*pass_end=*/true);
+  } else if (opt_.dynamic_evict_every_steps <= 0) {
     EvictDynamic(absl::StrCat("before the checkpoint of round ", round));
   }
   for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
@@ -243,9 +246,15 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
   return restored;
 }
 
-void Shard::EvictDynamic(const std::string& why) {
+void Shard::EvictDynamic(const std::string& why, bool pass_end) {
   for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
-    const DynamicEmbeddingStore::EvictionResult evicted = dynamic_stores_[d]->Evict();
+    DynamicEmbeddingStore& store = *dynamic_stores_[d];
+    const int32_t pass = store.pass();
+    const DynamicEmbeddingStore::EvictionResult evicted = store.Evict(pass_end ? pass : pass - 1);
+    if (pass_end) {
+      store.AgeAdmissionCounts();
+      store.SetPass(pass + 1);
+    }
     if (evicted.ttl + evicted.capacity > 0) {
       PSTRAIN_LOG(INFO) << "shard " << opt_.shard << ": " << DynamicName(static_cast<int>(d))
                         << ": evicted " << evicted.ttl << " rows by TTL and " << evicted.capacity

@@ -42,6 +42,40 @@ ShardMetrics::ShardMetrics(int shard, std::function<ShardStats()> stats) {
     add("pstrain_ps_memory_bytes", "Memory of the shard's embedding stores and dense slice",
         T::Gauge, s.bytes());
     add("pstrain_ps_last_step", "Highest training step seen in a request", T::Gauge, s.last_step());
+    // Each dynamic table's share on this shard, labelled {table, shard}: one family per metric
+    // with a sample per table (a family named twice would be two families to a scraper).
+    if (s.dynamic_tables_size() > 0) {
+      auto add_dynamic = [&](const char* name, const char* help, prometheus::MetricType type,
+                             int64_t (DynamicTableStats::*field)() const) {
+        prometheus::MetricFamily family{name, help, type, {}};
+        for (const DynamicTableStats& t : s.dynamic_tables()) {
+          prometheus::ClientMetric sample =
+              type == prometheus::MetricType::Counter
+                  ? CounterSample(static_cast<double>((t.*field)()), label)
+                  : GaugeSample(static_cast<double>((t.*field)()), label);
+          sample.label.push_back({"table", t.name()});
+          family.metric.push_back(std::move(sample));
+        }
+        out.push_back(std::move(family));
+      };
+      add_dynamic("pstrain_shard_dynamic_rows_live", "A dynamic table's live rows on the shard",
+                  T::Gauge, &DynamicTableStats::rows_live);
+      add_dynamic("pstrain_shard_dynamic_admitted_total", "Rows a dynamic table created",
+                  T::Counter, &DynamicTableStats::admitted);
+      add_dynamic("pstrain_shard_dynamic_rejected_total",
+                  "Updates a dynamic table dropped: key not admitted", T::Counter,
+                  &DynamicTableStats::rejected);
+      add_dynamic("pstrain_shard_dynamic_evicted_ttl_total", "Rows evicted by TTL", T::Counter,
+                  &DynamicTableStats::evicted_ttl);
+      add_dynamic("pstrain_shard_dynamic_evicted_capacity_total",
+                  "Rows evicted above the per-shard row or byte cap", T::Counter,
+                  &DynamicTableStats::evicted_capacity);
+      add_dynamic("pstrain_shard_dynamic_new_ids_last_step",
+                  "Rows a dynamic table created at its last step", T::Gauge,
+                  &DynamicTableStats::new_keys_last_step);
+      add_dynamic("pstrain_shard_dynamic_bytes", "A dynamic table's measured memory on the shard",
+                  T::Gauge, &DynamicTableStats::bytes);
+    }
     return out;
   });
 }

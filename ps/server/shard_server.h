@@ -176,9 +176,11 @@ class ShardServer {
   // COPY: the Shard's copy-on-write image of this instant, with this instant's Info as the
   // file's header and the tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE:
   // Shard::WriteCheckpoint into <options.checkpoint_dir>/<name>.
-  // `delta_parent`: an incremental checkpoint's parent step (SaveShardRequest.delta_parent_step).
+  // `delta_parent`: an incremental checkpoint's parent step (SaveShardRequest.delta_parent_step);
+  // `end_pass`: SaveShardRequest.end_pass.
   absl::Status CopyForCheckpoint(int64_t round,
-                                 std::optional<int64_t> delta_parent = std::nullopt);
+                                 std::optional<int64_t> delta_parent = std::nullopt,
+                                 bool end_pass = false);
   absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& name);
   // Shard::RestoreCheckpoint, then the tracker's bookkeeping: exactly as saved when the
   // checkpoint has this shard's layout and workers, else every worker as having pushed the

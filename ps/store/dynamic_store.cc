@@ -372,11 +372,10 @@ void DynamicEmbeddingStore::Remove(Stripe* s, uint64_t key, float* row, uint32_t
   live_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-DynamicEmbeddingStore::EvictionResult DynamicEmbeddingStore::Evict() {
+DynamicEmbeddingStore::EvictionResult DynamicEmbeddingStore::Evict(int32_t now_pass) {
   std::lock_guard<std::mutex> log_lock(log_mu_);
   EvictionResult result;
   const int64_t now_step = last_step();
-  const int32_t now_pass = pass();
   const auto expired = [&](const float* row) {
     return (opt_.ttl_steps > 0 && now_step - StepOf(row) >= opt_.ttl_steps) ||
            (opt_.ttl_passes > 0 &&

@@ -242,7 +242,11 @@ class DynamicEmbeddingStore {
 
   // Runs the TTL and then the capacity eviction of the options; counted, and logged as
   // tombstones of the current generation.
-  EvictionResult Evict();
+  EvictionResult Evict() { return Evict(pass()); }
+  // The same with the TTL in passes compared with `now_pass` instead of pass(): the PS evicts
+  // before a pass's end at the last finished pass (pass() - 1) without moving pass(), which
+  // concurrent Applies record.
+  EvictionResult Evict(int32_t now_pass);
   // kCount: halves every counter of the admission sketch (rounding down), so that old sightings
   // weigh half; N, and the sketch's overcount bound, halve with them. No-op otherwise.
   void AgeAdmissionCounts();

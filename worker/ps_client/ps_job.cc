@@ -381,6 +381,16 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
   const int S = static_cast<int>(shards_.size());
   const absl::Duration copy_timeout = std::min(opt_.timeout, opt_.lease);
   const std::optional<CheckpointDelta> delta = deltas_.Next();
+  // The pass's end as `pstrain train` evicts at it (EvictDynamicTables) and MarkPassEnd records
+  // it: every worker read its data to the end (finished, not by max_steps) and one trained. A
+  // stop's round is none, so where the shards' pass ends does not depend on timing.
+  bool end_pass = !states.empty();
+  bool trained = false;
+  for (const auto& [w, state] : states) {
+    end_pass = end_pass && state.finished() && !state.max_steps_reached();
+    trained = trained || state.step() > state.pass_first_step();
+  }
+  end_pass = end_pass && trained;
   for (int s = 0; s < S; ++s) {
     SaveShardRequest req;
     req.set_phase(SaveShardRequest::COPY);
@@ -389,6 +399,7 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
       req.set_delta(true);
       req.set_delta_parent_step(delta->parent_step());
     }
+    req.set_end_pass(end_pass);
     RETURN_IF_ERROR(
         Annotate(shards_[s]->SaveShard(req, copy_timeout).status(), "copying the shard"));
   }

@@ -159,6 +159,13 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
     auto final_ckpt = job.SaveFinal();
     RETURN_IF_ERROR(Annotate(final_ckpt.status(), "the job's final checkpoint"));
     summary->checkpoint = *final_ckpt;
+    // The shards' dynamic tables summed, after the final checkpoint's evictions (a pass's end):
+    // summary.json's dynamic_tables as `train` writes it.
+    if (auto stats = client->GetStats(); stats.ok()) {
+      summary->dynamic_tables = SumDynamicTables(*stats);
+    } else {
+      PSTRAIN_LOG(WARNING) << "shard stats for the dynamic tables: " << stats.status();
+    }
     PSTRAIN_LOG(INFO) << "chief: final checkpoint " << summary->checkpoint;
     return absl::OkStatus();
   };

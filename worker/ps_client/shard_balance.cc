@@ -48,4 +48,27 @@ std::string FormatShardBalance(const std::vector<ShardStats>& stats) {
   return out;
 }
 
+std::vector<DynamicTableMetrics> SumDynamicTables(const std::vector<ShardStats>& stats) {
+  std::vector<DynamicTableMetrics> out;
+  for (const ShardStats& s : stats) {
+    for (const DynamicTableStats& t : s.dynamic_tables()) {
+      auto it = std::find_if(out.begin(), out.end(),
+                             [&](const DynamicTableMetrics& m) { return m.table == t.name(); });
+      if (it == out.end()) {
+        out.push_back({});
+        out.back().table = t.name();
+        it = out.end() - 1;
+      }
+      it->rows_live += t.rows_live();
+      it->admitted += t.admitted();
+      it->rejected += t.rejected();
+      it->evicted_ttl += t.evicted_ttl();
+      it->evicted_capacity += t.evicted_capacity();
+      it->new_ids_last_step += t.new_keys_last_step();
+      it->bytes += t.bytes();
+    }
+  }
+  return out;
+}
+
 }  // namespace pstrain

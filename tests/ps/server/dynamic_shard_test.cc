@@ -20,6 +20,7 @@
 #include "checkpoint/layout.h"
 #include "cmd/served_shard.h"
 #include "common/dynamic_rows.h"
+#include "common/metrics/metrics.h"
 #include "common/random.h"
 #include "common/rpc/wire.h"
 #include "gmock/gmock.h"
@@ -29,6 +30,7 @@
 #include "ps/store/dynamic_store.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "worker/ps_client/ps_client.h"
+#include "worker/ps_client/shard_balance.h"
 #include "worker/train/checkpoint.h"
 
 namespace pstrain {
@@ -623,6 +625,137 @@ TEST(DynamicCheckpoint, StepScheduleEvictsAfterItsStepsAndNotAtCopy) {
     EXPECT_TRUE(Live(stores) == Live({ref.dynamic[t].get()})) << "table " << t;
   }
   EXPECT_EQ(evicted, twin_evicted);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Passes on the PS: a COPY of a pass's end (SaveShardRequest.end_pass) evicts with the TTL in
+// passes counting that pass as finished, ages the sketch and counts the next pass; a COPY before
+// a pass's end (every_steps 0) compares with the last finished pass, so it does not evict the
+// previous pass's rows while the current pass may still see them.
+TEST(DynamicCheckpoint, PassEndCopyEvictsByPassesAndCountsTheNextPass) {
+  const std::string dir = TestDir("passes");
+  ShardServer::Options so = ShardOptions(0, 1, ADAGRAD, kDynamicDims, dir);
+  for (auto& d : so.data.dynamic_tables) d.ttl_passes = 1;
+  auto server = ShardServer::Create(std::move(so));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
+  PsClient::Options o;
+  o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+  o.rows = kRows;
+  o.partitions = kPartitions;
+  o.row_dim = kRowDim;
+  o.dense_size = kDense;
+  o.dynamic_row_dims = kDynamicDims;
+  auto client = Connect(o);
+  const auto& stores = (*server)->data().dynamic_stores();
+  auto live = [&] { return stores[0]->metrics().rows_live + stores[1]->metrics().rows_live; };
+  auto evicted = [&] {
+    return stores[0]->metrics().evicted_ttl + stores[1]->metrics().evicted_ttl;
+  };
+  Rng rng(17);
+  auto push = [&](int step, uint64_t keys) {
+    const std::vector<int64_t> ids = MixedIds(&rng, 60, keys);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+  };
+  push(1, 1000);  // pass 0: ~40 rows
+  ASSERT_TRUE((*server)->CopyForCheckpoint(1, std::nullopt, /*end_pass=*/false).ok());
+  EXPECT_EQ(stores[0]->pass(), 0);
+  ASSERT_TRUE((*server)->CopyForCheckpoint(2, std::nullopt, /*end_pass=*/true).ok());
+  EXPECT_EQ(evicted(), 0);  // every row is of the pass that just ended
+  EXPECT_EQ(stores[0]->pass(), 1);
+  EXPECT_EQ(stores[1]->pass(), 1);
+  const int64_t pass0_rows = live();
+  ASSERT_GT(pass0_rows, 20);
+  push(2, 3);  // pass 1 sees at most 3 keys a table: pass 0's others are a pass old at its end
+  ASSERT_TRUE((*server)->CopyForCheckpoint(3, std::nullopt, /*end_pass=*/false).ok());
+  EXPECT_EQ(evicted(), 0);  // before the pass's end: the last finished pass is 0
+  ASSERT_TRUE((*server)->CopyForCheckpoint(4, std::nullopt, /*end_pass=*/true).ok());
+  EXPECT_GT(evicted(), pass0_rows / 2);  // pass 0's rows not seen in pass 1
+  EXPECT_EQ(stores[0]->pass(), 2);
+  EXPECT_EQ(live(), stores[0]->metrics().admitted + stores[1]->metrics().admitted - evicted());
+  EXPECT_LE(live(), 6);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Issue 28's per-table metrics on the PS: each shard's Stats carry its share of every dynamic
+// table, which sum over the shards to one store's metrics (what the chief writes to summary.json),
+// and its /metrics scrape has them as pstrain_shard_dynamic_*{shard, table}; they move with
+// training and with an eviction.
+TEST(DynamicShard, StatsAndScrapeCountEachTableOnEachShard) {
+  const std::string dir = TestDir("stats");
+  g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) { d->ttl_steps = 1; };
+  Reference ref(ADAGRAD);
+  g_dynamic_extra = nullptr;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  PsClient::Options o;
+  for (int s = 0; s < 2; ++s) {
+    ShardServer::Options so = ShardOptions(s, 2, ADAGRAD, kDynamicDims, dir);
+    for (auto& d : so.data.dynamic_tables) d.ttl_steps = 1;
+    so.data.dynamic_evict_every_steps = 3;
+    auto server = ShardServer::Create(std::move(so));
+    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
+    o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    servers.push_back(std::move(server).value());
+  }
+  o.rows = kRows;
+  o.partitions = kPartitions;
+  o.row_dim = kRowDim;
+  o.dense_size = kDense;
+  o.dynamic_row_dims = kDynamicDims;
+  auto client = Connect(o);
+  auto stats_of = [&] {
+    std::vector<ShardStats> stats;
+    for (const auto& server : servers) stats.push_back(server->data().Stats());
+    return stats;
+  };
+  Rng rng(13);
+  std::vector<DynamicTableMetrics> before;
+  for (int step = 1; step <= 3; ++step) {
+    // Step 3 draws from keys far from the first steps', so that TTL 1 evicts rows of steps 1, 2.
+    const std::vector<int64_t> ids = MixedIds(&rng, 100, step < 3 ? 50 : 1000);
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+    ref.Apply(ids, grads, step);
+    if (step == 3) {
+      for (auto& d : ref.dynamic) d->Evict();
+    }
+    if (step == 1) before = SumDynamicTables(stats_of());
+  }
+  const std::vector<ShardStats> stats = stats_of();
+  for (const ShardStats& s : stats) ASSERT_EQ(s.dynamic_tables_size(), 2) << s.shard();
+  const std::vector<DynamicTableMetrics> sum = SumDynamicTables(stats);
+  ASSERT_EQ(sum.size(), kDynamicDims.size());
+  ASSERT_EQ(before.size(), kDynamicDims.size());
+  for (size_t t = 0; t < kDynamicDims.size(); ++t) {
+    const DynamicEmbeddingStore::Metrics m = ref.dynamic[t]->metrics();
+    EXPECT_EQ(sum[t].table, absl::StrCat("table", kDynamicDims[t]));
+    EXPECT_EQ(sum[t].rows_live, m.rows_live) << t;
+    EXPECT_EQ(sum[t].admitted, m.admitted) << t;
+    EXPECT_EQ(sum[t].evicted_ttl, m.evicted_ttl) << t;
+    EXPECT_GT(sum[t].evicted_ttl, 0) << t;
+    EXPECT_EQ(before[t].evicted_ttl, 0) << t;
+    EXPECT_GT(sum[t].admitted, before[t].admitted) << t;
+    EXPECT_GT(sum[t].bytes, 0) << t;
+    EXPECT_GT(stats[0].dynamic_tables(t).rows_live(), 0) << t;  // both shards hold some
+    EXPECT_GT(stats[1].dynamic_tables(t).rows_live(), 0) << t;
+  }
+  const std::string text = ScrapeText();
+  for (int s = 0; s < 2; ++s) {
+    for (int dim : kDynamicDims) {
+      const std::string labels = absl::StrCat("{shard=\"", s, "\",table=\"table", dim, "\"}");
+      for (const char* name : {"pstrain_shard_dynamic_rows_live", "pstrain_shard_dynamic_bytes",
+                               "pstrain_shard_dynamic_admitted_total",
+                               "pstrain_shard_dynamic_evicted_ttl_total"}) {
+        EXPECT_NE(text.find(absl::StrCat(name, labels)), std::string::npos) << name << labels;
+      }
+    }
+  }
+  const std::string live =
+      absl::StrCat("pstrain_shard_dynamic_rows_live{shard=\"0\",table=\"table4\"} ",
+                   stats[0].dynamic_tables(0).rows_live());
+  EXPECT_NE(text.find(live), std::string::npos) << live << " in\n" << text;
   std::system(("rm -rf " + dir).c_str());
 }
 
