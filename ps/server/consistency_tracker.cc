@@ -304,6 +304,13 @@ absl::Status ConsistencyTracker::Restore(const ConsistencyState& c) {
   applied_ = c.applied();
   pushed_.assign(c.pushed().begin(), c.pushed().end());
   done_.assign(c.done().begin(), c.done().end());
+  // A state in which every worker had finished is a job's end (its last checkpoint): a job that
+  // restores it trains a new pass (continuous training) or nothing, so every worker is active
+  // again. A state with some workers still training is a stop mid-pass: the finished ones stay
+  // finished (their data is done; nobody waits for them).
+  if (std::all_of(done_.begin(), done_.end(), [](bool d) { return d; })) {
+    done_.assign(done_.size(), false);
+  }
   sync_steps_ = std::move(steps);
   return absl::OkStatus();
 }

@@ -140,7 +140,9 @@ class ConsistencyTracker {
   // checkpoint of other workers or shards.
   void ResumeSteps(int64_t step);
   // The whole bookkeeping, for checkpoints of a job that resumes with the same workers and
-  // shards (Restore: INVALID_ARGUMENT for another worker count, or a corrupt kept push).
+  // shards (Restore: INVALID_ARGUMENT for another worker count, or a corrupt kept push). A
+  // restored state in which every worker had finished (a job's last checkpoint) makes them all
+  // active again: the job that restores it trains a new pass.
   ConsistencyState Save() const;
   absl::Status Restore(const ConsistencyState& state);
 

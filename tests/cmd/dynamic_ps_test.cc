@@ -183,9 +183,9 @@ TtlEvictions TtlEvictionsOf(const std::string& log) {
 // them: SaveShardRequest.end_pass) and evict at the second pass's end the users the second day
 // did not see (it sees only users u0..u149), and nothing before: not at the first pass's end,
 // not at the every-40-steps schedule of the second pass (which compares with the last finished
-// pass), as `pstrain train` does (dynamic_tables_test TtlInPassesEvictsAtANewDaysEnd). ASYNC:
-// a SYNC job's new pass is refused today ("worker 0 pushed step 48 after it finished": the
-// restored consistency tracker keeps the finished workers), a bug outside the dynamic tables.
+// pass), as `pstrain train` does (dynamic_tables_test TtlInPassesEvictsAtANewDaysEnd). SYNC: its
+// second pass needs the restored consistency tracker to make the finished workers active again
+// (it refused "worker 0 pushed step 48 after it finished" before).
 TEST_F(DynamicPsTest, TtlInPassesEvictsAtTheSecondPassesEnd) {
   std::string day1 = "label,item,history,user\n";
   const std::string all = testing::TopicHistoryCsv(3000, 7);
@@ -204,7 +204,7 @@ TEST_F(DynamicPsTest, TtlInPassesEvictsAtTheSecondPassesEnd) {
                                train, " --eval ", Dir(), "/test.csv --model_dir ", m,
                                " --epochs 1 --set features.table[1].dynamic.ttl_steps=0",
                                " --set features.table[1].dynamic.ttl_passes=1",
-                               " --set cluster.consistency=ASYNC --set threads.towers=1",
+                               " --set cluster.consistency=SYNC --set threads.towers=1",
                                " --set checkpoint.every_seconds=0",
                                " --set checkpoint.every_steps=40 2>&1; cat ", m,
                                "/host-1/output.log"),

@@ -259,6 +259,37 @@ TEST(ConsistencyTest, SyncAFinishedWorkerReleasesTheOthers) {
   ASSERT_TRUE(a->FinishTraining().ok());
 }
 
+// Continuous training: a job's last checkpoint has every worker finished; the job that restores
+// it trains a new pass, whose pushes are taken (they were refused "after it finished") and whose
+// steps wait for every worker again. A stop mid-pass keeps a finished worker finished.
+TEST(ConsistencyTest, SyncARestoredEndOfJobStartsANewPass) {
+  Job job(SYNC, 0);
+  auto a = job.Client(0);
+  auto b = job.Client(1);
+  ASSERT_TRUE(PushConstant(a.get(), 1, 2.0f).ok());
+  ASSERT_TRUE(PushConstant(b.get(), 1, 4.0f).ok());
+  ASSERT_TRUE(a->FinishTraining().ok());
+  ASSERT_TRUE(b->FinishTraining().ok());
+  ConsistencyTracker& tracker = job.servers[0]->consistency();
+  const ConsistencyState end_of_job = tracker.Save();
+  ASSERT_TRUE(tracker.Restore(end_of_job).ok());
+  for (size_t s = 1; s < job.servers.size(); ++s) {
+    ASSERT_TRUE(job.servers[s]->consistency().Restore(end_of_job).ok());
+  }
+  ASSERT_TRUE(PushConstant(a.get(), 2, 2.0f).ok());
+  EXPECT_EQ(tracker.applied_step(), 1);  // step 2 waits for worker 1 again
+  ASSERT_TRUE(PushConstant(b.get(), 2, 4.0f).ok());
+  EXPECT_EQ(tracker.applied_step(), 2);
+
+  // Mid-pass: worker 1 finished, worker 0 trains on; restored, worker 1 stays finished.
+  ASSERT_TRUE(b->FinishTraining().ok());
+  ASSERT_TRUE(tracker.Restore(tracker.Save()).ok());
+  absl::Status again = PushConstant(b.get(), 3, 1.0f);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.message(), HasSubstr("after it finished"));
+  ASSERT_TRUE(a->FinishTraining().ok());
+}
+
 TEST(ConsistencyTest, BoundedAFinishedWorkerReleasesTheOthers) {
   Job job(BOUNDED, 0);
   auto a = job.Client(0);
