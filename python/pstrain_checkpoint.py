@@ -49,11 +49,19 @@ the negative id DynamicRow(d, hash_key(key, the table's seed)) and a missing val
 DynamicMissingRow(d) (common/dynamic_rows.h); an export of format version 3 holds each dynamic
 table's live rows (m.dynamic: {d: (keys uint64 [n], rows float32 [n, 1 + dim])}); lookup reads a
 key without a row as training does: the table's initializer with ALWAYS admission, zeros with
-COUNT or PROBABILITY. A checkpoint with dynamic tables is not read here (export it).
+COUNT or PROBABILITY. A checkpoint's dynamic tables (docs/CHECKPOINT.md "Dynamic tables": a
+`pstrain train` checkpoint's dynamic-<table> files, a PS checkpoint's DYNM groups of every shard
+file, merged; a delta's chain applied link by link, its tombstones deleting keys) fill the same
+m.dynamic, so lookup and predict read them, and m.dynamic_snapshots ({table name:
+DynamicSnapshot}) with the optimizer slots, each row's count, last pass and step, the admission
+sketch and the store's counters. A key is the key as the stores keep it: the low 55 bits of
+hash_key(raw key, the table's seed), 0 -> 1 (dynamic_row(d, key) is its row id).
+read_dynamic_file(path) reads one dynamic-<table> file as it is (a delta keeps its tombstones).
 
 Every checksum is verified (CRC32C of every block, in pure Python: about 1 s per 5 MB; pass
-verify=False to skip it for large files). Damaged or inconsistent files raise FormatError naming
-the file, the block and what was expected.
+verify=False to skip it for large files). Damaged or inconsistent files raise FormatError (a
+ValueError) naming the file, the block and what was expected; a count in a header is checked
+against the file's size before anything is built for it.
 """
 
 import bisect
