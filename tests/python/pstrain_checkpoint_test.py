@@ -815,6 +815,12 @@ class DynamicCheckpointTest(unittest.TestCase):
             self.assertEqual(len(a.deleted), 0)
         self.assertTrue(np.array_equal(c.dynamic_snapshots["cats"].sketch,
                                        f.dynamic_snapshots["cats"].sketch))
+        # The keys are the stores' keys: the low 55 bits of the raw id's hash with the table's
+        # seed; the 20 cats of the data (each seen far more than admit_count 3 times) are there.
+        cats = c.dynamic_snapshots["cats"]
+        want_keys = sorted(c._row_of_key(c.fields[3], c._categorical_key("c%d" % i)) &
+                           ((1 << 55) - 1) for i in range(20))
+        self.assertEqual(cats.keys.tolist(), want_keys)
         item = c.dynamic_snapshots["item"]
         self.assertGreater(item.evicted_ttl, 50)
         self.assertEqual(item.admitted - item.evicted_ttl, len(item.keys))
