@@ -49,11 +49,19 @@ the negative id DynamicRow(d, hash_key(key, the table's seed)) and a missing val
 DynamicMissingRow(d) (common/dynamic_rows.h); an export of format version 3 holds each dynamic
 table's live rows (m.dynamic: {d: (keys uint64 [n], rows float32 [n, 1 + dim])}); lookup reads a
 key without a row as training does: the table's initializer with ALWAYS admission, zeros with
-COUNT or PROBABILITY. A checkpoint with dynamic tables is not read here (export it).
+COUNT or PROBABILITY. A checkpoint's dynamic tables (docs/CHECKPOINT.md "Dynamic tables": a
+`pstrain train` checkpoint's dynamic-<table> files, a PS checkpoint's DYNM groups of every shard
+file, merged; a delta's chain applied link by link, its tombstones deleting keys) fill the same
+m.dynamic, so lookup and predict read them, and m.dynamic_snapshots ({table name:
+DynamicSnapshot}) with the optimizer slots, each row's count, last pass and step, the admission
+sketch and the store's counters. A key is the key as the stores keep it: the low 55 bits of
+hash_key(raw key, the table's seed), 0 -> 1 (dynamic_row(d, key) is its row id).
+read_dynamic_file(path) reads one dynamic-<table> file as it is (a delta keeps its tombstones).
 
 Every checksum is verified (CRC32C of every block, in pure Python: about 1 s per 5 MB; pass
-verify=False to skip it for large files). Damaged or inconsistent files raise FormatError naming
-the file, the block and what was expected.
+verify=False to skip it for large files). Damaged or inconsistent files raise FormatError (a
+ValueError) naming the file, the block and what was expected; a count in a header is checked
+against the file's size before anything is built for it.
 """
 
 import bisect
@@ -66,8 +74,9 @@ import numpy as np
 __all__ = ["load", "FormatError", "Model"]
 
 
-class FormatError(Exception):
-    """A file that is not what the format says, named with the place of the problem."""
+class FormatError(ValueError):
+    """A file that is not what the format says, named with the place of the problem (a
+    ValueError: hostile bytes are a bad value, never a crash or a huge allocation)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,6 +138,9 @@ def read_blocks(path, verify=True):
         payload = data[off + 16:end]
         off = end + 4
         if tag == "ENDB":
+            if len(payload) != 8:
+                raise FormatError("%s: end block at offset %d: a payload of %d bytes, expected 8"
+                                  % (path, off - length - 20, len(payload)))
             (count,) = struct.unpack("<Q", payload)
             if count != index or off != len(data):
                 raise FormatError("%s: end block at offset %d: %d blocks counted, %d said, %d bytes "
@@ -422,6 +434,8 @@ class Model:
         self.attention = []
         # Dynamic tables: their specs by dynamic index, and the live rows an export holds.
         self.dynamic_tables, self.dynamic = [], {}
+        # A checkpoint's dynamic tables by name, with their slots and metadata (DynamicSnapshot).
+        self.dynamic_snapshots = {}
         if config is not None:
             self._layout(tensors)
 
@@ -955,19 +969,36 @@ def _load_checkpoint(ckpt, verify):
     dense = np.zeros(dense_size, dtype=np.float32)
     dense_state = {}
     covered = np.zeros(dense_size, dtype=bool)
+    dynamic_parts = {}  # table name -> [(path, DynamicSnapshot)], one per file
     for f in manifest.get("file", []):
         name = f["name"]
         if "/" in name or name in (".", ".."):
             raise FormatError("%s/MANIFEST lists '%s', not a file of the directory" % (ckpt, name))
         path = os.path.join(ckpt, name)
-        if not name.startswith("shard-"):
+        if not name.startswith(("shard-", "dynamic-")):
             continue
+        if not os.path.isfile(path):
+            raise FormatError("%s: missing (the MANIFEST lists it)" % path)
         if os.path.getsize(path) != f.get("bytes"):
             raise FormatError("%s: %d bytes, MANIFEST says %s" % (path, os.path.getsize(path),
                                                                    f.get("bytes")))
+        if name.startswith("dynamic-"):
+            # `pstrain train`'s file of one dynamic table (docs/CHECKPOINT.md "Dynamic tables").
+            snap = read_dynamic_file(path, verify)
+            if snap.name != name[len("dynamic-"):]:
+                raise FormatError("%s: holds dynamic table '%s', expected '%s'"
+                                  % (path, snap.name, name[len("dynamic-"):]))
+            dynamic_parts.setdefault(snap.name, []).append((path, snap))
+            continue
         dim = state = None
-        for index, (tag, payload) in enumerate(read_blocks(path, verify)):
+        blocks = read_blocks(path, verify)
+        group_end = 0  # the blocks of a DYNM group, read with it
+        for index, (tag, payload) in enumerate(blocks):
             where = "%s: block %d ('%s')" % (path, index, tag)
+            if index < group_end:
+                continue
+            if tag in ("DYNR", "DYND", "DYNS"):
+                raise FormatError("%s: outside a 'DYNM' group" % where)
             if tag == "EMBM":
                 if len(payload) != 48:
                     raise FormatError("%s: %d bytes, expected 48" % (where, len(payload)))
@@ -994,8 +1025,9 @@ def _load_checkpoint(ckpt, verify):
                 states.append(np.frombuffer(payload, np.float32, n * state,
                                             8 + 8 * n + 4 * n * dim).reshape(n, state))
             elif tag == "DYNM":
-                raise FormatError("%s: a dynamic table's rows: this reader reads them from an "
-                                  "export (pstrain export), not from a checkpoint" % where)
+                # A PS shard's rows of a dynamic table: the keys this shard owns.
+                snap, group_end = read_dynamic_group(path, blocks, index, os.path.getsize(path))
+                dynamic_parts.setdefault(snap.name, []).append((path, snap))
             elif tag == "DNSE":
                 begin, size, _opt, _r, sf, _last = struct.unpack_from("<qqIIqq", payload, 0)
                 if len(payload) != 40 + 4 * (size + sf) or begin < 0 or begin + size > dense_size:
@@ -1018,7 +1050,13 @@ def _load_checkpoint(ckpt, verify):
     ids = ids[order]
     if len(ids) > 1 and not (np.diff(ids) > 0).all():
         raise FormatError("%s: a row id appears in two shard files" % ckpt)
+    dynamic = {name: _merge_dynamic_parts(ckpt, name, parts)
+               for name, parts in dynamic_parts.items()}
     delta = manifest.get("delta")
+    for name, snap in dynamic.items():
+        if delta is None and snap.changed_since != 0:
+            raise FormatError("%s: dynamic table '%s' is a delta (changed_since %d) in a full "
+                              "checkpoint" % (ckpt, name, snap.changed_since))
     if delta is not None:
         # An incremental checkpoint: its rows over those of its parent's chain (docs/CHECKPOINT.md
         # "Incremental checkpoints"); the dense state is whole in every checkpoint.
@@ -1034,9 +1072,275 @@ def _load_checkpoint(ckpt, verify):
         rows = np.concatenate([older.rows[keep], rows])[order]
         if states is not None and older.row_state is not None:
             states = np.concatenate([older.row_state[keep], states])[order]
-    return Model(ckpt, manifest.get("model"), ids, rows, dense, row_dim,
-                 _shape(manifest, "table_rows"), row_state=states, dense_state=dense_state,
-                 step=manifest.get("step"), version=manifest.get("step"))
+        # A dynamic table's delta: the older snapshot's rows less its tombstones, then its rows;
+        # a full snapshot (changed_since 0) replaces the older one.
+        for name, snap in dynamic.items():
+            if snap.changed_since != 0:
+                dynamic[name] = _apply_dynamic_delta(older.dynamic_snapshots.get(name), snap)
+        for name, snap in older.dynamic_snapshots.items():
+            if name not in dynamic:
+                raise FormatError("%s: no file holds dynamic table '%s', which its parent "
+                                  "ckpt-%d has" % (ckpt, name, parent))
+    m = Model(ckpt, manifest.get("model"), ids, rows, dense, row_dim,
+              _shape(manifest, "table_rows"), row_state=states, dense_state=dense_state,
+              step=manifest.get("step"), version=manifest.get("step"))
+    m.dynamic_snapshots = dynamic
+    # The live rows by dynamic index, as an export's (so that lookup and predict read them).
+    by_name = {t["name"]: t for t in m.dynamic_tables}
+    for name, snap in dynamic.items():
+        t = by_name.get(name)
+        if t is None:
+            if m.config is not None:
+                raise FormatError("%s: dynamic table '%s' is not a dynamic table of its model "
+                                  "description" % (ckpt, name))
+            continue
+        if snap.dim != t["width"]:
+            raise FormatError("%s: dynamic table '%s' has rows of %d floats, its description "
+                              "says %d" % (ckpt, name, snap.dim, t["width"]))
+        m.dynamic[t["dynamic_index"]] = (snap.keys, snap.rows)
+    missing = [t["name"] for t in m.dynamic_tables if t["name"] not in dynamic]
+    if missing:
+        raise FormatError("%s: no file holds dynamic table(s) %s of its model description "
+                          "(expected a dynamic-<table> file or DYNM groups in the shard files)"
+                          % (ckpt, missing))
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic tables in checkpoints: DYNM, then DYNR, DYND, DYNS (ps/store/dynamic_file.h)
+# ---------------------------------------------------------------------------------------------
+
+_DYNAMIC_META_BYTES = 112
+_MAX_NAME_BYTES = 4096
+_MAX_TABLE_DIM = 1024  # common/config.h kMaxTableDim
+_OPTIMIZERS = ("ADAGRAD", "SGD", "ADAM", "FTRL")  # OptimizerType numbers 0..3
+
+
+class DynamicSnapshot:
+    """One dynamic table's snapshot as a checkpoint holds it (ps/store/dynamic_store.h
+    DynamicSnapshot), or a chain's result (full + deltas applied: no tombstones left).
+
+    keys          uint64 [n], ascending: the key as the stores keep it, the low 55 bits of
+                  hash_key(raw key, the table's seed) (0 -> 1; key 0 is the missing value's row):
+                  dynamic_row(table index, key) is its row id
+    rows          float32 [n, dim]: weights [w, v_0 .. v_{dim-2}] (dim = 1 + the table's dim)
+    state         float32 [n, state_floats]: the optimizer slots, in the optimizer's layout
+    counts, last_pass, last_step_of   uint32, int32, int64 [n]: each row's updates since its
+                  admission, and the pass and step of its last update (what TTL / LRU / LFU use)
+    deleted       uint64 [m]: a delta's tombstones (evicted keys); empty in a full snapshot and
+                  in a chain's result
+    sketch        uint32 [depth, width]: the COUNT admission's count-min sketch (None without);
+                  of a PS checkpoint, the shards' sketches summed (saturating, as the C++ reader)
+    dim, optimizer (OptimizerType number), state_floats, changed_since (0: full), pass_,
+    last_step, admitted, rejected, evicted_ttl, evicted_capacity, seen (the store's counters;
+    summed over a PS checkpoint's shards), name
+    """
+
+    def __init__(self, name, dim, optimizer, state_floats, changed_since, pass_, last_step,
+                 counters, keys, rows, state, counts, last_pass, last_step_of, deleted, sketch):
+        self.name, self.dim, self.optimizer, self.state_floats = name, dim, optimizer, state_floats
+        self.changed_since, self.pass_, self.last_step = changed_since, pass_, last_step
+        (self.admitted, self.rejected, self.evicted_ttl, self.evicted_capacity,
+         self.seen) = counters
+        self.keys, self.rows, self.state = keys, rows, state
+        self.counts, self.last_pass, self.last_step_of = counts, last_pass, last_step_of
+        self.deleted, self.sketch = deleted, sketch
+
+    def counters(self):
+        return (self.admitted, self.rejected, self.evicted_ttl, self.evicted_capacity, self.seen)
+
+    def __repr__(self):
+        return ("DynamicSnapshot(%r, dim=%d, rows=%d, deleted=%d, changed_since=%d, last_step=%d)"
+                % (self.name, self.dim, len(self.keys), len(self.deleted), self.changed_since,
+                   self.last_step))
+
+
+def _ascending(a):
+    return len(a) < 2 or bool((a[1:] > a[:-1]).all())
+
+
+def read_dynamic_group(path, blocks, start, file_bytes):
+    """The dynamic table group whose DYNM block is blocks[start] (blocks: read_blocks' list of
+    the file `path` of `file_bytes` bytes), checked as ps/store/dynamic_file.cc
+    ReadDynamicSnapshot checks it. Returns (DynamicSnapshot, the index after the group)."""
+    tag, p = blocks[start]
+    where = "%s: block %d ('%s')" % (path, start, tag)
+    if tag != "DYNM":
+        raise FormatError("%s: expected a 'DYNM' block" % where)
+    if len(p) < _DYNAMIC_META_BYTES:
+        raise FormatError("%s: a meta of %d bytes, expected at least %d"
+                          % (where, len(p), _DYNAMIC_META_BYTES))
+    (version, dim, optimizer, state_floats, changed_since, pass_, last_step, rows, deleted,
+     sketch_width, sketch_depth, _r) = struct.unpack_from("<IiIiIiqQQQII", p, 0)
+    counters = struct.unpack_from("<qqqqq", p, 64)
+    name_bytes, _r = struct.unpack_from("<II", p, 104)
+    if version == 0 or version > 1:
+        raise FormatError("%s: a dynamic table of layout version %d, this reader reads 1%s"
+                          % (where, version, " (a newer pstrain wrote it)" if version else ""))
+    if name_bytes > _MAX_NAME_BYTES or len(p) != _DYNAMIC_META_BYTES + name_bytes:
+        raise FormatError("%s: a name of %d bytes in a meta of %d bytes (expected %d + the name, "
+                          "at most %d)" % (where, name_bytes, len(p), _DYNAMIC_META_BYTES,
+                                          _MAX_NAME_BYTES))
+    name = p[_DYNAMIC_META_BYTES:].decode("utf-8", "replace")
+    where = "%s: block %d ('DYNM', table '%s')" % (path, start, name)
+    if not 1 <= dim <= _MAX_TABLE_DIM + 1:
+        raise FormatError("%s: dim %d, expected 1..%d" % (where, dim, _MAX_TABLE_DIM + 1))
+    if optimizer >= len(_OPTIMIZERS):
+        raise FormatError("%s: unknown optimizer %d, expected 0..%d"
+                          % (where, optimizer, len(_OPTIMIZERS) - 1))
+    if not 0 <= state_floats <= 4 * dim + 16:
+        raise FormatError("%s: state_floats %d for dim %d" % (where, state_floats, dim))
+    if last_step < 0 or min(counters) < 0:
+        raise FormatError("%s: a negative step or counter" % where)
+    if (sketch_width == 0) != (sketch_depth == 0) or sketch_depth > 16 or sketch_width > 1 << 32:
+        raise FormatError("%s: a sketch of %d x %d counters (expected both 0, or width <= 2^32 "
+                          "and depth 1..16)" % (where, sketch_width, sketch_depth))
+    # Every count against what the file can hold, before anything is built for it.
+    row_bytes = 8 + 4 + 4 + 8 + 4 * (dim + state_floats)
+    if rows > file_bytes // row_bytes or deleted > file_bytes // 8 or \
+            sketch_width * sketch_depth > file_bytes // 4:
+        raise FormatError("%s: claims %d rows, %d tombstones and a %d x %d sketch, more than its "
+                          "%d bytes can hold" % (where, rows, deleted, sketch_width, sketch_depth,
+                                                 file_bytes))
+    if changed_since == 0 and deleted > 0:
+        raise FormatError("%s: a full snapshot (changed_since 0) with tombstones" % where)
+    parts = {"DYNR": [], "DYND": [], "DYNS": []}
+    stage, i, seen = 0, start + 1, [0, 0, 0]
+    while i < len(blocks) and blocks[i][0] in parts:
+        tag, b = blocks[i]
+        where = "%s: block %d ('%s', table '%s')" % (path, i, tag, name)
+        block_stage = ("DYNR", "DYND", "DYNS").index(tag)
+        if block_stage < stage:
+            raise FormatError("%s: out of order (expected rows, then tombstones, then the sketch)"
+                              % where)
+        stage = block_stage
+        item = (row_bytes, 8, 4)[block_stage]
+        n = struct.unpack_from("<I", b, 0)[0] if len(b) >= 8 else 0
+        if len(b) < 8 or n == 0 or len(b) - 8 != n * item:
+            raise FormatError("%s: %d bytes, expected 8 + n x %d with n >= 1 (n says %d)"
+                              % (where, len(b), item, n))
+        seen[block_stage] += n
+        if seen[block_stage] > (rows, deleted, sketch_width * sketch_depth)[block_stage]:
+            raise FormatError("%s: more %s than the meta's %d" % (
+                where, ("rows", "tombstones", "sketch counters")[block_stage],
+                (rows, deleted, sketch_width * sketch_depth)[block_stage]))
+        parts[tag].append((n, b))
+        i += 1
+    if seen != [rows, deleted, sketch_width * sketch_depth]:
+        raise FormatError("%s: dynamic table '%s' holds %d rows, %d tombstones and %d sketch "
+                          "counters; its meta (block %d) says %d, %d and %d"
+                          % (path, name, seen[0], seen[1], seen[2], start, rows, deleted,
+                             sketch_width * sketch_depth))
+    cols = {k: [] for k in ("keys", "counts", "last_pass", "last_step", "rows", "state")}
+    for n, b in parts["DYNR"]:
+        o = 8
+        for key, dtype, width in (("keys", np.uint64, 1), ("counts", np.uint32, 1),
+                                  ("last_pass", np.int32, 1), ("last_step", np.int64, 1),
+                                  ("rows", np.float32, dim), ("state", np.float32, state_floats)):
+            a = np.frombuffer(b, dtype, n * width, o)
+            cols[key].append(a.reshape(n, width) if key in ("rows", "state") else a)
+            o += n * width * np.dtype(dtype).itemsize
+
+    def cat(key, dtype, width=None):
+        if cols[key]:
+            return np.concatenate(cols[key])
+        return np.zeros((0, width) if width is not None else 0, dtype)
+
+    keys = cat("keys", np.uint64)
+    if not _ascending(keys):
+        raise FormatError("%s: dynamic table '%s': keys not ascending and unique" % (path, name))
+    dels = (np.concatenate([np.frombuffer(b, np.uint64, n, 8) for n, b in parts["DYND"]])
+            if parts["DYND"] else np.zeros(0, np.uint64))
+    if not _ascending(dels):
+        raise FormatError("%s: dynamic table '%s': tombstones not ascending and unique"
+                          % (path, name))
+    sketch = None
+    if sketch_depth:
+        sketch = np.concatenate([np.frombuffer(b, np.uint32, n, 8)
+                                 for n, b in parts["DYNS"]]).reshape(sketch_depth, sketch_width)
+    snap = DynamicSnapshot(name, dim, optimizer, state_floats, changed_since, pass_, last_step,
+                           counters, keys, cat("rows", np.float32, dim),
+                           cat("state", np.float32, state_floats), cat("counts", np.uint32),
+                           cat("last_pass", np.int32), cat("last_step", np.int64), dels, sketch)
+    return snap, i
+
+
+def read_dynamic_file(path, verify=True):
+    """A `pstrain train` checkpoint's dynamic-<table> file: one group, then the end."""
+    blocks = read_blocks(path, verify)
+    if not blocks:
+        raise FormatError("%s: expected a 'DYNM' block, found the end" % path)
+    snap, end = read_dynamic_group(path, blocks, 0, os.path.getsize(path))
+    if end != len(blocks):
+        raise FormatError("%s: block %d ('%s'): expected the end of a dynamic table's file"
+                          % (path, end, blocks[end][0]))
+    return snap
+
+
+def _merge_dynamic_parts(ckpt, name, parts):
+    """One link's groups of table `name` (one per PS shard file: disjoint keys) as one snapshot,
+    as ps/store/dynamic_checkpoint.cc merges them. parts: [(path, DynamicSnapshot)]."""
+    first_path, first = parts[0]
+    for path, p in parts[1:]:
+        if (p.dim, p.optimizer, p.state_floats, p.changed_since > 0) != \
+                (first.dim, first.optimizer, first.state_floats, first.changed_since > 0):
+            raise FormatError("%s: dynamic table '%s' has another shape (dim %d, optimizer %d, "
+                              "state %d, delta %s) than in %s (dim %d, optimizer %d, state %d, "
+                              "delta %s)" % (path, name, p.dim, p.optimizer, p.state_floats,
+                                             p.changed_since > 0, first_path, first.dim,
+                                             first.optimizer, first.state_floats,
+                                             first.changed_since > 0))
+        if (p.sketch is None) != (first.sketch is None) or \
+                (p.sketch is not None and p.sketch.shape != first.sketch.shape):
+            raise FormatError("%s: dynamic table '%s': a sketch of another shape than in %s"
+                              % (path, name, first_path))
+    if len(parts) == 1:
+        return first
+    snaps = [p for _, p in parts]
+    keys = np.concatenate([p.keys for p in snaps])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    if not _ascending(keys):
+        raise FormatError("%s: dynamic table '%s': a key in two shard files" % (ckpt, name))
+
+    def cat(attr):
+        return np.concatenate([getattr(p, attr) for p in snaps])[order]
+
+    deleted = np.unique(np.concatenate([p.deleted for p in snaps]))
+    sketch = None
+    if first.sketch is not None:
+        total = np.sum([p.sketch.astype(np.uint64) for p in snaps], axis=0)
+        sketch = np.minimum(total, 0xFFFFFFFF).astype(np.uint32)
+    counters = tuple(int(sum(c)) for c in zip(*(p.counters() for p in snaps)))
+    return DynamicSnapshot(name, first.dim, first.optimizer, first.state_floats,
+                           max(p.changed_since for p in snaps), max(p.pass_ for p in snaps),
+                           max(p.last_step for p in snaps), counters, keys, cat("rows"),
+                           cat("state"), cat("counts"), cat("last_pass"), cat("last_step_of"),
+                           deleted, sketch)
+
+
+def _apply_dynamic_delta(older, delta):
+    """A delta on the chain's snapshot before it: its tombstones deleted, then its rows written
+    (DynamicEmbeddingStore::Restore of a delta). The result has no tombstones."""
+    if older is None:
+        older = DynamicSnapshot(delta.name, delta.dim, delta.optimizer, delta.state_floats, 0, 0,
+                                0, (0,) * 5, np.zeros(0, np.uint64),
+                                np.zeros((0, delta.dim), np.float32),
+                                np.zeros((0, delta.state_floats), np.float32),
+                                np.zeros(0, np.uint32), np.zeros(0, np.int32),
+                                np.zeros(0, np.int64), np.zeros(0, np.uint64), None)
+    keep = ~np.isin(older.keys, delta.deleted) & ~np.isin(older.keys, delta.keys)
+    keys = np.concatenate([older.keys[keep], delta.keys])
+    order = np.argsort(keys, kind="stable")
+
+    def cat(attr):
+        return np.concatenate([getattr(older, attr)[keep], getattr(delta, attr)])[order]
+
+    return DynamicSnapshot(delta.name, delta.dim, delta.optimizer, delta.state_floats,
+                           delta.changed_since, delta.pass_, delta.last_step, delta.counters(),
+                           keys[order], cat("rows"), cat("state"), cat("counts"),
+                           cat("last_pass"), cat("last_step_of"), np.zeros(0, np.uint64),
+                           delta.sketch)
 
 
 def _bf16(raw):

@@ -613,9 +613,12 @@ class DynamicReaderTest(unittest.TestCase):
             with open(paths[fname], "w") as f:
                 f.write(text)
         mdir, export = os.path.join(d, "m"), os.path.join(d, "export")
+        # Incremental checkpoints (a full one, then deltas): the checkpoint the reader loads
+        # below is a delta, each link's rows in the DYNM groups of both shard files.
         run("local", "--hosts", "2", "--config", paths["config.textproto"], "--train",
             paths["a.csv"], "--train", paths["b.csv"], "--eval", paths["test.csv"], "--model_dir",
-            mdir)
+            mdir, "--set", "checkpoint.every_steps=20", "--set", "checkpoint.incremental_every=100",
+            "--set", "checkpoint.keep=100")
         scores = os.path.join(d, "scores.tsv")
         run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format", "csv",
             "--out", scores)
@@ -641,9 +644,40 @@ class DynamicReaderTest(unittest.TestCase):
         self.assertEqual(init[0], 0.0)
         self.assertTrue((init[1:5] != 0).all())
         self.assertLessEqual(float(np.abs(init).max()), 0.05)
-        with self.assertRaises(pc.FormatError) as e:
-            pc.load(mdir)  # a PS checkpoint's dynamic rows: read the export
-        self.assertIn("export", str(e.exception))
+        # The PS checkpoint (2 shards, a delta chain) holds the export's live rows, and scores
+        # as `pstrain predict` does.
+        ck = pc.load(mdir)
+        self.assertEqual(ck.step, m.step)
+        with open(os.path.join(mdir, "LATEST")) as f:
+            latest = os.path.join(mdir, f.read().strip())
+        manifest = pc.parse_message(pc.read_blocks(os.path.join(latest, "MANIFEST"))[0][1],
+                                    pc._MANIFEST)
+        self.assertIn("delta", manifest)
+        self.assertEqual(manifest["num_shards"], 2)
+        for t in (0, 1):
+            self.assertTrue(np.array_equal(ck.dynamic[t][0], m.dynamic[t][0]), t)
+            self.assertTrue(np.array_equal(ck.dynamic[t][1], m.dynamic[t][1]), t)
+        # Each shard holds a part of the keys (owned by their hash), none both.
+        shard_keys = []
+        for i in range(2):
+            path = os.path.join(latest, "shard-%d-of-2" % i)
+            blocks = pc.read_blocks(path)
+            at = [j for j, (tag, _) in enumerate(blocks) if tag == "DYNM"]
+            self.assertEqual(len(at), 2)  # a group per dynamic table
+            snap, _ = pc.read_dynamic_group(path, blocks, at[0], os.path.getsize(path))
+            self.assertEqual(snap.name, "item")
+            self.assertGreater(snap.changed_since, 0)  # a delta
+            shard_keys.append(set(snap.keys.tolist()))
+        self.assertTrue(shard_keys[0] and shard_keys[1])
+        self.assertFalse(shard_keys[0] & shard_keys[1])
+        item = ck.dynamic_snapshots["item"]
+        self.assertEqual(item.optimizer, 0)  # ADAGRAD: an accumulator per weight, positive
+        self.assertEqual(item.state.shape, item.rows.shape)
+        self.assertTrue((item.state > 0).all())
+        self.assertTrue((item.counts >= 1).all())
+        self.assertEqual(item.admitted, len(item.keys))  # ALWAYS, never evicted: summed shards
+        self.assertEqual(ck.dynamic_snapshots["cats"].sketch.shape, (2, 4096))
+        np.testing.assert_allclose(ck.predict(ids, scales), want, rtol=0, atol=1e-5)
         import serve_client  # noqa: E402
         server = subprocess.Popen([BINARY, "serve", "--model", export, "--port", "0"],
                                   stdout=subprocess.PIPE, universal_newlines=True)
@@ -657,6 +691,181 @@ class DynamicReaderTest(unittest.TestCase):
             server.send_signal(signal.SIGTERM)
             self.assertEqual(server.wait(timeout=60), 0)
             server.stdout.close()
+
+
+# Dynamic tables in checkpoints (docs/CHECKPOINT.md "Dynamic tables"): the committed fixture,
+# damage, and a `pstrain train` delta chain with TTL evictions (tombstones).
+DYNAMIC_FIXTURE = os.path.join(SOURCE, "tests", "checkpoint", "testdata", "dynamic_v1.pstrn")
+
+
+class DynamicCheckpointTest(unittest.TestCase):
+    def test_the_fixture_reads_field_by_field(self):
+        # The values of tests/ps/store/dynamic_file_test.cc DynamicFile.FixtureStillLoads: keys
+        # 10..40 admitted (COUNT 2) at steps 1-2, a full snapshot; 10 and 50 updated at steps
+        # 5-6, 60 seen once; a TTL of 3 steps evicts 20, 30 and 40; this delta holds the rest.
+        s = pc.read_dynamic_file(DYNAMIC_FIXTURE)
+        self.assertEqual((s.name, s.dim, s.optimizer, s.state_floats), ("user", 3, 0, 3))
+        self.assertEqual((s.changed_since, s.pass_, s.last_step), (2, 2, 6))
+        self.assertEqual(s.keys.dtype, np.uint64)
+        self.assertEqual(s.keys.tolist(), [10, 50])
+        self.assertEqual(s.counts.tolist(), [3, 1])
+        self.assertEqual(s.last_pass.tolist(), [2, 2])
+        self.assertEqual(s.last_step_of.tolist(), [6, 6])
+        self.assertEqual(s.deleted.tolist(), [20, 30, 40])
+        self.assertEqual((s.admitted, s.rejected, s.evicted_ttl, s.evicted_capacity, s.seen),
+                         (5, 6, 3, 0, 13))
+        # Rows start at (key % 100) + 0.25 j and move by small Adagrad steps.
+        self.assertEqual(s.rows.shape, (2, 3))
+        np.testing.assert_allclose(s.rows, [[10, 10.25, 10.5], [50, 50.25, 50.5]], atol=0.5)
+        self.assertFalse(np.array_equal(s.rows, [[10, 10.25, 10.5], [50, 50.25, 50.5]]))
+        self.assertEqual(s.state.shape, (2, 3))
+        self.assertTrue((s.state > 0).all())  # Adagrad accumulators
+        # The sketch counts each key without a row, once a depth row: 10..40 at steps 1 and 2,
+        # 50 at step 5 and 6 (then admitted), 60 at step 6: 11 in each of its 2 rows.
+        self.assertEqual(s.sketch.shape, (2, 1024))
+        self.assertEqual(s.sketch.sum(axis=1).tolist(), [11, 11])
+
+    def damaged(self, name, edit):
+        """The fixture, edited (edit(bytearray) -> bytes), as a file of a temporary dir."""
+        d = os.path.join(Fixture.dir, "dynamic_damage")
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, name)
+        with open(DYNAMIC_FIXTURE, "rb") as f:
+            data = bytearray(f.read())
+        with open(path, "wb") as f:
+            f.write(bytes(edit(data)))
+        return path
+
+    def test_damage_is_refused_naming_the_file(self):
+        size = os.path.getsize(DYNAMIC_FIXTURE)
+
+        def flip(data):
+            data[200] ^= 0x10
+            return data
+
+        def magic(data):
+            data[0:8] = b"PSTRNXXX"
+            return data
+
+        cases = [("truncated", lambda d: d[:size - 30], "truncated"),
+                 ("crc", flip, "checksum mismatch"),
+                 ("magic", magic, "bad magic"),
+                 ("cut_in_header", lambda d: d[:40], "truncated")]
+        for name, edit, says in cases:
+            with self.subTest(damage=name):
+                path = self.damaged(name, edit)
+                with self.assertRaises(ValueError) as e:
+                    pc.read_dynamic_file(path)
+                self.assertIn(path, str(e.exception))
+                self.assertIn(says, str(e.exception))
+        # Well-framed (checksums made right) but lying: counts the file cannot hold are refused
+        # before anything is allocated for them; a count that does not match the blocks; keys
+        # out of order; an unknown layout version.
+        lies = [("rows", lambda p: struct.pack_into("<Q", p, 32, 1 << 40), "can hold"),
+                ("sketch", lambda p: struct.pack_into("<QI", p, 48, 1 << 32, 16), "can hold"),
+                ("tombstones", lambda p: struct.pack_into("<Q", p, 40, 4),
+                 "3 tombstones and 2048 sketch counters; its meta (block 0) says 2, 4 and 2048"),
+                ("version", lambda p: struct.pack_into("<I", p, 0, 2), "layout version 2")]
+        for name, edit, says in lies:
+            with self.subTest(lie=name):
+                path = self.damaged("lie_" + name, lambda d: d)
+                rewrite_block(path, 0, edit)
+                with self.assertRaises(pc.FormatError) as e:
+                    pc.read_dynamic_file(path)
+                self.assertIn(path, str(e.exception))
+                self.assertIn(says, str(e.exception))
+        path = self.damaged("unsorted", lambda d: d)
+        rewrite_block(path, 1, lambda p: struct.pack_into("<QQ", p, 8, 50, 10))
+        with self.assertRaises(pc.FormatError) as e:
+            pc.read_dynamic_file(path)
+        self.assertIn("keys not ascending", str(e.exception))
+
+    def test_a_train_delta_chain_with_evictions_reads_as_its_full_twin_and_the_export(self):
+        d = os.path.join(Fixture.dir, "dynamic_train")
+        os.makedirs(d)
+        # Items i* in the first half, j* in the second: with a TTL of 6 steps, rows go while
+        # the other half trains, and come back in the second epoch.
+        data = tables_csv(1500, 1, 20) + tables_csv(1500, 3, 20).split("\n", 1)[1].replace("i", "j")
+        config = DYNAMIC_CONFIG.replace(' eval { name: "eval" format: CSV }', "").replace(
+            "dynamic { } }", "dynamic { ttl_steps: 6 } }")
+        self.assertEqual(config.count("ttl_steps"), 1)
+        paths = {}
+        for name, text in (("train.csv", data), ("config.textproto", config),
+                           ("test.csv", tables_csv(200, 2, 30))):
+            paths[name] = os.path.join(d, name)
+            with open(paths[name], "w") as f:
+                f.write(text)
+        every = ["--set", "checkpoint.every_steps=10", "--set", "checkpoint.keep=100"]
+        chain, full = os.path.join(d, "chain"), os.path.join(d, "full")
+        for mdir, extra in ((chain, ["--set", "checkpoint.incremental_every=100"]), (full, [])):
+            run("train", "--config", paths["config.textproto"], "--train", paths["train.csv"],
+                "--model_dir", mdir, *(every + extra))
+        run("export", "--model_dir", chain, "--out", os.path.join(d, "export"), "--rows", "f32")
+        c, f, e = pc.load(chain), pc.load(full), pc.load(os.path.join(d, "export"))
+        self.assertEqual(c.step, f.step)
+        self.assertEqual(sorted(c.dynamic_snapshots), ["cats", "item"])
+        # Full + 9 deltas equal the full checkpoint of the same step, field by field.
+        for name in ("item", "cats"):
+            a, b = c.dynamic_snapshots[name], f.dynamic_snapshots[name]
+            self.assertGreater(a.changed_since, 0)
+            self.assertEqual(b.changed_since, 0)
+            for attr in ("keys", "rows", "state", "counts", "last_pass", "last_step_of"):
+                self.assertTrue(np.array_equal(getattr(a, attr), getattr(b, attr)), (name, attr))
+            self.assertEqual(a.counters(), b.counters())
+            self.assertEqual(len(a.deleted), 0)
+        self.assertTrue(np.array_equal(c.dynamic_snapshots["cats"].sketch,
+                                       f.dynamic_snapshots["cats"].sketch))
+        # The keys are the stores' keys: the low 55 bits of the raw id's hash with the table's
+        # seed; the 20 cats of the data (each seen far more than admit_count 3 times) are there.
+        cats = c.dynamic_snapshots["cats"]
+        want_keys = sorted(c._row_of_key(c.fields[3], c._categorical_key("c%d" % i)) &
+                           ((1 << 55) - 1) for i in range(20))
+        self.assertEqual(cats.keys.tolist(), want_keys)
+        item = c.dynamic_snapshots["item"]
+        self.assertGreater(item.evicted_ttl, 50)
+        self.assertEqual(item.admitted - item.evicted_ttl, len(item.keys))
+        # And the export's live rows (m.dynamic by dynamic index: item 0, cats 1).
+        for t in (0, 1):
+            self.assertTrue(np.array_equal(c.dynamic[t][0], e.dynamic[t][0]), t)
+            self.assertTrue(np.array_equal(c.dynamic[t][1], e.dynamic[t][1]), t)
+        # The tombstones are what the chain needs: a delta's evicted keys (those not back in the
+        # same delta) are not in its result, and most were in its parent's (the others came and
+        # went between the two checkpoints).
+        evicting, removed = 0, 0
+        # Each link's result (verified above: load(chain) checked every link's checksums).
+        steps = sorted(int(n[5:]) for n in os.listdir(chain) if n.startswith("ckpt-"))
+        self.assertEqual(steps, list(range(10, 100, 10)) + [c.step])
+        items = {step: pc.load(os.path.join(chain, "ckpt-%d" % step),
+                               verify=False).dynamic_snapshots["item"].keys
+                 for step in steps[:-1]}
+        items[c.step] = item.keys
+        for parent, step in zip(steps, steps[1:]):
+            link = pc.read_dynamic_file(os.path.join(chain, "ckpt-%d" % step, "dynamic-item"))
+            gone = np.setdiff1d(link.deleted, link.keys)
+            if len(gone) == 0:
+                continue
+            evicting += 1
+            removed += int(np.isin(gone, items[parent]).sum())
+            self.assertFalse(np.isin(gone, items[step]).any(), step)
+        self.assertGreaterEqual(evicting, 5)
+        self.assertGreater(removed, 100)
+        # The chain's model scores as `pstrain predict` does (its dynamic rows read as an
+        # export's: keys without a row read the initializer or zeros).
+        scores = os.path.join(d, "scores.tsv")
+        run("predict", "--model_dir", chain, "--input", paths["test.csv"], "--format", "csv",
+            "--out", scores)
+        want = np.loadtxt(scores, dtype=np.float64)[:, 0]
+        with open(paths["test.csv"]) as fh:
+            rows = [l.split(",")[1:5] for l in fh.read().splitlines()[1:]]
+        ids, scales = c.encode_values(rows)
+        np.testing.assert_allclose(c.predict(ids, scales), want, rtol=0, atol=1e-5)
+        # A link's file missing breaks the chain, naming it.
+        broken = os.path.join(d, "broken")
+        shutil.copytree(chain, broken)
+        os.remove(os.path.join(broken, "ckpt-50", "dynamic-cats"))
+        with self.assertRaises(ValueError) as err:
+            pc.load(broken)
+        self.assertIn(os.path.join(broken, "ckpt-50", "dynamic-cats"), str(err.exception))
 
 
 # DIN's target attention (docs/CONFIG.md "DIN"): `history` is pooled by an attention MLP against
