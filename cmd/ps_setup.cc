@@ -22,13 +22,8 @@ absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, in
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));
   std::shared_ptr<const Model> model(std::move(created));
-  if (shape.rows <= 0 && spec.total_rows() == 0) {
-    // Every table is dynamic: the shards' fixed row space would be empty, which the partition
-    // map and the clients do not take yet.
-    return absl::UnimplementedError(
-        "features: every table is dynamic; a PS job needs at least one fixed row (a field of the "
-        "default table, or a table with rows)");
-  }
+  // A config whose every table is dynamic has no fixed rows: the shards' fixed row space is
+  // empty (rows 0: no partition holds a row, no store is made), as every worker's client has it.
   const int64_t rows = shape.rows > 0 ? shape.rows : spec.total_rows();
   const int row_dim = shape.row_dim > 0 ? shape.row_dim : model->row_dim();
   const int64_t dense_size = shape.dense_size >= 0 ? shape.dense_size : model->dense_size();

@@ -38,8 +38,10 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(Options options) {
                                                    ": need 0 <= shard < "
                                                    "num_shards"));
   }
-  if (options.rows < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("rows must be > 0, got ", options.rows));
+  // No fixed row at all is a job whose every table is dynamic (its ids are keys, not rows).
+  if (options.rows < 0 || (options.rows == 0 && options.dynamic_tables.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows must be > 0 (or 0 with dynamic tables: every table dynamic), got ", options.rows));
   }
   if (options.partitions < 1) {
     return absl::InvalidArgumentError(

@@ -48,6 +48,9 @@ int PartitionMap::PartitionOf(int64_t row) const {
   // The first rem_ partitions have base_ + 1 rows.
   const int64_t big = rem_ * (base_ + 1);
   if (row < big) return static_cast<int>(row / (base_ + 1));
+  // base_ 0: every row is in the first rem_ partitions (none at all in an empty row space, a job
+  // whose every table is dynamic), so a row here is outside [0, rows) and routes nowhere.
+  PSTRAIN_CHECK(base_ > 0) << "row " << row << " outside [0, " << rows_ << ")";
   return static_cast<int>(rem_ + (row - big) / base_);
 }
 

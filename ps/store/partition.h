@@ -30,7 +30,8 @@ class PartitionMap {
     int row_dim = 0;
   };
 
-  // Requires rows >= 0, partitions >= 1, shards >= 1.
+  // Requires rows >= 0, partitions >= 1, shards >= 1. rows 0 is the empty fixed row space of a
+  // job whose every table is dynamic: every partition is empty, and no row routes anywhere.
   PartitionMap(int64_t rows, int partitions, int shards);
   // The tables' rows one after the other (requires tables non-empty, shards >= 1).
   PartitionMap(const std::vector<TableSplit>& tables, int shards);
@@ -42,7 +43,7 @@ class PartitionMap {
   // First row of partition p (p in [0, partitions]; p == partitions gives rows()).
   int64_t PartitionBegin(int p) const;
   int64_t PartitionSize(int p) const { return PartitionBegin(p + 1) - PartitionBegin(p); }
-  // Partition holding `row` (row in [0, rows)).
+  // Partition holding `row` (row in [0, rows); the callers check the range first).
   int PartitionOf(int64_t row) const;
   int ShardOfPartition(int p) const { return p % shards_; }
   int ShardOf(int64_t row) const { return ShardOfPartition(PartitionOf(row)); }

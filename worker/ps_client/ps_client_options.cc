@@ -30,7 +30,11 @@ absl::Status PsClient::Options::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("PsClient options: ", what));
   };
   if (o.shards.empty()) return bad("no shard addresses");
-  if (o.rows < 1) return bad(absl::StrCat("rows must be > 0, got ", o.rows));
+  // No fixed row at all is a job whose every table is dynamic (its ids are keys, not rows).
+  if (o.rows < 0 || (o.rows == 0 && o.dynamic_row_dims.empty())) {
+    return bad(absl::StrCat("rows must be > 0 (or 0 with dynamic tables: every table dynamic), "
+                            "got ", o.rows));
+  }
   if (o.partitions < 0) return bad(absl::StrCat("partitions must be >= 0, got ", o.partitions));
   if (o.row_dim < 1) return bad(absl::StrCat("row_dim must be > 0, got ", o.row_dim));
   if (o.dense_size < 0) return bad(absl::StrCat("dense_size must be >= 0, got ", o.dense_size));
