@@ -67,7 +67,8 @@ class AllDynamicPsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir()).c_str()), 0);
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train.csv", testing::TopicHistoryCsv(kTrainRows, 1)).ok());
+    ASSERT_TRUE(
+        WriteFileAtomic(Dir() + "/train.csv", testing::TopicHistoryCsv(kTrainRows, 1)).ok());
     ASSERT_TRUE(WriteFileAtomic(Dir() + "/test.csv", testing::TopicHistoryCsv(1000, 3)).ok());
     ASSERT_TRUE(WriteFileAtomic(Dir() + "/config.textproto", kConfig).ok());
   }

@@ -37,5 +37,22 @@ TEST(PartitionTables, OneTableIsTheClassicMap) {
   }
 }
 
+// The empty fixed row space of a PS job whose every table is dynamic (issue 28): every partition
+// is empty, no shard owns a row, every width is the stride, and no row routes anywhere (the
+// callers check [0, rows) first; PartitionOf past it is a broken invariant, not a division by
+// zero).
+TEST(PartitionTables, EmptyRowSpaceHasEmptyPartitions) {
+  const PartitionMap map(0, 8, 2);
+  EXPECT_EQ(map.rows(), 0);
+  EXPECT_EQ(map.partitions(), 8);
+  for (int p = 0; p <= map.partitions(); ++p) EXPECT_EQ(map.PartitionBegin(p), 0) << p;
+  for (int p = 0; p < map.partitions(); ++p) EXPECT_EQ(map.PartitionSize(p), 0) << p;
+  EXPECT_EQ(map.RowsOfShard(0), 0);
+  EXPECT_EQ(map.RowsOfShard(1), 0);
+  EXPECT_EQ(map.PartitionsOfShard(1), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_TRUE(PartitionWidths(map, 9).empty());
+  EXPECT_DEATH(map.PartitionOf(0), "outside \\[0, 0\\)");
+}
+
 }  // namespace
 }  // namespace pstrain
