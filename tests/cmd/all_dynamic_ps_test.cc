@@ -4,7 +4,8 @@
 // ShardOptionsForJob, PsClient, PartitionMap) and pulls and pushes carry only dynamic ids and the
 // dense slices. A 2-host job learns, checkpoints (the manifest's table_rows 0, no fixed row group
 // in any shard file), resumes from a stop to the uninterrupted run's dynamic rows, restores onto
-// another shard count, and predict / export / serve score as the trainer.
+// another shard count, and predict / export / serve score as the trainer. `pstrain train` of the
+// same config writes checkpoints of the same shape (table_rows 0, no fixed row group).
 #include <unistd.h>
 
 #include <algorithm>
@@ -262,6 +263,58 @@ TEST_F(AllDynamicPsTest, ResumedAfterAStopEqualsAnUninterruptedRun) {
     EXPECT_EQ(a[t].counts, b[t].counts);
     EXPECT_EQ(a[t].last_step_of, b[t].last_step_of);
   }
+}
+
+// `pstrain train` of the same config holds a placeholder row (a store needs one) that its
+// checkpoint neither saves nor counts (worker/train/checkpoint.cc CheckpointRows): table_rows 0
+// and no fixed row group, as the PS job's. So predict and export take it (they refused "holds
+// rows 1 x 9 ..., but its model description makes rows 0 x 9" before), it resumes, and PS
+// shards of the config restore it (each its own keys).
+TEST_F(AllDynamicPsTest, TrainersCheckpointIsThePsJobsShape) {
+  const std::string m = Dir() + "/train";
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(m), " --epochs 2 2>&1"), 120,
+                              &out),
+            0)
+      << out;
+  auto choice = ChooseCheckpoint(m);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  EXPECT_EQ((*choice)->manifest.table_rows(), 0);
+  int shard_files = 0;
+  std::map<std::string, int> tags = BlockTags(m, &shard_files);
+  EXPECT_EQ(shard_files, 1);
+  EXPECT_EQ(tags[kEmbeddingMetaTag], 0);
+  EXPECT_EQ(tags[kDenseTag], 1);
+  const double auc = testing::ReadSummary(m).fields().at("test_auc").number_value();
+  EXPECT_GT(auc, 0.6);
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
+                                           "/test.csv --format csv --out ", Dir(),
+                                           "/train_scores.tsv --summary ", Dir(),
+                                           "/train_scores.json --batch_size 500 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_NEAR(
+      testing::ReadJsonFile(Dir() + "/train_scores.json").fields().at("auc").number_value(), auc,
+      1e-5);
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
+                                           "/train_export 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  // A resume takes its own checkpoint (rows 0 on both sides).
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(m),
+                                           " --epochs 2 --on_new_data=new_pass 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("new training pass over train csv"));
+  EXPECT_THAT(out, HasSubstr("from the parameters and optimizer slots of " + m + "/ckpt-"));
+  int fixed_stores = -1;
+  const std::vector<DynamicSnapshot> two = RestoredDynamicRows(m, 2, &fixed_stores);
+  EXPECT_EQ(fixed_stores, 0);
+  ASSERT_EQ(two.size(), 4u);
+  for (size_t t = 0; t < 2; ++t) EXPECT_FALSE(KeysOf(two, t, 2).empty()) << t;
 }
 
 }  // namespace

@@ -99,6 +99,18 @@ absl::Status RestoreDynamicTables(absl::Span<const CheckpointLink> chain, LocalP
   return absl::OkStatus();
 }
 
+// The fixed rows a checkpoint of `params` holds: the stores' rows, or 0 for a config whose every
+// table is dynamic. There LocalParams holds one placeholder row (a store needs a row: trainer.cc)
+// that no id reaches, so it is neither saved nor counted: the checkpoint is a PS job's of the
+// same config (table_rows 0, no fixed row group; cmd/ps_setup.cc) and serving's
+// (ServingModel::table_rows 0), and either restores the other's. Only a 1-row store beside
+// dynamic tables can be the placeholder; the model description says whether it is.
+int64_t CheckpointRows(const LocalParams& params, const ModelDescription& model) {
+  if (params.total_rows() != 1 || params.num_dynamic() == 0) return params.total_rows();
+  absl::StatusOr<FeatureSpec> spec = FeatureSpec::Create(model.features(), model.model());
+  return spec.ok() && spec->total_rows() == 0 ? 0 : params.total_rows();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelDescription> DescribeModel(const Config& config) {
@@ -140,6 +152,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
   // again a delta from that parent. A full checkpoint drops every older log. With named tables,
   // one store per table at its width, one embedding group each (every store's generation moves
   // together: they start at 1 and are raised here only).
+  const int64_t table_rows = CheckpointRows(params, model);
   const uint32_t generation = params.embeddings().front()->generation() + 1;
   for (EmbeddingStore* store : params.embeddings()) {
     store->BeginGeneration(generation, delta ? deltas->changed_since : generation);
@@ -148,6 +161,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
     const std::string file = ShardFileName(0, 1);
     ASSIGN_OR_RETURN(auto w, BlockWriter::Create(ckpt + "/" + file));
     for (const EmbeddingStore* store : params.embeddings()) {
+      if (table_rows == 0) break;  // the placeholder row of a config whose every table is dynamic
       RETURN_IF_ERROR(SaveEmbeddingStore(*store, w.get(), delta ? deltas->changed_since : 0));
     }
     RETURN_IF_ERROR(SaveDenseStore(params.dense()->Snapshot(), w.get()));
@@ -160,7 +174,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int64_t step,
                                     &manifest));
   manifest.set_step(step);
   manifest.set_num_shards(1);
-  manifest.set_table_rows(params.total_rows());
+  manifest.set_table_rows(table_rows);
   manifest.set_partitions(1);
   manifest.set_row_dim(params.row_dim());
   manifest.set_dense_size(params.dense_size());
@@ -191,12 +205,13 @@ absl::StatusOr<std::optional<std::string>> RestoreLatestCheckpoint(
   // The description first: it names the field that differs, where the shapes below would only
   // say that they differ (and a hash seed changes no shape at all).
   RETURN_IF_ERROR(CheckCheckpointModel(ckpt, manifest, model));
+  const int64_t table_rows = CheckpointRows(*params, model);
   if (manifest.row_dim() != params->row_dim() || manifest.dense_size() != params->dense_size() ||
-      manifest.table_rows() != params->total_rows()) {
+      manifest.table_rows() != table_rows) {
     return absl::FailedPreconditionError(absl::StrCat(
         ckpt, " was written for another model: rows ", manifest.table_rows(), " x ",
         manifest.row_dim(), ", dense ", manifest.dense_size(), "; this config has rows ",
-        params->total_rows(), " x ", params->row_dim(), ", dense ", params->dense_size(),
+        table_rows, " x ", params->row_dim(), ", dense ", params->dense_size(),
         ". Use a new --model_dir or the same config."));
   }
   if (manifest.num_shards() != 1 || manifest.num_workers() != num_workers) {
@@ -236,12 +251,13 @@ absl::StatusOr<std::string> WarmStartParams(const WarmStart& warm_start,
   const CheckpointManifest& m = source.manifest;
   const ParameterLoadMode mode = WarmStartLoadMode(warm_start.reset_optimizer(), tables);
   // Across changed tables the row space and the stride differ by design (rows move by table).
-  if ((!tables && (m.row_dim() != params->row_dim() || m.table_rows() != params->total_rows())) ||
+  const int64_t table_rows = CheckpointRows(*params, model);
+  if ((!tables && (m.row_dim() != params->row_dim() || m.table_rows() != table_rows)) ||
       (mode.dense && m.dense_size() != params->dense_size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "warm start from ", source.dir, ": written for another model: rows ", m.table_rows(),
-        " x ", m.row_dim(), ", dense ", m.dense_size(), "; this config has rows ",
-        params->total_rows(), " x ", params->row_dim(), ", dense ", params->dense_size()));
+        " x ", m.row_dim(), ", dense ", m.dense_size(), "; this config has rows ", table_rows,
+        " x ", params->row_dim(), ", dense ", params->dense_size()));
   }
   const std::vector<EmbeddingStore*>& stores = params->embeddings();
   ASSIGN_OR_RETURN(ParameterLoadCounts counts,
