@@ -73,7 +73,7 @@ class DynamicPsTest : public ::testing::Test {
     ASSERT_TRUE(WriteFileAtomic(Dir() + "/config.textproto", kConfig).ok());
     // The resume test's: `small` (300 users, ~128 of them a step) dynamic with a TTL of 3 steps,
     // so that the shards evict rows on their schedule between the checkpoints, and `item` fixed
-    // (a PS job needs a fixed row: ShardOptionsForJob).
+    // (fixed and dynamic rows mixed; every table dynamic is all_dynamic_ps_test's).
     std::string resume = kConfig;
     auto replace = [&](const std::string& from, const std::string& to) {
       ASSERT_NE(resume.find(from), std::string::npos) << from;
