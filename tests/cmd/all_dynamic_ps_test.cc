@@ -315,6 +315,25 @@ TEST_F(AllDynamicPsTest, TrainersCheckpointIsThePsJobsShape) {
   EXPECT_EQ(fixed_stores, 0);
   ASSERT_EQ(two.size(), 4u);
   for (size_t t = 0; t < 2; ++t) EXPECT_FALSE(KeysOf(two, t, 2).empty()) << t;
+  // Warm starts both ways: a 2-host job from the trainer's checkpoint, and `train` from the
+  // job's (it refused "rows 0 x 9" against its own 1 row before).
+  const std::string warm_ps = Dir() + "/warm_ps", warm_train = Dir() + "/warm_train";
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " local --hosts 2 ", Args(warm_ps),
+                                           " --warm_start_from ", m,
+                                           " --set train.max_steps=2 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("shard 0: warm start from " + m + "/ckpt-"));
+  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(warm_train),
+                                           " --warm_start_from ", warm_ps,
+                                           " --set train.max_steps=2 2>&1"),
+                              120, &out),
+            0)
+      << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("warm start from .*warm_ps/ckpt-[0-9]+ \\(2 "
+                                            "shard\\(s\\)\\): 0 embedding rows, [1-9][0-9]* "
+                                            "dynamic rows"));
 }
 
 }  // namespace
