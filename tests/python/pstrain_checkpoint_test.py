@@ -692,6 +692,44 @@ class DynamicReaderTest(unittest.TestCase):
             self.assertEqual(server.wait(timeout=60), 0)
             server.stdout.close()
 
+    def test_every_table_dynamic_scores_as_predict(self):
+        # No fixed row at all (docs/CHECKPOINT.md "Every table dynamic"): a 2-host job's
+        # checkpoint and export and `pstrain train`'s checkpoint say table_rows 0 and score as
+        # `pstrain predict` does.
+        d = os.path.join(Fixture.dir, "all_dynamic")
+        os.makedirs(d)
+        config = DYNAMIC_CONFIG.replace('field { name: "user" vocab_size: 100 }',
+                                        'field { name: "user" table: "cats" }')
+        self.assertNotEqual(config, DYNAMIC_CONFIG)
+        paths = {}
+        for fname, text in (("a.csv", tables_csv(1000, 1, 20)), ("test.csv", tables_csv(300, 2, 20)),
+                            ("config.textproto", config)):
+            paths[fname] = os.path.join(d, fname)
+            with open(paths[fname], "w") as f:
+                f.write(text)
+        with open(paths["test.csv"]) as f:
+            rows = [l.split(",")[1:] for l in f.read().splitlines()[1:]]
+        common = ("--config", paths["config.textproto"], "--train", paths["a.csv"], "--eval",
+                  paths["test.csv"])
+        ps, train = os.path.join(d, "ps"), os.path.join(d, "train")
+        run("local", "--hosts", "2", *common, "--model_dir", ps)
+        run("train", *common, "--model_dir", train)
+        for mdir in (ps, train):
+            scores = os.path.join(mdir + "-scores.tsv")
+            run("predict", "--model_dir", mdir, "--input", paths["test.csv"], "--format", "csv",
+                "--out", scores)
+            want = np.loadtxt(scores, dtype=np.float64)[:, 0]
+            export = mdir + "-export"
+            run("export", "--model_dir", mdir, "--out", export, "--rows", "f32")
+            for m in (pc.load(mdir), pc.load(export)):
+                self.assertEqual(m.table_rows, 0, mdir)
+                self.assertEqual([t["name"] for t in m.dynamic_tables], ["item", "cats"])
+                ids, scales = m.encode_values([r[:4] for r in rows])
+                self.assertTrue((ids < 0).all())  # dynamic ids only
+                probs = m.predict(ids, scales)
+                np.testing.assert_allclose(probs, want, rtol=0, atol=1e-5)
+                self.assertGreater(float(np.std(probs)), 1e-2)
+
 
 # Dynamic tables in checkpoints (docs/CHECKPOINT.md "Dynamic tables"): the committed fixture,
 # damage, and a `pstrain train` delta chain with TTL evictions (tombstones).
