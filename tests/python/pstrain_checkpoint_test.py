@@ -702,8 +702,8 @@ class DynamicReaderTest(unittest.TestCase):
                                         'field { name: "user" table: "cats" }')
         self.assertNotEqual(config, DYNAMIC_CONFIG)
         paths = {}
-        for fname, text in (("a.csv", tables_csv(1000, 1, 20)), ("test.csv", tables_csv(300, 2, 20)),
-                            ("config.textproto", config)):
+        for fname, text in (("a.csv", tables_csv(1000, 1, 20)),
+                            ("test.csv", tables_csv(300, 2, 20)), ("config.textproto", config)):
             paths[fname] = os.path.join(d, fname)
             with open(paths[fname], "w") as f:
                 f.write(text)
