@@ -307,7 +307,10 @@ absl::Status Shard::RestoreDynamic(absl::Span<const CheckpointLink> chain,
       [shard, shards](int table, uint64_t key) {
         return DynamicShardOf(DynamicRow(table, key), shards) == shard;
       },
-      ShardFileName(shard, shards), mode);
+      ShardFileName(shard, shards), mode,
+      // Re-sharded: shard 0 carries the old shards' counters summed (admitted, rejected,
+      // evicted), so that the job's sums go on; the others restart at 0.
+      /*carry_counters=*/shard == 0);
 }
 
 }  // namespace pstrain

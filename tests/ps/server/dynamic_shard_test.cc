@@ -538,6 +538,18 @@ TEST(DynamicCheckpoint, FullPlusDeltasWithEvictionsRestoreOntoAnyShardCount) {
     for (size_t t = 0; t < kDynamicDims.size(); ++t) {
       EXPECT_TRUE(ClusterLive(restored, static_cast<int>(t)) == Live({ref.dynamic[t].get()}))
           << "table " << t;
+      // The cumulative counters sum to the old shards' (re-sharded: shard 0 carries them).
+      auto counters = [t](const Cluster& cluster) {
+        std::vector<int64_t> sum(5, 0);
+        for (const auto& server : cluster.servers) {
+          const DynamicEmbeddingStore::Metrics m = server->data().dynamic_stores()[t]->metrics();
+          const int64_t v[5] = {m.admitted, m.rejected, m.evicted_ttl, m.evicted_capacity, m.seen};
+          for (int i = 0; i < 5; ++i) sum[i] += v[i];
+        }
+        return sum;
+      };
+      EXPECT_EQ(counters(restored), counters(three)) << "table " << t;
+      EXPECT_GT(counters(three)[2], 0);
       for (const auto& server : restored.servers) {  // every shard holds only its own keys
         const DynamicSnapshot snap = server->data().dynamic_stores()[t]->Snapshot().value();
         for (uint64_t key : snap.keys) {
