@@ -255,10 +255,19 @@ class Shard {
   // needs), and a successful WRITE records it under the checkpoint's step for the deltas after
   // it.
   // `end_pass` (SaveShardRequest.end_pass): first the pass's end of the dynamic tables
-  // (EvictDynamic).
+  // (EvictDynamic), once per checkpoint `step` (SaveShardRequest.step, the chief's): a COPY with
+  // end_pass at the step of the last pass end (pass_end_step(), restored with the checkpoint) is
+  // a redo (a retried COPY, or the round redone after a restore from the checkpoint that holds
+  // it) and ends nothing (logged); step 0 (unknown) always ends a pass. The header written gets
+  // that step as its pass_end_step.
   absl::Status CopyForCheckpoint(int64_t round, std::string header, std::string consistency,
                                  std::optional<int64_t> delta_parent = std::nullopt,
-                                 bool end_pass = false);
+                                 bool end_pass = false, int64_t step = 0);
+  // The checkpoint step of the last pass end (CopyForCheckpoint), 0 = none.
+  int64_t pass_end_step() {
+    absl::MutexLock lock(&snap_mu_);
+    return pass_end_step_;
+  }
   // `name` must be a checkpoint directory name (ckpt-<step>, checkpoint/layout.h) of a directory
   // that exists under options.checkpoint_dir and is not committed (no MANIFEST, LATEST does not
   // name it): INVALID_ARGUMENT / FAILED_PRECONDITION naming the path otherwise.
@@ -268,6 +277,7 @@ class Shard {
   // What a restore found besides the parameters.
   struct Restored {
     int64_t step = 0;  // the largest SHRD step of the files
+    int64_t pass_end_step = 0;  // the largest SHRD pass_end_step of the files (0: none)
     // This shard's own CONS block, when the checkpoint has the same layout (shard index, shard
     // count, partitions).
     std::optional<ConsistencyState> consistency;
@@ -372,6 +382,9 @@ class Shard {
   uint32_t generation_ ABSL_GUARDED_BY(snap_mu_) = 1;
   uint32_t snap_generation_ ABSL_GUARDED_BY(snap_mu_) = 0;
   std::map<int64_t, uint32_t> delta_parents_ ABSL_GUARDED_BY(snap_mu_);
+  // The checkpoint step of the last pass end (CopyForCheckpoint's end_pass), 0 = none: a resume
+  // restores it from the SHRD headers, a warm start (a new job counting its own steps) zeroes it.
+  int64_t pass_end_step_ ABSL_GUARDED_BY(snap_mu_) = 0;
 };
 
 }  // namespace pstrain

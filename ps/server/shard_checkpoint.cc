@@ -28,7 +28,8 @@ constexpr char kConsistencyTag[] = "CONS";
 }  // namespace
 
 absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::string consistency,
-                                      std::optional<int64_t> delta_parent, bool end_pass) {
+                                      std::optional<int64_t> delta_parent, bool end_pass,
+                                      int64_t step) {
   absl::MutexLock lock(&snap_mu_);
   snap_round_ = round;
   snap_header_ = std::move(header);  // shard index, map and step of this instant
@@ -61,11 +62,29 @@ absl::Status Shard::CopyForCheckpoint(int64_t round, std::string header, std::st
   // (docs/CHECKPOINT.md "Dynamic tables in PS mode"; each eviction is a tombstone of the
   // generation this copy ends, so this checkpoint's delta carries it), then copy the rows (full,
   // or changed since the parent), then start the copy's generation as the fixed stores just did.
-  if (end_pass) {
-    EvictDynamic(absl::StrCat("at the pass's end (checkpoint round ", round, ")"),
+  // The pass's end happens once per checkpoint step: the same step again is a redo of the round
+  // that ended it (its COPY retried, or the round redone after a restore from the checkpoint that
+  // holds this pass end), whose stores already count the next pass and whose sketch is already
+  // aged. A new pass always ends at a later step: it trained at least one step.
+  if (end_pass && step > 0 && step == pass_end_step_) {
+    PSTRAIN_LOG(INFO) << "shard " << opt_.shard << ": the pass's end at step " << step
+                      << " (checkpoint round " << round
+                      << ") already happened: a redone round, not ended again";
+  } else if (end_pass) {
+    EvictDynamic(absl::StrCat("at the pass's end (checkpoint round ", round,
+                              step > 0 ? absl::StrCat(", step ", step) : "", ")"),
                  /*pass_end=*/true);
+    if (step > 0) pass_end_step_ = step;
   } else if (opt_.dynamic_evict_every_steps <= 0) {
     EvictDynamic(absl::StrCat("before the checkpoint of round ", round));
+  }
+  if (pass_end_step_ > 0) {
+    // Saved with the stores' pass, so that a restored shard knows which pass end it holds.
+    InfoResponse h;
+    if (h.ParseFromString(snap_header_)) {
+      h.set_pass_end_step(pass_end_step_);
+      snap_header_ = h.SerializeAsString();
+    }
   }
   for (size_t d = 0; d < dynamic_stores_.size(); ++d) {
     DynamicEmbeddingStore& store = *dynamic_stores_[d];
@@ -209,6 +228,7 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
       }
       header_of = path;
       restored.step = std::max(restored.step, header.step());
+      restored.pass_end_step = std::max(restored.pass_end_step, header.pass_end_step());
       return absl::OkStatus();
     }
     if (b.tag == kConsistencyTag) {
@@ -237,10 +257,13 @@ absl::StatusOr<Shard::Restored> Shard::RestoreCheckpoint(absl::Span<const Checkp
                                             counts.dense_floats, " of shard ", opt_.shard, "'s ",
                                             dense_slice_size_, " dense floats"));
   }
+  absl::MutexLock lock(&snap_mu_);
+  // A resume knows the pass end its checkpoint holds (none in an older checkpoint, or in a
+  // `pstrain train` one: 0); a warm start's job counts its own steps, so none of its pass ends.
+  pass_end_step_ = mode.keep_step ? restored.pass_end_step : 0;
   if (mode.keep_step) {
     // A resume: the restored rows are stamped 0, so the rows updated from now on (stamped with
     // the live generation) are what a delta after this checkpoint holds.
-    absl::MutexLock lock(&snap_mu_);
     RecordDeltaParent(manifest.step(), generation_);
   }
   return restored;
@@ -284,7 +307,10 @@ absl::Status Shard::RestoreDynamic(absl::Span<const CheckpointLink> chain,
       [shard, shards](int table, uint64_t key) {
         return DynamicShardOf(DynamicRow(table, key), shards) == shard;
       },
-      ShardFileName(shard, shards), mode);
+      ShardFileName(shard, shards), mode,
+      // Re-sharded: shard 0 carries the old shards' counters summed (admitted, rejected,
+      // evicted), so that the job's sums go on; the others restart at 0.
+      /*carry_counters=*/shard == 0);
 }
 
 }  // namespace pstrain

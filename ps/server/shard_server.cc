@@ -267,7 +267,7 @@ class ShardServer::Service final : public ParameterServer::CallbackService {
       reactor->Finish(ToGrpcStatus(server_->CopyForCheckpoint(
           request->round(),
           request->delta() ? std::optional<int64_t>(request->delta_parent_step()) : std::nullopt,
-          request->end_pass())));
+          request->end_pass(), request->step())));
     } else if (request->phase() == SaveShardRequest::WRITE) {
       // One WRITE thread at a time, and only for the round whose copy is held.
       if (!server_->data_->HoldsCopy(request->round())) {
@@ -643,7 +643,7 @@ absl::Status ShardServer::Report(const ReportRequest& report) {
 }
 
 absl::Status ShardServer::CopyForCheckpoint(int64_t round, std::optional<int64_t> delta_parent,
-                                            bool end_pass) {
+                                            bool end_pass, int64_t step) {
   // The shard file's SHRD header: this shard's Info at the copy, without the coordinator's
   // job_version (a counter of this process's long-polls, meaningless after a restore; leaving it
   // out keeps the header's bytes those of format version 1, tests/checkpoint/fixtures_test.cc).
@@ -651,7 +651,8 @@ absl::Status ShardServer::CopyForCheckpoint(int64_t round, std::optional<int64_t
   header.clear_job_version();
   header.clear_num_workers();  // as job_version: not part of the format's header
   return data_->CopyForCheckpoint(round, header.SerializeAsString(),
-                                  tracker_->Save().SerializeAsString(), delta_parent, end_pass);
+                                  tracker_->Save().SerializeAsString(), delta_parent, end_pass,
+                                  step);
 }
 
 absl::StatusOr<SaveShardResponse> ShardServer::WriteCheckpoint(int64_t round,

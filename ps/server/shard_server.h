@@ -177,10 +177,10 @@ class ShardServer {
   // file's header and the tracker's bookkeeping (Shard::CopyForCheckpoint). WRITE:
   // Shard::WriteCheckpoint into <options.checkpoint_dir>/<name>.
   // `delta_parent`: an incremental checkpoint's parent step (SaveShardRequest.delta_parent_step);
-  // `end_pass`: SaveShardRequest.end_pass.
+  // `end_pass`, `step`: SaveShardRequest.end_pass and step (the pass's end, once per step).
   absl::Status CopyForCheckpoint(int64_t round,
                                  std::optional<int64_t> delta_parent = std::nullopt,
-                                 bool end_pass = false);
+                                 bool end_pass = false, int64_t step = 0);
   absl::StatusOr<SaveShardResponse> WriteCheckpoint(int64_t round, const std::string& name);
   // Shard::RestoreCheckpoint, then the tracker's bookkeeping: exactly as saved when the
   // checkpoint has this shard's layout and workers, else every worker as having pushed the

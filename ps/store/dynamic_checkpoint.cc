@@ -57,8 +57,10 @@ void KeepOwned(int table, const DynamicKeyFilter& owns, DynamicSnapshot* part) {
 // and the counters: this shard's own part's when the link has one (a restore onto the same
 // layout is exact); otherwise (re-sharding) the sketch is the sum of the parts' (saturating):
 // a key's counts were in its old shard's sketch only, so the sum never undercounts it (the
-// count-min property holds; it overcounts more), and the counters restart at 0.
-absl::StatusOr<DynamicSnapshot> Merge(LinkSnapshots link, const std::string& name) {
+// count-min property holds; it overcounts more), and the counters are the parts' sum when
+// `sum_counters` (the one store that carries them) and restart at 0 otherwise.
+absl::StatusOr<DynamicSnapshot> Merge(LinkSnapshots link, const std::string& name,
+                                      bool sum_counters) {
   DynamicSnapshot out;
   const DynamicSnapshot& first = link.parts.front();
   out.dim = first.dim;
@@ -123,7 +125,16 @@ absl::StatusOr<DynamicSnapshot> Merge(LinkSnapshots link, const std::string& nam
     out.evicted_ttl = p.evicted_ttl;
     out.evicted_capacity = p.evicted_capacity;
     out.seen = p.seen;
-  } else if (out.sketch_depth > 0) {
+  } else if (sum_counters) {
+    for (const DynamicSnapshot& p : link.parts) {
+      out.admitted += p.admitted;
+      out.rejected += p.rejected;
+      out.evicted_ttl += p.evicted_ttl;
+      out.evicted_capacity += p.evicted_capacity;
+      out.seen += p.seen;
+    }
+  }
+  if (own < 0 && out.sketch_depth > 0) {
     out.sketch.assign(first.sketch.size(), 0);
     for (const DynamicSnapshot& p : link.parts) {
       for (size_t c = 0; c < out.sketch.size() && c < p.sketch.size(); ++c) {
@@ -140,7 +151,8 @@ absl::StatusOr<DynamicSnapshot> Merge(LinkSnapshots link, const std::string& nam
 absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
                                absl::Span<DynamicEmbeddingStore* const> stores,
                                absl::Span<const std::string> names, const DynamicKeyFilter& owns,
-                               const std::string& own_file, ParameterLoadMode mode) {
+                               const std::string& own_file, ParameterLoadMode mode,
+                               bool carry_counters) {
   if (stores.empty()) return absl::OkStatus();
   std::map<std::string, int> index_of;
   for (int d = 0; d < static_cast<int>(names.size()); ++d) index_of[names[d]] = d;
@@ -188,7 +200,8 @@ absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
     }
     for (size_t d = 0; d < tables.size(); ++d) {
       if (tables[d].parts.empty()) continue;  // a table new in this config: it starts empty
-      ASSIGN_OR_RETURN(DynamicSnapshot merged, Merge(std::move(tables[d]), names[d]));
+      ASSIGN_OR_RETURN(DynamicSnapshot merged,
+                       Merge(std::move(tables[d]), names[d], mode.keep_step && carry_counters));
       DynamicEmbeddingStore& store = *stores[d];
       if (!mode.keep_step) {
         // A warm start: the new job counts its own steps and passes (TTL from the restore).

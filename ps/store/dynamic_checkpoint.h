@@ -30,7 +30,10 @@ using DynamicKeyFilter = std::function<bool(int table, uint64_t key)>;
 // its rows (DynamicEmbeddingStore::Restore). The sketch and the cumulative counters are those of
 // the group in the file named `own_file` (a shard restoring its own layout: exact); without one
 // (re-sharding, serving, a warm start) the sketch is the parts' sum (saturating: it never
-// undercounts, as a count-min sketch must not) and the counters restart at 0. `mode`: !keep_step
+// undercounts, as a count-min sketch must not) and the counters restart at 0, except with
+// `carry_counters` on a resume (mode.keep_step): then they are the parts' sums (the re-sharded
+// job's shard 0 carries the old shards' counters, so that the shards' counters still sum to the
+// job's; the other shards' restart at 0). `mode`: !keep_step
 // (a warm start) zeroes the steps and passes and ignores `own_file`, !keep_optimizer_state gives
 // the rows the store's optimizer's fresh slots, skip_unknown_dynamic skips the groups of tables
 // not in `names`. A store without an admission sketch takes none. FAILED_PRECONDITION naming the
@@ -39,6 +42,7 @@ using DynamicKeyFilter = std::function<bool(int table, uint64_t key)>;
 absl::Status LoadDynamicTables(absl::Span<const CheckpointLink> chain,
                                absl::Span<DynamicEmbeddingStore* const> stores,
                                absl::Span<const std::string> names, const DynamicKeyFilter& owns,
-                               const std::string& own_file, ParameterLoadMode mode);
+                               const std::string& own_file, ParameterLoadMode mode,
+                               bool carry_counters = false);
 
 }  // namespace pstrain

@@ -185,7 +185,8 @@ TtlEvictions TtlEvictionsOf(const std::string& log) {
 // not at the every-40-steps schedule of the second pass (which compares with the last finished
 // pass), as `pstrain train` does (dynamic_tables_test TtlInPassesEvictsAtANewDaysEnd). SYNC: its
 // second pass needs the restored consistency tracker to make the finished workers active again
-// (it refused "worker 0 pushed step 48 after it finished" before).
+// (it refused "worker 0 pushed step 48 after it finished" before). The chief's metrics.jsonl and
+// TensorBoard carry the table's counters summed over the shards, as `train` writes its own.
 TEST_F(DynamicPsTest, TtlInPassesEvictsAtTheSecondPassesEnd) {
   std::string day1 = "label,item,history,user\n";
   const std::string all = testing::TopicHistoryCsv(3000, 7);
@@ -206,7 +207,8 @@ TEST_F(DynamicPsTest, TtlInPassesEvictsAtTheSecondPassesEnd) {
                                " --set features.table[1].dynamic.ttl_passes=1",
                                " --set cluster.consistency=SYNC --set threads.towers=1",
                                " --set checkpoint.every_seconds=0",
-                               " --set checkpoint.every_steps=40 2>&1; cat ", m,
+                               " --set checkpoint.every_steps=40",
+                               " --set train.log_every_steps=10 2>&1; cat ", m,
                                "/host-1/output.log"),
                   300, out),
               0)
@@ -228,6 +230,37 @@ TEST_F(DynamicPsTest, TtlInPassesEvictsAtTheSecondPassesEnd) {
   const auto& small =
       summary.at("dynamic_tables").struct_value().fields().at("small").struct_value().fields();
   EXPECT_LE(small.at("rows_live").number_value(), 150);
+
+  // The chief's metrics.jsonl and TensorBoard carry the shards' `small` table summed, under
+  // `pstrain train`'s names, at each logged step of both days, and the last point is the
+  // summary's (after the second pass's end evicted): rows_live rises on day 0, then falls.
+  auto jsonl = ReadFileToString(m + "/metrics.jsonl");
+  ASSERT_TRUE(jsonl.ok()) << jsonl.status();
+  const std::regex re("\"step\":([0-9]+),\"dynamic_table\":\"small\",\"rows_live\":([0-9]+),"
+                      "\"admitted\":([0-9]+),\"rejected\":([0-9]+),\"evicted_ttl\":([0-9]+)");
+  std::vector<std::vector<int64_t>> points;  // step, rows_live, admitted, rejected, evicted_ttl
+  for (std::sregex_iterator it(jsonl->begin(), jsonl->end(), re), end; it != end; ++it) {
+    std::vector<int64_t> p;
+    for (int i = 1; i <= 5; ++i) p.push_back(std::stoll((*it)[i].str()));
+    points.push_back(p);
+  }
+  ASSERT_GE(points.size(), 6u) << *jsonl;  // steps 10, 20, .. of each day, and each day's end
+  EXPECT_EQ(points[0][0], 10);
+  EXPECT_GT(points[0][1], 0);
+  int64_t peak = 0;
+  for (size_t i = 1; i < points.size(); ++i) {
+    EXPECT_GE(points[i][2], points[i - 1][2]) << "admitted is cumulative";
+    EXPECT_GE(points[i][4], points[i - 1][4]) << "evicted_ttl is cumulative";
+    peak = std::max(peak, points[i][1]);
+  }
+  EXPECT_GT(peak, 200);  // about the 300 users of day 0
+  EXPECT_EQ(points.back()[1], small.at("rows_live").number_value());
+  EXPECT_EQ(points.back()[4], small.at("evicted_ttl").number_value());
+  EXPECT_GT(points.back()[4], 100);
+  std::string events;
+  ASSERT_EQ(testing::RunShell(absl::StrCat("cat ", m, "/events.out.tfevents.*"), 10, &events), 0);
+  EXPECT_THAT(events, HasSubstr("dynamic/small/rows_live"));
+  EXPECT_THAT(events, HasSubstr("dynamic/small/evicted_ttl"));
 }
 
 // The dynamic rows of the checkpoint LATEST names in model_dir, restored onto one shard of the

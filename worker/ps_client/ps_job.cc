@@ -400,6 +400,7 @@ absl::StatusOr<std::string> PsJob::RunRoundSteps(int64_t round) {
       req.set_delta_parent_step(delta->parent_step());
     }
     req.set_end_pass(end_pass);
+    req.set_step(step);  // the pass's end happens once per step: a redone round's is skipped
     RETURN_IF_ERROR(
         Annotate(shards_[s]->SaveShard(req, copy_timeout).status(), "copying the shard"));
   }

@@ -116,6 +116,22 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
   opts.chief = chief;
   opts.mode = absl::AsciiStrToLower(absl::StrCat("ps-", Consistency_Name(cc->consistency())));
   opts.hosts = static_cast<int>(o.shards.size());
+  if (chief && spec.num_dynamic_tables() > 0) {
+    // The chief's metrics carry the shards' dynamic tables summed, under `pstrain train`'s names
+    // (dynamic/<table>/rows_live, ...): one Stats call to every shard per logged step. A failed
+    // call skips that point (training goes on; said once).
+    opts.dynamic_metrics = [c = client.get(), warned = false]() mutable {
+      absl::StatusOr<std::vector<ShardStats>> stats = c->GetStats();
+      if (stats.ok()) return SumDynamicTables(*stats);
+      if (!warned) {
+        PSTRAIN_LOG(WARNING) << "shard stats for the dynamic tables' metrics (points skipped "
+                                "while the shards do not answer): "
+                             << stats.status();
+        warned = true;
+      }
+      return std::vector<DynamicTableMetrics>();
+    };
+  }
   opts.after_training = [&](TrainSummary* summary) -> absl::Status {
     if (o.training != nullptr) *o.training = false;
     // Flushes, then tells the shards that this worker pushes no more (BOUNDED / SYNC stop

@@ -224,6 +224,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   parts.prefetch_pulls = prefetch_pulls;
   if (local != nullptr && local->num_dynamic() > 0) {
     parts.dynamic_metrics = [p = local.get()] { return DynamicMetricsOf(*p); };
+  } else if (opts.dynamic_metrics) {
+    parts.dynamic_metrics = opts.dynamic_metrics;
   }
   TrainLoop loop(parts);
   RETURN_IF_ERROR(loop.Resume());
@@ -249,6 +251,11 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   }
   if (opts.after_training && !summary.preempted) {
     RETURN_IF_ERROR(opts.after_training(&summary));
+    if (local == nullptr && opts.dynamic_metrics && !summary.dynamic_tables.empty()) {
+      // The shards' tables after the final checkpoint (its evictions at a pass's end), as
+      // summary.json has them.
+      progress->DynamicTables(step, summary.dynamic_tables);
+    }
   }
 
   summary.test_auc = std::nan("");

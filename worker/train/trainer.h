@@ -112,6 +112,12 @@ struct TrainerOptions {
   // wall_seconds). It may wait for the other workers (an end-of-job barrier) and may replace
   // examples / examples_per_sec with the whole job's totals. An error ends RunTraining with it.
   std::function<absl::Status(TrainSummary*)> after_training;
+  // The dynamic tables' counters when `params` is not null (a PS job's chief: the shards'
+  // ShardStats summed), for metrics.jsonl, TensorBoard and Prometheus at each logged step, as
+  // `pstrain train` records its own; the summary.json dynamic_tables that after_training sets are
+  // recorded once more after it (the final checkpoint's pass end). Null: none (every other
+  // worker). An empty answer (the shards did not answer) records nothing.
+  std::function<std::vector<DynamicTableMetrics>()> dynamic_metrics;
 };
 
 // Runs the job described by `config` (validated) for this worker. The chief writes

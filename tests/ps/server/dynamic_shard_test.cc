@@ -415,8 +415,10 @@ std::string TestDir(const std::string& name) {
 }
 
 // Writes a checkpoint of `cluster` under dir as the chief does: COPY every shard, WRITE every
-// shard, then the MANIFEST and LATEST; a delta when `deltas` says so.
-void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, DeltaChain* deltas) {
+// shard, then the MANIFEST and LATEST; a delta when `deltas` says so; `end_pass`: the COPY ends
+// the pass (SaveShardRequest.end_pass, with the checkpoint's step).
+void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, DeltaChain* deltas,
+                 bool end_pass = false) {
   ASSERT_TRUE(PrepareCheckpointDir(dir, step).ok());
   CheckpointManifest manifest;
   const std::optional<CheckpointDelta> delta = deltas->Next();
@@ -429,8 +431,10 @@ void SaveCluster(Cluster* cluster, const std::string& dir, int64_t step, DeltaCh
   manifest.set_dense_size(kDense);
   for (auto& server : cluster->servers) {
     ASSERT_TRUE(server
-                    ->CopyForCheckpoint(step, delta ? std::optional<int64_t>(delta->parent_step())
-                                                    : std::nullopt)
+                    ->CopyForCheckpoint(step,
+                                        delta ? std::optional<int64_t>(delta->parent_step())
+                                              : std::nullopt,
+                                        end_pass, step)
                     .ok());
   }
   for (auto& server : cluster->servers) {
@@ -534,6 +538,18 @@ TEST(DynamicCheckpoint, FullPlusDeltasWithEvictionsRestoreOntoAnyShardCount) {
     for (size_t t = 0; t < kDynamicDims.size(); ++t) {
       EXPECT_TRUE(ClusterLive(restored, static_cast<int>(t)) == Live({ref.dynamic[t].get()}))
           << "table " << t;
+      // The cumulative counters sum to the old shards' (re-sharded: shard 0 carries them).
+      auto counters = [t](const Cluster& cluster) {
+        std::vector<int64_t> sum(5, 0);
+        for (const auto& server : cluster.servers) {
+          const DynamicEmbeddingStore::Metrics m = server->data().dynamic_stores()[t]->metrics();
+          const int64_t v[5] = {m.admitted, m.rejected, m.evicted_ttl, m.evicted_capacity, m.seen};
+          for (int i = 0; i < 5; ++i) sum[i] += v[i];
+        }
+        return sum;
+      };
+      EXPECT_EQ(counters(restored), counters(three)) << "table " << t;
+      EXPECT_GT(counters(three)[2], 0);
       for (const auto& server : restored.servers) {  // every shard holds only its own keys
         const DynamicSnapshot snap = server->data().dynamic_stores()[t]->Snapshot().value();
         for (uint64_t key : snap.keys) {
@@ -675,6 +691,120 @@ TEST(DynamicCheckpoint, PassEndCopyEvictsByPassesAndCountsTheNextPass) {
   EXPECT_EQ(stores[0]->pass(), 2);
   EXPECT_EQ(live(), stores[0]->metrics().admitted + stores[1]->metrics().admitted - evicted());
   EXPECT_LE(live(), 6);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// The pass's end happens once per checkpoint step (SaveShardRequest.step): a retried COPY of the
+// round that ended it, and that round redone by a shard restored from the checkpoint that holds
+// the pass end, neither count another pass nor age the admission sketch again; a shard restored
+// from a checkpoint before the pass end ends it, and a later step ends the next pass.
+TEST(DynamicCheckpoint, PassEndOncePerStepRetriedCopyAndRestoredRedo) {
+  const std::string dir = TestDir("pass_once");
+  g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) {
+    d->admission = DynamicEmbeddingStore::Admission::kCount;
+    d->admit_count = 3;
+    d->sketch_width = 1024;
+    d->sketch_depth = 2;
+  };
+  Cluster two(2, ADAGRAD, kDynamicDims, dir);
+  auto client = Connect(two.ClientOptions());
+  const Cluster& c = two;
+  // Every store's pass, and its sketch's counters, of a cluster.
+  auto passes = [](const Cluster& cluster) {
+    std::vector<int32_t> p;
+    for (const auto& server : cluster.servers) {
+      for (const auto& store : server->data().dynamic_stores()) p.push_back(store->pass());
+    }
+    return p;
+  };
+  auto sketches = [](const Cluster& cluster) {
+    std::vector<uint32_t> all;
+    for (const auto& server : cluster.servers) {
+      for (const auto& store : server->data().dynamic_stores()) {
+        const std::vector<uint32_t> sketch = store->Snapshot().value().sketch;
+        all.insert(all.end(), sketch.begin(), sketch.end());
+      }
+    }
+    return all;
+  };
+  auto halved = [](std::vector<uint32_t> v) {
+    for (uint32_t& x : v) x /= 2;
+    return v;
+  };
+  const std::vector<int32_t> pass0(4, 0), pass1(4, 1), pass2(4, 2);
+  Rng rng(23);
+  const std::vector<int64_t> ids = MixedIds(&rng, 80, 200);
+  for (int step = 1; step <= 3; ++step) {  // the same ids thrice: counts of 3 to halve
+    const std::vector<float> grads = RandomValues(&rng, ids.size() * kRowDim);
+    ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
+  }
+  DeltaChain deltas(0);
+  SaveCluster(&two, dir, 3, &deltas);  // before the pass end
+  const std::vector<uint32_t> sketch0 = sketches(c);
+  ASSERT_GT(*std::max_element(sketch0.begin(), sketch0.end()), 2u);
+  EXPECT_EQ(passes(c), pass0);
+
+  for (auto& server : two.servers) {  // the pass's end at step 5, round 5
+    ASSERT_TRUE(server->CopyForCheckpoint(5, std::nullopt, /*end_pass=*/true, 5).ok());
+  }
+  EXPECT_EQ(passes(c), pass1);
+  EXPECT_TRUE(sketches(c) == halved(sketch0));
+  for (auto& server : two.servers) {  // its COPY retried (the answer was lost)
+    ASSERT_TRUE(server->CopyForCheckpoint(5, std::nullopt, /*end_pass=*/true, 5).ok());
+    EXPECT_EQ(server->data().pass_end_step(), 5);
+  }
+  EXPECT_EQ(passes(c), pass1) << "a retried COPY ended the pass again";
+  EXPECT_TRUE(sketches(c) == halved(sketch0)) << "a retried COPY aged the sketch again";
+  SaveCluster(&two, dir, 5, &deltas, /*end_pass=*/true);  // ckpt-5 holds the pass end
+  EXPECT_EQ(passes(c), pass1);
+  EXPECT_TRUE(sketches(c) == halved(sketch0));
+  auto choice = ChooseCheckpoint(dir);
+  ASSERT_TRUE(choice.ok() && choice->has_value()) << choice.status();
+  ASSERT_EQ((*choice)->manifest.step(), 5);
+  const std::vector<CheckpointLink> chain5 = (*choice)->chain;
+
+  // A restart restored from ckpt-5 (onto 2 shards, then re-sharded onto 1) redoes its round.
+  for (int shards : {2, 1}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    Cluster restored(shards, ADAGRAD, kDynamicDims);
+    for (auto& server : restored.servers) {
+      ASSERT_TRUE(server->RestoreCheckpoint(chain5).ok());
+      EXPECT_EQ(server->data().pass_end_step(), 5);
+    }
+    const std::vector<int32_t> want1(2 * shards, 1), want2(2 * shards, 2);
+    EXPECT_EQ(passes(restored), want1);
+    const std::vector<uint32_t> restored_sketch = sketches(restored);
+    for (auto& server : restored.servers) {
+      ASSERT_TRUE(server->CopyForCheckpoint(1, std::nullopt, /*end_pass=*/true, 5).ok());
+    }
+    EXPECT_EQ(passes(restored), want1) << "the redone round ended the restored pass again";
+    EXPECT_TRUE(sketches(restored) == restored_sketch);
+    // The next pass ends at a later step.
+    for (auto& server : restored.servers) {
+      ASSERT_TRUE(server->CopyForCheckpoint(2, std::nullopt, /*end_pass=*/true, 9).ok());
+      EXPECT_EQ(server->data().pass_end_step(), 9);
+    }
+    EXPECT_EQ(passes(restored), want2);
+    EXPECT_TRUE(sketches(restored) == halved(restored_sketch));
+  }
+
+  // A restart restored from ckpt-3 (before the pass end) ends the pass at step 5 once.
+  auto chain3 = VerifyCheckpointChain(CheckpointPath(dir, 3));
+  ASSERT_TRUE(chain3.ok()) << chain3.status();
+  Cluster before(2, ADAGRAD, kDynamicDims);
+  for (auto& server : before.servers) {
+    ASSERT_TRUE(server->RestoreCheckpoint(*chain3).ok());
+    EXPECT_EQ(server->data().pass_end_step(), 0);
+  }
+  EXPECT_TRUE(sketches(before) == sketch0);
+  for (int copy = 0; copy < 2; ++copy) {
+    for (auto& server : before.servers) {
+      ASSERT_TRUE(server->CopyForCheckpoint(1, std::nullopt, /*end_pass=*/true, 5).ok());
+    }
+    EXPECT_EQ(passes(before), pass1);
+    EXPECT_TRUE(sketches(before) == halved(sketch0));
+  }
+  g_dynamic_extra = nullptr;
   std::system(("rm -rf " + dir).c_str());
 }
 
