@@ -103,8 +103,9 @@ absl::Status RestoreDynamicTables(absl::Span<const CheckpointLink> chain, LocalP
 // table is dynamic. There LocalParams holds one placeholder row (a store needs a row: trainer.cc)
 // that no id reaches, so it is neither saved nor counted: the checkpoint is a PS job's of the
 // same config (table_rows 0, no fixed row group; cmd/ps_setup.cc) and serving's
-// (ServingModel::table_rows 0), and either restores the other's. Only a 1-row store beside
-// dynamic tables can be the placeholder; the model description says whether it is.
+// (ServingModel::table_rows 0): PS shards restore it, and each mode warm-starts from the
+// other's. Only a 1-row store beside dynamic tables can be the placeholder; the model
+// description says whether it is.
 int64_t CheckpointRows(const LocalParams& params, const ModelDescription& model) {
   if (params.total_rows() != 1 || params.num_dynamic() == 0) return params.total_rows();
   absl::StatusOr<FeatureSpec> spec = FeatureSpec::Create(model.features(), model.model());
