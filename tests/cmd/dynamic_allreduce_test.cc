@@ -5,7 +5,8 @@
 // dynamic rows, their metadata, the admission sketch and the counters), every rank evicts at the
 // same steps, rank 0 writes the dynamic-<table> files, summary.json has the table's counters, and
 // a job stopped at step 37 (restored through deltas whose tombstones are the evictions at 20 and
-// 30) and resumed ends with the uninterrupted job's replica checksum.
+// 30) and resumed ends with the uninterrupted job's replica checksum; a new day's pass evicts by
+// its TTL in passes at its end on every rank.
 #include <unistd.h>
 
 #include <regex>
@@ -51,12 +52,12 @@ class DynamicAllreduceTest : public ::testing::Test {
   static void SetUpTestSuite() {
     ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir()).c_str()), 0);
     for (const auto& [out, rows, seed] : std::vector<std::tuple<std::string, int, int>>{
-             {"train", 6000, 1}, {"test", 2000, 2}}) {
+             {"train", 6000, 1}, {"day1", 4000, 3}, {"test", 2000, 2}}) {
       std::string log;
       ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " datagen --rows ", rows, " --seed ", seed,
                                                " --teacher_seed 7 --max_cardinality 2000 "
-                                               "--id_churn 0.2 --day 0 --out ",
-                                               Dir(), "/", out),
+                                               "--id_churn 0.2 --day ", out == "day1" ? 1 : 0,
+                                               " --out ", Dir(), "/", out),
                                   60, &log),
                 0)
           << log;
@@ -66,10 +67,11 @@ class DynamicAllreduceTest : public ::testing::Test {
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
 
   // mpirun -np 2 pstrain allreduce on the data above, records dealt round-robin to the ranks.
-  static std::string Job(const std::string& model_dir, const std::string& extra = "") {
+  static std::string Job(const std::string& model_dir, const std::string& extra = "",
+                         const std::string& train = "train") {
     return absl::StrCat("mpirun --allow-run-as-root --oversubscribe -np 2 ", P(),
-                        " allreduce --config ", Dir(), "/config.textproto --train '", Dir(),
-                        "/train/*.tsv' --eval '", Dir(), "/test/*.tsv' --model_dir ", model_dir,
+                        " allreduce --config ", Dir(), "/config.textproto --train '", Dir(), "/",
+                        train, "/*.tsv' --eval '", Dir(), "/test/*.tsv' --model_dir ", model_dir,
                         " --set 'data.train[0].shard_policy=SHARD_BY_RECORD'", extra, " 2>&1");
   }
 };
@@ -165,6 +167,35 @@ TEST_F(DynamicAllreduceTest, StopAndResumeEqualsTheUninterruptedRun) {
     EXPECT_EQ(db.fields().at(counter).number_value(), da.fields().at(counter).number_value())
         << counter;
   }
+}
+
+// A new day is a new pass on every rank: the TTL in passes evicts, at day 1's end and there only,
+// the rows day 1 did not update, the same on both ranks; nothing at the new pass's first step
+// (the restored ckpt-47 is not checkpointed again, which would evict as at a pass's end).
+TEST_F(DynamicAllreduceTest, TtlInPassesEvictsAtANewDaysEndOnEveryRank) {
+  const std::string m = Dir() + "/days";
+  const std::string passes_only =
+      " --epochs 1 --set features.table[0].dynamic.ttl_steps=0"
+      " --set features.table[0].dynamic.ttl_passes=1";
+  std::string day0, day1;
+  ASSERT_EQ(testing::RunShell(Job(m, passes_only), 240, &day0), 0) << day0;
+  const auto e0 = TtlEvictions(day0);
+  ASSERT_EQ(e0.size(), 5u) << day0;  // 10 .. 40 and the pass's end, 47
+  for (const auto& [step, n] : e0) EXPECT_EQ(n, 0) << day0;
+  ASSERT_EQ(testing::RunShell(Job(m, passes_only, "day1"), 240, &day1), 0) << day1;
+  EXPECT_THAT(day1, HasSubstr("new training pass"));
+  const auto e1 = TtlEvictions(day1);
+  ASSERT_EQ(e1.size(), 4u) << day1;  // 50, 60, 70 and the pass's end, 79
+  for (size_t i = 0; i + 1 < e1.size(); ++i) EXPECT_EQ(e1[i].second, 0) << day1;
+  EXPECT_EQ(e1.back().first, 79);
+  EXPECT_GT(e1.back().second, 100) << day1;
+  // Rank 1's log holds both runs: the same evictions.
+  std::vector<std::pair<int, int>> both = e0;
+  both.insert(both.end(), e1.begin(), e1.end());
+  EXPECT_EQ(TtlEvictions(Rank1Log(m)), both);
+  const std::vector<std::string> crc = CrcLines(day1);
+  ASSERT_EQ(crc.size(), 2u) << day1;
+  EXPECT_EQ(crc[0], crc[1]);
 }
 
 // The dense buffer of sparse_as_dense has no room for rows keyed by a 64-bit hash: refused
