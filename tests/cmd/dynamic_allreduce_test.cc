@@ -14,9 +14,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ps/store/dynamic_file.h"
+#include "ps/store/dynamic_store.h"
+#include "ps/store/optimizer.h"
 #include "tests/cmd/job_files.h"
 #include "tests/shell.h"
 
@@ -96,6 +100,32 @@ std::vector<std::pair<int, int>> TtlEvictions(const std::string& log) {
   return n;
 }
 
+// The dynamic table as the newest checkpoint of `model_dir` restores it through its chain (the
+// full checkpoint's file, then each delta's rows and tombstones): rank 0's files.
+DynamicSnapshot RestoredTable(const std::string& model_dir) {
+  auto choice = ChooseCheckpoint(model_dir);
+  EXPECT_TRUE(choice.ok() && choice->has_value()) << model_dir;
+  if (!choice.ok() || !choice->has_value()) return {};
+  auto sparse = Optimizer::Create((*choice)->manifest.model().sparse_optimizer());
+  EXPECT_TRUE(sparse.ok());
+  if (!sparse.ok()) return {};
+  DynamicEmbeddingStore::Options o;
+  o.dim = 9;
+  o.optimizer = std::shared_ptr<const Optimizer>(std::move(*sparse));
+  o.admission = DynamicEmbeddingStore::Admission::kCount;
+  o.admit_count = 2;
+  o.sketch_width = 4096;
+  auto store = DynamicEmbeddingStore::Create(o);
+  EXPECT_TRUE(store.ok());
+  if (!store.ok()) return {};
+  for (const CheckpointLink& link : (*choice)->chain) {
+    auto s = ReadDynamicFile(link.dir + "/dynamic-ids");
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) EXPECT_TRUE((*store)->Restore(s->snapshot).ok()) << link.dir;
+  }
+  return (*store)->Snapshot(0).value();
+}
+
 std::string Rank1Log(const std::string& model_dir) {
   return ReadFileToString(model_dir + "/rank-1/output.log").value_or("");
 }
@@ -167,6 +197,21 @@ TEST_F(DynamicAllreduceTest, StopAndResumeEqualsTheUninterruptedRun) {
     EXPECT_EQ(db.fields().at(counter).number_value(), da.fields().at(counter).number_value())
         << counter;
   }
+  // What rank 0 wrote: the last checkpoints' chains restore the same table (the stop's extra
+  // checkpoint shifts which ones are full, so the files themselves differ).
+  const DynamicSnapshot ta = RestoredTable(straight), tb = RestoredTable(stopped);
+  EXPECT_GT(ta.rows(), 100);
+  EXPECT_GT(ta.evicted_ttl, 0);
+  EXPECT_EQ(ta.keys, tb.keys);
+  EXPECT_EQ(ta.weights, tb.weights);
+  EXPECT_EQ(ta.state, tb.state);
+  EXPECT_EQ(ta.counts, tb.counts);
+  EXPECT_EQ(ta.last_step_of, tb.last_step_of);
+  EXPECT_EQ(ta.sketch, tb.sketch);
+  EXPECT_EQ(ta.admitted, tb.admitted);
+  EXPECT_EQ(ta.rejected, tb.rejected);
+  EXPECT_EQ(ta.evicted_ttl, tb.evicted_ttl);
+  EXPECT_EQ(ta.rows(), static_cast<int64_t>(da.fields().at("rows_live").number_value()));
 }
 
 // A new day is a new pass on every rank: the TTL in passes evicts, at day 1's end and there only,
