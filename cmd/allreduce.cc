@@ -125,15 +125,19 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   const int threads = config.threads().towers() * config.threads().intra_op_threads();
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
-  RETURN_IF_ERROR(spec.RefuseDynamic("pstrain allreduce"));
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   AllreduceOptions ao;
   ASSIGN_OR_RETURN(ao.replica_budget_bytes,
                    CheckReplicaFits(config, spec, *model, rank, size, memory_check));
   ASSIGN_OR_RETURN(StoreTables tables, StoreTablesOf(spec, *model, config.sparse_optimizer(),
                                                     config.train().seed()));
-  ASSIGN_OR_RETURN(auto replica, LocalParams::Create(*model, spec.total_rows(), config, threads,
-                                                     std::move(tables)));
+  // A store needs one row at least: a config whose every table is dynamic has none fixed.
+  ASSIGN_OR_RETURN(auto replica,
+                   LocalParams::Create(*model, std::max<int64_t>(1, spec.total_rows()), config,
+                                       threads, std::move(tables)));
+  // Dynamic tables: a store each in every replica, created alike (same options, same seeds);
+  // AllreduceParams keeps their admissions and evictions identical (docs/ALLREDUCE.md).
+  RETURN_IF_ERROR(AddDynamicTablesOf(spec, config, threads, replica.get()));
 
   ao.sparse_as_dense = config.allreduce().sparse_as_dense();
   ao.max_dense_table_bytes = int64_t{config.allreduce().max_dense_table_mb()} << 20;
@@ -163,6 +167,7 @@ absl::Status Train(Config config, int rank, int size, int local_ranks, bool memo
   opts.tty = rank == 0 && isatty(STDERR_FILENO);
   opts.stop = params->agreed_stop();
   opts.params = params.get();
+  opts.replica = params->replica();
   opts.checkpointer = &checkpointer;
   opts.job = &job;
   opts.worker_index = rank;

@@ -121,7 +121,7 @@ TEST_F(IncrementalCheckpointTest, TrainResumedFromDeltasEqualsAnUninterruptedRun
 }
 
 // `mpirun -np 2 pstrain allreduce`: rank 0 writes its replica's deltas; a job stopped at
-// max_steps 11 (ckpt-0 full, ckpt-2 .. ckpt-10 and the final ckpt-11 deltas) and continued to 30
+// max_steps 11 (ckpt-2 full, ckpt-4 .. ckpt-10 and the final ckpt-11 deltas) and continued to 30
 // from that chain ends with the parameters of an uninterrupted 30-step run, to the bit.
 TEST_F(IncrementalCheckpointTest, AllreduceResumedFromDeltasEqualsAnUninterruptedRun) {
   auto args = [&](const std::string& model_dir, int max_steps, bool incremental) {
@@ -150,8 +150,8 @@ TEST_F(IncrementalCheckpointTest, AllreduceResumedFromDeltasEqualsAnUninterrupte
   EXPECT_EQ(stopped.manifest.step(), 11);
   std::string links;
   for (const CheckpointLink& l : stopped.chain) links += " " + l.dir;
-  // The allreduce mode also checkpoints at step 0: ckpt-0 (full), 2, 4, 6, 8, 10, 11.
-  EXPECT_EQ(stopped.chain.size(), 7u) << links;
+  // ckpt-2 (full), 4, 6, 8, 10, 11: no ckpt-0 (the step schedule skips a fresh job's step 0).
+  EXPECT_EQ(stopped.chain.size(), 6u) << links;
   run(args(parts, 30, true), Dir() + "/allreduce_parts_2.log");
   CheckpointChoice final_choice;
   auto a = ReadLatestModel(whole);

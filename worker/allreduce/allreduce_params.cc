@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/dynamic_rows.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -22,6 +23,9 @@ enum Kind : int64_t {
   kJoined = 2,  // its data ran out: empty gradients, waiting for the others to finish
   kSave = 3,    // a checkpoint at a step boundary
 };
+
+// DynamicEmbeddingStore's stripes (its kStripes): each opens its own chunks of slots.
+constexpr int64_t kDynamicStripes = 1024;
 
 const char* KindName(int64_t kind) {
   return kind == kStep ? "step" : kind == kJoined ? "joined" : kind == kSave ? "save" : "?";
@@ -44,6 +48,13 @@ absl::StatusOr<std::unique_ptr<AllreduceParams>> AllreduceParams::Create(
   if (replica->dense_size() > INT_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("dense size ", replica->dense_size(),
                                                    " exceeds MPI's int counts"));
+  }
+  if (options.sparse_as_dense && replica->num_dynamic() > 0) {
+    // The dense buffer is indexed by row number; a dynamic row has a 64-bit key instead.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce.sparse_as_dense: table '", replica->dynamic_name(0),
+        "' is dynamic (rows keyed by the id's 64-bit hash), which has no row range to allreduce "
+        "as a dense buffer; use the allgather (the default: allreduce.sparse_as_dense false)"));
   }
   if (options.sparse_as_dense) {
     const int64_t floats = replica->total_rows() * (replica->row_dim() + 1);
@@ -236,7 +247,17 @@ absl::Status AllreduceParams::CheckReplicaGrowth(int64_t step) const {
   // in a new arena chunk's worth of rows at most, and each opening an index page not yet there.
   // With a store per table (compact widths), the widest row bounds every row, and each store
   // may open a chunk.
-  const int64_t rows_added = static_cast<int64_t>(merged_ids_.size());
+  // Dynamic rows (negative ids) go to their tables' stores, counted apart below.
+  std::vector<int64_t> dynamic_ids(replica_->num_dynamic(), 0);
+  int64_t rows_added = 0;
+  for (const int64_t id : merged_ids_) {
+    if (IsDynamicRow(id)) {
+      const int d = DynamicTableOf(id);
+      if (d < static_cast<int>(dynamic_ids.size())) ++dynamic_ids[d];
+    } else {
+      ++rows_added;
+    }
+  }
   int64_t row_bytes = 0, growth = 0;
   for (const EmbeddingStore* store : replica_->embeddings()) {
     const EmbeddingStore::Stats st = store->stats();
@@ -245,6 +266,19 @@ absl::Status AllreduceParams::CheckReplicaGrowth(int64_t step) const {
               std::min(rows_added * st.index_page_bytes, st.max_index_bytes - st.index_bytes);
   }
   growth += rows_added * row_bytes;
+  // A dynamic table's store (ps/store/dynamic_store.h), every id new and admitted: its slot and
+  // map entry (bytes_per_row), a new chunk of chunk_rows slots for each new row at most (one a
+  // stripe, 1024 stripes), every stripe's map doubling at most once (its current bytes) and the
+  // key in the change log (8 bytes, twice for the log's doubling).
+  // Admission rejects most first sightings, so this is far above what a step adds.
+  for (int d = 0; d < replica_->num_dynamic(); ++d) {
+    if (dynamic_ids[d] == 0) continue;
+    const DynamicEmbeddingStore& store = *replica_->dynamic_store(d);
+    const int64_t n = dynamic_ids[d];
+    const int64_t chunks = std::min<int64_t>(n, kDynamicStripes);
+    growth += (n + chunks * (store.options().chunk_rows - 1)) * store.bytes_per_row() +
+              store.metrics().map_bytes + 2 * n * static_cast<int64_t>(sizeof(uint64_t));
+  }
   const int64_t now = replica_->memory().total_bytes;
   if (now + growth <= opt_.replica_budget_bytes) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
@@ -252,14 +286,47 @@ absl::Status AllreduceParams::CheckReplicaGrowth(int64_t step) const {
       "MB this rank may use: stopping before it does (the OOM killer would end the job without "
       "a word). Every rank holds every trained row; the parameter server (`pstrain host`) "
       "splits them over the shards",
-      step, now / 1048576.0, rows_added, opt_.replica_budget_bytes / 1048576.0));
+      step, now / 1048576.0, static_cast<int64_t>(merged_ids_.size()),
+      opt_.replica_budget_bytes / 1048576.0));
+}
+
+absl::Status AllreduceParams::EvictDynamic(const WorkerState& state, int64_t* step) {
+  // The pass ends only when every rank read all its data (a rank whose data ran out sits in a
+  // checkpoint of the others' with a finished state); the step is the job's. One MPI_MAX of
+  // {step, 1 - pass end} gives both to every rank.
+  const bool pass_end = state.finished() && !state.max_steps_reached();
+  int64_t agreed[2] = {*step, pass_end ? 0 : 1};
+  if (size_ > 1) {
+    RETURN_IF_ERROR(Check(MPI_Allreduce(MPI_IN_PLACE, agreed, 2, MPI_INT64_T, MPI_MAX,
+                                        MPI_COMM_WORLD),
+                          "MPI_Allreduce (dynamic tables' eviction point)", *step));
+    CountAllreduce(16);
+  }
+  *step = agreed[0];
+  WorkerState at;
+  at.set_step(agreed[0]);
+  at.set_finished(agreed[1] == 0);
+  // The same rows, metadata and step on every rank: the same victims (the store breaks ties by
+  // key), the same sketch ageing.
+  EvictDynamicTables(at, opt_.checkpoint_every_steps, replica_.get());
+  if (rank_ != 0) {
+    // Rank 0's checkpoints raise its stores' generations and drop their change logs (rows and
+    // tombstones logged for deltas); the other ranks write nothing, so they drop theirs here,
+    // or their logs would grow with every key ever updated or evicted.
+    for (int d = 0; d < replica_->num_dynamic(); ++d) {
+      DynamicEmbeddingStore* s = replica_->dynamic_store(d);
+      s->BeginGeneration(s->generation() + 1, s->generation() + 1);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state) {
   // Every rank records the job's step (a rank whose data ran out counted fewer steps of its
   // own): the checkpoint is named after it and every rank resumes from it.
   WorkerState job_state = state;
-  const int64_t step = std::max(state.step(), last_step_);
+  int64_t step = std::max(state.step(), last_step_);
+  if (replica_->num_dynamic() > 0) RETURN_IF_ERROR(EvictDynamic(state, &step));
   job_state.set_step(step);
   const std::string mine = job_state.SerializeAsString();
   int len = static_cast<int>(mine.size());
@@ -309,6 +376,7 @@ absl::StatusOr<std::string> AllreduceParams::SaveRound(const WorkerState& state)
                         "MPI_Bcast (checkpoint result)", step));
   if (rank_ == 0) bytes_sent_ += (size_ - 1) * (16 + code_len[1]);
   last_checkpoint_time_ = opt_.env->MonotonicSeconds();
+  if (code_len[0] == 0) checkpoint_step_ = step;
   if (rank_ == 0) return written;
   if (code_len[0] != 0) {
     return absl::Status(static_cast<absl::StatusCode>(code_len[0]),
@@ -371,7 +439,7 @@ absl::StatusOr<std::optional<std::string>> AllreduceParams::Restore(WorkerState*
                         "MPI_Allgather (restored step)", 0));
   CountAllgather(8);
   if (!restored.ok()) return restored.status();
-  if (*restored) last_step_ = state->step();
+  if (*restored) last_step_ = checkpoint_step_ = state->step();
   for (int r = 0; r < size_; ++r) {
     if (all[r] == -2) {
       return absl::FailedPreconditionError(
@@ -403,6 +471,24 @@ uint32_t AllreduceParams::ReplicaChecksum() const {
       add(rows.weights);
       add(rows.state);
     }
+  }
+  // The dynamic tables: rows, their metadata (count, last pass and step), the admission sketch
+  // and the counters, so that admissions and evictions must agree too. A full copy of each
+  // table (transient, at the end of the job).
+  for (int d = 0; d < replica_->num_dynamic(); ++d) {
+    absl::StatusOr<DynamicSnapshot> s = replica_->dynamic_store(d)->Snapshot(0);
+    if (!s.ok()) continue;  // a full snapshot does not fail
+    add(s->keys);
+    add(s->weights);
+    add(s->state);
+    add(s->counts);
+    add(s->last_pass);
+    add(s->last_step_of);
+    add(s->sketch);
+    const int64_t counters[] = {s->last_step,   s->pass,       s->admitted,
+                                s->rejected,    s->evicted_ttl, s->evicted_capacity,
+                                s->seen};
+    crc = crc32c::Extend(crc, counters, sizeof(counters));
   }
   const DenseSnapshot dense = replica_->dense()->Snapshot();
   add(dense.weights);

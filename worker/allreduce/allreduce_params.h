@@ -109,8 +109,13 @@ class AllreduceParams : public ParameterAccess {
   absl::StatusOr<std::string> Save(const WorkerState& state, bool final);
   // True (once) at the step boundary where every rank is due to checkpoint.
   bool TakeCheckpointRequest();
+  // The step schedule (checkpoint.every_steps), known to every rank in advance. Not at the step
+  // of the last checkpoint saved or restored (0 for a fresh job): the trainer also asks at the
+  // first boundary of a run and after a stop's round, where a checkpoint would repeat the last
+  // one (and, with dynamic tables, evict at the start of a new pass).
   bool ScheduledAt(int64_t step) const {
-    return opt_.checkpoint_every_steps > 0 && step % opt_.checkpoint_every_steps == 0;
+    return opt_.checkpoint_every_steps > 0 && step % opt_.checkpoint_every_steps == 0 &&
+           step != checkpoint_step_;
   }
 
   // Raised on every rank after the same step once any rank's local_stop was set, or a rank
@@ -134,6 +139,9 @@ class AllreduceParams : public ParameterAccess {
   // crc32c of the replica's trained rows (ids, weights, optimizer state) and dense weights and
   // state. Not thread-safe against Push.
   uint32_t ReplicaChecksum() const;
+  // The replica (its dynamic tables: the trainer sets their pass and reports their metrics,
+  // TrainerOptions::replica).
+  LocalParams* replica() const { return replica_.get(); }
   // Bytes this rank has sent in collectives (ring model, docs/ALLREDUCE.md).
   int64_t bytes_sent() const { return bytes_sent_; }
 
@@ -147,6 +155,11 @@ class AllreduceParams : public ParameterAccess {
   absl::Status Exchange(const std::vector<Header>& all, absl::Span<const int64_t> ids,
                         const float* row_grads, const float* dense_grad);
   absl::StatusOr<std::string> SaveRound(const WorkerState& state);
+  // Dynamic tables, every rank before rank 0 writes a checkpoint: agrees on the job's step
+  // (returned in `step`) and on whether the pass ended (every rank finished its data), then
+  // evicts as `pstrain train` does at that point (EvictDynamicTables: the step schedule
+  // checkpoint.every_steps and the pass's end), on every rank alike.
+  absl::Status EvictDynamic(const WorkerState& state, int64_t* step);
   // FAILED_PRECONDITION when this step's merged rows could take the replica past
   // opt_.replica_budget_bytes.
   absl::Status CheckReplicaGrowth(int64_t step) const;
@@ -163,6 +176,7 @@ class AllreduceParams : public ParameterAccess {
   double last_checkpoint_time_;
   int64_t bytes_sent_ = 0;  // by this rank
   int64_t last_step_ = 0;   // the job's step of the last update applied
+  int64_t checkpoint_step_ = 0;  // the step of the last checkpoint saved or restored
   // Step buffers, reused.
   std::vector<float> dense_;
   std::vector<int64_t> all_ids_, merged_ids_;

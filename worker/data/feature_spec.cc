@@ -475,15 +475,6 @@ absl::Status FeatureSpec::RefuseLists(const std::string& what) const {
   return absl::OkStatus();
 }
 
-absl::Status FeatureSpec::RefuseDynamic(const std::string& what) const {
-  if (dynamic_tables_.empty()) return absl::OkStatus();
-  const Table& t = tables_[dynamic_tables_[0]];
-  return absl::UnimplementedError(absl::StrCat(
-      "table '", t.name, "' is dynamic (features.table.dynamic), and dynamic tables are not "
-      "supported by ", what, " yet (docs/ARCHITECTURE.md \"Dynamic tables\"); train it with "
-      "`pstrain train`, or remove `dynamic` and set rows to make it a fixed table"));
-}
-
 int FeatureSpec::FieldIndex(const std::string& name) const {
   for (size_t i = 0; i < fields_.size(); ++i) {
     if (fields_[i].name == name) return static_cast<int>(i);

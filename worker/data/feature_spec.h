@@ -122,9 +122,6 @@ class FeatureSpec {
   const Table& dynamic_table(int d) const { return tables_[dynamic_tables_[d]]; }
   // The index into tables() of dynamic table d.
   int dynamic_table_index(int d) const { return dynamic_tables_[d]; }
-  // For the modes that cannot carry dynamic tables yet: an error naming the first dynamic table
-  // and `what` ("allreduce"), or OK when the config has none.
-  absl::Status RefuseDynamic(const std::string& what) const;
   // True when some field holds lists: Encode then fills Batch::offsets.
   bool has_lists() const { return has_lists_; }
   // The most entries Encode makes for one example: 1 a field, max_length for a list field.

@@ -6,7 +6,7 @@
 //   <dir>/ckpt-<step>/shard-0-of-1     block file: the embedding store (EMBM + EMBR blocks) and
 //                                      the dense store (DNSE), ps/store/store_blocks.h
 //   <dir>/ckpt-<step>/worker-<j>.state worker 0's state (`pstrain train`), each rank's (allreduce)
-//   <dir>/ckpt-<step>/dynamic-<table>  a dynamic table's store (`pstrain train`), full or delta
+//   <dir>/ckpt-<step>/dynamic-<table>  a dynamic table's store (train, allreduce), full or delta
 //                                      as the checkpoint (ps/store/dynamic_file.h)
 //
 // docs/CHECKPOINT.md describes the files byte by byte.
@@ -40,7 +40,7 @@ namespace pstrain {
 // whole passes). Counted in the stores' metrics. Returns whether it ran.
 bool EvictDynamicTables(const WorkerState& state, int64_t every_steps, LocalParams* params);
 
-// "dynamic-<table>": a dynamic table's file in a checkpoint of `pstrain train`.
+// "dynamic-<table>": a dynamic table's file in a checkpoint of `pstrain train` or allreduce.
 std::string DynamicTableFileName(const std::string& table);
 
 // The model description every checkpoint's MANIFEST records (pstrain.ModelDescription): the

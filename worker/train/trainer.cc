@@ -164,8 +164,8 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   }
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
-  // Dynamic tables live in LocalParams (below) or on the PS shards (opts.params, a PsClient:
-  // ps/server/shard.h); allreduce refuses them before it gets here (cmd/allreduce.cc).
+  // Dynamic tables live in LocalParams (below, or allreduce's replica: opts.replica) or on the
+  // PS shards (opts.params, a PsClient: ps/server/shard.h).
   ASSIGN_OR_RETURN(auto model, Model::Create(config.model(), ModelInputsOf(spec)));
   // Local parameters (with checkpoints) unless the caller brings its own.
   const bool async_local = opts.params == nullptr && config.train().async_local_updates();
@@ -222,19 +222,23 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   parts.job = opts.job != nullptr ? opts.job : &local_job;
   parts.progress = progress.get();
   parts.prefetch_pulls = prefetch_pulls;
-  if (local != nullptr && local->num_dynamic() > 0) {
-    parts.dynamic_metrics = [p = local.get()] { return DynamicMetricsOf(*p); };
+  // The in-process stores whose dynamic tables this trainer handles: its own or allreduce's
+  // replica (identical on every rank, so every rank does the same); a PS chief's come from the
+  // shards (opts.dynamic_metrics).
+  LocalParams* const dynamic = local != nullptr ? local.get() : opts.replica;
+  if (dynamic != nullptr && dynamic->num_dynamic() > 0) {
+    parts.dynamic_metrics = [dynamic] { return DynamicMetricsOf(*dynamic); };
   } else if (opts.dynamic_metrics) {
     parts.dynamic_metrics = opts.dynamic_metrics;
   }
   TrainLoop loop(parts);
   RETURN_IF_ERROR(loop.Resume());
-  if (local != nullptr && local->num_dynamic() > 0) {
+  if (dynamic != nullptr && dynamic->num_dynamic() > 0) {
     // The pass ("day") the dynamic tables record in their rows, for the TTL in passes: the
     // restored one (Restore sets it), one more when this run begins a new pass.
-    int32_t pass = local->dynamic_store(0)->pass();
+    int32_t pass = dynamic->dynamic_store(0)->pass();
     if (loop.pass_action() == PassAction::kNewPass) ++pass;
-    local->SetPass(pass);
+    dynamic->SetPass(pass);
   }
   RETURN_IF_ERROR(loop.Run());
   ASSIGN_OR_RETURN(TrainSummary summary, loop.Finish());
@@ -243,15 +247,15 @@ absl::StatusOr<TrainSummary> RunTraining(const Config& config_in, const TrainerO
   if (local != nullptr) {
     summary.memory_per = "process";
     summary.memory = {local->memory()};
-    if (local->num_dynamic() > 0) {
-      // After the final checkpoint's eviction.
-      summary.dynamic_tables = DynamicMetricsOf(*local);
-      progress->DynamicTables(step, summary.dynamic_tables);
-    }
+  }
+  if (dynamic != nullptr && dynamic->num_dynamic() > 0) {
+    // After the final checkpoint's eviction.
+    summary.dynamic_tables = DynamicMetricsOf(*dynamic);
+    progress->DynamicTables(step, summary.dynamic_tables);
   }
   if (opts.after_training && !summary.preempted) {
     RETURN_IF_ERROR(opts.after_training(&summary));
-    if (local == nullptr && opts.dynamic_metrics && !summary.dynamic_tables.empty()) {
+    if (dynamic == nullptr && opts.dynamic_metrics && !summary.dynamic_tables.empty()) {
       // The shards' tables after the final checkpoint (its evictions at a pass's end), as
       // summary.json has them.
       progress->DynamicTables(step, summary.dynamic_tables);

@@ -84,6 +84,10 @@ struct TrainerOptions {
   // Parameters to train (not owned; must outlive RunTraining). Null = in-process LocalParams
   // with a LocalCheckpointer (checkpoints and resume in checkpoint.dir or the model dir).
   ParameterAccess* params = nullptr;
+  // The in-process replica behind `params` when it has one (`pstrain allreduce`: every rank's
+  // LocalParams; not owned). Its dynamic tables are handled as `pstrain train`'s own: the pass
+  // set after Resume, their counters in the metrics and summary.json.
+  LocalParams* replica = nullptr;
   // How to checkpoint `params` when it is not null (not owned). Null: no checkpoints
   // (summary.checkpoint stays "").
   Checkpointer* checkpointer = nullptr;

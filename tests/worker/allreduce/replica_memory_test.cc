@@ -79,6 +79,52 @@ TEST_F(ReplicaMemoryTest, TheDataDistinctValuesFillTheHashedRows) {
   EXPECT_LT(e->rows, 2 * 11 + 1e-6);
 }
 
+// A dynamic table (features.table.dynamic): its rows are the data's distinct values or its cap,
+// whichever is smaller, at a store slot and a map entry each, plus its admission sketch; with
+// neither, unknown (counted 0) and said so.
+TEST_F(ReplicaMemoryTest, ADynamicTableCountsItsCapOrTheDataAndItsSketch) {
+  Config c = TwoFields();
+  c.mutable_features()->mutable_field()->RemoveLast();  // A (1001 rows) only
+  FieldSpec* u = c.mutable_features()->add_field();
+  u->set_name("U");
+  u->set_kind(CATEGORICAL);
+  u->set_table("user");
+  TableConfig* t = c.mutable_features()->add_table();
+  t->set_name("user");
+  t->set_dim(4);
+  t->mutable_dynamic()->set_admission(DynamicTableConfig::COUNT);
+  t->mutable_dynamic()->set_admit_count(2);
+  t->mutable_dynamic()->set_sketch_width(2048);
+  t->mutable_dynamic()->set_sketch_depth(2);
+  auto spec = FeatureSpec::Create(c.features());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->total_rows(), 1001u);
+  // The fixed part as above; a dynamic row: (1 + 4 weights, 5 Adagrad slots, 5 words) x 4 and a
+  // map entry of 17 bytes at 7/8 (20); the sketch 2048 x 2 x 4.
+  const int64_t fixed = 1001 * 11 * 4 + 1001 * 4 + 100 * 4;
+  const int64_t row = 15 * 4 + 20, sketch = 2048 * 2 * 4;
+  auto e = EstimateReplica(c, *spec, 5, 100, std::nullopt);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->bytes, fixed + sketch);
+  EXPECT_THAT(e->basis, HasSubstr("dynamic table 'user': rows unknown"));
+
+  t->mutable_dynamic()->set_max_rows_per_shard(500);
+  spec = FeatureSpec::Create(c.features());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  e = EstimateReplica(c, *spec, 5, 100, std::nullopt);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->bytes, fixed + sketch + 500 * row);
+  EXPECT_DOUBLE_EQ(e->rows, 1001 + 500);
+  EXPECT_THAT(e->basis, HasSubstr("dynamic table 'user': 500 rows"));
+
+  DataCardinality data;
+  data.distinct = {{"U", 300}};
+  data.source = "teacher.json";
+  e = EstimateReplica(c, *spec, 5, 100, data);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_NEAR(e->rows, 1001 + 300, 1e-6);
+}
+
 TEST_F(ReplicaMemoryTest, ReadsDatagensTeacherJsonBesideTheData) {
   std::ofstream(dir_ + "/teacher.json")
       << R"({"generator":"pstrain datagen v1","rows":20000,"cardinalities":{"C1":1460,"C2":583}})";

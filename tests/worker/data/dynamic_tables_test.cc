@@ -221,18 +221,5 @@ TEST(DynamicTables, AtMostMaxDynamicTables) {
   EXPECT_EQ(fine->num_dynamic_tables(), kMaxDynamicTables);
 }
 
-TEST(DynamicTables, RefuseDynamicNamesTheTable) {
-  auto spec = FeatureSpec::Create(Parse(kDynamic), Model(8));
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  const absl::Status s = spec->RefuseDynamic("pstrain allreduce");
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(s.message()).find("table 'user' is dynamic"), std::string::npos) << s;
-  EXPECT_NE(std::string(s.message()).find("pstrain allreduce"), std::string::npos) << s;
-  auto fixed = FeatureSpec::Create(FeatureConfig(), Model(8));
-  ASSERT_TRUE(fixed.ok());
-  EXPECT_TRUE(fixed->RefuseDynamic("x").ok());
-  EXPECT_FALSE(fixed->has_dynamic_tables());
-}
-
 }  // namespace
 }  // namespace pstrain
