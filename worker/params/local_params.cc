@@ -152,6 +152,46 @@ Grouping& ThreadGrouping() {
   return g;
 }
 
+// One group of a call's ids (GroupByStore): a fixed store's, or a dynamic table's with its keys.
+struct StoreGroup {
+  EmbeddingStore* store = nullptr;           // a fixed store's group
+  DynamicEmbeddingStore* dynamic = nullptr;  // else a dynamic table's
+  absl::Span<const int64_t> ids;             // the group's ids
+  absl::Span<const uint64_t> keys;           // a dynamic group's keys (DynamicKeyOf)
+  absl::Span<const int32_t> positions;       // the caller's index of each id
+  int width = 0;                             // the store's floats per row
+};
+
+// Groups `ids` by store into `g` and calls fn(group) for each non-empty group, fixed stores in
+// row order then dynamic tables in dynamic-index order; stops at the first error (fn's or
+// GroupByStore's, before any fn). The one group loop of GatherAt and ApplyAt.
+template <typename Fn>
+absl::Status ForEachGroup(absl::Span<const int64_t> ids, absl::Span<EmbeddingStore* const> stores,
+                          const std::vector<LocalParams::DynamicTable>& dynamic, Grouping* g,
+                          Fn fn) {
+  RETURN_IF_ERROR(GroupByStore(ids, stores, static_cast<int>(dynamic.size()), g));
+  const size_t S = stores.size();
+  for (size_t s = 0; s < S + dynamic.size(); ++s) {
+    const int64_t n = g->bounds[s + 1] - g->bounds[s];
+    if (n == 0) continue;
+    StoreGroup group;
+    group.ids = absl::MakeConstSpan(g->grouped).subspan(g->bounds[s], n);
+    group.positions = absl::MakeConstSpan(g->order).subspan(g->bounds[s], n);
+    if (s < S) {
+      group.store = stores[s];
+      group.width = group.store->dim();
+    } else {
+      group.dynamic = dynamic[s - S].store.get();
+      group.width = group.dynamic->dim();
+      g->keys.resize(n);
+      for (int64_t j = 0; j < n; ++j) g->keys[j] = DynamicKeyOf(group.ids[j]);
+      group.keys = g->keys;
+    }
+    RETURN_IF_ERROR(fn(group));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
@@ -160,34 +200,24 @@ absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
     return stores_[0]->Gather(ids, rows, nullptr, threads);
   }
   Grouping& g = ThreadGrouping();
-  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, num_dynamic(), &g));
-  const size_t S = stores_.size();
-  for (size_t s = 0; s < S + dynamic_.size(); ++s) {
-    const int64_t n = g.bounds[s + 1] - g.bounds[s];
-    if (n == 0) continue;
-    const absl::Span<const int64_t> grouped =
-        absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n);
-    int width;
-    if (s < S) {
-      width = stores_[s]->dim();
-      g.rows.resize(n * width);
-      RETURN_IF_ERROR(stores_[s]->Gather(grouped, g.rows.data(), nullptr, threads));
+  const auto gather = [&](const StoreGroup& group) -> absl::Status {
+    const int64_t n = static_cast<int64_t>(group.ids.size());
+    const int width = group.width;
+    g.rows.resize(n * width);
+    if (group.store != nullptr) {
+      RETURN_IF_ERROR(group.store->Gather(group.ids, g.rows.data(), nullptr, threads));
     } else {
-      const DynamicEmbeddingStore& d = *dynamic_[s - S].store;
-      width = d.dim();
-      g.keys.resize(n);
-      for (int64_t j = 0; j < n; ++j) g.keys[j] = DynamicKeyOf(grouped[j]);
-      g.rows.resize(n * width);
-      d.Gather(g.keys, g.rows.data(), threads);
+      group.dynamic->Gather(group.keys, g.rows.data(), threads);
     }
     // Each row to its place at the stride, zeros after its width (ExpandRowsInPlace's rule).
     for (int64_t j = 0; j < n; ++j) {
-      float* out = rows + int64_t{g.order[g.bounds[s] + j]} * row_dim_;
+      float* out = rows + int64_t{group.positions[j]} * row_dim_;
       std::copy_n(g.rows.data() + j * width, width, out);
       std::fill(out + width, out + row_dim_, 0.f);
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  };
+  return ForEachGroup(ids, store_ptrs_, dynamic_, &g, gather);
 }
 
 absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* grads, int64_t step,
@@ -196,29 +226,23 @@ absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* gr
     return stores_[0]->Apply(ids, grads, step, nullptr, threads);
   }
   Grouping& g = ThreadGrouping();
-  // Checked before anything is applied: an id outside every table applies nothing.
-  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, num_dynamic(), &g));
-  const size_t S = stores_.size();
-  for (size_t s = 0; s < S + dynamic_.size(); ++s) {
-    const int64_t n = g.bounds[s + 1] - g.bounds[s];
-    if (n == 0) continue;
-    const absl::Span<const int64_t> grouped =
-        absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n);
-    const int width = s < S ? stores_[s]->dim() : dynamic_[s - S].store->dim();
+  // Grouped (and so checked) before anything is applied: an id outside every table applies
+  // nothing.
+  const auto apply = [&](const StoreGroup& group) -> absl::Status {
+    const int64_t n = static_cast<int64_t>(group.ids.size());
+    const int width = group.width;
     g.rows.resize(n * width);
     for (int64_t j = 0; j < n; ++j) {
-      NarrowRows(grads + int64_t{g.order[g.bounds[s] + j]} * row_dim_, 1, row_dim_, width,
+      NarrowRows(grads + int64_t{group.positions[j]} * row_dim_, 1, row_dim_, width,
                  g.rows.data() + j * width);
     }
-    if (s < S) {
-      RETURN_IF_ERROR(stores_[s]->Apply(grouped, g.rows.data(), step, nullptr, threads));
-    } else {
-      g.keys.resize(n);
-      for (int64_t j = 0; j < n; ++j) g.keys[j] = DynamicKeyOf(grouped[j]);
-      dynamic_[s - S].store->Apply(g.keys, g.rows.data(), step, threads);
+    if (group.store != nullptr) {
+      return group.store->Apply(group.ids, g.rows.data(), step, nullptr, threads);
     }
-  }
-  return absl::OkStatus();
+    group.dynamic->Apply(group.keys, g.rows.data(), step, threads);
+    return absl::OkStatus();
+  };
+  return ForEachGroup(ids, store_ptrs_, dynamic_, &g, apply);
 }
 
 absl::Status LocalParams::Pull(absl::Span<const int64_t> ids, float* rows, float* dense) {
