@@ -173,17 +173,28 @@ absl::Status Shard::RouteDynamic(int64_t id, int64_t i, std::vector<Run>* runs) 
   return absl::OkStatus();
 }
 
+namespace {
+
+// The keys of dynamic rows `ids`, in the calling thread's buffer (valid until its next call on
+// this thread): every pull and push of a dynamic table needs them, and a buffer that has grown to
+// the thread's largest run allocates nothing more in the steady state.
+absl::Span<const uint64_t> DynamicKeys(absl::Span<const int64_t> ids) {
+  thread_local std::vector<uint64_t> keys;
+  keys.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) keys[i] = DynamicKeyOf(ids[i]);
+  return keys;
+}
+
+}  // namespace
+
 void Shard::GatherDynamic(absl::Span<const int64_t> ids, const Run& r, float* rows) const {
-  std::vector<uint64_t> keys(r.end - r.begin);
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = DynamicKeyOf(ids[r.begin + i]);
-  dynamic_stores_[r.dynamic]->Gather(keys, rows);
+  dynamic_stores_[r.dynamic]->Gather(DynamicKeys(ids.subspan(r.begin, r.end - r.begin)), rows);
 }
 
 void Shard::ApplyDynamic(absl::Span<const int64_t> ids, const Run& r, const float* grads,
                          int64_t step) {
-  std::vector<uint64_t> keys(r.end - r.begin);
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = DynamicKeyOf(ids[r.begin + i]);
-  dynamic_stores_[r.dynamic]->Apply(keys, grads, step);
+  dynamic_stores_[r.dynamic]->Apply(DynamicKeys(ids.subspan(r.begin, r.end - r.begin)), grads,
+                                    step);
 }
 
 void Shard::MaybeEvictAfter(int64_t step) {

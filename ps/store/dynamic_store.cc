@@ -295,11 +295,16 @@ void DynamicEmbeddingStore::ForEachByStripe(absl::Span<const uint64_t> keys, int
 
 void DynamicEmbeddingStore::Gather(absl::Span<const uint64_t> keys, float* out,
                                    int threads) const {
+  GatherAt(keys, /*at=*/nullptr, opt_.dim, out, threads);
+}
+
+void DynamicEmbeddingStore::GatherAt(absl::Span<const uint64_t> keys, const int32_t* at,
+                                     int64_t stride, float* out, int threads) const {
   const int dim = opt_.dim;
   const bool init_missing = opt_.admission == Admission::kAlways && opt_.row_init;
   ForEachByStripe(keys, threads, (1 + dim) * sizeof(float),
                   [&](Stripe&, int, int64_t i, const float* row) {
-                    float* dst = out + i * dim;
+                    float* dst = out + (at != nullptr ? int64_t{at[i]} : i) * stride;
                     if (row != nullptr) {
                       std::memcpy(dst, row, dim * sizeof(float));
                     } else if (init_missing) {
@@ -312,6 +317,12 @@ void DynamicEmbeddingStore::Gather(absl::Span<const uint64_t> keys, float* out,
 
 void DynamicEmbeddingStore::Apply(absl::Span<const uint64_t> keys, const float* grads,
                                   int64_t step, int threads) {
+  ApplyAt(keys, /*at=*/nullptr, opt_.dim, grads, step, threads);
+}
+
+void DynamicEmbeddingStore::ApplyAt(absl::Span<const uint64_t> keys, const int32_t* at,
+                                    int64_t stride, const float* grads, int64_t step,
+                                    int threads) {
   RaiseLastStep(step);
   const int dim = opt_.dim;
   const Optimizer& optimizer = *opt_.optimizer;
@@ -351,7 +362,8 @@ void DynamicEmbeddingStore::Apply(absl::Span<const uint64_t> keys, const float* 
                     if (count != UINT32_MAX) SetWord(row, kCount, count + 1);
                     SetWord(row, kPass, static_cast<uint32_t>(pass));
                     SetStep(row, step);
-                    optimizer.ApplyRow(row, row + dim, grads + i * dim, dim, lr);
+                    const int64_t place = at != nullptr ? int64_t{at[i]} : i;
+                    optimizer.ApplyRow(row, row + dim, grads + place * stride, dim, lr);
                   });
   seen_.fetch_add(n, std::memory_order_relaxed);
   rejected_.fetch_add(rejected.load(), std::memory_order_relaxed);

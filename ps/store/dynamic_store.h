@@ -235,6 +235,15 @@ class DynamicEmbeddingStore {
   // input). Rows updated record pass(). `threads` as EmbeddingStore::Apply.
   void Apply(absl::Span<const uint64_t> keys, const float* grads, int64_t step, int threads = 0);
 
+  // Gather and Apply with key i's row at the caller's place: out (grads) + at[i] * stride floats
+  // (stride >= dim; Gather writes a row's first dim floats only), so that a caller whose rows sit
+  // at a wider stride and in another order (LocalParams: the step's rows at row_dim) needs no
+  // buffer between. `at` null: at[i] = i. Otherwise as above.
+  void GatherAt(absl::Span<const uint64_t> keys, const int32_t* at, int64_t stride, float* out,
+                int threads = 0) const;
+  void ApplyAt(absl::Span<const uint64_t> keys, const int32_t* at, int64_t stride,
+               const float* grads, int64_t step, int threads = 0);
+
   // The current pass ("day"), recorded by Apply in the rows it updates; the TTL in passes
   // compares with it.
   void SetPass(int32_t pass) { pass_.store(pass); }

@@ -27,12 +27,7 @@ using ::testing::HasSubstr;
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/din_", getpid()); }
 std::string P() { return PSTRAIN_BINARY; }
 
-const char kConfig[] = R"pb(
-  data {
-    train { name: "train" format: CSV }
-    eval { name: "eval" format: CSV }
-    shuffle_buffer: 1000
-  }
+const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
   features {
     preset: NO_PRESET
     field { name: "item" vocab_size: 2000 }
@@ -50,22 +45,15 @@ const char kConfig[] = R"pb(
   threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
 )pb";
 
-std::string Csv(int rows, uint64_t seed) { return testing::TopicHistoryCsv(rows, seed); }
-
 class DinTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir() + "/train").c_str()), 0);
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/a.csv", Csv(6000, 1)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/b.csv", Csv(6000, 2)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/test.csv", Csv(2000, 3)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/config.textproto", kConfig).ok());
+    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
   }
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
 
   static std::string Args(const std::string& model_dir) {
-    return absl::StrCat("--config ", Dir(), "/config.textproto --train '", Dir(),
-                        "/train/*.csv' --eval ", Dir(), "/test.csv --model_dir ", model_dir);
+    return testing::TopicHistoryArgs(Dir(), model_dir);
   }
 };
 

@@ -40,12 +40,7 @@ using ::testing::HasSubstr;
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/dynamic_ps_", getpid()); }
 std::string P() { return PSTRAIN_BINARY; }
 
-const char kConfig[] = R"pb(
-  data {
-    train { name: "train" format: CSV }
-    eval { name: "eval" format: CSV }
-    shuffle_buffer: 1000
-  }
+const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
   features {
     preset: NO_PRESET
     field { name: "item" table: "item" }
@@ -66,11 +61,7 @@ constexpr int kTrainRows = 2 * 6000;
 class DynamicPsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir() + "/train").c_str()), 0);
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/a.csv", testing::TopicHistoryCsv(6000, 1)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/b.csv", testing::TopicHistoryCsv(6000, 2)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/test.csv", testing::TopicHistoryCsv(2000, 3)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/config.textproto", kConfig).ok());
+    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
     // The resume test's: `small` (300 users, ~128 of them a step) dynamic with a TTL of 3 steps,
     // so that the shards evict rows on their schedule between the checkpoints, and `item` fixed
     // (fixed and dynamic rows mixed; every table dynamic is all_dynamic_ps_test's).
@@ -87,8 +78,7 @@ class DynamicPsTest : public ::testing::Test {
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
 
   static std::string Args(const std::string& model_dir) {
-    return absl::StrCat("--config ", Dir(), "/config.textproto --train '", Dir(),
-                        "/train/*.csv' --eval ", Dir(), "/test.csv --model_dir ", model_dir);
+    return testing::TopicHistoryArgs(Dir(), model_dir);
   }
 };
 

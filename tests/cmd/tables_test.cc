@@ -32,12 +32,7 @@ using ::testing::HasSubstr;
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/tables_", getpid()); }
 std::string P() { return PSTRAIN_BINARY; }
 
-const char kConfig[] = R"pb(
-  data {
-    train { name: "train" format: CSV }
-    eval { name: "eval" format: CSV }
-    shuffle_buffer: 1000
-  }
+const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
   features {
     preset: NO_PRESET
     field { name: "item" table: "item" }
@@ -89,18 +84,12 @@ std::vector<int> GroupWidths(const std::string& model_dir) {
 class TablesTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_EQ(std::system(("rm -rf " + Dir() + " && mkdir -p " + Dir() + "/train").c_str()), 0);
-    // Two train files: by-file sharding gives each of 2 hosts one.
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/a.csv", testing::TopicHistoryCsv(6000, 1)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/train/b.csv", testing::TopicHistoryCsv(6000, 2)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/test.csv", testing::TopicHistoryCsv(2000, 3)).ok());
-    ASSERT_TRUE(WriteFileAtomic(Dir() + "/config.textproto", kConfig).ok());
+    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
   }
   static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
 
   static std::string Args(const std::string& model_dir) {
-    return absl::StrCat("--config ", Dir(), "/config.textproto --train '", Dir(),
-                        "/train/*.csv' --eval ", Dir(), "/test.csv --model_dir ", model_dir);
+    return testing::TopicHistoryArgs(Dir(), model_dir);
   }
 };
 

@@ -96,13 +96,19 @@ namespace {
 // One call's ids grouped by store (counting sort): group s < S (the fixed stores) holds the ids
 // of stores[s], group S + d those of dynamic table d; order[bounds[s], bounds[s + 1]) are the
 // positions of a group's ids, grouped[...] those ids. Kept per thread (the tower threads call
-// concurrently) so that a step allocates nothing once warm.
+// concurrently) so that a step allocates nothing once warm. keys[i] = DynamicKeyOf(grouped[i])
+// for the dynamic groups' ids (from bounds[S] on).
 struct Grouping {
   std::vector<uint32_t> of;  // the group of each id
   std::vector<int32_t> order;
   std::vector<int64_t> bounds, next, grouped;
-  std::vector<uint64_t> keys;  // a dynamic group's keys
-  std::vector<float> rows;     // a group's rows at its store's width
+  std::vector<uint64_t> keys;
+  std::vector<float> rows;  // a fixed store's group's rows at its width
+  // What the grouping above is of (GroupOnce): these ids over stores whose first rows (and the
+  // last store's end) were `begins`, with `num_dynamic` dynamic tables; valid: it is complete.
+  bool valid = false;
+  std::vector<int64_t> ids, begins;
+  int num_dynamic = 0;
 };
 
 // INVALID_ARGUMENT naming the first id outside every store or of a dynamic table past
@@ -147,9 +153,78 @@ absl::Status GroupByStore(absl::Span<const int64_t> ids, absl::Span<EmbeddingSto
   return absl::OkStatus();
 }
 
+// GroupByStore, unless *g already holds the grouping of these very ids over the same stores (a
+// pure function of them): a training step's ApplyRows after its GatherRows on the same thread
+// (TrainStep's in-process step) splits and keys its ids once, at the cost of a copy of the ids
+// and a comparison with them.
+absl::Status GroupOnce(absl::Span<const int64_t> ids, absl::Span<EmbeddingStore* const> stores,
+                       int num_dynamic, Grouping* g) {
+  const auto same_stores = [&] {
+    if (g->begins.size() != stores.size() + 1) return false;
+    for (size_t s = 0; s < stores.size(); ++s) {
+      if (g->begins[s] != stores[s]->begin()) return false;
+    }
+    return g->begins.back() == stores.back()->end();
+  };
+  if (g->valid && g->num_dynamic == num_dynamic && g->ids.size() == ids.size() && same_stores() &&
+      std::equal(ids.begin(), ids.end(), g->ids.begin())) {
+    return absl::OkStatus();
+  }
+  g->valid = false;
+  RETURN_IF_ERROR(GroupByStore(ids, stores, num_dynamic, g));
+  const int64_t dynamic_begin = g->bounds[stores.size()];
+  g->keys.resize(ids.size());
+  for (size_t i = dynamic_begin; i < ids.size(); ++i) g->keys[i] = DynamicKeyOf(g->grouped[i]);
+  g->ids.assign(ids.begin(), ids.end());
+  g->begins.clear();
+  for (EmbeddingStore* store : stores) g->begins.push_back(store->begin());
+  g->begins.push_back(stores.back()->end());
+  g->num_dynamic = num_dynamic;
+  g->valid = true;
+  return absl::OkStatus();
+}
+
 Grouping& ThreadGrouping() {
   thread_local Grouping g;
   return g;
+}
+
+// One group of a call's ids (GroupByStore): a fixed store's, or a dynamic table's with its keys.
+struct StoreGroup {
+  EmbeddingStore* store = nullptr;           // a fixed store's group
+  DynamicEmbeddingStore* dynamic = nullptr;  // else a dynamic table's
+  absl::Span<const int64_t> ids;             // the group's ids
+  absl::Span<const uint64_t> keys;           // a dynamic group's keys (DynamicKeyOf)
+  absl::Span<const int32_t> positions;       // the caller's index of each id
+  int width = 0;                             // the store's floats per row
+};
+
+// Groups `ids` by store into `g` and calls fn(group) for each non-empty group, fixed stores in
+// row order then dynamic tables in dynamic-index order; stops at the first error (fn's or
+// GroupByStore's, before any fn). The one group loop of GatherAt and ApplyAt.
+template <typename Fn>
+absl::Status ForEachGroup(absl::Span<const int64_t> ids, absl::Span<EmbeddingStore* const> stores,
+                          const std::vector<LocalParams::DynamicTable>& dynamic, Grouping* g,
+                          Fn fn) {
+  RETURN_IF_ERROR(GroupOnce(ids, stores, static_cast<int>(dynamic.size()), g));
+  const size_t S = stores.size();
+  for (size_t s = 0; s < S + dynamic.size(); ++s) {
+    const int64_t n = g->bounds[s + 1] - g->bounds[s];
+    if (n == 0) continue;
+    StoreGroup group;
+    group.ids = absl::MakeConstSpan(g->grouped).subspan(g->bounds[s], n);
+    group.positions = absl::MakeConstSpan(g->order).subspan(g->bounds[s], n);
+    if (s < S) {
+      group.store = stores[s];
+      group.width = group.store->dim();
+    } else {
+      group.dynamic = dynamic[s - S].store.get();
+      group.width = group.dynamic->dim();
+      group.keys = absl::MakeConstSpan(g->keys).subspan(g->bounds[s], n);
+    }
+    RETURN_IF_ERROR(fn(group));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -160,34 +235,30 @@ absl::Status LocalParams::GatherAt(absl::Span<const int64_t> ids, float* rows,
     return stores_[0]->Gather(ids, rows, nullptr, threads);
   }
   Grouping& g = ThreadGrouping();
-  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, num_dynamic(), &g));
-  const size_t S = stores_.size();
-  for (size_t s = 0; s < S + dynamic_.size(); ++s) {
-    const int64_t n = g.bounds[s + 1] - g.bounds[s];
-    if (n == 0) continue;
-    const absl::Span<const int64_t> grouped =
-        absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n);
-    int width;
-    if (s < S) {
-      width = stores_[s]->dim();
-      g.rows.resize(n * width);
-      RETURN_IF_ERROR(stores_[s]->Gather(grouped, g.rows.data(), nullptr, threads));
-    } else {
-      const DynamicEmbeddingStore& d = *dynamic_[s - S].store;
-      width = d.dim();
-      g.keys.resize(n);
-      for (int64_t j = 0; j < n; ++j) g.keys[j] = DynamicKeyOf(grouped[j]);
-      g.rows.resize(n * width);
-      d.Gather(g.keys, g.rows.data(), threads);
+  const auto gather = [&](const StoreGroup& group) -> absl::Status {
+    const int64_t n = static_cast<int64_t>(group.ids.size());
+    const int width = group.width;
+    // Each row to its place at the stride, zeros after its width (ExpandRowsInPlace's rule): a
+    // dynamic table's straight there, a fixed store's through a buffer.
+    if (group.dynamic != nullptr) {
+      group.dynamic->GatherAt(group.keys, group.positions.data(), row_dim_, rows, threads);
+      if (width < row_dim_) {
+        for (const int32_t p : group.positions) {
+          std::fill_n(rows + int64_t{p} * row_dim_ + width, row_dim_ - width, 0.f);
+        }
+      }
+      return absl::OkStatus();
     }
-    // Each row to its place at the stride, zeros after its width (ExpandRowsInPlace's rule).
+    g.rows.resize(n * width);
+    RETURN_IF_ERROR(group.store->Gather(group.ids, g.rows.data(), nullptr, threads));
     for (int64_t j = 0; j < n; ++j) {
-      float* out = rows + int64_t{g.order[g.bounds[s] + j]} * row_dim_;
+      float* out = rows + int64_t{group.positions[j]} * row_dim_;
       std::copy_n(g.rows.data() + j * width, width, out);
       std::fill(out + width, out + row_dim_, 0.f);
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  };
+  return ForEachGroup(ids, store_ptrs_, dynamic_, &g, gather);
 }
 
 absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* grads, int64_t step,
@@ -196,29 +267,25 @@ absl::Status LocalParams::ApplyAt(absl::Span<const int64_t> ids, const float* gr
     return stores_[0]->Apply(ids, grads, step, nullptr, threads);
   }
   Grouping& g = ThreadGrouping();
-  // Checked before anything is applied: an id outside every table applies nothing.
-  RETURN_IF_ERROR(GroupByStore(ids, store_ptrs_, num_dynamic(), &g));
-  const size_t S = stores_.size();
-  for (size_t s = 0; s < S + dynamic_.size(); ++s) {
-    const int64_t n = g.bounds[s + 1] - g.bounds[s];
-    if (n == 0) continue;
-    const absl::Span<const int64_t> grouped =
-        absl::MakeConstSpan(g.grouped).subspan(g.bounds[s], n);
-    const int width = s < S ? stores_[s]->dim() : dynamic_[s - S].store->dim();
+  // Grouped (and so checked) before anything is applied: an id outside every table applies
+  // nothing.
+  const auto apply = [&](const StoreGroup& group) -> absl::Status {
+    // A dynamic table reads each row's first floats at its place; a fixed store's rows go
+    // through a buffer at its width.
+    if (group.dynamic != nullptr) {
+      group.dynamic->ApplyAt(group.keys, group.positions.data(), row_dim_, grads, step, threads);
+      return absl::OkStatus();
+    }
+    const int64_t n = static_cast<int64_t>(group.ids.size());
+    const int width = group.width;
     g.rows.resize(n * width);
     for (int64_t j = 0; j < n; ++j) {
-      NarrowRows(grads + int64_t{g.order[g.bounds[s] + j]} * row_dim_, 1, row_dim_, width,
+      NarrowRows(grads + int64_t{group.positions[j]} * row_dim_, 1, row_dim_, width,
                  g.rows.data() + j * width);
     }
-    if (s < S) {
-      RETURN_IF_ERROR(stores_[s]->Apply(grouped, g.rows.data(), step, nullptr, threads));
-    } else {
-      g.keys.resize(n);
-      for (int64_t j = 0; j < n; ++j) g.keys[j] = DynamicKeyOf(grouped[j]);
-      dynamic_[s - S].store->Apply(g.keys, g.rows.data(), step, threads);
-    }
-  }
-  return absl::OkStatus();
+    return group.store->Apply(group.ids, g.rows.data(), step, nullptr, threads);
+  };
+  return ForEachGroup(ids, store_ptrs_, dynamic_, &g, apply);
 }
 
 absl::Status LocalParams::Pull(absl::Span<const int64_t> ids, float* rows, float* dense) {

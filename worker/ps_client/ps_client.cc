@@ -297,19 +297,23 @@ std::shared_ptr<PsFuture> PsClient::PullAtStepAsync(absl::Span<const int64_t> id
 void PsClient::PullPartDone(PullOp* op, int k, absl::Status st) {
   PullPart& part = op->parts[k];
   const int s = op->shards[k];
+  // Each row's width (its table's, compact widths), looked up once: the size check and the copy
+  // both need it.
+  std::vector<int> widths;
   if (st.ok()) {
     NoteIncarnation(s, part.incarnation);
     if (part.job != nullptr) NoteJobState(part.incarnation, *part.job);
     const std::vector<int32_t>& positions = op->positions[k];
     // Each row came at its table's width (compact widths): spread to the stride, zeros after.
     const char* ids = part.request.ids().data();
-    auto id_at = [ids](size_t j) {
+    widths.resize(positions.size());
+    int64_t want = 0;
+    for (size_t j = 0; j < positions.size(); ++j) {
       int64_t id;
       std::memcpy(&id, ids + j * sizeof(int64_t), sizeof(id));
-      return id;
-    };
-    int64_t want = 0;
-    for (size_t j = 0; j < positions.size(); ++j) want += RowWidthOf(id_at(j)) * sizeof(float);
+      widths[j] = RowWidthOf(id);
+      want += widths[j] * sizeof(float);
+    }
     if (part.rows_bytes >= 0 && part.rows_bytes != want) {
       st = absl::InternalError(absl::StrCat(
           shards_[s]->name(), ": Pull answered ", part.rows_bytes, " row bytes for ",
@@ -320,11 +324,8 @@ void PsClient::PullPartDone(PullOp* op, int k, absl::Status st) {
     const std::vector<int32_t>& positions = op->positions[k];
     const int dim = opt_.row_dim;
     const char* in = part.rows;
-    const char* ids = part.request.ids().data();
     for (size_t j = 0; j < positions.size(); ++j) {
-      int64_t id;
-      std::memcpy(&id, ids + j * sizeof(int64_t), sizeof(id));
-      const int width = RowWidthOf(id);
+      const int width = widths[j];
       float* out = op->rows + int64_t{positions[j]} * dim;
       std::memcpy(out, in, width * sizeof(float));
       std::fill(out + width, out + dim, 0.f);
@@ -363,6 +364,7 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
   if (!grouped.ok()) return PsFuture::Completed(Annotate(grouped, "Push"));
   auto op = std::make_shared<PushOp>();
   const int dim = opt_.row_dim;
+  std::vector<int> widths;  // a part's rows' widths, looked up once (sizing and packing need it)
   for (int s = 0; s < num_shards(); ++s) {
     const int64_t slice = dense_grad != nullptr ? router_.dense_size(s) : 0;
     const int64_t n = bounds[s + 1] - bounds[s];
@@ -385,14 +387,18 @@ std::shared_ptr<PsFuture> PsClient::PushAsync(absl::Span<const int64_t> ids, con
     std::string* packed_grads = req.mutable_row_grads();
     packed_ids->resize(n * sizeof(int64_t));
     // Each row at its table's width (compact widths): its gradient's first floats only.
+    widths.resize(n);
     int64_t floats = 0;
-    for (int64_t j = 0; j < n; ++j) floats += RowWidthOf(ids[order[bounds[s] + j]]);
+    for (int64_t j = 0; j < n; ++j) {
+      widths[j] = RowWidthOf(ids[order[bounds[s] + j]]);
+      floats += widths[j];
+    }
     packed_grads->resize(floats * sizeof(float));
     char* id_out = &(*packed_ids)[0];
     char* grad_out = &(*packed_grads)[0];
     for (int64_t j = 0; j < n; ++j) {
       const int32_t pos = order[bounds[s] + j];
-      const size_t row_bytes = RowWidthOf(ids[pos]) * sizeof(float);
+      const size_t row_bytes = widths[j] * sizeof(float);
       std::memcpy(id_out + j * sizeof(int64_t), &ids[pos], sizeof(int64_t));
       std::memcpy(grad_out, row_grads + int64_t{pos} * dim, row_bytes);
       grad_out += row_bytes;

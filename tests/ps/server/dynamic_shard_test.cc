@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -100,12 +101,15 @@ ShardServer::Options ShardOptions(int shard, int shards, OptimizerType type,
   return o;
 }
 
+// `shards` shard servers on local ports; `tweak`, when set, changes each one's options first.
 struct Cluster {
   Cluster(int shards, OptimizerType type, const std::vector<int>& dynamic_dims = kDynamicDims,
-          const std::string& checkpoint_dir = "") {
+          const std::string& checkpoint_dir = "",
+          const std::function<void(ShardServer::Options*)>& tweak = nullptr) {
     for (int s = 0; s < shards; ++s) {
-      auto server =
-          ShardServer::Create(ShardOptions(s, shards, type, dynamic_dims, checkpoint_dir));
+      ShardServer::Options so = ShardOptions(s, shards, type, dynamic_dims, checkpoint_dir);
+      if (tweak) tweak(&so);
+      auto server = ShardServer::Create(std::move(so));
       EXPECT_TRUE(server.ok()) << server.status();
       EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
       addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
@@ -597,25 +601,13 @@ TEST(DynamicCheckpoint, StepScheduleEvictsAfterItsStepsAndNotAtCopy) {
   g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) { d->ttl_steps = 2; };
   Reference ref(ADAGRAD);
   g_dynamic_extra = nullptr;
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  PsClient::Options o;
-  for (int s = 0; s < 2; ++s) {
-    ShardServer::Options so = ShardOptions(s, 2, ADAGRAD, kDynamicDims, dir);
-    EXPECT_EQ(so.data.dynamic_evict_every_steps, 0);  // the default: at every COPY
-    for (auto& d : so.data.dynamic_tables) d.ttl_steps = 2;
-    so.data.dynamic_evict_every_steps = 3;
-    auto server = ShardServer::Create(std::move(so));
-    ASSERT_TRUE(server.ok()) << server.status();
-    ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
-    o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-    servers.push_back(std::move(server).value());
-  }
-  o.rows = kRows;
-  o.partitions = kPartitions;
-  o.row_dim = kRowDim;
-  o.dense_size = kDense;
-  o.dynamic_row_dims = kDynamicDims;
-  auto client = Connect(o);
+  Cluster cluster(2, ADAGRAD, kDynamicDims, dir, [](ShardServer::Options* so) {
+    EXPECT_EQ(so->data.dynamic_evict_every_steps, 0);  // the default: at every COPY
+    for (auto& d : so->data.dynamic_tables) d.ttl_steps = 2;
+    so->data.dynamic_evict_every_steps = 3;
+  });
+  const std::vector<std::unique_ptr<ShardServer>>& servers = cluster.servers;
+  auto client = Connect(cluster.ClientOptions());
   Rng rng(11);
   int64_t twin_evicted = 0;
   for (int step = 1; step <= 7; ++step) {
@@ -650,20 +642,12 @@ TEST(DynamicCheckpoint, StepScheduleEvictsAfterItsStepsAndNotAtCopy) {
 // previous pass's rows while the current pass may still see them.
 TEST(DynamicCheckpoint, PassEndCopyEvictsByPassesAndCountsTheNextPass) {
   const std::string dir = TestDir("passes");
-  ShardServer::Options so = ShardOptions(0, 1, ADAGRAD, kDynamicDims, dir);
-  for (auto& d : so.data.dynamic_tables) d.ttl_passes = 1;
-  auto server = ShardServer::Create(std::move(so));
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
-  PsClient::Options o;
-  o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-  o.rows = kRows;
-  o.partitions = kPartitions;
-  o.row_dim = kRowDim;
-  o.dense_size = kDense;
-  o.dynamic_row_dims = kDynamicDims;
-  auto client = Connect(o);
-  const auto& stores = (*server)->data().dynamic_stores();
+  Cluster cluster(1, ADAGRAD, kDynamicDims, dir, [](ShardServer::Options* so) {
+    for (auto& d : so->data.dynamic_tables) d.ttl_passes = 1;
+  });
+  ShardServer* server = cluster.servers[0].get();
+  auto client = Connect(cluster.ClientOptions());
+  const auto& stores = server->data().dynamic_stores();
   auto live = [&] { return stores[0]->metrics().rows_live + stores[1]->metrics().rows_live; };
   auto evicted = [&] {
     return stores[0]->metrics().evicted_ttl + stores[1]->metrics().evicted_ttl;
@@ -675,18 +659,18 @@ TEST(DynamicCheckpoint, PassEndCopyEvictsByPassesAndCountsTheNextPass) {
     ASSERT_TRUE(client->Push(ids, grads.data(), nullptr, step).ok());
   };
   push(1, 1000);  // pass 0: ~40 rows
-  ASSERT_TRUE((*server)->CopyForCheckpoint(1, std::nullopt, /*end_pass=*/false).ok());
+  ASSERT_TRUE(server->CopyForCheckpoint(1, std::nullopt, /*end_pass=*/false).ok());
   EXPECT_EQ(stores[0]->pass(), 0);
-  ASSERT_TRUE((*server)->CopyForCheckpoint(2, std::nullopt, /*end_pass=*/true).ok());
+  ASSERT_TRUE(server->CopyForCheckpoint(2, std::nullopt, /*end_pass=*/true).ok());
   EXPECT_EQ(evicted(), 0);  // every row is of the pass that just ended
   EXPECT_EQ(stores[0]->pass(), 1);
   EXPECT_EQ(stores[1]->pass(), 1);
   const int64_t pass0_rows = live();
   ASSERT_GT(pass0_rows, 20);
   push(2, 3);  // pass 1 sees at most 3 keys a table: pass 0's others are a pass old at its end
-  ASSERT_TRUE((*server)->CopyForCheckpoint(3, std::nullopt, /*end_pass=*/false).ok());
+  ASSERT_TRUE(server->CopyForCheckpoint(3, std::nullopt, /*end_pass=*/false).ok());
   EXPECT_EQ(evicted(), 0);  // before the pass's end: the last finished pass is 0
-  ASSERT_TRUE((*server)->CopyForCheckpoint(4, std::nullopt, /*end_pass=*/true).ok());
+  ASSERT_TRUE(server->CopyForCheckpoint(4, std::nullopt, /*end_pass=*/true).ok());
   EXPECT_GT(evicted(), pass0_rows / 2);  // pass 0's rows not seen in pass 1
   EXPECT_EQ(stores[0]->pass(), 2);
   EXPECT_EQ(live(), stores[0]->metrics().admitted + stores[1]->metrics().admitted - evicted());
@@ -817,24 +801,12 @@ TEST(DynamicShard, StatsAndScrapeCountEachTableOnEachShard) {
   g_dynamic_extra = [](DynamicEmbeddingStore::Options* d) { d->ttl_steps = 1; };
   Reference ref(ADAGRAD);
   g_dynamic_extra = nullptr;
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  PsClient::Options o;
-  for (int s = 0; s < 2; ++s) {
-    ShardServer::Options so = ShardOptions(s, 2, ADAGRAD, kDynamicDims, dir);
-    for (auto& d : so.data.dynamic_tables) d.ttl_steps = 1;
-    so.data.dynamic_evict_every_steps = 3;
-    auto server = ShardServer::Create(std::move(so));
-    ASSERT_TRUE(server.ok()) << server.status();
-    ASSERT_TRUE((*server)->Start("127.0.0.1:0").ok());
-    o.shards.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-    servers.push_back(std::move(server).value());
-  }
-  o.rows = kRows;
-  o.partitions = kPartitions;
-  o.row_dim = kRowDim;
-  o.dense_size = kDense;
-  o.dynamic_row_dims = kDynamicDims;
-  auto client = Connect(o);
+  Cluster cluster(2, ADAGRAD, kDynamicDims, dir, [](ShardServer::Options* so) {
+    for (auto& d : so->data.dynamic_tables) d.ttl_steps = 1;
+    so->data.dynamic_evict_every_steps = 3;
+  });
+  const std::vector<std::unique_ptr<ShardServer>>& servers = cluster.servers;
+  auto client = Connect(cluster.ClientOptions());
   auto stats_of = [&] {
     std::vector<ShardStats> stats;
     for (const auto& server : servers) stats.push_back(server->data().Stats());

@@ -600,6 +600,44 @@ TEST(DynamicStore, ThreadTeamGivesTheSingleThreadResult) {
   EXPECT_GT(one->metrics().rejected, 0);
 }
 
+// GatherAt / ApplyAt (rows at the caller's places, at a wider stride) do what Gather / Apply do
+// through a packed buffer: the same rows, the same state, and the floats past dim untouched.
+TEST(DynamicStore, RowsAtPlacesEqualPackedRows) {
+  constexpr int kDim = 3, kStride = 5;
+  Store::Options o = BaseOptions(kDim, ADAM);
+  o.admission = Store::Admission::kCount;
+  o.admit_count = 2;
+  auto packed = Make(o);
+  auto placed = Make(o);
+  Rng rng(11);
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<uint64_t> keys(200);
+    for (auto& k : keys) k = Fmix64(rng.Uniform(300));  // repeats within the batch
+    // The caller's rows in reverse order of the keys, at kStride floats a row.
+    std::vector<int32_t> at(keys.size());
+    for (size_t i = 0; i < at.size(); ++i) at[i] = static_cast<int32_t>(at.size() - 1 - i);
+    const std::vector<float> g = Grads(&rng, keys.size() * kDim);
+    std::vector<float> spread(keys.size() * kStride, 7.f);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::copy_n(g.data() + i * kDim, kDim, spread.data() + at[i] * kStride);
+    }
+    packed->Apply(keys, g.data(), step);
+    placed->ApplyAt(keys, at.data(), kStride, spread.data(), step);
+    const std::vector<float> want = GatherAll(*packed, keys);
+    std::vector<float> got(keys.size() * kStride, -1.f);
+    placed->GatherAt(keys, at.data(), kStride, got.data(), /*threads=*/2);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const float* row = got.data() + at[i] * kStride;
+      ASSERT_EQ(std::vector<float>(row, row + kDim),
+                std::vector<float>(want.begin() + i * kDim, want.begin() + (i + 1) * kDim))
+          << "step " << step << " key " << i;
+      EXPECT_EQ(row[kDim], -1.f);
+      EXPECT_EQ(row[kStride - 1], -1.f);
+    }
+  }
+  ExpectSameState(Full(*packed), Full(*placed));
+}
+
 // Evict racing with Apply and Gather: no torn state, and the counters agree with the rows.
 TEST(DynamicStore, ConcurrentEvictKeepsTheCountersTrue) {
   constexpr int kDim = 4;

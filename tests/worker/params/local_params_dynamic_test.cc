@@ -98,6 +98,52 @@ TEST(LocalParamsDynamic, PullAndPushRouteByTable) {
   EXPECT_GE(f.params->memory().total_bytes, f.narrow->metrics().bytes);
 }
 
+// The in-process step splits its ids by table once (ApplyRows reuses GatherRows' split of the
+// same ids on the same thread): ids changed in the same buffer, or another LocalParams, are split
+// anew.
+TEST(LocalParamsDynamic, InProcessCallsSplitChangedIdsAnew) {
+  Fixture f;
+  InProcessParams* ip = f.params->in_process();
+  ASSERT_NE(ip, nullptr);
+  std::vector<int64_t> ids = {3, DynamicRow(0, 7)};
+  std::vector<float> rows(ids.size() * 5, -1.0f);
+  ASSERT_TRUE(ip->GatherRows(ids, rows.data()).ok());
+  EXPECT_EQ(std::vector<float>(rows.begin() + 5, rows.end()),
+            (std::vector<float>{7, 7.5, 8, 0, 0}));
+  // The same buffer, another id: table 1's key 9 at the whole stride, not table 0's key 7.
+  ids[1] = DynamicRow(1, 9);
+  ASSERT_TRUE(ip->GatherRows(ids, rows.data()).ok());
+  EXPECT_EQ(std::vector<float>(rows.begin() + 5, rows.end()),
+            (std::vector<float>{9, 9.5, 10, 10.5, 11}));
+  // An update after the gather of the same ids, then after a change of them.
+  const std::vector<float> grads(ids.size() * 5, 0.25f);
+  ASSERT_TRUE(ip->ApplyRows(ids, grads.data(), 1).ok());
+  ids[1] = DynamicRow(0, 7);
+  ASSERT_TRUE(ip->ApplyRows(ids, grads.data(), 2).ok());
+  EXPECT_EQ(f.narrow->metrics().rows_live, 1);  // key 7 of table 0, updated once
+  EXPECT_EQ(f.params->dynamic_store(1)->metrics().rows_live, 1);
+  std::vector<float> one(5);
+  ASSERT_TRUE(f.params->Pull({DynamicRow(1, 9)}, one.data(), nullptr).ok());
+  EXPECT_FLOAT_EQ(one[4], 11 - 0.25f);
+  ASSERT_TRUE(f.params->Pull({DynamicRow(0, 7)}, one.data(), nullptr).ok());
+  EXPECT_FLOAT_EQ(one[0], 7 - 0.25f);
+  // Another LocalParams with one dynamic table, on the same thread and with the ids just split
+  // for the first: the id of its missing table 1 is refused, not routed by the first one's split.
+  ids[1] = DynamicRow(1, 9);
+  ASSERT_TRUE(ip->GatherRows(ids, rows.data()).ok());
+  auto other = std::move(LocalParams::Create(*f.model, 10, f.config, 1)).value();
+  DynamicEmbeddingStore::Options o;
+  o.dim = 3;
+  o.optimizer = std::shared_ptr<const Optimizer>(
+      std::move(Optimizer::Create(f.config.sparse_optimizer())).value());
+  std::vector<LocalParams::DynamicTable> one_table;
+  one_table.push_back({"narrow", std::move(DynamicEmbeddingStore::Create(o)).value()});
+  ASSERT_TRUE(other->AddDynamicTables(std::move(one_table)).ok());
+  ASSERT_NE(other->in_process(), nullptr);
+  EXPECT_EQ(other->in_process()->GatherRows(ids, rows.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LocalParamsDynamic, RefusesAnIdOfAnotherTable) {
   Fixture f;
   std::vector<float> rows(5);
