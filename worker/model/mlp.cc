@@ -409,12 +409,6 @@ void Mlp::ReluBackward(int n, int l, float* dense_grad) {
   partial_.Zero();
   ParallelFor(n, threads, [&](int ithr, int, int64_t begin, int64_t end) {
     float* db = partial_.data() + ithr * stride;
-#if defined(__AVX2__)
-    if constexpr (std::is_same_v<T, float>) {
-      BackwardColumnBlocks<true>(a, nullptr, nullptr, begin, end, N, dx, nullptr, db);
-      return;
-    }
-#endif
     for (int64_t b = begin; b < end; ++b) {
       ReluBackwardRow(a + b * N, N, dx + b * N, db);
       if (opt_.bf16) FloatToBf16(dx + b * N, dz_bf16_.data() + b * N, N);
