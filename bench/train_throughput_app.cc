@@ -144,7 +144,8 @@ std::vector<Batch> SpecBatches(const SyntheticData& data, const FeatureSpec& spe
           }
           // The field whose keys a list's ids are drawn from: the one whose rows it shares, else
           // its attention target, when the datagen has it.
-          const int from = field.shares_rows_of >= 0 ? field.shares_rows_of : field.attention_target;
+          const int from =
+              field.shares_rows_of >= 0 ? field.shares_rows_of : field.attention_target;
           if (!field.list) {
             if (field.kind == NUMERIC) {
               out.SetCategorical(r, f, 0, std::uniform_real_distribution<double>(0, 100)(rng));
@@ -319,7 +320,8 @@ int Main(int argc, char** argv) {
       r.tower_roof_gflops = I == 1 ? ConcurrentGemmPeakGflops(bf16, T, batch)
                                    : GemmPeakGflops(bf16, T * I, batch);
       // The model's own GEMMs, measured the same way, right after.
-      const std::vector<std::pair<GemmShape, int>> gemms = ModelStepGemms(**model, batch, bf16, attention_rows);
+      const std::vector<std::pair<GemmShape, int>> gemms =
+          ModelStepGemms(**model, batch, bf16, attention_rows);
       r.own_roof_gflops = gemms.empty() ? 0.0 : GemmsRoofGflops(gemms, [&](const GemmShape& g) {
         return I == 1 ? ConcurrentGemmShapeGflops(g, T) : GemmShapeGflops(g, T * I);
       });
