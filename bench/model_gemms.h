@@ -16,6 +16,15 @@
 // dot-product loops, not GEMMs, and are left out, as is the other non-GEMM work (the FM term,
 // DLRM's dots, the cross network's elementwise passes, activations):
 // ModelStepGemmFlopsPerExample says what share that leaves.
+//
+// DIN's target attention (worker/model/target_attention.h): its MLP's layers
+// "att<f>/mlp<l>/w" [in, out] run over the stacked list entries of the tower's batch, not over
+// its examples, so their M is `attention_rows` (the entries of the attended fields in one
+// tower's batch: the caller knows its data) and all three GEMMs run (the first layer's
+// backward-data is d u_i, which the embeddings' gradients need); with attention_rows 0 they are
+// left out. They stay f32 under BF16 (the attention has no bf16 path). The attention's FLOPs are
+// per entry, not per example, so Model::flops_per_example() leaves them out:
+// AttentionFlopsPerEntry gives them, to add times the entries per example.
 #pragma once
 
 #include <map>
@@ -33,7 +42,8 @@ namespace pstrain {
 // The distinct GEMM shapes of one training step of `model` at `batch` examples a tower, each
 // with how many times the step runs it.
 inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model, int batch,
-                                                             bool bf16) {
+                                                             bool bf16,
+                                                             int64_t attention_rows = 0) {
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>;
   std::map<Key, int> counts;
   auto add = [&](int64_t m, int64_t k, int64_t n, bool ta, bool tb, bool low) {
@@ -52,7 +62,9 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
         !absl::EndsWith(t.name, "/u")) {
       continue;
     }
-    const int64_t K = t.shape[0], N = t.shape[1], M = batch;
+    const bool attention = absl::StartsWith(t.name, "att");
+    if (attention && attention_rows <= 0) continue;
+    const int64_t K = t.shape[0], N = t.shape[1], M = attention ? attention_rows : batch;
     if (K <= 1 || N <= 1) continue;
     const bool low =
         bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/") ||
@@ -70,11 +82,29 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
   return gemms;
 }
 
-// The FLOPs per example of ModelStepGemms (to set against Model::flops_per_example()).
-inline double ModelStepGemmFlopsPerExample(const Model& model, int batch, bool bf16) {
+// The FLOPs per example of ModelStepGemms (to set against Model::flops_per_example() plus, with
+// target attention, the entries per example times AttentionFlopsPerEntry).
+inline double ModelStepGemmFlopsPerExample(const Model& model, int batch, bool bf16,
+                                           int64_t attention_rows = 0) {
   double flops = 0;
-  for (const auto& [s, count] : ModelStepGemms(model, batch, bf16)) flops += count * s.flops();
+  for (const auto& [s, count] : ModelStepGemms(model, batch, bf16, attention_rows)) {
+    flops += count * s.flops();
+  }
   return flops / batch;
+}
+
+// The training FLOPs of target attention per attended list entry, counted as Model counts its
+// MLP: 6 in*out for each layer "att<f>/mlp<l>/w" (forward, backward-data, backward-weights) and
+// 6 H for the output unit "att<f>/out/w" [H, 1]; summed over the attended fields (an entry of
+// field f pays f's MLP only, so with several attended fields this is per entry of each). 0 for
+// a model without target attention.
+inline double AttentionFlopsPerEntry(const Model& model) {
+  double flops = 0;
+  for (const DenseTensor& t : model.dense_layout()) {
+    if (t.shape.size() != 2 || !absl::StartsWith(t.name, "att")) continue;
+    if (absl::EndsWith(t.name, "/w")) flops += 6.0 * t.shape[0] * t.shape[1];
+  }
+  return flops;
 }
 
 }  // namespace pstrain

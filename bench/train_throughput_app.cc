@@ -8,7 +8,16 @@
 // the roof of the model's own GEMMs (bench/model_gemms.h: every GEMM of its forward,
 // backward-data and backward-weights at the tower's batch, each shape measured the same way), so
 // that DCN-v2's cross layers and DLRM's bottom and top MLPs are set against their own shapes.
-// --model deepfm|dcn_v2|dlrm is --config configs/<model>_criteo.textproto.
+// --model deepfm|dcn_v2|dlrm is --config configs/<model>_criteo.textproto; --model din is
+// configs/din.textproto.
+// The batches are built from the config's FeatureSpec (SpecBatches): the fields the datagen
+// has (the CRITEO preset's, by name) from its distribution, every other field drawn here: a list
+// field gets a length uniform in [1, max_length] and ids drawn from the keys its row-sharing or
+// attention-target field has in the same chunk (DIN's history: items of the candidate field), so
+// that DIN's attention and the list kernels run on the config's own lists. Target attention's
+// FLOPs are per list entry: the app adds the batches' attended entries per example times
+// AttentionFlopsPerEntry to the model's count, and its roof counts the attention MLP's GEMMs at
+// M = the attended entries of a tower's batch (bench/model_gemms.h).
 // --paired_windows N adds N windows each followed at once by the model's own roof, and reports
 // the median of the N per-window fractions: on a shared machine the roof measured once after all
 // the windows moved 57-350 GFLOP/s between runs of the same binary, so that one run's fraction
@@ -31,6 +40,7 @@
 //                             [--paired_windows 5]
 #include <algorithm>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +95,88 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// `count` batches of `rows` examples each, encoded by `spec`: fields named as the datagen's
+// (SyntheticData::FieldName) take its values; the others are drawn here (see the top of the
+// file). *attended_entries gets the mean, over the batches' examples, of the entries of the
+// fields pooled by target attention.
+std::vector<Batch> SpecBatches(const SyntheticData& data, const FeatureSpec& spec, int count,
+                               int rows, double* attended_entries) {
+  const int F = spec.num_fields();
+  std::vector<int> source(F, -1);  // the datagen field of each spec field, or -1
+  for (int f = 0; f < F; ++f) {
+    for (int d = 0; d < SyntheticData::kNumFields; ++d) {
+      if (SyntheticData::FieldName(d) == spec.field(f).name && !spec.field(f).list) source[f] = d;
+    }
+  }
+  const int drawn = static_cast<int>(std::count(source.begin(), source.end(), -1));
+  if (drawn > 0) {
+    std::string names;
+    for (int f = 0; f < F; ++f) {
+      if (source[f] < 0) absl::StrAppend(&names, names.empty() ? "" : ", ", spec.field(f).name);
+    }
+    std::printf("%d of the %d fields drawn by the app, not the datagen: %s\n", drawn, F,
+                names.c_str());
+  }
+  std::vector<Batch> batches(count);
+  RawRows raw, out;
+  std::vector<float> probs;
+  std::mt19937_64 rng(7);
+  int64_t chunk = 0, attended = 0, examples = 0;
+  for (Batch& b : batches) {
+    b.Clear(F);
+    while (b.size < rows) {
+      const int n = std::min(4096, rows - b.size);
+      data.GenerateChunk(chunk++, n, &raw, &probs);
+      out.Clear(F);
+      for (int r = 0; r < n; ++r) {
+        out.AddRow(raw.labels[r]);
+        for (int f = 0; f < F; ++f) {
+          const FeatureSpec::Field& field = spec.field(f);
+          if (source[f] >= 0) {
+            const size_t cell = raw.Cell(r, source[f]);
+            if (raw.present[cell]) {
+              const size_t o = out.Cell(r, f);
+              out.present[o] = 1;
+              out.key[o] = raw.key[cell];
+              out.value[o] = raw.value[cell];
+            }
+            continue;
+          }
+          // The field whose keys a list's ids are drawn from: the one whose rows it shares, else
+          // its attention target, when the datagen has it.
+          const int from =
+              field.shares_rows_of >= 0 ? field.shares_rows_of : field.attention_target;
+          if (!field.list) {
+            if (field.kind == NUMERIC) {
+              out.SetCategorical(r, f, 0, std::uniform_real_distribution<double>(0, 100)(rng));
+            } else {
+              out.SetCategorical(r, f, rng() % 1000000);
+            }
+            continue;
+          }
+          const int length =
+              std::uniform_int_distribution<int>(1, std::max(1, field.max_length))(rng);
+          out.StartList(r, f);
+          for (int i = 0; i < length; ++i) {
+            const int other = std::uniform_int_distribution<int>(0, n - 1)(rng);
+            uint64_t key = rng() % 1000000;
+            if (from >= 0 && source[from] >= 0) {
+              const size_t cell = raw.Cell(other, source[from]);
+              if (raw.present[cell]) key = raw.key[cell];
+            }
+            out.AddToList(r, f, key);
+          }
+          if (field.attention_target >= 0) attended += length;
+        }
+      }
+      examples += n;
+      spec.Encode(out, &b);
+    }
+  }
+  *attended_entries = examples > 0 ? static_cast<double>(attended) / examples : 0.0;
+  return batches;
+}
+
 int Main(int argc, char** argv) {
   std::string out, settings = "1x1,1x2,2x1", precisions = "f32,bf16", mode = "pipelined";
   std::string config_path = "configs/deepfm_criteo.textproto", model_name;
@@ -102,7 +194,8 @@ int Main(int argc, char** argv) {
   flags.String("mode", &mode, "sync, pipelined, pushed or stale (see the top of the source)");
   flags.String("config", &config_path,
                "the config whose model and optimizers are measured (e.g. "
-               "configs/dcn_v2_criteo.textproto); its features must be the CRITEO preset's");
+               "configs/dcn_v2_criteo.textproto); fields the datagen lacks (lists included) "
+               "are drawn from their FeatureSpec");
   int paired_windows = 0;
   flags.Int("paired_windows", &paired_windows,
             "after the usual measurement, this many more windows, each followed at once by the "
@@ -110,15 +203,18 @@ int Main(int argc, char** argv) {
             "machine, load that comes and goes between the steps and a roof measured later "
             "moves a pair together, not one side of the fraction)");
   flags.String("model", &model_name,
-               "deepfm, dcn_v2 or dlrm: --config configs/<model>_criteo.textproto");
+               "deepfm, dcn_v2 or dlrm: --config configs/<model>_criteo.textproto; din: "
+               "configs/din.textproto");
   if (std::optional<int> code = ParseAppFlags(flags, argc, argv)) return *code;
   if (!model_name.empty()) {
-    if (model_name != "deepfm" && model_name != "dcn_v2" && model_name != "dlrm") {
-      std::fprintf(stderr, "--model must be deepfm, dcn_v2 or dlrm, got '%s'\n",
+    if (model_name != "deepfm" && model_name != "dcn_v2" && model_name != "dlrm" &&
+        model_name != "din") {
+      std::fprintf(stderr, "--model must be deepfm, dcn_v2, dlrm or din, got '%s'\n",
                    model_name.c_str());
       return 2;
     }
-    config_path = absl::StrCat("configs/", model_name, "_criteo.textproto");
+    config_path = model_name == "din" ? "configs/din.textproto"
+                                      : absl::StrCat("configs/", model_name, "_criteo.textproto");
   }
   if (mode != "sync" && mode != "pipelined" && mode != "pushed" && mode != "stale") {
     std::fprintf(stderr, "--mode must be sync, pipelined, pushed or stale, got '%s'\n",
@@ -141,7 +237,11 @@ int Main(int argc, char** argv) {
   }
   auto spec = FeatureSpec::Create(base->features());
   auto data = SyntheticData::Create(DatagenOptions{});
-  if (!spec.ok() || !data.ok()) return 1;
+  if (!spec.ok() || !data.ok()) {
+    std::fprintf(stderr, "%s: %s\n", config_path.c_str(),
+                 (spec.ok() ? data.status() : spec.status()).ToString().c_str());
+    return 1;
+  }
 
   // Peaks first, on an idle process.
   // bf16 only where the path has it (worker/model/isa.h); said, not silently dropped.
@@ -186,7 +286,12 @@ int Main(int argc, char** argv) {
       if (prefetch) (*params)->EnableBackgroundPush();
 
       // In-memory batches of T x batch rows from the datagen distribution.
-      const std::vector<Batch> batches = DatagenBatches(*data, *spec, pool, T * batch);
+      double entries = 0;  // attended list entries per example
+      const std::vector<Batch> batches = SpecBatches(*data, *spec, pool, T * batch, &entries);
+      // Target attention's FLOPs are per entry (bench/model_gemms.h); 0 without it.
+      const double flops_per_example =
+          (*model)->flops_per_example() + entries * AttentionFlopsPerEntry(**model);
+      const int64_t attention_rows = static_cast<int64_t>(entries * batch + 0.5);
       int64_t global_step = 0;
       StepTimingOptions topt;
       topt.warmup_steps = std::max(5, pool);
@@ -207,7 +312,7 @@ int Main(int argc, char** argv) {
       r.intra = I;
       r.precision = std::string(prec);
       r.ex_per_sec = timing->examples_per_sec;
-      r.model_gflops = r.ex_per_sec * (*model)->flops_per_example() * 1e-9;
+      r.model_gflops = r.ex_per_sec * flops_per_example * 1e-9;
       const bool bf16 = prec == "bf16";
       r.peak_gflops = (T * I >= cores) ? (bf16 ? peak_bf16_all : peak_f32_all)
                                        : (bf16 ? peak_bf16_1 : peak_f32_1) * T * I;
@@ -215,7 +320,8 @@ int Main(int argc, char** argv) {
       r.tower_roof_gflops = I == 1 ? ConcurrentGemmPeakGflops(bf16, T, batch)
                                    : GemmPeakGflops(bf16, T * I, batch);
       // The model's own GEMMs, measured the same way, right after.
-      const std::vector<std::pair<GemmShape, int>> gemms = ModelStepGemms(**model, batch, bf16);
+      const std::vector<std::pair<GemmShape, int>> gemms =
+          ModelStepGemms(**model, batch, bf16, attention_rows);
       r.own_roof_gflops = gemms.empty() ? 0.0 : GemmsRoofGflops(gemms, [&](const GemmShape& g) {
         return I == 1 ? ConcurrentGemmShapeGflops(g, T) : GemmShapeGflops(g, T * I);
       });
@@ -229,14 +335,20 @@ int Main(int argc, char** argv) {
           std::fprintf(stderr, "%s\n", window.status().ToString().c_str());
           return 1;
         }
-        const double gflops = window->examples_per_sec * (*model)->flops_per_example() * 1e-9;
+        const double gflops = window->examples_per_sec * flops_per_example * 1e-9;
         const double roof = GemmsRoofGflops(gemms, [&](const GemmShape& g) {
           return I == 1 ? ConcurrentGemmShapeGflops(g, T) : GemmShapeGflops(g, T * I);
         });
         if (roof > 0) r.paired_fractions.push_back(gflops / roof);
       }
       const double gemm_share =
-          ModelStepGemmFlopsPerExample(**model, batch, bf16) / (*model)->flops_per_example();
+          ModelStepGemmFlopsPerExample(**model, batch, bf16, attention_rows) / flops_per_example;
+      if (entries > 0) {
+        std::printf("target attention: %.1f attended entries an example (%lld a tower's batch), "
+                    "%.0f of the %.0f FLOPs an example\n",
+                    entries, static_cast<long long>(attention_rows),
+                    entries * AttentionFlopsPerEntry(**model), flops_per_example);
+      }
       r.profile_fraction = {p.dedup / elapsed, p.pull / elapsed, p.compute / elapsed,
                             p.reduce / elapsed, p.push / elapsed};
       r.unique_rows_per_step = timing->unique_rows_per_step;

@@ -1,5 +1,6 @@
 // bench/model_gemms.h: the GEMMs of a step, read off the shipped DCN-v2 and DLRM models' dense
-// layouts, are the ones their blocks run (counted against the models' own FLOP counts).
+// layouts, are the ones their blocks run (counted against the models' own FLOP counts); DIN's
+// attention MLP runs over the batch's list entries.
 #include "bench/model_gemms.h"
 
 #include <map>
@@ -16,9 +17,10 @@ namespace {
 
 using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
 
-std::map<Key, std::pair<int, bool>> Shapes(const Model& model, int batch, bool bf16) {
+std::map<Key, std::pair<int, bool>> Shapes(const Model& model, int batch, bool bf16,
+                                           int64_t attention_rows = 0) {
   std::map<Key, std::pair<int, bool>> out;
-  for (const auto& [s, count] : ModelStepGemms(model, batch, bf16)) {
+  for (const auto& [s, count] : ModelStepGemms(model, batch, bf16, attention_rows)) {
     out[Key{s.m, s.k, s.n, s.trans_a, s.trans_b}] = {count, s.bf16};
   }
   return out;
@@ -103,6 +105,43 @@ TEST(ModelGemmsTest, DlrmHasNoBackwardDataIntoTheNumericInputs) {
   const auto low = Shapes(**model, 512, /*bf16=*/true);
   EXPECT_EQ(low.at(Key{512, 13, 256, false, false}), std::make_pair(1, true));
   EXPECT_EQ(low.at(Key{512, 796, 400, false, false}), std::make_pair(1, true));
+}
+
+TEST(ModelGemmsTest, DinAttentionMlpRunsOverTheListEntries) {
+  // configs/din.textproto's shape: 39 fields and the history (field 39) attending against C3
+  // (field 15) through 36 ReLU units; MLP 640-400-400-400.
+  ModelConfig config = Preset(DIN);
+  ModelInputs inputs;
+  inputs.num_fields = 40;
+  inputs.attention.push_back({39, 15, {36}});
+  auto model = Model::Create(config, inputs);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Without the entries' count the attention is left out (not counted at the examples' M).
+  const auto plain = Shapes(**model, 1024, /*bf16=*/true);
+  EXPECT_EQ(plain.size(), 6u);
+  EXPECT_EQ(plain.at(Key{1024, 640, 400, false, false}), std::make_pair(1, true));
+  EXPECT_EQ(plain.count(Key{1024, 64, 36, false, false}), 0u);
+  // 25,000 entries in the tower's batch: the layer u [R, 4k = 64] x W [64, 36] forward, its
+  // backward-weights and its backward-data (d u feeds the rows), f32 even under BF16; the output
+  // unit [36, 1] is not a GEMM.
+  const auto shapes = Shapes(**model, 1024, /*bf16=*/true, 25000);
+  EXPECT_EQ(shapes.at(Key{25000, 64, 36, false, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{64, 25000, 36, true, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{25000, 36, 64, false, true}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{1024, 640, 400, false, false}), std::make_pair(1, true));
+  EXPECT_EQ(shapes.size(), 9u);
+  const double mlp = 6.0 * (640 * 400 + 2 * 400 * 400);
+  EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true), mlp);
+  EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true, 25000),
+                   mlp + 6.0 * 64 * 36 * 25000 / 1024);
+  // Per entry: the layer and the output unit, as the model counts its own MLP.
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerEntry(**model), 6.0 * 64 * 36 + 6.0 * 36);
+  // The model's own count (per example) has the MLP but not the attention.
+  EXPECT_GT((*model)->flops_per_example(), mlp);
+  EXPECT_LT((*model)->flops_per_example(), mlp * 1.01);
+  auto dlrm = Model::Create(Preset(DLRM), 39);
+  ASSERT_TRUE(dlrm.ok()) << dlrm.status();
+  EXPECT_EQ(AttentionFlopsPerEntry(**dlrm), 0.0);
 }
 
 }  // namespace

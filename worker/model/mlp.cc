@@ -1,6 +1,7 @@
 #include "worker/model/mlp.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -47,6 +48,71 @@ void OutputBackwardRow(const T* __restrict a, const float* __restrict w, float g
     db[j] += d;
   }
 }
+
+#if defined(__AVX2__)
+// OutputBackwardRow (kRelu false) or ReluBackwardRow (kRelu true) over examples [begin, end) of
+// an f32 layer of width n, 32 columns at a time: the block's dw and db sums stay in registers
+// over the examples instead of a load and a store of each per element (the row loops' cost:
+// ~2% of DLRM's step). Each column is still summed over the examples in order with the row
+// loops' operations (a product then a sum: -std=c++17 does not contract them into an fma),
+// so the floats are the row loops' (preset_golden_test holds DeepFM's bit for bit).
+template <bool kRelu>
+void BackwardColumnBlocks(const float* __restrict a, const float* __restrict w,
+                          const float* __restrict g, int64_t begin, int64_t end, int64_t n,
+                          float* __restrict dz, float* __restrict dw, float* __restrict db) {
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    __m256 sw[4], sb[4], wj[4];
+    for (int v = 0; v < 4; ++v) {
+      if (!kRelu) sw[v] = _mm256_loadu_ps(dw + j + 8 * v);
+      if (!kRelu) wj[v] = _mm256_loadu_ps(w + j + 8 * v);
+      sb[v] = _mm256_loadu_ps(db + j + 8 * v);
+    }
+    for (int64_t b = begin; b < end; ++b) {
+      const float* ab = a + b * n + j;
+      float* db_row = dz + b * n + j;
+      const __m256 gb = kRelu ? zero : _mm256_set1_ps(g[b]);
+      for (int v = 0; v < 4; ++v) {
+        const __m256 av = _mm256_loadu_ps(ab + 8 * v);
+        const __m256 pos = _mm256_cmp_ps(av, zero, _CMP_GT_OQ);
+        __m256 d;
+        if (kRelu) {
+          d = _mm256_and_ps(_mm256_loadu_ps(db_row + 8 * v), pos);
+        } else {
+          sw[v] = _mm256_add_ps(sw[v], _mm256_mul_ps(gb, av));
+          d = _mm256_and_ps(_mm256_mul_ps(gb, wj[v]), pos);
+        }
+        _mm256_storeu_ps(db_row + 8 * v, d);
+        sb[v] = _mm256_add_ps(sb[v], d);
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      if (!kRelu) _mm256_storeu_ps(dw + j + 8 * v, sw[v]);
+      _mm256_storeu_ps(db + j + 8 * v, sb[v]);
+    }
+  }
+  // The last n % 32 columns, as the row loops do them.
+  for (int64_t b = begin; b < end && j < n; ++b) {
+    const float* __restrict ab = a + b * n;
+    float* __restrict d = dz + b * n;
+    if (kRelu) {
+      for (int64_t c = j; c < n; ++c) {
+        const float dc = ab[c] > 0.f ? d[c] : 0.f;
+        d[c] = dc;
+        db[c] += dc;
+      }
+    } else {
+      for (int64_t c = j; c < n; ++c) {
+        dw[c] += g[b] * ab[c];
+        const float dc = ab[c] > 0.f ? g[b] * w[c] : 0.f;
+        d[c] = dc;
+        db[c] += dc;
+      }
+    }
+  }
+}
+#endif
 
 // One example of a hidden ReLU's backward, in place: d_j = a_j > 0 ? d_j : 0, db_j += d_j.
 template <typename T>
@@ -306,6 +372,12 @@ void Mlp::OutputBackward(int n, const float* dense, const float* g, float* dense
   ParallelFor(n, threads, [&](int ithr, int, int64_t begin, int64_t end) {
     float* dw = partial_.data() + ithr * stride;
     float* db = dw + N;
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float>) {
+      BackwardColumnBlocks<false>(a, w, g, begin, end, N, dz, dw, db);
+      return;
+    }
+#endif
     for (int64_t b = begin; b < end; ++b) {
       OutputBackwardRow(a + b * N, w, g[b], N, dz + b * N, dw, db);
       if (opt_.bf16) FloatToBf16(dz + b * N, dz_bf16_.data() + b * N, N);

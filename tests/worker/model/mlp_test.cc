@@ -86,7 +86,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlpTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(1, 7, 256),
                                             ::testing::Values(std::vector<int>{20, 16},
                                                               std::vector<int>{80, 24, 12, 8},
-                                                              std::vector<int>{64, 48, 48}),
+                                                              std::vector<int>{64, 48, 48},
+                                                              // 3 of the f32 backward's 32-column
+                                                              // blocks and an 8-column tail
+                                                              std::vector<int>{40, 104}),
                                             ::testing::Values(1, 2)),
                          [](const auto& info) {
                            std::string widths;
