@@ -62,35 +62,28 @@ absl::StatusOr<ReplicaEstimate> EstimateReplica(const Config& config, const Feat
   int known = 0;
   // Dynamic tables' distinct values, summed over their fields (-1: some field's unknown).
   std::vector<double> dynamic_distinct(spec.num_dynamic_tables(), 0);
-  for (const FeatureSpec::Field& field : spec.fields()) {
-    if (field.dynamic >= 0) {
-      // As a fixed field's below: its distinct values, capped by the data's rows.
-      std::optional<double> distinct;
-      if (data) {
-        auto it = data->distinct.find(field.name);
-        if (it != data->distinct.end()) distinct = static_cast<double>(it->second);
-        if (data->rows > 0) {
-          distinct = std::min(distinct.value_or(static_cast<double>(data->rows)),
-                              static_cast<double>(data->rows));
-        }
-      }
-      if (distinct) ++known;
-      double& sum = dynamic_distinct[field.dynamic];
-      sum = distinct && sum >= 0 ? sum + *distinct : -1;
-      continue;
-    }
-    const double hashed = static_cast<double>(field.rows) - 1;  // row 0 is "missing"
+  // A field's distinct values in the data, if known: no more than the data's examples.
+  const auto distinct_of = [&data](const FeatureSpec::Field& field) {
     std::optional<double> distinct;
     if (data) {
       auto it = data->distinct.find(field.name);
       if (it != data->distinct.end()) distinct = static_cast<double>(it->second);
-      // No more distinct values than examples.
       if (data->rows > 0) {
         distinct = std::min(distinct.value_or(static_cast<double>(data->rows)),
                             static_cast<double>(data->rows));
       }
     }
+    return distinct;
+  };
+  for (const FeatureSpec::Field& field : spec.fields()) {
+    const std::optional<double> distinct = distinct_of(field);
     if (distinct) ++known;
+    if (field.dynamic >= 0) {
+      double& sum = dynamic_distinct[field.dynamic];
+      sum = distinct && sum >= 0 ? sum + *distinct : -1;
+      continue;
+    }
+    const double hashed = static_cast<double>(field.rows) - 1;  // row 0 is "missing"
     e.rows += distinct && hashed > 0 ? hashed * -std::expm1(-*distinct / hashed) + 1 : hashed + 1;
   }
   const int64_t slots = sparse->StateFloats(row_dim);
