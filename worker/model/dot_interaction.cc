@@ -194,10 +194,10 @@ inline void DiagonalBlock(int m, int i0, const float* d, float blk[kRowsB][kRows
 //   i0 <= j < i0 + 8: the diagonal 8 x 8 block (DiagonalBlock);
 //   j >= i0 + 8:  s[i0 + r][j] = d[p(i0 + r, j)], each row's own run of d.
 // (Building S first, SymmetricPairs, wrote and reread ld x ld floats and transposed its blocks:
-// a third of the backward's time at m = 27.) The FMAs and their order are the ones the built
-// S had, so the floats are too. d: the example's packed pairs' gradients; dz: 64-byte aligned
-// scratch of pairs + 16 floats, its tail zero: d copied there so that the first run's reads for
-// the rows past m (not stored) stay inside it.
+// half of the backward's samples in DLRM's step profile at m = 27, docs/PERFORMANCE.md.) The
+// FMAs and their order are the ones the built S had, so the floats are too. d: the example's
+// packed pairs' gradients; dz: 64-byte aligned scratch of pairs + 16 floats, its tail zero: d
+// copied there so that the first run's reads for the rows past m (not stored) stay inside it.
 void BackwardExample(const DotShape& shape, const float* front, const float* x0, int64_t b,
                      const float* d, float* dz, float* d_front, float* dx0) {
   const int m = shape.vectors(), F = shape.fields;
