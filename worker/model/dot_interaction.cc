@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "common/cpu.h"
@@ -150,65 +151,87 @@ void ForwardExample(const DotShape& s, const float* front, const float* x0, int6
   }
 }
 
-// The symmetric matrix of the pairs' gradients d (packed rows of the upper triangle), s[i][j] =
-// d[p(min, max)] with a zero diagonal, as s [ld][ld] (ld = m rounded up to 16; rows and
-// columns past m zero): the upper triangle U's rows are expanded from d's contiguous rows, and
-// S = U + U^T one pair of 16 x 16 blocks at a time through register transposes. Each entry is
-// one of d's floats plus an exact 0 (U's diagonal and lower triangle are 0), so S is exactly
-// the matrix DotBackwardExample lays out with scalar stores (351 of them at m = 27, most of the
-// backward's time once its FMAs are in registers).
-void SymmetricPairs(int m, const float* d, float* s) {
-  const int ld = (m + 15) / 16 * 16;
-  for (int i = 0; i < ld; ++i) {
-    float* row = s + static_cast<int64_t>(i) * ld;
-    const float* drow = i < m - 1 ? d + PairIndex(m, i, i + 1) : d;  // d(i, i + 1 + t)
-    for (int base = 0; base < ld; base += 16) {
-      const int lo = std::max(base, i + 1), hi = std::min(base + 16, m);
-      if (lo >= hi) {
-        _mm512_store_ps(row + base, _mm512_setzero_ps());
-        continue;
-      }
-      const uint32_t lanes = ((1u << (hi - base)) - 1) & ~((1u << (lo - base)) - 1);
-      _mm512_store_ps(row + base, _mm512_maskz_expandloadu_ps(static_cast<__mmask16>(lanes),
-                                                              drow + (lo - i - 1)));
-    }
+// r[t][c] -> r[c][t] for an 8 x 8 block of floats.
+inline void Transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]);
   }
-  for (int bi = 0; bi < ld; bi += 16) {
-    for (int bj = bi; bj < ld; bj += 16) {
-      __m512 u[16], v[16];  // U's blocks (bi, bj) and (bj, bi)
-      for (int t = 0; t < 16; ++t) {
-        u[t] = _mm512_load_ps(s + static_cast<int64_t>(bi + t) * ld + bj);
-        v[t] = _mm512_load_ps(s + static_cast<int64_t>(bj + t) * ld + bi);
-      }
-      __m512 vt[16];
-      for (int t = 0; t < 16; ++t) vt[t] = v[t];
-      Transpose16(vt);
-      for (int t = 0; t < 16; ++t) {
-        _mm512_store_ps(s + static_cast<int64_t>(bi + t) * ld + bj, _mm512_add_ps(u[t], vt[t]));
-      }
-      if (bj == bi) continue;  // a diagonal block: u is v
-      Transpose16(u);
-      for (int t = 0; t < 16; ++t) {
-        _mm512_store_ps(s + static_cast<int64_t>(bj + t) * ld + bi, _mm512_add_ps(v[t], u[t]));
-      }
-    }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0xee);
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xee);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
   }
 }
 
-// d: the example's packed pairs' gradients; s: 64-byte aligned scratch of ld x ld floats
-// (SymmetricPairs).
+// The diagonal 8 x 8 block (rows and columns i0 .. i0 + 7) of the symmetric matrix of the
+// pairs' gradients, s[i][j] = d[p(min, max)], zero on the diagonal and past m: the upper
+// triangle U's rows expanded from d's contiguous rows, then U + U^T through a register
+// transpose (each entry one of d's floats plus an exact 0).
+inline void DiagonalBlock(int m, int i0, const float* d, float blk[kRowsB][kRowsB]) {
+  __m256 u[kRowsB], v[kRowsB];
+  for (int r = 0; r < kRowsB; ++r) {
+    const int i = i0 + r, hi = std::min(i0 + kRowsB, m);  // columns i + 1 .. hi - 1
+    const uint32_t lanes = i + 1 < hi ? ((1u << (hi - i0)) - 1) & ~((1u << (r + 1)) - 1) : 0;
+    const float* drow = lanes != 0 ? d + PairIndex(m, i, i + 1) : d;
+    u[r] = v[r] = _mm256_maskz_expandloadu_ps(static_cast<__mmask8>(lanes), drow);
+  }
+  Transpose8(v);
+  for (int r = 0; r < kRowsB; ++r) _mm256_store_ps(blk[r], _mm256_add_ps(u[r], v[r]));
+}
+
+// d E = S E, S the symmetric matrix of the pairs' gradients (s[i][j] = d[p(min(i, j), max(i,
+// j))], zero on the diagonal), 8 rows i at once, each row's sum over j in increasing order. S is
+// not built: its coefficients are broadcast from d's packed rows where they lie, in three runs
+// of j for the block of rows i0 .. i0 + 7:
+//   j < i0:       s[i0 + r][j] = d[p(j, i0) + r], 8 consecutive floats of d's row j;
+//   i0 <= j < i0 + 8: the diagonal 8 x 8 block (DiagonalBlock);
+//   j >= i0 + 8:  s[i0 + r][j] = d[p(i0 + r, j)], each row's own run of d.
+// (Building S first, SymmetricPairs, wrote and reread ld x ld floats and transposed its blocks:
+// half of the backward's samples in DLRM's step profile at m = 27, docs/PERFORMANCE.md.) The
+// FMAs and their order are the ones the built S had, so the floats are too. d: the example's
+// packed pairs' gradients; dz: 64-byte aligned scratch of pairs + 16 floats, its tail zero: d
+// copied there so that the first run's reads for the rows past m (not stored) stay inside it.
 void BackwardExample(const DotShape& shape, const float* front, const float* x0, int64_t b,
-                     const float* d, float* s, float* d_front, float* dx0) {
-  const int m = shape.vectors(), F = shape.fields, ld = (m + 15) / 16 * 16;
-  SymmetricPairs(m, d, s);
+                     const float* d, float* dz, float* d_front, float* dx0) {
+  const int m = shape.vectors(), F = shape.fields;
+  std::memcpy(dz, d, sizeof(float) * shape.pairs());
+  alignas(32) float blk[kRowsB][kRowsB];
   for (int i0 = 0; i0 < m; i0 += kRowsB) {
     __m512 acc[kRowsB];
     for (int r = 0; r < kRowsB; ++r) acc[r] = _mm512_setzero_ps();
-    const float* srow = s + static_cast<int64_t>(i0) * ld;
-    for (int j = 0; j < m; ++j) {
+    for (int j = 0; j < i0; ++j) {
+      const __m512 ej = _mm512_loadu_ps(Vector(shape, front, x0, b, j));
+      const float* c = dz + PairIndex(m, j, i0);
+      for (int r = 0; r < kRowsB; ++r) {
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(c[r]), ej, acc[r]);
+      }
+    }
+    DiagonalBlock(m, i0, dz, blk);
+    const int mid = std::min(i0 + kRowsB, m);
+    for (int j = i0; j < mid; ++j) {
       const __m512 ej = _mm512_loadu_ps(Vector(shape, front, x0, b, j));
       for (int r = 0; r < kRowsB; ++r) {
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(srow[r * ld + j]), ej, acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(blk[r][j - i0]), ej, acc[r]);
+      }
+    }
+    if (mid < m) {  // then every row of the block is below m - 1
+      const float* q[kRowsB];  // q[r][j] = d[p(i0 + r, j)]
+      for (int r = 0; r < kRowsB; ++r) {
+        const int i = i0 + r;
+        q[r] = dz + PairIndex(m, i, i + 1) - (i + 1);
+      }
+      for (int j = mid; j < m; ++j) {
+        const __m512 ej = _mm512_loadu_ps(Vector(shape, front, x0, b, j));
+        for (int r = 0; r < kRowsB; ++r) {
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][j]), ej, acc[r]);
+        }
       }
     }
     for (int r = 0; r < kRowsB && i0 + r < m; ++r) {
@@ -338,9 +361,9 @@ void DotBackwardExample(const DotShape& shape, const float* front, const float* 
 void DotBackward(const DotShape& shape, int n, const float* front, const float* x0,
                  const float* d_dots, int64_t in_stride, float* d_front, float* dx0, int threads) {
   if (shape.dim == 16 && KernelIsa() >= Isa::kAvx512Core) {
-    const int ld = (shape.vectors() + 15) / 16 * 16;
     ParallelFor(n, threads, [&](int, int, int64_t begin, int64_t end) {
-      AlignedArray<float> s(static_cast<size_t>(ld) * ld);
+      AlignedArray<float> s(static_cast<size_t>(shape.pairs()) + 16);
+      s.Zero();  // the tail past the pairs stays zero
       for (int64_t b = begin; b < end; ++b) {
         dot_avx512::BackwardExample(shape, front, x0, b, d_dots + b * in_stride, s.data(),
                                     d_front, dx0);
