@@ -194,23 +194,12 @@ TEST_F(AllDynamicPsTest, TwoHostJobLearnsCheckpointsAndServes) {
   }
 
   auto predict = [&](const std::string& model, const std::string& name) {
-    ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", model, " --input ",
-                                             Dir(), "/test.csv --format csv --out ", Dir(), "/",
-                                             name, ".tsv --summary ", Dir(), "/", name,
-                                             ".json --batch_size 500 --threads 2 2>&1"),
-                                120, &out),
-              0)
-        << out;
-    EXPECT_EQ(testing::ReadJsonFile(Dir() + "/" + name + ".json").fields().at("auc").number_value(),
-              auc)
-        << name;
+    const auto predicted = testing::PredictTopicHistory(Dir(), model, name).fields();
+    ASSERT_TRUE(predicted.count("auc")) << name;
+    EXPECT_EQ(predicted.at("auc").number_value(), auc) << name;
   };
   predict(m, "ckpt_scores");
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
-                                           "/export 2>&1"),
-                              120, &out),
-            0)
-      << out;
+  ASSERT_TRUE(testing::ExportModel(m, Dir() + "/export", &out));
   auto dir = ResolveExportDir(Dir() + "/export");
   ASSERT_TRUE(dir.ok()) << dir.status();
   auto exported = ReadExport(*dir);
@@ -297,11 +286,7 @@ TEST_F(AllDynamicPsTest, TrainersCheckpointIsThePsJobsShape) {
   EXPECT_NEAR(
       testing::ReadJsonFile(Dir() + "/train_scores.json").fields().at("auc").number_value(), auc,
       1e-5);
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
-                                           "/train_export 2>&1"),
-                              120, &out),
-            0)
-      << out;
+  ASSERT_TRUE(testing::ExportModel(m, Dir() + "/train_export", &out));
   // A resume takes its own checkpoint (rows 0 on both sides).
   ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " train ", Args(m),
                                            " --epochs 2 --on_new_data=new_pass 2>&1"),

@@ -24,7 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Dir() { return absl::StrCat(::testing::TempDir(), "/din_", getpid()); }
 std::string P() { return PSTRAIN_BINARY; }
 
 const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
@@ -45,17 +44,11 @@ const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
   threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
 )pb";
 
-class DinTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
-  }
-  static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
-
-  static std::string Args(const std::string& model_dir) {
-    return testing::TopicHistoryArgs(Dir(), model_dir);
-  }
+struct DinJob {
+  static std::string Dir() { return absl::StrCat(::testing::TempDir(), "/din_", getpid()); }
+  static std::string Config() { return kConfig; }
 };
+using DinTest = testing::TopicHistoryJobTest<DinJob>;
 
 TEST_F(DinTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
   const std::string m = Dir() + "/m";
@@ -66,23 +59,13 @@ TEST_F(DinTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
   EXPECT_GT(auc, 0.7) << out;
   EXPECT_EQ(summary.at("examples").number_value(), 4 * 12000);
 
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
-                                           "/test.csv --format csv --out ", Dir(),
-                                           "/scores.tsv --summary ", Dir(),
-                                           "/predict.json --batch_size 500 --threads 2"),
-                              300, &out),
-            0)
-      << out;
-  const auto predicted = testing::ReadJsonFile(Dir() + "/predict.json").fields();
+  const auto predicted = testing::PredictTopicHistory(Dir(), m, "scores").fields();
+  ASSERT_TRUE(predicted.count("auc"));
   EXPECT_EQ(predicted.at("auc").number_value(), auc);
   EXPECT_EQ(predicted.at("examples").number_value(), 2000);
 
   // Its export, served by `pstrain serve`, scores the test rows as predict did.
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
-                                           "/export"),
-                              120, &out),
-            0)
-      << out;
+  ASSERT_TRUE(testing::ExportModel(m, Dir() + "/export"));
   testing::ServedExport served(P(), Dir() + "/export");
   served.ExpectCsvScoresAsPredicted(Dir() + "/test.csv", Dir() + "/scores.tsv");
 }

@@ -58,10 +58,14 @@ const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
 
 constexpr int kTrainRows = 2 * 6000;
 
-class DynamicPsTest : public ::testing::Test {
+struct DynamicPsJob {
+  static std::string Dir() { return ::pstrain::Dir(); }
+  static std::string Config() { return kConfig; }
+};
+class DynamicPsTest : public testing::TopicHistoryJobTest<DynamicPsJob> {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
+    ASSERT_NO_FATAL_FAILURE(TopicHistoryJobTest::SetUpTestSuite());
     // The resume test's: `small` (300 users, ~128 of them a step) dynamic with a TTL of 3 steps,
     // so that the shards evict rows on their schedule between the checkpoints, and `item` fixed
     // (fixed and dynamic rows mixed; every table dynamic is all_dynamic_ps_test's).
@@ -74,11 +78,6 @@ class DynamicPsTest : public ::testing::Test {
             R"(table { name: "small" dim: 4 fm_join: EXCLUDE dynamic { ttl_steps: 3 } })");
     replace("dynamic {} }", "rows: 2000 }");
     ASSERT_TRUE(WriteFileAtomic(Dir() + "/resume.textproto", resume).ok());
-  }
-  static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
-
-  static std::string Args(const std::string& model_dir) {
-    return testing::TopicHistoryArgs(Dir(), model_dir);
   }
 };
 
@@ -110,23 +109,12 @@ TEST_F(DynamicPsTest, TwoHostJobLearns) {
   // predict, from the PS checkpoint (every shard file's dynamic rows) and from an export.
   const double auc = summary.at("test_auc").number_value();
   auto predict = [&](const std::string& model, const std::string& name) {
-    ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", model, " --input ",
-                                             Dir(), "/test.csv --format csv --out ", Dir(), "/",
-                                             name, ".tsv --summary ", Dir(), "/", name,
-                                             ".json --batch_size 500 --threads 2"),
-                                300, &out),
-              0)
-        << out;
-    EXPECT_EQ(testing::ReadJsonFile(Dir() + "/" + name + ".json").fields().at("auc").number_value(),
-              auc)
-        << name;
+    const auto predicted = testing::PredictTopicHistory(Dir(), model, name).fields();
+    ASSERT_TRUE(predicted.count("auc")) << name;
+    EXPECT_EQ(predicted.at("auc").number_value(), auc) << name;
   };
   predict(m, "ckpt_scores");
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
-                                           "/export"),
-                              120, &out),
-            0)
-      << out;
+  ASSERT_TRUE(testing::ExportModel(m, Dir() + "/export", &out));
   EXPECT_THAT(out, HasSubstr("dynamic item: "));
   auto dir = ResolveExportDir(Dir() + "/export");
   ASSERT_TRUE(dir.ok()) << dir.status();

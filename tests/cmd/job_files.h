@@ -80,6 +80,19 @@ inline google::protobuf::Struct ReadSummary(const std::string& model_dir) {
   return ReadJsonFile(model_dir + "/summary.json");
 }
 
+// `pstrain export` of `model_dir` into `out_dir`; false, with a test failure naming its output, when
+// it fails. Its output in `*log` when given.
+inline bool ExportModel(const std::string& model_dir, const std::string& out_dir,
+                        std::string* log = nullptr) {
+  std::string out;
+  const int rc = RunShell(
+      absl::StrCat(PSTRAIN_BINARY, " export --model_dir ", model_dir, " --out ", out_dir, " 2>&1"),
+      120, &out);
+  EXPECT_EQ(rc, 0) << out;
+  if (log != nullptr) *log = out;
+  return rc == 0;
+}
+
 // Runs `pstrain local` (argv) to its end: "pstrain local: done" with the test AUC within 240 s,
 // exit code 0, and no process mentioning `model_dir` left behind.
 inline void RunLocal(const std::vector<std::string>& args, const std::string& model_dir) {

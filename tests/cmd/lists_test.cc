@@ -35,7 +35,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Dir() { return absl::StrCat(::testing::TempDir(), "/lists_", getpid()); }
 std::string P() { return PSTRAIN_BINARY; }
 
 const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
@@ -52,17 +51,11 @@ const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
   threads { towers: 2 intra_op_threads: 1 inter_op_threads: 1 }
 )pb";
 
-class ListsTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
-  }
-  static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
-
-  static std::string Args(const std::string& model_dir) {
-    return testing::TopicHistoryArgs(Dir(), model_dir);
-  }
+struct ListsJob {
+  static std::string Dir() { return absl::StrCat(::testing::TempDir(), "/lists_", getpid()); }
+  static std::string Config() { return kConfig; }
 };
+using ListsTest = testing::TopicHistoryJobTest<ListsJob>;
 
 TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
   const std::string m = Dir() + "/m";
@@ -73,13 +66,8 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
   EXPECT_GT(auc, 0.7) << out;
   EXPECT_EQ(summary.at("examples").number_value(), 6 * 12000);
 
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
-                                           "/test.csv --format csv --out ", Dir(), "/scores.tsv --summary ",
-                                           Dir(), "/predict.json --batch_size 500 --threads 2"),
-                              300, &out),
-            0)
-      << out;
-  const auto predicted = testing::ReadJsonFile(Dir() + "/predict.json").fields();
+  const auto predicted = testing::PredictTopicHistory(Dir(), m, "scores").fields();
+  ASSERT_TRUE(predicted.count("auc"));
   EXPECT_EQ(predicted.at("auc").number_value(), auc);
   EXPECT_EQ(predicted.at("examples").number_value(), 2000);
 
@@ -102,11 +90,7 @@ TEST_F(ListsTest, TrainLearnsFromTheHistoryAndPredictScoresAsTheTrainerDid) {
 
   // Export and serve: the test rows as CSV requests (with the label column) of several sizes,
   // batched by the server, score as predict did (one scorer, other batch cuts: to 1e-6).
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
-                                           "/export"),
-                              120, &out),
-            0)
-      << out;
+  ASSERT_TRUE(testing::ExportModel(m, Dir() + "/export"));
   testing::ServedExport served(P(), Dir() + "/export");
   served.ExpectCsvScoresAsPredicted(Dir() + "/test.csv", Dir() + "/scores.tsv");
   PredictRequest bad;

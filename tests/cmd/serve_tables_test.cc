@@ -89,11 +89,7 @@ class ServeTablesTest : public ::testing::Test {
     const double auc = testing::ReadSummary(d + "/m").fields().at("test_auc").number_value();
     EXPECT_GT(auc, 0.7);
     EXPECT_EQ(testing::ReadJsonFile(d + "/predict.json").fields().at("auc").number_value(), auc);
-    ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", d, "/m --out ", d,
-                                             "/export"),
-                                120, &out),
-              0)
-        << out;
+    ASSERT_TRUE(testing::ExportModel(d + "/m", d + "/export"));
     auto dir = ResolveExportDir(d + "/export");
     ASSERT_TRUE(dir.ok()) << dir.status();
     auto exported = ReadExport(*dir);

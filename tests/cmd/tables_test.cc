@@ -29,7 +29,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Dir() { return absl::StrCat(::testing::TempDir(), "/tables_", getpid()); }
 std::string P() { return PSTRAIN_BINARY; }
 
 const std::string kConfig = std::string(testing::kTopicHistoryData) + R"pb(
@@ -81,17 +80,11 @@ std::vector<int> GroupWidths(const std::string& model_dir) {
   return widths;
 }
 
-class TablesTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(testing::WriteTopicHistoryJob(Dir(), kConfig));
-  }
-  static void TearDownTestSuite() { std::system(("rm -rf " + Dir()).c_str()); }
-
-  static std::string Args(const std::string& model_dir) {
-    return testing::TopicHistoryArgs(Dir(), model_dir);
-  }
+struct TablesJob {
+  static std::string Dir() { return absl::StrCat(::testing::TempDir(), "/tables_", getpid()); }
+  static std::string Config() { return kConfig; }
 };
+using TablesTest = testing::TopicHistoryJobTest<TablesJob>;
 
 TEST_F(TablesTest, ConfigShowsTheTables) {
   std::string out;
@@ -130,30 +123,14 @@ TEST_F(TablesTest, TrainLearnsAndPredictScoresAsTheTrainerDid) {
   EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows);
   // One embedding group per table, each at its width (item dim 8, small dim 4), not the stride.
   EXPECT_EQ(GroupWidths(m), (std::vector<int>{9, 5}));
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", m, " --input ", Dir(),
-                                           "/test.csv --format csv --out ", Dir(),
-                                           "/scores.tsv --summary ", Dir(),
-                                           "/predict.json --batch_size 500 --threads 2"),
-                              300, &out),
-            0)
-      << out;
-  EXPECT_EQ(testing::ReadJsonFile(Dir() + "/predict.json").fields().at("auc").number_value(),
-            auc);
+  auto predicted = testing::PredictTopicHistory(Dir(), m, "scores").fields();
+  ASSERT_TRUE(predicted.count("auc"));
+  EXPECT_EQ(predicted.at("auc").number_value(), auc);
   // An export of it (rows at the model's stride) scores the same.
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " export --model_dir ", m, " --out ", Dir(),
-                                           "/export"),
-                              120, &out),
-            0)
-      << out;
-  ASSERT_EQ(testing::RunShell(absl::StrCat(P(), " predict --model_dir ", Dir(), "/export --input ",
-                                           Dir(), "/test.csv --format csv --out ", Dir(),
-                                           "/export_scores.tsv --summary ", Dir(),
-                                           "/export_predict.json --batch_size 500 --threads 2"),
-                              300, &out),
-            0)
-      << out;
-  EXPECT_EQ(
-      testing::ReadJsonFile(Dir() + "/export_predict.json").fields().at("auc").number_value(), auc);
+  ASSERT_TRUE(testing::ExportModel(m, Dir() + "/export"));
+  predicted = testing::PredictTopicHistory(Dir(), Dir() + "/export", "export_scores").fields();
+  ASSERT_TRUE(predicted.count("auc"));
+  EXPECT_EQ(predicted.at("auc").number_value(), auc);
 }
 
 TEST_F(TablesTest, PsJobsOfEveryConsistencyLearn) {

@@ -2,7 +2,8 @@
 // tables_test.cc, dynamic_ps_test.cc): CSV with a header "label,item,history,user". Items have
 // one of 4 topics (item % 4); a history is 1..12 items mostly of one topic, and a click is likely
 // (0.8 vs 0.2) when the candidate's topic is the history's. Also the job those tests share: its
-// files in a folder and the command line that trains on them.
+// files in a folder, the command line that trains on them, the fixture that writes them once a
+// suite, and `pstrain predict` of its test rows.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include "common/file.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
+#include "tests/cmd/job_files.h"
+#include "tests/shell.h"
 
 namespace pstrain::testing {
 
@@ -60,6 +63,42 @@ inline void WriteTopicHistoryJob(const std::string& dir, const std::string& conf
 inline std::string TopicHistoryArgs(const std::string& dir, const std::string& model_dir) {
   return absl::StrCat("--config ", dir, "/config.textproto --train '", dir,
                       "/train/*.csv' --eval ", dir, "/test.csv --model_dir ", model_dir);
+}
+
+// The fixture of a suite over one topic-history job: its folder Dir() (`Job::Dir()`) written
+// once before the suite's tests with `Job::Config()`, removed after them; Args(model_dir) is
+// TopicHistoryArgs. A suite that needs more files overrides SetUpTestSuite and calls this one's
+// first.
+template <typename Job>
+class TopicHistoryJobTest : public ::testing::Test {
+ protected:
+  static std::string Dir() { return Job::Dir(); }
+
+  static void SetUpTestSuite() {
+    ASSERT_NO_FATAL_FAILURE(WriteTopicHistoryJob(Job::Dir(), Job::Config()));
+  }
+  static void TearDownTestSuite() { std::system(("rm -rf " + Job::Dir()).c_str()); }
+
+  static std::string Args(const std::string& model_dir) {
+    return TopicHistoryArgs(Job::Dir(), model_dir);
+  }
+};
+
+// `pstrain predict` of `dir`/test.csv (CSV, batches of 500) with the model at `model` (a model
+// dir or an export): the scores into `dir`/<name>.tsv, the summary into `dir`/<name>.json, which
+// it returns (empty, with a test failure, when predict fails; its output then in the failure).
+inline google::protobuf::Struct PredictTopicHistory(const std::string& dir,
+                                                    const std::string& model,
+                                                    const std::string& name) {
+  std::string out;
+  const int rc = RunShell(absl::StrCat(PSTRAIN_BINARY, " predict --model_dir ", model, " --input ",
+                                       dir, "/test.csv --format csv --out ", dir, "/", name,
+                                       ".tsv --summary ", dir, "/", name,
+                                       ".json --batch_size 500 --threads 2 2>&1"),
+                          300, &out);
+  EXPECT_EQ(rc, 0) << out;
+  if (rc != 0) return {};
+  return ReadJsonFile(absl::StrCat(dir, "/", name, ".json"));
 }
 
 }  // namespace pstrain::testing
