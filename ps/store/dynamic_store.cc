@@ -10,6 +10,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/parallel.h"
+#include "ps/store/generation_logs.h"
 
 namespace pstrain {
 namespace {
@@ -465,13 +466,7 @@ void DynamicEmbeddingStore::BeginGeneration(uint32_t g, uint32_t keep_from) {
   generation_.store(g);
   if (keep_from <= oldest_logged_) return;
   oldest_logged_ = keep_from;
-  for (int si = 0; si < kStripes; ++si) {
-    std::lock_guard<std::mutex> stripe_lock(stripes_[si].mu);
-    std::vector<GenerationLog>& logs = stripes_[si].logs;
-    size_t old = 0;
-    while (old < logs.size() && logs[old].generation < keep_from) ++old;
-    logs.erase(logs.begin(), logs.begin() + old);
-  }
+  DropLogsBefore(stripes_.get(), kStripes, keep_from);
 }
 
 uint32_t DynamicEmbeddingStore::oldest_logged_generation() const {

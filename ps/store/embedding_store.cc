@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/parallel.h"
 #include "common/status.h"
+#include "ps/store/generation_logs.h"
 
 namespace pstrain {
 namespace {
@@ -312,13 +313,7 @@ void EmbeddingStore::BeginGeneration(uint32_t g, uint32_t keep_from) {
   generation_.store(g);
   if (keep_from <= oldest_logged_) return;
   oldest_logged_ = keep_from;
-  for (int s = 0; s < kStripes; ++s) {
-    std::lock_guard<std::mutex> stripe_lock(stripes_[s].mu);
-    std::vector<GenerationLog>& logs = stripes_[s].logs;
-    size_t old = 0;
-    while (old < logs.size() && logs[old].generation < keep_from) ++old;
-    logs.erase(logs.begin(), logs.begin() + old);
-  }
+  DropLogsBefore(stripes_.get(), kStripes, keep_from);
 }
 
 std::unique_ptr<EmbeddingStore::Image> EmbeddingStore::Freeze(uint32_t g, uint32_t keep_from) {
