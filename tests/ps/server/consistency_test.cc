@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "ps/server/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "tests/ps/server/local_shards.h"
 #include "worker/ps_client/ps_client.h"
 
 namespace pstrain {
@@ -31,7 +32,7 @@ constexpr int kShards = 2;
 // long; every positive wait is bounded by the client's deadline.
 constexpr absl::Duration kHeld = absl::Milliseconds(300);
 
-struct Job {
+struct Job : testing::LocalShards {
   Job(Consistency mode, int staleness, int workers = 2) {
     OptimizerConfig sgd;
     sgd.set_type(SGD);
@@ -49,11 +50,7 @@ struct Job {
       o.consistency = mode;
       o.staleness = staleness;
       o.num_workers = workers;
-      auto server = ShardServer::Create(std::move(o));
-      EXPECT_TRUE(server.ok()) << server.status();
-      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-      servers.push_back(std::move(server).value());
+      Add(std::move(o));
     }
     this->mode = mode;
   }
@@ -89,8 +86,6 @@ struct Job {
   }
 
   Consistency mode;
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
 };
 
 // Rows 5 (shard 0) and 60 (shard 1): one push touches both shards.

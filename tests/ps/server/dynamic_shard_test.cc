@@ -30,6 +30,7 @@
 #include "ps/store/dynamic_routing.h"
 #include "ps/store/dynamic_store.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "tests/ps/server/local_shards.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_balance.h"
 #include "worker/train/checkpoint.h"
@@ -46,14 +47,6 @@ constexpr int64_t kDense = 31;
 // Two dynamic tables, narrower than the stride: 1 + 3 and 1 + 1 floats a row.
 const std::vector<int> kDynamicDims = {4, 2};
 
-OptimizerConfig MakeOptimizerConfig(OptimizerType type) {
-  OptimizerConfig c;
-  c.set_type(type);
-  c.set_learning_rate(type == SGD ? 0.1f : 0.05f);
-  if (type == FTRL) c.set_l1(0.001f), c.set_l2(0.01f);
-  return c;
-}
-
 void FixedInit(int64_t row, float* out, int dim) {
   for (int j = 0; j < dim; ++j) out[j] = 0.001f * static_cast<float>(row % 997) - 0.01f * j;
 }
@@ -68,7 +61,7 @@ void DynamicInit(int64_t key_bits, float* out, int dim) {
 DynamicEmbeddingStore::Options DynamicOptions(int dim, OptimizerType type) {
   DynamicEmbeddingStore::Options d;
   d.dim = dim;
-  d.optimizer = Optimizer::Create(MakeOptimizerConfig(type)).value();
+  d.optimizer = Optimizer::Create(testing::TestOptimizer(type)).value();
   d.row_init = [dim](int64_t key, float* out) { DynamicInit(key, out, dim); };
   return d;
 }
@@ -88,8 +81,8 @@ ShardServer::Options ShardOptions(int shard, int shards, OptimizerType type,
   o.data.partitions = kPartitions;
   o.data.row_dim = kRowDim;
   o.data.dense_size = kDense;
-  o.data.sparse_optimizer = MakeOptimizerConfig(type);
-  o.data.dense_optimizer = MakeOptimizerConfig(type);
+  o.data.sparse_optimizer = testing::TestOptimizer(type);
+  o.data.dense_optimizer = testing::TestOptimizer(type);
   o.data.row_init = [](int64_t row, float* out) { FixedInit(row, out, kRowDim); };
   for (int dim : dynamic_dims) {
     DynamicEmbeddingStore::Options d = DynamicOptions(dim, type);
@@ -102,18 +95,14 @@ ShardServer::Options ShardOptions(int shard, int shards, OptimizerType type,
 }
 
 // `shards` shard servers on local ports; `tweak`, when set, changes each one's options first.
-struct Cluster {
+struct Cluster : testing::LocalShards {
   Cluster(int shards, OptimizerType type, const std::vector<int>& dynamic_dims = kDynamicDims,
           const std::string& checkpoint_dir = "",
           const std::function<void(ShardServer::Options*)>& tweak = nullptr) {
     for (int s = 0; s < shards; ++s) {
       ShardServer::Options so = ShardOptions(s, shards, type, dynamic_dims, checkpoint_dir);
       if (tweak) tweak(&so);
-      auto server = ShardServer::Create(std::move(so));
-      EXPECT_TRUE(server.ok()) << server.status();
-      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-      servers.push_back(std::move(server).value());
+      Add(std::move(so));
     }
   }
   PsClient::Options ClientOptions() const {
@@ -127,8 +116,6 @@ struct Cluster {
     o.rpc_deadline_ms = 5000;
     return o;
   }
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
 };
 
 // The single-process twin: one fixed store of [0, V) and one dynamic store per table with
@@ -139,7 +126,7 @@ struct Reference {
     eo.begin = 0;
     eo.end = kRows;
     eo.dim = kRowDim;
-    eo.optimizer = Optimizer::Create(MakeOptimizerConfig(type)).value();
+    eo.optimizer = Optimizer::Create(testing::TestOptimizer(type)).value();
     eo.row_init = [](int64_t row, float* out) { FixedInit(row, out, kRowDim); };
     fixed = EmbeddingStore::Create(std::move(eo)).value();
     for (int dim : kDynamicDims) {

@@ -23,6 +23,7 @@
 #include "ps/store/dynamic_file.h"
 #include "ps/store/dynamic_store.h"
 #include "ps/store/store_blocks.h"
+#include "tests/ps/server/local_shards.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/train/checkpoint.h"
 
@@ -72,14 +73,10 @@ ShardServer::Options ShardOptions(int shard, int shards, const std::string& dir 
   return o;
 }
 
-struct Cluster {
+struct Cluster : testing::LocalShards {
   Cluster(int shards, const std::string& dir = "") {
     for (int s = 0; s < shards; ++s) {
-      auto server = ShardServer::Create(ShardOptions(s, shards, dir));
-      EXPECT_TRUE(server.ok()) << server.status();
-      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-      servers.push_back(std::move(server).value());
+      Add(ShardOptions(s, shards, dir));
     }
   }
   PsClient::Options ClientOptions() const {
@@ -100,8 +97,6 @@ struct Cluster {
     EXPECT_TRUE(ready.ok()) << ready;
     return std::move(c).value();
   }
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
 };
 
 // n distinct dynamic ids of both tables from a pool of `keys` keys, shuffled.

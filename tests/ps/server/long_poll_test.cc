@@ -24,6 +24,7 @@
 #include "ps/server/shard_server.h"
 #include "pstrain/ps_service.grpc.pb.h"
 #include "tests/fake_env.h"
+#include "tests/ps/server/local_shards.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/ps_job.h"
 #include "worker/ps_client/shard_rpc.h"
@@ -197,7 +198,7 @@ TEST(JobCoordinator, AWorkerNotHeardOfForTheLeaseIsLost) {
 
 // ---- Over gRPC ----
 
-struct Shard0 {
+struct Shard0 : testing::LocalShards {
   explicit Shard0(Consistency mode = ASYNC, int num_shards = 1, int num_workers = 1) {
     for (int s = 0; s < num_shards; ++s) {
       ShardServer::Options o;
@@ -209,19 +210,13 @@ struct Shard0 {
       o.data.dense_size = 4;
       o.consistency = mode;
       o.num_workers = num_workers;
-      auto server = ShardServer::Create(std::move(o));
-      EXPECT_TRUE(server.ok()) << server.status();
-      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-      servers.push_back(std::move(server).value());
+      Add(std::move(o));
     }
     stub = ParameterServer::NewStub(
         grpc::CreateChannel(addresses[0], grpc::InsecureChannelCredentials()));
   }
   ShardServer& s0() { return *servers[0]; }
 
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
   std::unique_ptr<ParameterServer::Stub> stub;
 };
 

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "ps/store/store_blocks.h"
 #include "pstrain/ps_service.grpc.pb.h"
+#include "tests/ps/server/local_shards.h"
 #include "worker/ps_client/ps_client.h"
 #include "worker/ps_client/shard_balance.h"
 #include "worker/ps_client/shard_rpc.h"
@@ -41,14 +42,6 @@ struct Table {
   int64_t dense_size = 103;
 };
 
-OptimizerConfig MakeOptimizerConfig(OptimizerType type) {
-  OptimizerConfig c;
-  c.set_type(type);
-  c.set_learning_rate(type == SGD ? 0.1f : 0.05f);
-  if (type == FTRL) c.set_l1(0.001f), c.set_l2(0.01f);
-  return c;
-}
-
 // Pure, recognizable initial values.
 void RowInit(int64_t row, float* out, int dim) {
   for (int j = 0; j < dim; ++j) out[j] = 0.001f * static_cast<float>(row % 1000) - 0.01f * j;
@@ -58,7 +51,7 @@ void DenseInit(float* out, int64_t n) {
 }
 
 // S shard servers on 127.0.0.1:<free port>.
-struct Cluster {
+struct Cluster : testing::LocalShards {
   Cluster(int shards, const Table& t, OptimizerType type, const std::string& checkpoint_dir = "",
           int num_workers = 1, StalenessCompensation compensation = NO_COMPENSATION)
       : table(t) {
@@ -75,17 +68,13 @@ struct Cluster {
       o.data.partitions = t.partitions;
       o.data.row_dim = t.row_dim;
       o.data.dense_size = t.dense_size;
-      o.data.sparse_optimizer = MakeOptimizerConfig(type);
-      o.data.dense_optimizer = MakeOptimizerConfig(type);
+      o.data.sparse_optimizer = testing::TestOptimizer(type);
+      o.data.dense_optimizer = testing::TestOptimizer(type);
       const int dim = t.row_dim;
       const int64_t dense_size = t.dense_size;
       o.data.row_init = [dim](int64_t row, float* out) { RowInit(row, out, dim); };
       o.data.dense_init = [dense_size](float* out) { DenseInit(out, dense_size); };
-      auto server = ShardServer::Create(std::move(o));
-      EXPECT_TRUE(server.ok()) << server.status();
-      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-      servers.push_back(std::move(server).value());
+      Add(std::move(o));
     }
   }
 
@@ -115,14 +104,12 @@ struct Cluster {
   }
 
   Table table;
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
 };
 
 // The single-process twin: one store for [0, V) and one dense store for the whole vector.
 struct Reference {
   Reference(const Table& t, OptimizerType type) : dim(t.row_dim) {
-    std::shared_ptr<const Optimizer> opt = Optimizer::Create(MakeOptimizerConfig(type)).value();
+    std::shared_ptr<const Optimizer> opt = Optimizer::Create(testing::TestOptimizer(type)).value();
     EmbeddingStore::Options eo;
     eo.begin = 0;
     eo.end = t.rows;
@@ -283,7 +270,7 @@ TEST(PsClient, StaleDensePushesAreCountedAndTheirLearningRateScaled) {
   const std::vector<float> g = RandomValues(&rng, t.dense_size);
   ASSERT_TRUE(a->PushAsync({}, nullptr, g.data(), 1)->Wait().ok());
   ASSERT_TRUE(b->Pull({}, nullptr, after.data()).ok());
-  const float lr = MakeOptimizerConfig(SGD).learning_rate();
+  const float lr = testing::TestOptimizer(SGD).learning_rate();
   for (int64_t i = 0; i < t.dense_size; ++i) {
     ASSERT_NEAR(after[i], before[i] - lr / 3 * g[i], 1e-6) << i;
   }
@@ -321,7 +308,7 @@ TEST(PsClient, StaleRowPushesAreCountedAndTheirLearningRateScaledPerRow) {
   const std::vector<float> g = RandomValues(&rng, all.size() * dim);
   ASSERT_TRUE(a->PushAsync(all, g.data(), nullptr, 1)->Wait().ok());
   ASSERT_TRUE(b->Pull(all, after.data(), nullptr).ok());
-  const float lr = MakeOptimizerConfig(SGD).learning_rate();
+  const float lr = testing::TestOptimizer(SGD).learning_rate();
   for (size_t i = 0; i < all.size(); ++i) {
     const float scale = i < shared.size() ? 1.0f / 3 : 1.0f;  // stale 3, or not stale
     for (size_t j = 0; j < dim; ++j) {

@@ -21,6 +21,7 @@
 #include "ps/store/embedding_store.h"
 #include "ps/store/store_blocks.h"
 #include "ps/store/table_rows.h"
+#include "tests/ps/server/local_shards.h"
 #include "worker/ps_client/ps_client.h"
 
 namespace pstrain {
@@ -230,7 +231,7 @@ OptimizerConfig Adagrad() {
 }
 
 // Two shard servers of rows [0, 3000) (dim 4) and [3000, 6000) (dim 16), with or without widths.
-struct Shards {
+struct Shards : testing::LocalShards {
   explicit Shards(bool widths) {
     for (int s = 0; s < 2; ++s) {
       ShardServer::Options o;
@@ -247,11 +248,7 @@ struct Shards {
         Init(row, out);
         if (row < 3000) std::fill(out + 5, out + kStride, 0.f);  // the narrow table's tail
       };
-      auto server = ShardServer::Create(std::move(o));
-      EXPECT_TRUE(server.ok()) << server.status();
-      EXPECT_TRUE((*server)->Start("127.0.0.1:0").ok());
-      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-      servers.push_back(std::move(server).value());
+      Add(std::move(o));
     }
   }
   PsClient::Options ClientOptions(bool widths) const {
@@ -265,8 +262,6 @@ struct Shards {
     o.rpc_deadline_ms = 5000;
     return o;
   }
-  std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> addresses;
 };
 
 WireRun RunCluster(bool widths, bool direct, int steps) {
