@@ -16,6 +16,13 @@ inline void Balance211(int64_t n, int nthr, int ithr, int64_t* start, int64_t* e
   *end = *start + base + (ithr < rem ? 1 : 0);
 }
 
+// The team size for n items of which fewer than `min_per_thread` a thread cost more in the
+// team's start than they save: at most `threads`, at least 1.
+inline int ThreadsWorthIt(int64_t n, int threads, int64_t min_per_thread) {
+  const int64_t useful = n / min_per_thread > 1 ? n / min_per_thread : 1;
+  return static_cast<int>(threads < useful ? threads : useful);
+}
+
 // Runs fn(ithr, nthr, begin, end) over [0, n) on up to `threads` OpenMP threads. With threads <= 1,
 // or when already inside a parallel region, runs inline on the caller (never nests).
 template <typename Fn>

@@ -15,13 +15,8 @@
 namespace pstrain {
 namespace {
 
-// Below this many keys per thread a thread team costs more than it saves (as EmbeddingStore).
-constexpr int64_t kMinKeysPerThread = 2048;
-
-int ThreadsFor(int64_t n, int threads) {
-  const int64_t useful = std::max<int64_t>(1, n / kMinKeysPerThread);
-  return static_cast<int>(std::min<int64_t>(threads, useful));
-}
+// Below this many keys per thread a thread team costs more than it saves.
+int ThreadsFor(int64_t n, int threads) { return ThreadsWorthIt(n, threads, 2048); }
 
 template <typename T>
 int64_t FirstNotAscending(const std::vector<T>& v) {

@@ -16,12 +16,7 @@ namespace pstrain {
 namespace {
 
 // Below this many rows per thread a thread team costs more than it saves.
-constexpr int64_t kMinRowsPerThread = 2048;
-
-int ThreadsFor(int64_t n, int threads) {
-  const int64_t useful = std::max<int64_t>(1, n / kMinRowsPerThread);
-  return static_cast<int>(std::min<int64_t>(threads, useful));
-}
+int ThreadsFor(int64_t n, int threads) { return ThreadsWorthIt(n, threads, 2048); }
 
 int Log2(int64_t x) {
   int s = 0;
