@@ -93,7 +93,6 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const Field& fd = opt_.fields[a];
     const int k = Dim(fd);  // the field's dim (== opt_.dim with fm)
-    const int64_t w4 = 4 * int64_t{k};
     State& st = state_[a];
     // The stacked rows: example b's entries of field f.
     st.cell_begin.assign(static_cast<size_t>(n) + 1, 0);
@@ -115,45 +114,84 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
     const int64_t P = PaddedRows(R);
     st.rows = R;
     st.padded = P;
-    Reserve(&st.u, P * w4);
+    Reserve(&st.v, P * 2 * k);
+    Reserve(&st.c, int64_t{n} * k);
     Reserve(&st.a, R);
     if (opt_.fm) Reserve(&st.x, int64_t{n} * k);
-    // u_i = [e, c, e - c, e * c]; the padded rows are zero.
+    // The first layer is linear in u = [e, c, e - c, e * c]: with W = [We; Wc; Wd; Wp],
+    // u W = e (We + Wd) + (e * c) Wp + c (Wc - Wd). So the per-entry GEMM runs over
+    // v = [e, e * c] (K 2k, not 4k) against W' = [We + Wd; Wp], and c's part is one row an
+    // example, q = c (Wc - Wd), added with the bias.
+    const Mlp::Layer& first = fd.hidden[0];
+    const int64_t N0 = first.out, kn = int64_t{k} * N0;
+    Reserve(&st.w1, 2 * kn);
+    Reserve(&st.wq, kn);
+    {
+      const float* w = in.dense + first.w;
+      for (int64_t j = 0; j < kn; ++j) {
+        st.w1[j] = w[j] + w[2 * kn + j];
+        st.w1[kn + j] = w[3 * kn + j];
+        st.wq[j] = w[kn + j] - w[2 * kn + j];
+      }
+    }
+    // v_i = [e, e * c] and c per example; the padded rows are zero.
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t t = CellBegin(in, b * F + fd.target);
         const float st_scale = in.scales[t];
         const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
+        float* c = st.c.data() + b * k;
+        for (int j = 0; j < k; ++j) c[j] = st_scale * vt[j];
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
           const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
-          float* u = st.u.data() + r * w4;
+          float* v = st.v.data() + r * 2 * k;
           for (int j = 0; j < k; ++j) {
-            const float c = st_scale * vt[j];
-            u[j] = e[j];
-            u[k + j] = c;
-            u[2 * k + j] = e[j] - c;
-            u[3 * k + j] = e[j] * c;
+            v[j] = e[j];
+            v[k + j] = e[j] * c[j];
           }
         }
       }
     });
-    std::memset(st.u.data() + R * w4, 0, sizeof(float) * (P - R) * w4);
+    std::memset(st.v.data() + R * 2 * k, 0, sizeof(float) * (P - R) * 2 * k);
+    // q_b = c_b (Wc - Wd) + b: the first layer's per-example row.
+    Reserve(&q_, int64_t{n} * N0);
+    RETURN_IF_ERROR(gemm_.Run({n, k, N0}, st.c.data(), st.wq.data(), q_.data()));
     // The hidden layers.
-    const float* src = st.u.data();
+    const float* src = st.v.data();
     for (size_t l = 0; l < fd.hidden.size(); ++l) {
       const Mlp::Layer& layer = fd.hidden[l];
       Reserve(&st.h[l], P * layer.out);
       float* h = st.h[l].data();
-      RETURN_IF_ERROR(gemm_.Run({P, layer.in, layer.out}, src, in.dense + layer.w, h));
       const float* bias = in.dense + layer.b;
       const int64_t N = layer.out;
-      ParallelFor(P, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          float* __restrict row = h + r * N;
+      if (l == 0) {
+        RETURN_IF_ERROR(gemm_.Run({P, 2 * int64_t{k}, N}, src, st.w1.data(), h));
+        // Each example's rows add q_b + b; the padded rows (zero) the bias alone.
+        ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+          for (int64_t b = begin; b < end; ++b) {
+            float* __restrict qb = q_.data() + b * N;
 #pragma omp simd
-          for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + bias[j], 0.f);
+            for (int64_t j = 0; j < N; ++j) qb[j] += bias[j];
+            for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+              float* __restrict row = h + r * N;
+#pragma omp simd
+              for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + qb[j], 0.f);
+            }
+          }
+        });
+        for (int64_t r = R; r < P; ++r) {
+          for (int64_t j = 0; j < N; ++j) h[r * N + j] = std::max(h[r * N + j] + bias[j], 0.f);
         }
-      });
+      } else {
+        RETURN_IF_ERROR(gemm_.Run({P, layer.in, N}, src, in.dense + layer.w, h));
+        ParallelFor(P, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            float* __restrict row = h + r * N;
+#pragma omp simd
+            for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + bias[j], 0.f);
+          }
+        });
+      }
       src = h;
     }
     // The output unit, then x_f = sum_i s_i a_i e_i.
@@ -216,7 +254,7 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
 absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, const float* dx0,
                                                        const float* g, const float* sum_v,
                                                        float* dense_grad) {
-  const int n = in.n, F = opt_.num_fields;
+  const int n = in.n;
   const int64_t rd = RowDim(), D = X0Width();
   Reserve(&dx0_, int64_t{std::max(n, 1)} * D);
   if (n <= 0) return dx0_.data();
@@ -227,7 +265,6 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const Field& fd = opt_.fields[a];
     const int k = Dim(fd);
-    const int64_t w4 = 4 * int64_t{k};
     State& st = state_[a];
     const int64_t R = st.rows, P = st.padded;
     const int64_t H = fd.hidden.back().out;
@@ -235,7 +272,7 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
     for (const Mlp::Layer& layer : fd.hidden) width = std::max<int64_t>(width, layer.out);
     Reserve(&dz_[0], P * width);
     Reserve(&dz_[1], P * width);
-    Reserve(&du_, P * w4);
+    Reserve(&dv_, P * 2 * k);
     Reserve(&st.de, R * k);
     const float* ow = in.dense + fd.out_w;
     const float* hl = st.h.back().data();
@@ -294,30 +331,66 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
       ParallelFor(N, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
         ColumnSums(dz, R, N, begin, end, [](int64_t) { return 1.f; }, gb);
       });
-      const float* below = l > 0 ? st.h[l - 1].data() : st.u.data();
-      RETURN_IF_ERROR(gemm_.Run({layer.in, P, N, /*trans_a=*/true, false, /*accumulate=*/true},
-                                below, dz, dense_grad + layer.w));
-      float* dbelow = l > 0 ? dz_[1 - cur].data() : du_.data();
-      RETURN_IF_ERROR(gemm_.Run({P, N, layer.in, false, /*trans_b=*/true, false}, dz,
-                                in.dense + layer.w, dbelow));
-      cur = 1 - cur;
+      if (l > 0) {
+        RETURN_IF_ERROR(gemm_.Run({layer.in, P, N, /*trans_a=*/true, false, /*accumulate=*/true},
+                                  st.h[l - 1].data(), dz, dense_grad + layer.w));
+        RETURN_IF_ERROR(gemm_.Run({P, N, layer.in, false, /*trans_b=*/true, false}, dz,
+                                  in.dense + layer.w, dz_[1 - cur].data()));
+        cur = 1 - cur;
+        continue;
+      }
+      // The first layer through v = [e, e * c] and c (Forward): with S_b = sum of example b's
+      // dz rows and G = v^T dz = [E^T dz; (E * C)^T dz], T = C^T S:
+      //   dWe = E^T dz, dWc = T, dWd = E^T dz - T, dWp = (E * C)^T dz;
+      //   dv = dz W'^T = [dz (We + Wd)^T, dz Wp^T], and c's part of dc is S_b (Wc - Wd)^T.
+      const int64_t kn = int64_t{k} * N;
+      Reserve(&s_, int64_t{n} * N);
+      Reserve(&g1_, 3 * kn);
+      ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          float* __restrict sb = s_.data() + b * N;
+          std::fill_n(sb, N, 0.f);
+          for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+            const float* __restrict dzr = dz + r * N;
+#pragma omp simd
+            for (int64_t j = 0; j < N; ++j) sb[j] += dzr[j];
+          }
+        }
+      });
+      float* G = g1_.data();  // [2k, N], then T [k, N]
+      float* T = G + 2 * kn;
+      RETURN_IF_ERROR(gemm_.Run({2 * int64_t{k}, P, N, /*trans_a=*/true, false, false},
+                                st.v.data(), dz, G));
+      RETURN_IF_ERROR(gemm_.Run({k, n, N, /*trans_a=*/true, false, false}, st.c.data(),
+                                s_.data(), T));
+      float* gw = dense_grad + layer.w;
+      for (int64_t j = 0; j < kn; ++j) {
+        gw[j] += G[j];
+        gw[kn + j] += T[j];
+        gw[2 * kn + j] += G[j] - T[j];
+        gw[3 * kn + j] += G[kn + j];
+      }
+      RETURN_IF_ERROR(gemm_.Run({P, N, 2 * int64_t{k}, false, /*trans_b=*/true, false}, dz,
+                                st.w1.data(), dv_.data()));
+      Reserve(&dcq_, int64_t{n} * k);
+      RETURN_IF_ERROR(gemm_.Run({n, N, k, false, /*trans_b=*/true, false}, s_.data(),
+                                st.wq.data(), dcq_.data()));
     }
-    // d e_i += du[0:k] + du[2k:3k] + du[3k:4k] * c; the target's cell gets dc (summed per
-    // example in row order).
+    // d e_i += dv[0:k] + dv[k:2k] * c; the target's cell gets dc = S_b (Wc - Wd)^T plus the
+    // sum over i of dv[k:2k] * e_i (in row order).
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t t = CellBegin(in, b * F + fd.target);
-        const float ts = in.scales[t];
-        const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
+        const float* c = st.c.data() + b * k;
         float* dc = dx0_.data() + b * D + X0Offset(fd.target);
+        const float* dcq = dcq_.data() + b * k;
+        for (int j = 0; j < k; ++j) dc[j] += dcq[j];
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
           const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
-          const float* du = du_.data() + r * w4;
+          const float* dv = dv_.data() + r * 2 * k;
           float* de = st.de.data() + r * k;
           for (int j = 0; j < k; ++j) {
-            const float c = ts * vt[j];
-            de[j] += du[j] + du[2 * k + j] + du[3 * k + j] * c;
-            dc[j] += du[k + j] - du[2 * k + j] + du[3 * k + j] * e[j];
+            de[j] += dv[j] + dv[k + j] * c[j];
+            dc[j] += dv[k + j] * e[j];
           }
         }
       }
