@@ -137,6 +137,7 @@ class TargetAttention {
   AlignedArray<float> s_;      // [n, out_0]: per-example sums of the first layer's dz
   AlignedArray<float> g1_;     // [3k, out_0]: v^T dz, then C^T S
   AlignedArray<float> dcq_;    // [n, k]: S (Wc - Wd)^T
+  AlignedArray<float> pw_;     // [n, H]: per-example sums of da_i h_i (out/w's gradient)
   AlignedArray<float> partial_;
 };
 
