@@ -21,10 +21,12 @@
 // "att<f>/mlp<l>/w" [in, out] run over the stacked list entries of the tower's batch, not over
 // its examples, so their M is `attention_rows` (the entries of the attended fields in one
 // tower's batch: the caller knows its data) and all three GEMMs run (the first layer's
-// backward-data is d u_i, which the embeddings' gradients need); with attention_rows 0 they are
-// left out. They stay f32 under BF16 (the attention has no bf16 path). The attention's FLOPs are
-// per entry, not per example, so Model::flops_per_example() leaves them out:
-// AttentionFlopsPerEntry gives them, to add times the entries per example.
+// backward-data feeds the embeddings' gradients); with attention_rows 0 they are left out. The
+// first layer "att<f>/mlp0/w" [4k, N] runs as TargetAttention runs it: per entry over
+// v_i = [e_i, e_i * c] (K 2k) and per example over c (K k, M the batch), three GEMMs each. They
+// stay f32 under BF16 (the attention has no bf16 path). The attention's FLOPs are per entry and
+// per example, and Model::flops_per_example() leaves them out: AttentionFlopsPerEntry (times the
+// entries per example) plus AttentionFlopsPerExample give them.
 #pragma once
 
 #include <map>
@@ -66,6 +68,15 @@ inline std::vector<std::pair<GemmShape, int>> ModelStepGemms(const Model& model,
     if (attention && attention_rows <= 0) continue;
     const int64_t K = t.shape[0], N = t.shape[1], M = attention ? attention_rows : batch;
     if (K <= 1 || N <= 1) continue;
+    if (attention && absl::EndsWith(t.name, "/mlp0/w")) {
+      const int64_t k = K / 4;
+      for (const auto& [m, kk] : {std::pair{attention_rows, 2 * k}, std::pair{int64_t{batch}, k}}) {
+        add(m, kk, N, false, false, false);
+        add(kk, m, N, true, false, false);
+        add(m, N, kk, false, true, false);
+      }
+      continue;
+    }
     const bool low =
         bf16 && (absl::StartsWith(t.name, "mlp") || absl::StartsWith(t.name, "out/") ||
                  absl::StartsWith(t.name, "cross") || absl::StartsWith(t.name, "bottom"));
@@ -94,15 +105,33 @@ inline double ModelStepGemmFlopsPerExample(const Model& model, int batch, bool b
 }
 
 // The training FLOPs of target attention per attended list entry, counted as Model counts its
-// MLP: 6 in*out for each layer "att<f>/mlp<l>/w" (forward, backward-data, backward-weights) and
-// 6 H for the output unit "att<f>/out/w" [H, 1]; summed over the attended fields (an entry of
-// field f pays f's MLP only, so with several attended fields this is per entry of each). 0 for
-// a model without target attention.
+// MLP: 6 in*out for each layer "att<f>/mlp<l>/w" (forward, backward-data, backward-weights) but
+// 6 (in/2) out for the first (its per-entry GEMMs have K 2k: ModelStepGemms), and 6 H for the
+// output unit "att<f>/out/w" [H, 1]; summed over the attended fields (an entry of field f pays
+// f's MLP only, so with several attended fields this is per entry of each). 0 for a model
+// without target attention.
 inline double AttentionFlopsPerEntry(const Model& model) {
   double flops = 0;
   for (const DenseTensor& t : model.dense_layout()) {
     if (t.shape.size() != 2 || !absl::StartsWith(t.name, "att")) continue;
-    if (absl::EndsWith(t.name, "/w")) flops += 6.0 * t.shape[0] * t.shape[1];
+    if (absl::EndsWith(t.name, "/mlp0/w")) {
+      flops += 6.0 * (t.shape[0] / 2) * t.shape[1];
+    } else if (absl::EndsWith(t.name, "/w")) {
+      flops += 6.0 * t.shape[0] * t.shape[1];
+    }
+  }
+  return flops;
+}
+
+// The training FLOPs of target attention per example: the first layer's term of the target c
+// ([k, N] of "att<f>/mlp0/w" [4k, N]), 6 (in/4) out an attended field. 0 without attention.
+inline double AttentionFlopsPerExample(const Model& model) {
+  double flops = 0;
+  for (const DenseTensor& t : model.dense_layout()) {
+    if (t.shape.size() == 2 && absl::StartsWith(t.name, "att") &&
+        absl::EndsWith(t.name, "/mlp0/w")) {
+      flops += 6.0 * (t.shape[0] / 4) * t.shape[1];
+    }
   }
   return flops;
 }

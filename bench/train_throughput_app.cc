@@ -15,9 +15,10 @@
 // field gets a length uniform in [1, max_length] and ids drawn from the keys its row-sharing or
 // attention-target field has in the same chunk (DIN's history: items of the candidate field), so
 // that DIN's attention and the list kernels run on the config's own lists. Target attention's
-// FLOPs are per list entry: the app adds the batches' attended entries per example times
-// AttentionFlopsPerEntry to the model's count, and its roof counts the attention MLP's GEMMs at
-// M = the attended entries of a tower's batch (bench/model_gemms.h).
+// FLOPs are per list entry and per example: the app adds the batches' attended entries per
+// example times AttentionFlopsPerEntry, plus AttentionFlopsPerExample, to the model's count, and
+// its roof counts the attention MLP's GEMMs at M = the attended entries of a tower's batch (and
+// the first layer's target term at M = the batch: bench/model_gemms.h).
 // --paired_windows N adds N windows each followed at once by the model's own roof, and reports
 // the median of the N per-window fractions: on a shared machine the roof measured once after all
 // the windows moved 57-350 GFLOP/s between runs of the same binary, so that one run's fraction
@@ -288,9 +289,11 @@ int Main(int argc, char** argv) {
       // In-memory batches of T x batch rows from the datagen distribution.
       double entries = 0;  // attended list entries per example
       const std::vector<Batch> batches = SpecBatches(*data, *spec, pool, T * batch, &entries);
-      // Target attention's FLOPs are per entry (bench/model_gemms.h); 0 without it.
-      const double flops_per_example =
-          (*model)->flops_per_example() + entries * AttentionFlopsPerEntry(**model);
+      // Target attention's FLOPs are per entry and per example (bench/model_gemms.h); 0 without
+      // it.
+      const double attention_flops =
+          entries * AttentionFlopsPerEntry(**model) + AttentionFlopsPerExample(**model);
+      const double flops_per_example = (*model)->flops_per_example() + attention_flops;
       const int64_t attention_rows = static_cast<int64_t>(entries * batch + 0.5);
       int64_t global_step = 0;
       StepTimingOptions topt;
@@ -347,7 +350,7 @@ int Main(int argc, char** argv) {
         std::printf("target attention: %.1f attended entries an example (%lld a tower's batch), "
                     "%.0f of the %.0f FLOPs an example\n",
                     entries, static_cast<long long>(attention_rows),
-                    entries * AttentionFlopsPerEntry(**model), flops_per_example);
+                    attention_flops, flops_per_example);
       }
       r.profile_fraction = {p.dedup / elapsed, p.pull / elapsed, p.compute / elapsed,
                             p.reduce / elapsed, p.push / elapsed};

@@ -121,27 +121,46 @@ TEST(ModelGemmsTest, DinAttentionMlpRunsOverTheListEntries) {
   EXPECT_EQ(plain.size(), 6u);
   EXPECT_EQ(plain.at(Key{1024, 640, 400, false, false}), std::make_pair(1, true));
   EXPECT_EQ(plain.count(Key{1024, 64, 36, false, false}), 0u);
-  // 25,000 entries in the tower's batch: the layer u [R, 4k = 64] x W [64, 36] forward, its
-  // backward-weights and its backward-data (d u feeds the rows), f32 even under BF16; the output
-  // unit [36, 1] is not a GEMM.
+  // 25,000 entries in the tower's batch: the first layer as TargetAttention runs it, per entry
+  // v [R, 2k = 32] x [We + Wd; Wp] [32, 36] and per example c [1024, k = 16] x (Wc - Wd) [16, 36],
+  // each forward, backward-weights and backward-data (d v and d c feed the rows), f32 even under
+  // BF16; the output unit [36, 1] is not a GEMM. No GEMM has u's K = 4k = 64.
   const auto shapes = Shapes(**model, 1024, /*bf16=*/true, 25000);
-  EXPECT_EQ(shapes.at(Key{25000, 64, 36, false, false}), std::make_pair(1, false));
-  EXPECT_EQ(shapes.at(Key{64, 25000, 36, true, false}), std::make_pair(1, false));
-  EXPECT_EQ(shapes.at(Key{25000, 36, 64, false, true}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{25000, 32, 36, false, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{32, 25000, 36, true, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{25000, 36, 32, false, true}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{1024, 16, 36, false, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{16, 1024, 36, true, false}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{1024, 36, 16, false, true}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.count(Key{25000, 64, 36, false, false}), 0u);
   EXPECT_EQ(shapes.at(Key{1024, 640, 400, false, false}), std::make_pair(1, true));
-  EXPECT_EQ(shapes.size(), 9u);
+  EXPECT_EQ(shapes.size(), 12u);
   const double mlp = 6.0 * (640 * 400 + 2 * 400 * 400);
   EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true), mlp);
   EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true, 25000),
-                   mlp + 6.0 * 64 * 36 * 25000 / 1024);
-  // Per entry: the layer and the output unit, as the model counts its own MLP.
-  EXPECT_DOUBLE_EQ(AttentionFlopsPerEntry(**model), 6.0 * 64 * 36 + 6.0 * 36);
+                   mlp + 6.0 * 32 * 36 * 25000 / 1024 + 6.0 * 16 * 36);
+  // Per entry: the first layer at K 2k and the output unit, as the model counts its own MLP;
+  // per example: the target's term.
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerEntry(**model), 6.0 * 32 * 36 + 6.0 * 36);
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerExample(**model), 6.0 * 16 * 36);
   // The model's own count (per example) has the MLP but not the attention.
   EXPECT_GT((*model)->flops_per_example(), mlp);
   EXPECT_LT((*model)->flops_per_example(), mlp * 1.01);
+  // A second attention layer runs per entry at its full K (only the first is split).
+  ModelInputs two = inputs;
+  two.attention[0].hidden = {36, 5};
+  auto deeper = Model::Create(config, two);
+  ASSERT_TRUE(deeper.ok()) << deeper.status();
+  const auto deep_shapes = Shapes(**deeper, 1024, /*bf16=*/false, 25000);
+  EXPECT_EQ(deep_shapes.at(Key{25000, 36, 5, false, false}), std::make_pair(1, false));
+  EXPECT_EQ(deep_shapes.at(Key{36, 25000, 5, true, false}), std::make_pair(1, false));
+  EXPECT_EQ(deep_shapes.at(Key{25000, 5, 36, false, true}), std::make_pair(1, false));
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerEntry(**deeper), 6.0 * (32 * 36 + 36 * 5 + 5));
+  EXPECT_DOUBLE_EQ(AttentionFlopsPerExample(**deeper), 6.0 * 16 * 36);
   auto dlrm = Model::Create(Preset(DLRM), 39);
   ASSERT_TRUE(dlrm.ok()) << dlrm.status();
   EXPECT_EQ(AttentionFlopsPerEntry(**dlrm), 0.0);
+  EXPECT_EQ(AttentionFlopsPerExample(**dlrm), 0.0);
 }
 
 }  // namespace

@@ -93,7 +93,6 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const Field& fd = opt_.fields[a];
     const int k = Dim(fd);  // the field's dim (== opt_.dim with fm)
-    const int64_t w4 = 4 * int64_t{k};
     State& st = state_[a];
     // The stacked rows: example b's entries of field f.
     st.cell_begin.assign(static_cast<size_t>(n) + 1, 0);
@@ -115,90 +114,124 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
     const int64_t P = PaddedRows(R);
     st.rows = R;
     st.padded = P;
-    Reserve(&st.u, P * w4);
+    Reserve(&st.v, P * 2 * k);
+    Reserve(&st.c, int64_t{n} * k);
     Reserve(&st.a, R);
     if (opt_.fm) Reserve(&st.x, int64_t{n} * k);
-    // u_i = [e, c, e - c, e * c]; the padded rows are zero.
+    // The first layer is linear in u = [e, c, e - c, e * c]: with W = [We; Wc; Wd; Wp],
+    // u W = e (We + Wd) + (e * c) Wp + c (Wc - Wd). So the per-entry GEMM runs over
+    // v = [e, e * c] (K 2k, not 4k) against W' = [We + Wd; Wp], and c's part is one row an
+    // example, q = c (Wc - Wd), added with the bias.
+    const Mlp::Layer& first = fd.hidden[0];
+    const int64_t N0 = first.out, kn = int64_t{k} * N0;
+    Reserve(&st.w1, 2 * kn);
+    Reserve(&st.wq, kn);
+    {
+      const float* w = in.dense + first.w;
+      for (int64_t j = 0; j < kn; ++j) {
+        st.w1[j] = w[j] + w[2 * kn + j];
+        st.w1[kn + j] = w[3 * kn + j];
+        st.wq[j] = w[kn + j] - w[2 * kn + j];
+      }
+    }
+    // v_i = [e, e * c] and c per example; the padded rows are zero.
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t t = CellBegin(in, b * F + fd.target);
         const float st_scale = in.scales[t];
         const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
+        float* c = st.c.data() + b * k;
+        for (int j = 0; j < k; ++j) c[j] = st_scale * vt[j];
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
           const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
-          float* u = st.u.data() + r * w4;
+          float* v = st.v.data() + r * 2 * k;
           for (int j = 0; j < k; ++j) {
-            const float c = st_scale * vt[j];
-            u[j] = e[j];
-            u[k + j] = c;
-            u[2 * k + j] = e[j] - c;
-            u[3 * k + j] = e[j] * c;
+            v[j] = e[j];
+            v[k + j] = e[j] * c[j];
           }
         }
       }
     });
-    std::memset(st.u.data() + R * w4, 0, sizeof(float) * (P - R) * w4);
-    // The hidden layers.
-    const float* src = st.u.data();
-    for (size_t l = 0; l < fd.hidden.size(); ++l) {
-      const Mlp::Layer& layer = fd.hidden[l];
-      Reserve(&st.h[l], P * layer.out);
-      float* h = st.h[l].data();
-      RETURN_IF_ERROR(gemm_.Run({P, layer.in, layer.out}, src, in.dense + layer.w, h));
-      const float* bias = in.dense + layer.b;
-      const int64_t N = layer.out;
-      ParallelFor(P, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          float* __restrict row = h + r * N;
-#pragma omp simd
-          for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + bias[j], 0.f);
-        }
-      });
-      src = h;
-    }
-    // The output unit, then x_f = sum_i s_i a_i e_i.
+    std::memset(st.v.data() + R * 2 * k, 0, sizeof(float) * (P - R) * 2 * k);
+    // q_b = c_b (Wc - Wd) + b: the first layer's per-example row.
+    Reserve(&q_, int64_t{n} * N0);
+    RETURN_IF_ERROR(gemm_.Run({n, k, N0}, st.c.data(), st.wq.data(), q_.data()));
+    // The hidden layers: each a GEMM, then bias (and q_b for the first) and ReLU per example;
+    // the last one's loop also runs the output unit and x_f = sum_i s_i a_i e_i while the row is
+    // in cache (e_i read from v, in row order, not gathered from the rows again).
+    const int L = static_cast<int>(fd.hidden.size());
     const int64_t H = fd.hidden.back().out;
     const float* ow = in.dense + fd.out_w;
     const float ob = in.dense[fd.out_b];
-    ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-      float x[kMaxEmbeddingDim];
-      for (int64_t b = begin; b < end; ++b) {
-        std::fill(x, x + k, 0.f);
-        for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-          const float* hr = src + r * H;
-          // One vector chain of partial sums, not H dependent adds (a latency-bound chain of 36
-          // an entry, ~26k entries a tower's batch).
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t j = 0; j < H; ++j) dot += hr[j] * ow[j];
-          const float ar = dot + ob;
-          st.a[r] = ar;
-          const int64_t i = st.entry[r];
-          const float w = in.scales[i] * ar;
-          const float* e = in.rows + int64_t{in.slots[i]} * rd + 1;
-          for (int j = 0; j < k; ++j) x[j] += w * e[j];
-        }
-        const int64_t off = b * D + X0Offset(fd.field);
-        if (opt_.fm) {
-          // Replacing old by x in the FM sum S changes the term by sum_j (x - old)_j (S - old)_j.
-          float* S = sum_v + b * k;
-          const float* old = pooled + (b * F + fd.field) * k;
-          float delta = 0.f;
-          for (int j = 0; j < k; ++j) {
-            const float d = x[j] - old[j];
-            delta += d * (S[j] - old[j]);
-            S[j] += d;
-          }
-          logits[b] += delta;
-          std::copy(x, x + k, st.x.data() + b * k);
-        }
-        if (x0_f32 != nullptr) {
-          std::copy(x, x + k, x0_f32 + off);
-        } else {
-          for (int j = 0; j < k; ++j) x0_bf16[off + j] = FloatToBf16(x[j]);
-        }
+    const int64_t w2 = 2 * int64_t{k};
+    const float* src = st.v.data();
+    for (int l = 0; l < L; ++l) {
+      const Mlp::Layer& layer = fd.hidden[l];
+      Reserve(&st.h[l], P * layer.out);
+      float* h = st.h[l].data();
+      const float* bias = in.dense + layer.b;
+      const int64_t N = layer.out;
+      const bool last = l + 1 == L;
+      if (l == 0) {
+        RETURN_IF_ERROR(gemm_.Run({P, w2, N}, src, st.w1.data(), h));
+      } else {
+        RETURN_IF_ERROR(gemm_.Run({P, layer.in, N}, src, in.dense + layer.w, h));
       }
-    });
+      ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+        float x[kMaxEmbeddingDim];
+        const float* __restrict owr = ow;
+        for (int64_t b = begin; b < end; ++b) {
+          const float* add = bias;
+          if (l == 0) {
+            float* __restrict qb = q_.data() + b * N;
+#pragma omp simd
+            for (int64_t j = 0; j < N; ++j) qb[j] += bias[j];
+            add = qb;
+          }
+          std::fill(x, x + k, 0.f);
+          for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+            float* __restrict row = h + r * N;
+#pragma omp simd
+            for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + add[j], 0.f);
+            if (!last) continue;
+            // One vector chain of partial sums, not H dependent adds.
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t j = 0; j < H; ++j) dot += row[j] * owr[j];
+            const float ar = dot + ob;
+            st.a[r] = ar;
+            const float w = in.scales[st.entry[r]] * ar;
+            const float* e = st.v.data() + r * w2;
+            for (int j = 0; j < k; ++j) x[j] += w * e[j];
+          }
+          if (!last) continue;
+          const int64_t off = b * D + X0Offset(fd.field);
+          if (opt_.fm) {
+            // Replacing old by x in the FM sum S changes the term by sum_j (x - old)_j (S - old)_j.
+            float* S = sum_v + b * k;
+            const float* old = pooled + (b * F + fd.field) * k;
+            float delta = 0.f;
+            for (int j = 0; j < k; ++j) {
+              const float d = x[j] - old[j];
+              delta += d * (S[j] - old[j]);
+              S[j] += d;
+            }
+            logits[b] += delta;
+            std::copy(x, x + k, st.x.data() + b * k);
+          }
+          if (x0_f32 != nullptr) {
+            std::copy(x, x + k, x0_f32 + off);
+          } else {
+            for (int j = 0; j < k; ++j) x0_bf16[off + j] = FloatToBf16(x[j]);
+          }
+        }
+      });
+      // The padded rows (zero input): the bias alone, so that the next GEMM reads finite rows.
+      for (int64_t r = R; r < P; ++r) {
+        for (int64_t j = 0; j < N; ++j) h[r * N + j] = std::max(h[r * N + j] + bias[j], 0.f);
+      }
+      src = h;
+    }
   }
   if (opt_.fm) {
     // The attended cells' "pooled" is the final sum: SparseBackwardLists' FM term for their
@@ -216,8 +249,8 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
 absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, const float* dx0,
                                                        const float* g, const float* sum_v,
                                                        float* dense_grad) {
-  const int n = in.n, F = opt_.num_fields;
-  const int64_t rd = RowDim(), D = X0Width();
+  const int n = in.n;
+  const int64_t D = X0Width();
   Reserve(&dx0_, int64_t{std::max(n, 1)} * D);
   if (n <= 0) return dx0_.data();
   std::copy(dx0, dx0 + n * D, dx0_.data());
@@ -227,7 +260,6 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
   for (size_t a = 0; a < opt_.fields.size(); ++a) {
     const Field& fd = opt_.fields[a];
     const int k = Dim(fd);
-    const int64_t w4 = 4 * int64_t{k};
     State& st = state_[a];
     const int64_t R = st.rows, P = st.padded;
     const int64_t H = fd.hidden.back().out;
@@ -235,15 +267,25 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
     for (const Mlp::Layer& layer : fd.hidden) width = std::max<int64_t>(width, layer.out);
     Reserve(&dz_[0], P * width);
     Reserve(&dz_[1], P * width);
-    Reserve(&du_, P * w4);
+    Reserve(&dv_, P * 2 * k);
     Reserve(&st.de, R * k);
     const float* ow = in.dense + fd.out_w;
     const float* hl = st.h.back().data();
-    // da_i = s_i (dx_f . e_i), the direct d e_i = s_i a_i dx_f, and d h_L = da_i out/w; padded
-    // rows get d h_L = 0. da is kept in the a buffer's place: a is not needed after this.
+    const int L = static_cast<int>(fd.hidden.size());
+    const int64_t N0 = fd.hidden[0].out, w2 = 2 * int64_t{k};
+    Reserve(&s_, int64_t{n} * N0);
+    Reserve(&pw_, int64_t{n} * H);
+    // da_i = s_i (dx_f . e_i), the direct d e_i = s_i a_i dx_f, and the last layer's dz =
+    // da_i out/w masked by its ReLU, in one pass per example (e_i read from v); with it the
+    // per-example partial sums of out/w's gradient (da_i h_i) and, with one hidden layer, of dz
+    // (S_b, the first layer's). Padded rows get dz = 0. da is kept in the a buffer's place: a
+    // is not needed after this.
     float* dh = dz_[0].data();
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       float dx_fm[kMaxEmbeddingDim];
+      // Locals, so that the stores below cannot alias the captured pointers (the loop over H
+      // did not vectorize through them).
+      const float* __restrict owr = ow;
       for (int64_t b = begin; b < end; ++b) {
         const float* dx = dx0 + b * D + X0Offset(fd.field);
         if (opt_.fm) {
@@ -252,10 +294,13 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
           for (int j = 0; j < k; ++j) dx_fm[j] = dx[j] + g[b] * (sum_v[b * k + j] - x[j]);
           dx = dx_fm;
         }
+        float* __restrict pb = pw_.data() + b * H;
+        float* __restrict sb = s_.data() + b * N0;
+        std::fill_n(pb, H, 0.f);
+        if (L == 1) std::fill_n(sb, N0, 0.f);
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-          const int64_t i = st.entry[r];
-          const float s = in.scales[i];
-          const float* e = in.rows + int64_t{in.slots[i]} * rd + 1;
+          const float s = in.scales[st.entry[r]];
+          const float* e = st.v.data() + r * w2;
           float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
           for (int j = 0; j < k; ++j) dot += dx[j] * e[j];
@@ -263,61 +308,123 @@ absl::StatusOr<const float*> TargetAttention::Backward(const Tower::Input& in, c
           float* de = st.de.data() + r * k;
           for (int j = 0; j < k; ++j) de[j] = s * st.a[r] * dx[j];
           st.a[r] = da;
-          for (int64_t j = 0; j < H; ++j) dh[r * H + j] = da * ow[j];
+          const float* __restrict hr = hl + r * H;
+          float* __restrict dzr = dh + r * H;
+#pragma omp simd
+          for (int64_t j = 0; j < H; ++j) {
+            // A select of da, not of the product: the conditional product did not vectorize.
+            const float hj = hr[j], m = hj > 0.f ? da : 0.f;
+            pb[j] += da * hj;
+            dzr[j] = m * owr[j];
+          }
+          if (L == 1) {
+#pragma omp simd
+            for (int64_t j = 0; j < H; ++j) sb[j] += dzr[j];
+          }
         }
       }
     });
     std::memset(dh + R * H, 0, sizeof(float) * (P - R) * H);
-    // out/w and out/b: columns over the threads, each summed in row order.
+    // out/w and out/b: columns over the threads, each summed in example order.
     float* gow = dense_grad + fd.out_w;
-    const float* da = st.a.data();
     ParallelFor(H, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-      ColumnSums(hl, R, H, begin, end, [da](int64_t r) { return da[r]; }, gow);
+      ColumnSums(pw_.data(), n, H, begin, end, [](int64_t) { return 1.f; }, gow);
     });
     float gob = 0.f;
     for (int64_t r = 0; r < R; ++r) gob += st.a[r];
     dense_grad[fd.out_b] += gob;
-    // The hidden layers, last to first: dz = dh masked by ReLU; db, dW, then dh of the layer below.
+    // The hidden layers, last to first: dz = dh masked by ReLU (the last one's already is);
+    // db, dW, then dh of the layer below.
     int cur = 0;
-    for (int l = static_cast<int>(fd.hidden.size()) - 1; l >= 0; --l) {
+    for (int l = L - 1; l >= 0; --l) {
       const Mlp::Layer& layer = fd.hidden[l];
       const int64_t N = layer.out;
       const float* h = st.h[l].data();
       float* dz = dz_[cur].data();
-      ParallelFor(R, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-#pragma omp simd
-          for (int64_t j = 0; j < N; ++j) dz[r * N + j] = h[r * N + j] > 0.f ? dz[r * N + j] : 0.f;
-        }
-      });
       float* gb = dense_grad + layer.b;
+      if (l > 0) {
+        if (l + 1 < L) {
+          ParallelFor(R, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r) {
+#pragma omp simd
+              for (int64_t j = 0; j < N; ++j) {
+                dz[r * N + j] = h[r * N + j] > 0.f ? dz[r * N + j] : 0.f;
+              }
+            }
+          });
+        }
+        ParallelFor(N, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+          ColumnSums(dz, R, N, begin, end, [](int64_t) { return 1.f; }, gb);
+        });
+        RETURN_IF_ERROR(gemm_.Run({layer.in, P, N, /*trans_a=*/true, false, /*accumulate=*/true},
+                                  st.h[l - 1].data(), dz, dense_grad + layer.w));
+        RETURN_IF_ERROR(gemm_.Run({P, N, layer.in, false, /*trans_b=*/true, false}, dz,
+                                  in.dense + layer.w, dz_[1 - cur].data()));
+        cur = 1 - cur;
+        continue;
+      }
+      // The first layer through v = [e, e * c] and c (Forward): with S_b = sum of example b's
+      // dz rows and G = v^T dz = [E^T dz; (E * C)^T dz], T = C^T S:
+      //   dWe = E^T dz, dWc = T, dWd = E^T dz - T, dWp = (E * C)^T dz;
+      //   dv = dz W'^T = [dz (We + Wd)^T, dz Wp^T], and c's part of dc is S_b (Wc - Wd)^T;
+      //   db = sum of the S_b.
+      const int64_t kn = int64_t{k} * N;
+      Reserve(&g1_, 3 * kn);
+      if (L > 1) {
+        // The ReLU mask and S_b in one pass (one hidden layer: both done above).
+        ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
+          for (int64_t b = begin; b < end; ++b) {
+            float* __restrict sb = s_.data() + b * N;
+            std::fill_n(sb, N, 0.f);
+            for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
+              float* __restrict dzr = dz + r * N;
+              const float* __restrict hr = h + r * N;
+#pragma omp simd
+              for (int64_t j = 0; j < N; ++j) {
+                dzr[j] = hr[j] > 0.f ? dzr[j] : 0.f;
+                sb[j] += dzr[j];
+              }
+            }
+          }
+        });
+      }
       ParallelFor(N, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
-        ColumnSums(dz, R, N, begin, end, [](int64_t) { return 1.f; }, gb);
+        ColumnSums(s_.data(), n, N, begin, end, [](int64_t) { return 1.f; }, gb);
       });
-      const float* below = l > 0 ? st.h[l - 1].data() : st.u.data();
-      RETURN_IF_ERROR(gemm_.Run({layer.in, P, N, /*trans_a=*/true, false, /*accumulate=*/true},
-                                below, dz, dense_grad + layer.w));
-      float* dbelow = l > 0 ? dz_[1 - cur].data() : du_.data();
-      RETURN_IF_ERROR(gemm_.Run({P, N, layer.in, false, /*trans_b=*/true, false}, dz,
-                                in.dense + layer.w, dbelow));
-      cur = 1 - cur;
+      float* G = g1_.data();  // [2k, N], then T [k, N]
+      float* T = G + 2 * kn;
+      RETURN_IF_ERROR(gemm_.Run({2 * int64_t{k}, P, N, /*trans_a=*/true, false, false},
+                                st.v.data(), dz, G));
+      RETURN_IF_ERROR(gemm_.Run({k, n, N, /*trans_a=*/true, false, false}, st.c.data(),
+                                s_.data(), T));
+      float* gw = dense_grad + layer.w;
+      for (int64_t j = 0; j < kn; ++j) {
+        gw[j] += G[j];
+        gw[kn + j] += T[j];
+        gw[2 * kn + j] += G[j] - T[j];
+        gw[3 * kn + j] += G[kn + j];
+      }
+      RETURN_IF_ERROR(gemm_.Run({P, N, 2 * int64_t{k}, false, /*trans_b=*/true, false}, dz,
+                                st.w1.data(), dv_.data()));
+      Reserve(&dcq_, int64_t{n} * k);
+      RETURN_IF_ERROR(gemm_.Run({n, N, k, false, /*trans_b=*/true, false}, s_.data(),
+                                st.wq.data(), dcq_.data()));
     }
-    // d e_i += du[0:k] + du[2k:3k] + du[3k:4k] * c; the target's cell gets dc (summed per
-    // example in row order).
+    // d e_i += dv[0:k] + dv[k:2k] * c; the target's cell gets dc = S_b (Wc - Wd)^T plus the
+    // sum over i of dv[k:2k] * e_i (in row order).
     ParallelFor(n, opt_.threads, [&](int, int, int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t t = CellBegin(in, b * F + fd.target);
-        const float ts = in.scales[t];
-        const float* vt = in.rows + int64_t{in.slots[t]} * rd + 1;
+        const float* c = st.c.data() + b * k;
         float* dc = dx0_.data() + b * D + X0Offset(fd.target);
+        const float* dcq = dcq_.data() + b * k;
+        for (int j = 0; j < k; ++j) dc[j] += dcq[j];
         for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-          const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
-          const float* du = du_.data() + r * w4;
+          const float* e = st.v.data() + r * 2 * k;  // e_i, in row order
+          const float* dv = dv_.data() + r * 2 * k;
           float* de = st.de.data() + r * k;
           for (int j = 0; j < k; ++j) {
-            const float c = ts * vt[j];
-            de[j] += du[j] + du[2 * k + j] + du[3 * k + j] * c;
-            dc[j] += du[k + j] - du[2 * k + j] + du[3 * k + j] * e[j];
+            de[j] += dv[j] + dv[k + j] * c[j];
+            dc[j] += dv[k + j] * e[j];
           }
         }
       }

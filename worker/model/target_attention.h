@@ -13,15 +13,23 @@
 // [in, out] row-major, "att<f>/mlp<l>/b", "att<f>/out/w" [H, 1], "att<f>/out/b" live in the
 // dense vector.
 //
-// Compute: the entries of every example of the slice are stacked into one [R, 4k] matrix per
-// attended field, and each layer is one oneDNN matmul over it (Matmuls, f32; R rounded up to a
-// few sizes per octave so that the primitive cache stays small, the padded rows zero in the
-// gradients). Bias, ReLU, the output unit and the pooling are row loops over ParallelFor, each
-// output written by one thread in a fixed order.
+// Compute: the entries of every example of the slice are stacked into one matrix per attended
+// field, and each layer is one oneDNN matmul over it (Matmuls, f32; R rounded up to a few sizes
+// per octave so that the primitive cache stays small, the padded rows zero in the gradients).
+// The first layer is linear in u_i, so with its weight W_0 = [We; Wc; Wd; Wp] (k rows each, the
+// parameters' layout) u_i W_0 = e_i (We + Wd) + (e_i * c) Wp + c (Wc - Wd): the stacked matrix
+// is v_i = [e_i, e_i * c] ([R, 2k], against [We + Wd; Wp]) and c's term is one [n, k] x [k, out]
+// GEMM per example, added with the bias; u is never built (half the per-entry K, and a
+// [R, 4k] buffer larger than L2 neither written nor read). Bias, ReLU, the output unit and the
+// pooling are row loops over ParallelFor, each output written by one thread in a fixed order.
 //
 // Backward, given dx0 = d loss / d x0 [n, F*k]:
 //   da_i = s_i (dx_f . e_i);  d e_i = s_i a_i dx_f + du_i[0:k] + du_i[2k:3k] + du_i[3k:4k] * c
 //   dc   = sum over i and attended fields of du_i[k:2k] - du_i[2k:3k] + du_i[3k:4k] * e_i
+// computed through v as well: with dz_i the first layer's pre-activation gradient, S_b the sum
+// of example b's dz_i and dv_i = dz_i [We + Wd; Wp]^T, d e_i's part is dv_i[0:k] + dv_i[k:2k] * c
+// and dc = S_b (Wc - Wd)^T + sum_i dv_i[k:2k] * e_i; dWe = E^T dz, dWc = C^T S,
+// dWd = E^T dz - C^T S, dWp = (E * C)^T dz (E^T dz and (E * C)^T dz are one GEMM, v^T dz).
 // The rows' gradients: the tower's sparse backward takes AdjustedInputGrad (dx0 with the attended
 // fields' cells zeroed, so that it adds only their first-order and L2 terms, and dc added to the
 // target's cell: d row_t = s_t (dx0_t + dc)), then AddRowGrads adds each attended entry's d e_i
@@ -98,7 +106,10 @@ class TargetAttention {
     std::vector<int64_t> entry;       // [R]: the slice entry of each stacked row
     std::vector<int64_t> cell_begin;  // [n + 1]: example b's rows [cell_begin[b], cell_begin[b+1])
     int64_t rows = 0, padded = 0;     // R and the GEMMs' M (>= R, the rest zero)
-    AlignedArray<float> u;            // [padded, 4k]
+    AlignedArray<float> v;            // [padded, 2k]: [e_i, e_i * c], the padded rows zero
+    AlignedArray<float> c;            // [n, k]: c per example
+    AlignedArray<float> w1;           // [2k, out_0]: [We + Wd; Wp] (see Forward)
+    AlignedArray<float> wq;           // [k, out_0]: Wc - Wd
     std::vector<AlignedArray<float>> h;  // [padded, out_l] after ReLU
     AlignedArray<float> a;            // [R]
     AlignedArray<float> de;           // [R, k]: d e_i after Backward
@@ -121,7 +132,12 @@ class TargetAttention {
   std::vector<State> state_;
   AlignedArray<float> dx0_;    // the adjusted dx0
   AlignedArray<float> dz_[2];  // d loss / d pre-activation, ping-pong
-  AlignedArray<float> du_;     // [padded, 4k]
+  AlignedArray<float> dv_;     // [padded, 2k]: d v_i
+  AlignedArray<float> q_;      // [n, out_0]: c (Wc - Wd) + b_0 per example
+  AlignedArray<float> s_;      // [n, out_0]: per-example sums of the first layer's dz
+  AlignedArray<float> g1_;     // [3k, out_0]: v^T dz, then C^T S
+  AlignedArray<float> dcq_;    // [n, k]: S (Wc - Wd)^T
+  AlignedArray<float> pw_;     // [n, H]: per-example sums of da_i h_i (out/w's gradient)
   AlignedArray<float> partial_;
 };
 
