@@ -15,6 +15,13 @@
 namespace pstrain {
 namespace {
 
+ModelInputs Inputs(int num_fields, const std::vector<int>& dense_fields = {}) {
+  ModelInputs inputs;
+  inputs.num_fields = num_fields;
+  inputs.dense_fields = dense_fields;
+  return inputs;
+}
+
 using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
 
 std::map<Key, std::pair<int, bool>> Shapes(const Model& model, int batch, bool bf16,
@@ -40,7 +47,7 @@ ModelConfig Preset(ModelType type) {
 }
 
 TEST(ModelGemmsTest, DcnV2CrossLayersAndMlpForwardAndBothBackwards) {
-  auto model = Model::Create(Preset(DCN_V2), ModelInputs{39, {}});
+  auto model = Model::Create(Preset(DCN_V2), Inputs(39));
   ASSERT_TRUE(model.ok()) << model.status();
   const auto shapes = Shapes(**model, 1024, /*bf16=*/true);
   // 3 cross layers [624, 624]: forward, backward-weights (x read transposed), backward-data; in
@@ -64,7 +71,7 @@ TEST(ModelGemmsTest, DcnMixExpertsAndGateRunThreeGemmsEach) {
   ModelConfig config = Preset(DCN_V2);
   config.mutable_blocks()->set_cross_rank(64);
   config.mutable_blocks()->set_cross_experts(4);
-  auto model = Model::Create(config, ModelInputs{39, {}});
+  auto model = Model::Create(config, Inputs(39));
   ASSERT_TRUE(model.ok()) << model.status();
   const auto shapes = Shapes(**model, 1024, /*bf16=*/false);
   // 3 layers x 4 experts: V_i [624, 64], C_i [64, 64], U_i [64, 624]; the gate [624, 4] a layer.
@@ -85,7 +92,7 @@ TEST(ModelGemmsTest, DcnMixExpertsAndGateRunThreeGemmsEach) {
 TEST(ModelGemmsTest, DlrmHasNoBackwardDataIntoTheNumericInputs) {
   std::vector<int> dense(13);
   for (int f = 0; f < 13; ++f) dense[f] = f;
-  auto model = Model::Create(Preset(DLRM), ModelInputs{39, dense});
+  auto model = Model::Create(Preset(DLRM), Inputs(39, dense));
   ASSERT_TRUE(model.ok()) << model.status();
   const auto shapes = Shapes(**model, 512, /*bf16=*/false);
   EXPECT_EQ(shapes.count(Key{512, 13, 256, false, false}), 1u);
