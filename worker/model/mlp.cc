@@ -1,8 +1,9 @@
 #include "worker/model/mlp.h"
 
 #include <algorithm>
-#include <type_traits>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -182,7 +183,10 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(const Options& options) {
     mlp->dz_f32_[0] = AlignedArray<float>(batch * width);
   } else {
     mlp->x0_f32_ = AlignedArray<float>(batch * mlp->input_dim());
-    for (const Layer& layer : options.hidden) mlp->act_f32_.emplace_back(batch * layer.out);
+    for (const Layer& layer : options.hidden) {
+      mlp->act_f32_.emplace_back(batch * layer.out);
+      mlp->w_f32_.emplace_back(static_cast<size_t>(layer.in) * layer.out);
+    }
     mlp->dz_f32_[0] = AlignedArray<float>(batch * width);
     mlp->dz_f32_[1] = AlignedArray<float>(batch * width);
   }
@@ -328,7 +332,19 @@ absl::Status Mlp::Forward(int n, const float* dense, float* logits) {
   try {
     for (size_t l = 0; l < opt_.hidden.size(); ++l) {
       Exec& fwd = plan->fwd[l];
-      if (!opt_.bf16) fwd.Set(DNNL_ARG_WEIGHTS, dense + opt_.hidden[l].w);
+      if (!opt_.bf16) {
+        const float* w = dense + opt_.hidden[l].w;
+        if (reinterpret_cast<uintptr_t>(w) % 64 != 0) {
+          // Misaligned in the dense vector: the forward reads an aligned copy (see mlp.h).
+          float* copy = w_f32_[l].data();
+          const int64_t size = static_cast<int64_t>(opt_.hidden[l].in) * opt_.hidden[l].out;
+          ParallelFor(size, threads, [&](int, int, int64_t begin, int64_t end) {
+            std::copy(w + begin, w + end, copy + begin);
+          });
+          w = copy;
+        }
+        fwd.Set(DNNL_ARG_WEIGHTS, w);
+      }
       fwd.Set(DNNL_ARG_BIAS, dense + opt_.hidden[l].b);
       fwd.Set(DNNL_ARG_SCRATCHPAD, scratchpad_.data());
       fwd.Run(stream_);

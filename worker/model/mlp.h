@@ -14,6 +14,10 @@
 // no faster in f32 and 2-3x slower than AMX in bf16 on oneDNN 2.6) and kept in a small LRU.
 // The ReLU masks, bias gradients and the 1-unit output layer are fused row loops (ParallelFor).
 // bf16: activations, x0 and dz are bf16; dW, dx, biases and everything returned stay f32.
+// f32: the forward reads each W_l from a 64-byte aligned copy when its place in the dense vector
+// is not aligned (the layout packs the tensors, so W_l usually is not): oneDNN's brgemm runs the
+// forward 8-30% slower on misaligned weights (one thread, 1024 x {400, 796} x 400, 2026-11-28),
+// the copy costs one pass over W_l, and the GEMM's floats are the same (docs/PERFORMANCE.md).
 // Backward-weights reads its input transposed. In f32 the strided read costs nothing measurable;
 // in bf16 (AMX) it makes dW about 1.5x slower than a plain [K, n] input, so bf16 transposes the
 // input first (8x8-block transpose, ~0.15 ms for 1024 x 624).
@@ -94,6 +98,7 @@ class Mlp {
   AlignedArray<uint16_t> x0_bf16_;
   std::vector<AlignedArray<float>> act_f32_;
   std::vector<AlignedArray<uint16_t>> act_bf16_, w_bf16_;
+  std::vector<AlignedArray<float>> w_f32_;  // f32: W_l's aligned copy, per Forward (see top)
   AlignedArray<float> dz_f32_[2];  // f32: dz ping-pong; bf16: [0] is the f32 dx/dz scratch
   AlignedArray<uint16_t> dz_bf16_;
   AlignedArray<uint16_t> src_t_bf16_;  // bf16: the current layer's input, transposed, for dW
