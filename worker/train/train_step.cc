@@ -29,6 +29,7 @@ void SumTowers(std::vector<std::vector<float>>& bufs, int64_t b, int64_t e, floa
 }
 
 }  // namespace
+
 absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(const Model& model, int towers,
                                                              int batch_per_tower,
                                                              int intra_op_threads, Env* env) {
