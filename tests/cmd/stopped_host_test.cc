@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -66,10 +67,11 @@ class LauncherOutput {
           while (std::chrono::steady_clock::now() < end) {
             // Every line worth keeping has a space; "" is the end of the output (or the time).
             const std::string line = launcher_->ReadLineContaining(" ", 540000);
-            if (line.empty()) return;
+            if (line.empty()) break;
             std::lock_guard<std::mutex> lock(mu_);
             lines_.push_back({std::chrono::steady_clock::now(), line});
           }
+          ended_ = true;
         }) {}
   ~LauncherOutput() {
     launcher_->Signal(SIGKILL);  // nothing once it was reaped
@@ -92,6 +94,11 @@ class LauncherOutput {
         },
         limit);
   }
+  // Whether the reader reached the end of the output within `limit`: after the launcher exits,
+  // its last lines may still be in the pipe when the exit is seen.
+  bool WaitForEnd(std::chrono::seconds limit) {
+    return WaitFor([&] { return ended_.load(); }, limit);
+  }
   std::string All() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::string> text;
@@ -103,7 +110,8 @@ class LauncherOutput {
   Subprocess* const launcher_;
   std::mutex mu_;
   std::vector<std::pair<std::chrono::steady_clock::time_point, std::string>> lines_;
-  std::thread reader_;
+  std::atomic<bool> ended_{false};
+  std::thread reader_;  // last: it starts once the members above exist
 };
 
 // The stopped host: 1 (a shard the workers' loops wait on), or 0 (shard 0 too: the workers find
@@ -186,6 +194,9 @@ TEST_P(StoppedHostTest, AStoppedHostIsFoundWithinTheLeaseAndTheJobRestartsAndEnd
   const int status = local.WaitExit(300000);
   if (status < 0) local.Signal(SIGKILL);
   ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << "pstrain local did not exit:\n" << out.All();
+  // Its last lines ("pstrain local: done") may still be in the pipe: read to the end first.
+  EXPECT_TRUE(out.WaitForEnd(std::chrono::seconds(60)))
+      << "the launcher's output did not end within 60 s of its exit (a process still holds it)";
   const std::string all = out.All();
   EXPECT_EQ(WEXITSTATUS(status), 0) << all;
   // The stopped host was killed at once, not after the kill timeout.
