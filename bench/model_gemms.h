@@ -23,7 +23,10 @@
 // tower's batch: the caller knows its data) and all three GEMMs run (the first layer's
 // backward-data feeds the embeddings' gradients); with attention_rows 0 they are left out. The
 // first layer "att<f>/mlp0/w" [4k, N] runs as TargetAttention runs it: per entry over
-// v_i = [e_i, e_i * c] (K 2k) and per example over c (K k, M the batch), three GEMMs each. They
+// v_i = [e_i, e_i * c] (K 2k) and per example over c (K k, M the batch), three GEMMs each.
+// TargetAttention runs the per-entry GEMMs in chunks of at most Options::chunk_rows (1,024)
+// rows; the roof takes them at M = attention_rows, in one piece (bench/gemm_peak_bench's
+// BM_DinAttentionGemms measures both on one core). They
 // stay f32 under BF16 (the attention has no bf16 path). The attention's FLOPs are per entry and
 // per example, and Model::flops_per_example() leaves them out: AttentionFlopsPerEntry (times the
 // entries per example) plus AttentionFlopsPerExample give them.

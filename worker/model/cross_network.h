@@ -68,6 +68,8 @@ class CrossNetwork {
   const float* output() const { return x_.back().data(); }
   // d(loss)/d x0 [n, D], valid after Backward.
   const float* input_grad() const { return dx0_.data(); }
+  // The same buffer, for a caller that adjusts it in place: the network does not read it again.
+  float* input_grad() { return dx0_.data(); }
 
   // Computes x_1 .. x_L for n <= max_batch examples from input().
   absl::Status Forward(int n, const float* dense);

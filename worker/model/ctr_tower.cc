@@ -66,7 +66,7 @@ class CtrTower : public Tower {
     for (int b = 0; b < n; ++b) gsum += g[b];
     dense_grad[0] += gsum;
 
-    const float* dx0 = nullptr;
+    float* dx0 = nullptr;  // adjusted in place by the attention
     if (mlp_ != nullptr) {
       RETURN_IF_ERROR(mlp_->Backward(n, in.dense, g, dense_grad));
       dx0 = mlp_->input_grad();
@@ -74,7 +74,7 @@ class CtrTower : public Tower {
       ASSIGN_OR_RETURN(dx0, blocks_->Backward(in, g, dense_grad));
     }
     if (attention_ != nullptr) {
-      ASSIGN_OR_RETURN(dx0, attention_->Backward(in, dx0, g, sum_v, dense_grad));
+      RETURN_IF_ERROR(attention_->Backward(in, dx0, g, sum_v, dense_grad));
     }
     const bool lists = in.offsets != nullptr;
     const int64_t num_entries = NumEntries(in);

@@ -159,6 +159,7 @@ class CtrModel : public Model {
   int64_t out_w_ = 0;
   std::optional<DenseBlocks::Options> blocks_;  // CROSS_V2 and DOT models
   std::vector<ModelInputs::Attention> attention_inputs_;
+  int64_t attention_chunk_rows_ = 0;  // ModelInputs::attention_chunk_rows
   std::optional<TargetAttention::Options> attention_;  // list.attention_target fields
   int64_t dense_size_ = 0;
   double flops_ = 0;
@@ -212,6 +213,12 @@ absl::StatusOr<std::unique_ptr<Model>> CtrModel::Make(const ModelConfig& config,
         " cannot use; expected DIN, or DCN_V2, DLRM or BLOCKS without FM_TERM"));
   }
   model->attention_inputs_ = inputs.attention;
+  if (inputs.attention_chunk_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model: attention_chunk_rows is ",
+                                                   inputs.attention_chunk_rows,
+                                                   ", expected 0 (the default) or more"));
+  }
+  model->attention_chunk_rows_ = inputs.attention_chunk_rows;
   shape.num_fields = num_fields;
   // LR has no embedding: its rows are just [w].
   shape.dim = type == LR ? 0 : config.embedding_dim();
@@ -453,6 +460,7 @@ absl::Status CtrModel::MakeAttention(const ModelBlocks& blocks) {
     RETURN_IF_ERROR(Add(absl::StrCat("att", a.field, "/out/b"), {1}));
     opt.fields.push_back(std::move(fd));
   }
+  if (attention_chunk_rows_ > 0) opt.chunk_rows = attention_chunk_rows_;
   attention_ = std::move(opt);
   return absl::OkStatus();
 }

@@ -135,8 +135,8 @@ absl::Status DenseBlocks::Forward(const Tower::Input& in, float* logits) {
   return mlp_->Forward(n, dense, logits);
 }
 
-absl::StatusOr<const float*> DenseBlocks::Backward(const Tower::Input& in, const float* g,
-                                                   float* dense_grad) {
+absl::StatusOr<float*> DenseBlocks::Backward(const Tower::Input& in, const float* g,
+                                             float* dense_grad) {
   const int n = in.n;
   const float* dense = in.dense;
   const int64_t D = X0Width();

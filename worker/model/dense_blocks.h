@@ -63,8 +63,9 @@ class DenseBlocks {
   absl::Status Forward(const Tower::Input& in, float* logits);
 
   // After Forward(in): ADDS d(sum_b g_b logit_b)/d(dense) into dense_grad for the blocks' tensors
-  // and returns d(sum_b g_b logit_b)/d x0 [n, D], valid until the next call.
-  absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* g, float* dense_grad);
+  // and returns d(sum_b g_b logit_b)/d x0 [n, D], valid until the next call (the caller may
+  // adjust it in place: the blocks do not read it again).
+  absl::StatusOr<float*> Backward(const Tower::Input& in, const float* g, float* dense_grad);
 
  private:
   explicit DenseBlocks(const Options& options) : opt_(options) {}

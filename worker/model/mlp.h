@@ -67,6 +67,9 @@ class Mlp {
   uint16_t* input_bf16() { return opt_.bf16 ? x0_bf16_.data() : nullptr; }
   // d(sum_b g_b logit_b)/d x0 [n, input_dim()], f32, valid after Backward.
   const float* input_grad() const { return dx0_.data(); }
+  // The same buffer, for a caller that adjusts it in place (target attention): the MLP does not
+  // read it again.
+  float* input_grad() { return dx0_.data(); }
 
   // logits[b] += out(x0[b]) for b < n (n <= max_batch). Keeps the activations for Backward.
   absl::Status Forward(int n, const float* dense, float* logits);

@@ -120,6 +120,10 @@ struct ModelInputs {
     std::vector<int> hidden;
   };
   std::vector<Attention> attention;
+  // The stacked rows one chunk of the attention holds (TargetAttention::Options::chunk_rows);
+  // 0 = its default. Not a model parameter: the floats of a chunk size differ only by rounding.
+  // Tests set it small to cross chunk boundaries.
+  int64_t attention_chunk_rows = 0;
   // Per field, its embedding dim d_f (its table's dim); empty = every field has model.embedding_dim
   // (k). A row of field f uses floats [0, 1 + d_f) of its slot of Model::row_dim() floats (the
   // rest is 0 on pull and ignored on push), and f contributes d_f floats to x0. LR ignores it.

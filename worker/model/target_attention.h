@@ -14,8 +14,14 @@
 // dense vector.
 //
 // Compute: the entries of every example of the slice are stacked into one matrix per attended
-// field, and each layer is one oneDNN matmul over it (Matmuls, f32; R rounded up to a few sizes
-// per octave so that the primitive cache stays small, the padded rows zero in the gradients).
+// field, cut into chunks of whole examples of at most Options::chunk_rows rows (an example
+// longer than that is a chunk alone), and each layer is one oneDNN matmul over a chunk (Matmuls,
+// f32; a chunk padded to chunk_rows rows, the last to a few sizes per octave, so that the
+// primitive cache stays small; the padded rows zero in the gradients). A chunk's v, h, dz and dv
+// are written and read again while they are in L2: over the whole slice they were not (a
+// 1,024-example tower batch of 50-long histories stacks ~26k rows, 3.4 MB of v and 3.8 MB of h),
+// and the backward's row loops waited on memory. The weight gradients of a layer are the sum of
+// the chunks' GEMMs, in chunk order (deterministic; other floats than one GEMM over the slice).
 // The first layer is linear in u_i, so with its weight W_0 = [We; Wc; Wd; Wp] (k rows each, the
 // parameters' layout) u_i W_0 = e_i (We + Wd) + (e_i * c) Wp + c (Wc - Wd): the stacked matrix
 // is v_i = [e_i, e_i * c] ([R, 2k], against [We + Wd; Wp]) and c's term is one [n, k] x [k, out]
@@ -30,7 +36,7 @@
 // of example b's dz_i and dv_i = dz_i [We + Wd; Wp]^T, d e_i's part is dv_i[0:k] + dv_i[k:2k] * c
 // and dc = S_b (Wc - Wd)^T + sum_i dv_i[k:2k] * e_i; dWe = E^T dz, dWc = C^T S,
 // dWd = E^T dz - C^T S, dWp = (E * C)^T dz (E^T dz and (E * C)^T dz are one GEMM, v^T dz).
-// The rows' gradients: the tower's sparse backward takes AdjustedInputGrad (dx0 with the attended
+// The rows' gradients: the tower's sparse backward takes dx0 adjusted in place (the attended
 // fields' cells zeroed, so that it adds only their first-order and L2 terms, and dc added to the
 // target's cell: d row_t = s_t (dx0_t + dc)), then AddRowGrads adds each attended entry's d e_i
 // with the same owner partition (fm.h SelectOwnedEntries), walking entries in order: every row's
@@ -74,6 +80,9 @@ class TargetAttention {
     bool fm = false;  // the model has the FM term (then the MLP too: dx0 carries d c; the uniform
                      // layout only)
     int threads = 1;
+    // The stacked rows a chunk holds at most (see Compute above): ~600 bytes a row live in the
+    // backward, so 1,024 rows fit a 1 MiB L2. Tests set it small to cross chunk boundaries.
+    int64_t chunk_rows = 1024;
   };
 
   static absl::StatusOr<std::unique_ptr<TargetAttention>> Create(const Options& options);
@@ -89,11 +98,12 @@ class TargetAttention {
   absl::Status Forward(const Tower::Input& in, float* x0_f32, uint16_t* x0_bf16, float* logits,
                        float* sum_v, float* pooled);
 
-  // After Forward(in): ADDS the attention MLPs' gradients into dense_grad and returns dx0 adjusted
-  // for the sparse backward (see above), [n, F*k], valid until the next call.
+  // After Forward(in): ADDS the attention MLPs' gradients into dense_grad and adjusts dx0
+  // [n, x0_width] IN PLACE for the sparse backward (see above): the MLP's input gradient, which
+  // nothing else reads (a copy of it was ~1.5% of DIN's tower step).
   // With fm, g[n] and sum_v (Forward's) add the FM term's gradient.
-  absl::StatusOr<const float*> Backward(const Tower::Input& in, const float* dx0, const float* g,
-                                        const float* sum_v, float* dense_grad);
+  absl::Status Backward(const Tower::Input& in, float* dx0, const float* g, const float* sum_v,
+                        float* dense_grad);
 
   // After Backward: adds d e_i into row_grads[slot_i * row_dim + 1 ...] for the attended entries
   // whose slot OwnerOfSlot(slot, owners) gives to `owner`, in entry order. Concurrent calls with
@@ -101,11 +111,22 @@ class TargetAttention {
   void AddRowGrads(const Tower::Input& in, int owner, int owners, float* row_grads) const;
 
  private:
+  // Examples [begin, end) of the slice: their stacked rows [row, row + rows) (compact), held
+  // at [base, base + m) of the padded arrays (v, h), the GEMMs' M = m >= rows, the rest zero.
+  struct Chunk {
+    int64_t begin = 0, end = 0;
+    int64_t row = 0, rows = 0;
+    int64_t base = 0, m = 0;
+    // The padded row of compact row r of this chunk.
+    int64_t Padded(int64_t r) const { return base + (r - row); }
+  };
   // One attended field's stacked rows and activations.
   struct State {
     std::vector<int64_t> entry;       // [R]: the slice entry of each stacked row
     std::vector<int64_t> cell_begin;  // [n + 1]: example b's rows [cell_begin[b], cell_begin[b+1])
-    int64_t rows = 0, padded = 0;     // R and the GEMMs' M (>= R, the rest zero)
+    std::vector<Chunk> chunks;        // in example order
+    int64_t rows = 0, padded = 0;     // R and the padded arrays' rows (the chunks' m summed)
+    int64_t max_m = 0;                // the largest chunk's m
     AlignedArray<float> v;            // [padded, 2k]: [e_i, e_i * c], the padded rows zero
     AlignedArray<float> c;            // [n, k]: c per example
     AlignedArray<float> w1;           // [2k, out_0]: [We + Wd; Wp] (see Forward)
@@ -126,17 +147,18 @@ class TargetAttention {
   int Dim(const Field& fd) const { return fd.dim > 0 ? fd.dim : opt_.dim; }
   int64_t CellBegin(const Tower::Input& in, int64_t cell) const;
   static void Reserve(AlignedArray<float>* a, int64_t size);
+  // st->chunks, padded and max_m from st->cell_begin (n examples).
+  void PlanChunks(int n, State* st) const;
 
   Options opt_;
   Matmuls gemm_;
   std::vector<State> state_;
-  AlignedArray<float> dx0_;    // the adjusted dx0
-  AlignedArray<float> dz_[2];  // d loss / d pre-activation, ping-pong
-  AlignedArray<float> dv_;     // [padded, 2k]: d v_i
+  AlignedArray<float> dxf_;    // [fields][n, d]: the attended cells of dx0 before the adjustment
+  AlignedArray<float> dz_[2];  // [max_m, out]: a chunk's d loss / d pre-activation, ping-pong
+  AlignedArray<float> dv_;     // [max_m, 2k]: a chunk's d v_i
   AlignedArray<float> q_;      // [n, out_0]: c (Wc - Wd) + b_0 per example
   AlignedArray<float> s_;      // [n, out_0]: per-example sums of the first layer's dz
-  AlignedArray<float> g1_;     // [3k, out_0]: v^T dz, then C^T S
-  AlignedArray<float> dcq_;    // [n, k]: S (Wc - Wd)^T
+  AlignedArray<float> g1_;     // [3k, out_0]: v^T dz summed over the chunks, then C^T S
   AlignedArray<float> pw_;     // [n, H]: per-example sums of da_i h_i (out/w's gradient)
   AlignedArray<float> partial_;
 };

@@ -44,9 +44,12 @@ ModelConfig DeepFmBlocks(int k, float l2 = 0.f) {
   return config;
 }
 
-ModelInputs Inputs(std::vector<int> hidden = {36}, bool two_lists = false) {
+// chunk_rows: ModelInputs::attention_chunk_rows (0: TargetAttention's default).
+ModelInputs Inputs(std::vector<int> hidden = {36}, bool two_lists = false,
+                   int64_t chunk_rows = 0) {
   ModelInputs inputs;
   inputs.num_fields = kFields;
+  inputs.attention_chunk_rows = chunk_rows;
   inputs.attention.push_back({1, 0, hidden});
   if (two_lists) inputs.attention.push_back({3, 2, {7}});
   return inputs;
@@ -171,9 +174,11 @@ TEST_P(TargetAttentionGradientTest, MatchesCentralDifferences) {
   PSTRAIN_SCOPED_KERNEL_ISA(isa);
   const int n = 6;
   const ModelConfig config = fm ? DeepFmBlocks(k, l2) : ModelCfg(DIN, k, l2);
+  // Chunks of at most 8 stacked rows: the 6 examples' 6-30 entries cross chunk boundaries, and
+  // the padded rows of every chunk must stay out of the gradients.
   auto model = Model::Create(config, Inputs(two_layers ? std::vector<int>{6, 5}
                                                        : std::vector<int>{7},
-                                            /*two_lists=*/two_layers));
+                                            /*two_lists=*/two_layers, /*chunk_rows=*/8));
   ASSERT_TRUE(model.ok()) << model.status();
   TowerSlice s = MakeSlice(**model, n, 5, 9 + k);
   // The candidate's row also appears in the history (DIN's shared rows): both paths reach it.
@@ -250,6 +255,61 @@ TEST(TargetAttentionTest, RowGradientsAreBitIdenticalOverThreadCounts) {
     }
   }
   }
+}
+
+// The chunks are a schedule, not a model: any chunk size (smaller than the longest history,
+// a few examples, the whole slice) gives the logits, the row gradients and the dense gradient of
+// one chunk to float rounding (the layers' weight gradients are summed chunk by chunk), for one
+// and for two attention layers, on every kernel path.
+TEST(TargetAttentionTest, ChunkSizesAgreeToRounding) {
+  for (const Isa isa : {Isa::kAvx2, Isa::kAvx512Core}) {
+    PSTRAIN_SCOPED_KERNEL_ISA(isa);
+    for (const bool two_layers : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(IsaName(isa), two_layers ? " two layers" : " one layer"));
+      const std::vector<int> hidden = two_layers ? std::vector<int>{12, 5} : std::vector<int>{36};
+      const int n = 200;
+      auto whole = Model::Create(ModelCfg(DIN, 8, 0.1f),
+                                 Inputs(hidden, /*two_lists=*/true, /*chunk_rows=*/1 << 30));
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      TowerSlice s = MakeSlice(**whole, n, 20, 33);
+      s.rows_used = 50;
+      for (int32_t& slot : s.slots) slot %= s.rows_used;
+      const TowerGrads one = RunTower(**whole, s, 1);
+      double max_dense = 0;
+      for (float v : one.dense) max_dense = std::max<double>(max_dense, std::fabs(v));
+      ASSERT_GT(max_dense, 1e-3);
+      for (const int64_t chunk : {7, 64, 1024}) {
+        for (const int threads : {1, 2}) {
+          SCOPED_TRACE(absl::StrCat("chunk_rows ", chunk, ", ", threads, " threads"));
+          auto model = Model::Create(ModelCfg(DIN, 8, 0.1f),
+                                     Inputs(hidden, /*two_lists=*/true, chunk));
+          ASSERT_TRUE(model.ok()) << model.status();
+          const TowerGrads t = RunTower(**model, s, threads);
+          // The forward's floats do not depend on the chunks: one row's GEMM over K is one sum.
+          ASSERT_EQ(t.logits.size(), one.logits.size());
+          for (size_t b = 0; b < one.logits.size(); ++b) {
+            ASSERT_NEAR(t.logits[b], one.logits[b], 1e-6 * (1 + std::fabs(one.logits[b]))) << b;
+          }
+          ASSERT_EQ(t.rows.size(), one.rows.size());
+          for (size_t i = 0; i < one.rows.size(); ++i) {
+            ASSERT_NEAR(t.rows[i], one.rows[i], 1e-5 * (1 + std::fabs(one.rows[i]))) << i;
+          }
+          ASSERT_EQ(t.dense.size(), one.dense.size());
+          for (size_t i = 0; i < one.dense.size(); ++i) {
+            ASSERT_NEAR(t.dense[i], one.dense[i], 1e-5 * (1 + std::fabs(one.dense[i]))) << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A negative chunk size is refused when the model is created.
+TEST(TargetAttentionTest, NegativeChunkRowsAreRefused) {
+  auto model = Model::Create(ModelCfg(DIN, 8), Inputs({36}, false, /*chunk_rows=*/-1));
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("attention_chunk_rows is -1"), std::string::npos)
+      << model.status();
 }
 
 // Histories of one id, and empty histories (which the feature spec encodes as the missing row 0
