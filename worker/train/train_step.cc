@@ -126,6 +126,13 @@ absl::Status TrainStep::Flush() {
   return s;
 }
 
+absl::Status TrainStep::RunOverlap(const std::function<absl::Status()>& overlap) {
+  if (!overlap) return absl::OkStatus();
+  if (overlap_thread_ == nullptr) overlap_thread_ = std::make_unique<OverlapThread>();
+  overlap_thread_->Start(overlap);
+  return overlap_thread_->Wait();
+}
+
 absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* params,
                                             const std::function<absl::Status()>& overlap) {
   if (staged_count_ == 0) {
@@ -165,7 +172,7 @@ absl::StatusOr<StepResult> TrainStep::Train(int64_t step, ParameterAccess* param
     return ComputeTower(t, tower, st, dense_[st.dense].data());
   };
   pool_->Start(compute);
-  const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
+  const absl::Status overlap_status = RunOverlap(overlap);
   RETURN_IF_ERROR(pool_->Wait());
   RETURN_IF_ERROR(overlap_status);
   double t2 = env_->MonotonicSeconds();
@@ -306,7 +313,7 @@ absl::StatusOr<StepResult> TrainStep::TrainInProcess(
   const double t0 = env_->MonotonicSeconds();
   params->BeginStep(step);
   pool_->Start(fn);
-  const absl::Status overlap_status = overlap ? overlap() : absl::OkStatus();
+  const absl::Status overlap_status = RunOverlap(overlap);
   const absl::Status towers_status = pool_->Wait();
   // The towers either all computed and the whole dense vector was updated, or none applied it.
   params->EndStep(/*applied=*/!failed.load());

@@ -7,8 +7,9 @@
 //                     the push of step t-1 has completed;
 //   Train(step t)     trains the oldest staged batch: waits for its pull (starting it first,
 //                     after the previous push completed, when Stage did not), starts the towers,
-//                     runs `overlap` on the calling thread while they compute (the trainer reads
-//                     and stages batch t+1 there), sums and averages the tower gradients (an
+//                     runs `overlap` while they compute (the trainer reads and stages batch t+1
+//                     there; on a thread of the lowest CPU priority, overlap_thread.h, while the
+//                     calling thread waits), sums and averages the tower gradients (an
 //                     OpenMP team of T x I threads), then starts the push (StartPush) after
 //                     waiting for the previous one;
 //   Flush()           waits for the last push (checkpoints, the end of training, evaluation).
@@ -46,6 +47,7 @@
 #include "worker/model/model.h"
 #include "worker/params/dedup.h"
 #include "worker/params/params.h"
+#include "worker/train/overlap_thread.h"
 #include "worker/train/step_barrier.h"
 #include "worker/train/tower_pool.h"
 
@@ -133,6 +135,7 @@ class TrainStep {
   int intra_;
   Env* const env_;
   Deduper dedup_;
+  std::unique_ptr<OverlapThread> overlap_thread_;  // created by the first overlap
   Staged staged_[2];
   int head_ = 0;    // staged_[head_] is trained next
   int staged_count_ = 0;
@@ -143,6 +146,8 @@ class TrainStep {
   // Train with in-process parameters: pull, compute and update on the tower threads.
   absl::StatusOr<StepResult> TrainInProcess(Staged& st, int64_t step, InProcessParams* params,
                                             const std::function<absl::Status()>& overlap);
+  // Runs `overlap` (if any) on overlap_thread_ and waits for it.
+  absl::Status RunOverlap(const std::function<absl::Status()>& overlap);
   // Waits for the last push started by Train.
   absl::Status WaitPush();
   // Starts st's pull: rows, and the dense vector when due (into the dense_ buffer not in use).
