@@ -98,11 +98,13 @@ void TargetAttention::PlanChunks(int n, State* st) const {
     while (b < n && (b == ch.begin || st->cell_begin[b + 1] - ch.row <= cap)) ++b;
     ch.end = b;
     ch.rows = st->cell_begin[b] - ch.row;
-    // A chunk before the last one is padded to the cap (one GEMM shape for all of them), the last
-    // one and an example longer than the cap to PaddedRows.
+    // Every chunk of a slice of several is padded to the cap, the last one too: one GEMM shape,
+    // and on oneDNN's avx2 path (gemm:jit) a small M's sums depend on the thread count where
+    // the cap's do not (target_attention_test RowGradientsAreBitIdenticalOverThreadCounts). A
+    // slice's only chunk, and an example longer than the cap, to PaddedRows.
     if (ch.rows > cap) {
       ch.m = PaddedRows(ch.rows);
-    } else if (b < n) {
+    } else if (b < n || !st->chunks.empty()) {
       ch.m = cap;
     } else {
       ch.m = std::min(cap, PaddedRows(ch.rows));

@@ -16,8 +16,9 @@
 // Compute: the entries of every example of the slice are stacked into one matrix per attended
 // field, cut into chunks of whole examples of at most Options::chunk_rows rows (an example
 // longer than that is a chunk alone), and each layer is one oneDNN matmul over a chunk (Matmuls,
-// f32; a chunk padded to chunk_rows rows, the last to a few sizes per octave, so that the
-// primitive cache stays small; the padded rows zero in the gradients). A chunk's v, h, dz and dv
+// f32; every chunk of a slice of several padded to chunk_rows rows, a slice's only chunk to a
+// few sizes per octave, so that the primitive cache stays small; the padded rows zero in the
+// gradients). A chunk's v, h, dz and dv
 // are written and read again while they are in L2: over the whole slice they were not (a
 // 1,024-example tower batch of 50-long histories stacks ~26k rows, 3.4 MB of v and 3.8 MB of h),
 // and the backward's row loops waited on memory. The weight gradients of a layer are the sum of
