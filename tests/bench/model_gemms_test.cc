@@ -129,23 +129,28 @@ TEST(ModelGemmsTest, DinAttentionMlpRunsOverTheListEntries) {
   EXPECT_EQ(plain.at(Key{1024, 640, 400, false, false}), std::make_pair(1, true));
   EXPECT_EQ(plain.count(Key{1024, 64, 36, false, false}), 0u);
   // 25,000 entries in the tower's batch: the first layer as TargetAttention runs it, per entry
-  // v [R, 2k = 32] x [We + Wd; Wp] [32, 36] and per example c [1024, k = 16] x (Wc - Wd) [16, 36],
-  // each forward, backward-weights and backward-data (d v and d c feed the rows), f32 even under
-  // BF16; the output unit [36, 1] is not a GEMM. No GEMM has u's K = 4k = 64.
+  // v [R, 2k = 32] x [We + Wd; Wp] [32, 36] in 25 chunks of 1,024 rows, and per example
+  // c [1024, k = 16] x (Wc - Wd) [16, 36], each forward, backward-weights and backward-data (d v
+  // and d c feed the rows), f32 even under BF16; the output unit [36, 1] is not a GEMM. No GEMM
+  // has u's K = 4k = 64.
   const auto shapes = Shapes(**model, 1024, /*bf16=*/true, 25000);
-  EXPECT_EQ(shapes.at(Key{25000, 32, 36, false, false}), std::make_pair(1, false));
-  EXPECT_EQ(shapes.at(Key{32, 25000, 36, true, false}), std::make_pair(1, false));
-  EXPECT_EQ(shapes.at(Key{25000, 36, 32, false, true}), std::make_pair(1, false));
+  EXPECT_EQ(shapes.at(Key{1024, 32, 36, false, false}), std::make_pair(25, false));
+  EXPECT_EQ(shapes.at(Key{32, 1024, 36, true, false}), std::make_pair(25, false));
+  EXPECT_EQ(shapes.at(Key{1024, 36, 32, false, true}), std::make_pair(25, false));
   EXPECT_EQ(shapes.at(Key{1024, 16, 36, false, false}), std::make_pair(1, false));
   EXPECT_EQ(shapes.at(Key{16, 1024, 36, true, false}), std::make_pair(1, false));
   EXPECT_EQ(shapes.at(Key{1024, 36, 16, false, true}), std::make_pair(1, false));
-  EXPECT_EQ(shapes.count(Key{25000, 64, 36, false, false}), 0u);
+  EXPECT_EQ(shapes.count(Key{1024, 64, 36, false, false}), 0u);
+  EXPECT_EQ(shapes.count(Key{25000, 32, 36, false, false}), 0u) << "not in one piece";
+  // Entries that fit one chunk: one GEMM of their rows.
+  const auto one_chunk = Shapes(**model, 1024, /*bf16=*/true, 900);
+  EXPECT_EQ(one_chunk.at(Key{900, 32, 36, false, false}), std::make_pair(1, false));
   EXPECT_EQ(shapes.at(Key{1024, 640, 400, false, false}), std::make_pair(1, true));
   EXPECT_EQ(shapes.size(), 12u);
   const double mlp = 6.0 * (640 * 400 + 2 * 400 * 400);
   EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true), mlp);
   EXPECT_DOUBLE_EQ(ModelStepGemmFlopsPerExample(**model, 1024, true, 25000),
-                   mlp + 6.0 * 32 * 36 * 25000 / 1024 + 6.0 * 16 * 36);
+                   mlp + 6.0 * 32 * 36 * 25 * 1024 / 1024 + 6.0 * 16 * 36);
   // Per entry: the first layer at K 2k and the output unit, as the model counts its own MLP;
   // per example: the target's term.
   EXPECT_DOUBLE_EQ(AttentionFlopsPerEntry(**model), 6.0 * 32 * 36 + 6.0 * 36);
@@ -159,9 +164,9 @@ TEST(ModelGemmsTest, DinAttentionMlpRunsOverTheListEntries) {
   auto deeper = Model::Create(config, two);
   ASSERT_TRUE(deeper.ok()) << deeper.status();
   const auto deep_shapes = Shapes(**deeper, 1024, /*bf16=*/false, 25000);
-  EXPECT_EQ(deep_shapes.at(Key{25000, 36, 5, false, false}), std::make_pair(1, false));
-  EXPECT_EQ(deep_shapes.at(Key{36, 25000, 5, true, false}), std::make_pair(1, false));
-  EXPECT_EQ(deep_shapes.at(Key{25000, 5, 36, false, true}), std::make_pair(1, false));
+  EXPECT_EQ(deep_shapes.at(Key{1024, 36, 5, false, false}), std::make_pair(25, false));
+  EXPECT_EQ(deep_shapes.at(Key{36, 1024, 5, true, false}), std::make_pair(25, false));
+  EXPECT_EQ(deep_shapes.at(Key{1024, 5, 36, false, true}), std::make_pair(25, false));
   EXPECT_DOUBLE_EQ(AttentionFlopsPerEntry(**deeper), 6.0 * (32 * 36 + 36 * 5 + 5));
   EXPECT_DOUBLE_EQ(AttentionFlopsPerExample(**deeper), 6.0 * 16 * 36);
   auto dlrm = Model::Create(Preset(DLRM), 39);

@@ -61,6 +61,7 @@ namespace pstrain {
 
 class TargetAttention {
  public:
+  static constexpr int64_t kDefaultChunkRows = 1024;  // Options::chunk_rows
   struct Field {
     int field = 0;                   // f: the attended (list) field
     int target = 0;                  // t: its single-valued target field
@@ -83,7 +84,7 @@ class TargetAttention {
     int threads = 1;
     // The stacked rows a chunk holds at most (see Compute above): ~600 bytes a row live in the
     // backward, so 1,024 rows fit a 1 MiB L2. Tests set it small to cross chunk boundaries.
-    int64_t chunk_rows = 1024;
+    int64_t chunk_rows = kDefaultChunkRows;
   };
 
   static absl::StatusOr<std::unique_ptr<TargetAttention>> Create(const Options& options);
