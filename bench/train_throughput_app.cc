@@ -17,8 +17,9 @@
 // that DIN's attention and the list kernels run on the config's own lists. Target attention's
 // FLOPs are per list entry and per example: the app adds the batches' attended entries per
 // example times AttentionFlopsPerEntry, plus AttentionFlopsPerExample, to the model's count, and
-// its roof counts the attention MLP's GEMMs at M = the attended entries of a tower's batch (and
-// the first layer's target term at M = the batch: bench/model_gemms.h).
+// its roof counts the attention MLP's GEMMs over the attended entries of a tower's batch, in
+// the model's chunks of 1,024 rows (and the first layer's target term at M = the batch:
+// bench/model_gemms.h).
 // --paired_windows N adds N windows each followed at once by the model's own roof, and reports
 // the median of the N per-window fractions: on a shared machine the roof measured once after all
 // the windows moved 57-350 GFLOP/s between runs of the same binary, so that one run's fraction
