@@ -194,7 +194,7 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
           const float* c = st.c.data() + b * k;
           for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
             const float* e = in.rows + int64_t{in.slots[st.entry[r]]} * rd + 1;
-            float* v = st.v.data() + ch.Padded(r) * w2;
+            float* v = vc + (r - ch.row) * w2;
             for (int j = 0; j < k; ++j) {
               v[j] = e[j];
               v[k + j] = e[j] * c[j];
@@ -227,7 +227,7 @@ absl::Status TargetAttention::Forward(const Tower::Input& in, float* x0_f32, uin
             }
             std::fill(x, x + k, 0.f);
             for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-              const int64_t p = ch.Padded(r) - ch.base;
+              const int64_t p = r - ch.row;
               float* __restrict row = h + p * N;
 #pragma omp simd
               for (int64_t j = 0; j < N; ++j) row[j] = std::max(row[j] + add[j], 0.f);
@@ -363,7 +363,7 @@ absl::Status TargetAttention::Backward(const Tower::Input& in, float* dx0, const
           std::fill_n(pb, H, 0.f);
           if (L == 1) std::fill_n(sb, N0, 0.f);
           for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-            const int64_t p = ch.Padded(r) - ch.base;
+            const int64_t p = r - ch.row;
             const float s = in.scales[st.entry[r]];
             const float* e = vc + p * w2;
             float dot = 0.f;
@@ -437,7 +437,7 @@ absl::Status TargetAttention::Backward(const Tower::Input& in, float* dx0, const
               float* __restrict sb = s_.data() + b * N;
               std::fill_n(sb, N, 0.f);
               for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-                const int64_t p = ch.Padded(r) - ch.base;
+                const int64_t p = r - ch.row;
                 float* __restrict dzr = dz + p * N;
                 const float* __restrict hr = h + p * N;
 #pragma omp simd
@@ -472,7 +472,7 @@ absl::Status TargetAttention::Backward(const Tower::Input& in, float* dx0, const
             dc[j] += dot;
           }
           for (int64_t r = st.cell_begin[b]; r < st.cell_begin[b + 1]; ++r) {
-            const int64_t p = ch.Padded(r) - ch.base;
+            const int64_t p = r - ch.row;
             const float* e = vc + p * w2;  // e_i, in row order
             const float* dv = dvc + p * w2;
             float* de = st.de.data() + r * k;

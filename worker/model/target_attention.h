@@ -118,9 +118,7 @@ class TargetAttention {
   struct Chunk {
     int64_t begin = 0, end = 0;
     int64_t row = 0, rows = 0;
-    int64_t base = 0, m = 0;
-    // The padded row of compact row r of this chunk.
-    int64_t Padded(int64_t r) const { return base + (r - row); }
+    int64_t base = 0, m = 0;  // compact row r is the chunk's row r - row, padded row base + r - row
   };
   // One attended field's stacked rows and activations.
   struct State {

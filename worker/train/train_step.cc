@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/parallel.h"
 #include "common/status.h"
 #include "worker/train/step_barrier.h"
@@ -128,7 +130,15 @@ absl::Status TrainStep::Flush() {
 
 absl::Status TrainStep::RunOverlap(const std::function<absl::Status()>& overlap) {
   if (!overlap) return absl::OkStatus();
-  if (overlap_thread_ == nullptr) overlap_thread_ = std::make_unique<OverlapThread>();
+  if (overlap_thread_ == nullptr) {
+    try {
+      overlap_thread_ = std::make_unique<OverlapThread>();
+    } catch (const std::system_error& e) {
+      // No thread to be had (a process at its thread limit): the caller's thread, as before.
+      PSTRAIN_LOG(WARNING) << "the read-ahead runs on the trainer's thread: " << e.what();
+      return overlap();
+    }
+  }
   overlap_thread_->Start(overlap);
   return overlap_thread_->Wait();
 }
