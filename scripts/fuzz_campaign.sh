@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One long libFuzzer campaign of one target, toward the 10M executions of issue 26's target:
+# libFuzzer's fork mode, JOBS worker processes sharing one corpus (a copy of the seed corpus), for
+# SECONDS, with the flags of scripts/fuzz.sh (AddressSanitizer and leak checks, 10 s per-input
+# timeout, 2 GiB RSS limit, inputs up to 1 MB). The input of a crash, leak, timeout or
+# out-of-memory is kept in build/fuzz/campaign/<target>/findings/; a crash ends the campaign, a
+# timeout or an out-of-memory is counted and the campaign goes on (fork mode's defaults), and any
+# of them fails this script. Prints one line to record in docs/FUZZING.md: executions, rate,
+# oom/timeout/crash counts, coverage, exit status.
+# JOBS: one per core for targets that keep a core busy; more than the cores for those that wait on
+# loopback gRPC or threads (shard_requests, serve_requests, ps_client_answers, metrics: about half
+# idle in one process).
+# usage: scripts/fuzz_campaign.sh TARGET [JOBS, default nproc] [SECONDS, default 2700]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ]; then
+  echo "usage: scripts/fuzz_campaign.sh TARGET [JOBS] [SECONDS]" >&2
+  exit 2
+fi
+target="$1"
+jobs="${2:-$(nproc)}"
+seconds="${3:-2700}"
+if [ ! -d "fuzz/corpus/$target" ]; then
+  echo "fuzz_campaign.sh: no target '$target' (no fuzz/corpus/$target/)" >&2
+  exit 2
+fi
+if ! command -v clang++ > /dev/null; then
+  echo "fuzz_campaign.sh: clang++ is not installed (scripts/install_deps.sh installs it)" >&2
+  exit 2
+fi
+cmake --preset fuzz > /dev/null
+cmake --build build/fuzz --target "${target}_fuzzer" -j "$(nproc)"
+dir="build/fuzz/campaign/$target"
+rm -rf "$dir" && mkdir -p "$dir/corpus" "$dir/findings"
+cp fuzz/corpus/"$target"/* "$dir/corpus/"
+log="$dir/log"
+start=$(date +%s)
+echo "fuzz campaign $target: $jobs jobs, ${seconds} s, from $(date -u '+%F %T') UTC (log: $log)"
+set +e
+(cd "$dir" && ASAN_OPTIONS=detect_leaks=1 ../../fuzz/"${target}"_fuzzer corpus -fork="$jobs" \
+   -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
+   -artifact_prefix=findings/ -print_final_stats=1) > "$log" 2>&1
+rc=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+# Fork mode's progress lines: "#<executions>: cov: <edges> ... oom/timeout/crash: a/b/c ...".
+last=$(grep -E '^#[0-9]+: cov:' "$log" | tail -1 || true)
+runs=$(sed -E 's/^#([0-9]+):.*/\1/' <<< "$last")
+cov=$(grep -oE 'cov: [0-9]+' <<< "$last" | grep -oE '[0-9]+' || true)
+faults=$(grep -oE 'oom/timeout/crash: [0-9]+/[0-9]+/[0-9]+' <<< "$last" | cut -d' ' -f2 || true)
+found=$(find "$dir/findings" -type f | wc -l)
+rate=$(( ${runs:-0} / (elapsed > 0 ? elapsed : 1) ))
+echo "fuzz campaign $target: ${runs:-?} executions in $elapsed s ($rate a second), $jobs jobs," \
+     "oom/timeout/crash ${faults:-?}, coverage ${cov:-?} edges, $found findings, exit $rc"
+if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ] || [ "${faults:-?}" != 0/0/0 ]; then
+  tail -40 "$log"
+  exit 1
+fi
