@@ -8,6 +8,7 @@
 # usage: scripts/fuzz.sh [seconds per target, default 30] [target ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/fuzz_flags.sh
 seconds="${1:-30}"
 shift || true
 targets=("$@")
@@ -31,7 +32,7 @@ for t in "${targets[@]}"; do
   log="build/fuzz/$t.log"
   # -fork=0: one process; ASan's leak check at exit; inputs up to 1 MB.
   if ASAN_OPTIONS=detect_leaks=1 build/fuzz/fuzz/"$t"_fuzzer "$work" \
-      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
+      -max_total_time="$seconds" "${FUZZ_FLAGS[@]}" \
       -artifact_prefix="$findings/" -print_final_stats=1 > "$log" 2>&1; then
     status=ok
   else

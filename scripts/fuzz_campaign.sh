@@ -13,6 +13,7 @@
 # usage: scripts/fuzz_campaign.sh TARGET [JOBS, default nproc] [SECONDS, default 2700]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/fuzz_flags.sh
 if [ $# -lt 1 ]; then
   echo "usage: scripts/fuzz_campaign.sh TARGET [JOBS] [SECONDS]" >&2
   exit 2
@@ -38,7 +39,7 @@ start=$(date +%s)
 echo "fuzz campaign $target: $jobs jobs, ${seconds} s, from $(date -u '+%F %T') UTC (log: $log)"
 set +e
 (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 ../../fuzz/"${target}"_fuzzer corpus -fork="$jobs" \
-   -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
+   -max_total_time="$seconds" "${FUZZ_FLAGS[@]}" \
    -artifact_prefix=findings/ -print_final_stats=1) > "$log" 2>&1
 rc=$?
 set -e
