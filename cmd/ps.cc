@@ -83,7 +83,8 @@ std::optional<int> CreateShard(const Config& config, const TrainingFlags& tf, Ps
   // only a shard of the config's own shape compares the checkpoint's model description with it.
   const bool own_shape = f->rows == 0 && f->row_dim == 0 && f->dense_size < 0;
   auto o =
-      ShardOptionsForJob(config, f->shard, f->num_shards, {f->rows, f->row_dim, f->dense_size});
+      ShardOptionsForJob(config, f->shard, f->num_shards, {f->rows, f->row_dim, f->dense_size},
+                         f->num_workers);
   if (!o.ok()) return CommandError("ps", o.status().message(), 2);
   if (f->partitions > 0) o->data.partitions = f->partitions;
   auto sec = ClusterSecurity(config, SecretEnvironment(), f->bind, o->security.max_message_bytes);

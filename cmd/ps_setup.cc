@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "checkpoint/warm_start.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/rpc/security.h"
 #include "common/status.h"
@@ -16,8 +17,27 @@
 
 namespace pstrain {
 
-absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
-                                                        int num_shards, ShardShape shape) {
+absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& job_config, int shard,
+                                                        int num_shards, ShardShape shape,
+                                                        int num_workers) {
+  // The sparse learning rates the shard applies: scaled to a worker's share of the global batch
+  // (cluster.scale_sparse_lr_by_share); the checkpoints' model description keeps the configured
+  // ones, so a job resumed on another worker count scales them for its own.
+  const int workers = num_workers > 0 ? num_workers : num_shards;
+  const double lr_factor = SparseLrShareFactor(job_config, workers);
+  Config scaled;
+  if (lr_factor != 1.0) {
+    scaled = job_config;
+    ScaleSparseLearningRates(lr_factor, &scaled);
+    PSTRAIN_LOG(INFO) << "shard " << shard << ": sparse learning rate "
+                      << job_config.sparse_optimizer().learning_rate() << " x sqrt(1/" << workers
+                      << ") = " << scaled.sparse_optimizer().learning_rate()
+                      << " (and the tables' own rates likewise): each of the " << workers
+                      << " workers pushes its share of train.global_batch_size "
+                      << job_config.train().global_batch_size()
+                      << " as an update (cluster.scale_sparse_lr_by_share)";
+  }
+  const Config& config = lr_factor != 1.0 ? scaled : job_config;
   ASSIGN_OR_RETURN(FeatureSpec spec,
                    FeatureSpec::Create(config.features(), ResolveModelConfig(config.model())));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> created, Model::Create(config.model(), ModelInputsOf(spec)));

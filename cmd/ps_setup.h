@@ -25,9 +25,12 @@ struct ShardShape {
 };
 
 // ShardServer::OptionsFromConfig for shard `shard` of `num_shards` with the job's shape and
-// initializers (which keep the model alive). INVALID_ARGUMENT for a bad features/model config.
+// initializers (which keep the model alive), and the sparse learning rates scaled to a worker's
+// share of the global batch for `num_workers` workers (0 = num_shards; common/config.h
+// SparseLrShareFactor). INVALID_ARGUMENT for a bad features/model config.
 absl::StatusOr<ShardServer::Options> ShardOptionsForJob(const Config& config, int shard,
-                                                        int num_shards, ShardShape shape = {});
+                                                        int num_shards, ShardShape shape = {},
+                                                        int num_workers = 0);
 
 // The checkpoint a PS job resumes from: ChooseCheckpoint of JobCheckpointDir(config), refused
 // (FAILED_PRECONDITION naming the field) when its MANIFEST describes another model than `config`

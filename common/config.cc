@@ -541,6 +541,29 @@ int64_t StepBatch(const TrainConfig& train, const ThreadConfig& threads, int wor
   return std::max<int64_t>(1, global / workers + (worker_index < global % workers ? 1 : 0));
 }
 
+double SparseLrShareFactor(const Config& config, int num_workers) {
+  const Consistency mode = config.cluster().consistency();
+  const OptimizerType type = config.sparse_optimizer().type();
+  // Measured to gain (docs/PS.md): ADAGRAD and FTRL; lazy ADAM did not, SGD is not adaptive.
+  const bool adaptive = type == ADAGRAD || type == FTRL;
+  if (!config.cluster().scale_sparse_lr_by_share() || (mode != ASYNC && mode != BOUNDED) ||
+      config.train().global_batch_size() <= 0 || num_workers <= 1 || !adaptive) {
+    return 1.0;
+  }
+  return std::sqrt(1.0 / num_workers);
+}
+
+void ScaleSparseLearningRates(double factor, Config* config) {
+  OptimizerConfig* sparse = config->mutable_sparse_optimizer();
+  sparse->set_learning_rate(static_cast<float>(sparse->learning_rate() * factor));
+  for (TableConfig& t : *config->mutable_features()->mutable_table()) {
+    if (t.has_optimizer() && t.optimizer().has_learning_rate()) {
+      TableOptimizer* o = t.mutable_optimizer();
+      o->set_learning_rate(static_cast<float>(o->learning_rate() * factor));
+    }
+  }
+}
+
 std::string ResolveThreadDefaults(int cores, Config* config, int omp_num_threads,
                                   int worker_index, int num_workers) {
   if (cores < 1) cores = 1;

@@ -73,6 +73,17 @@ inline constexpr int kMinTowerBatch = 32;
 int64_t StepBatch(const TrainConfig& train, const ThreadConfig& threads, int worker_index = 0,
                   int num_workers = 1);
 
+// The factor cluster.scale_sparse_lr_by_share puts on the sparse learning rates of a PS job of
+// `num_workers` workers: sqrt(1 / N) in ASYNC and BOUNDED with train.global_batch_size > 0,
+// N > 1 and a sparse optimizer that normalizes each coordinate's step by its gradient history
+// (ADAGRAD, FTRL), where each worker's push is one update of its share B / N; 1 otherwise (SYNC,
+// SGD, ADAM, a per-tower batch, one worker, or the option off).
+double SparseLrShareFactor(const Config& config, int num_workers);
+
+// Multiplies sparse_optimizer.learning_rate and the learning_rate of every features.table
+// optimizer override that sets one by `factor`.
+void ScaleSparseLearningRates(double factor, Config* config);
+
 // Fills the 0 = "automatic" thread settings from the CPUs this process may use (`cores`: the
 // affinity mask capped by the cgroup quota, common/cpu.h), and with train.global_batch_size the
 // per-tower train.batch_size, for worker `worker_index` of `num_workers`:

@@ -81,6 +81,9 @@ TEST_P(LocalClusterTest, TrainsEveryRecordOnceAndLearns) {
   EXPECT_EQ(f.at("examples").number_value(), kTrainRows * epochs);  // every record, once per epoch
   EXPECT_EQ(f.at("eval_examples").number_value(), 2000);
   EXPECT_GT(f.at("test_auc").number_value(), 0.6);
+  // A per-tower batch (no global batch): each push is a full update batch, not a share of one,
+  // and the sparse rate is the configured one.
+  EXPECT_EQ(f.count("sparse_lr_factor"), 0u);
   EXPECT_THAT(f.at("checkpoint").string_value(), ::testing::StartsWith(model_dir + "/ckpt-"));
   // Hosts i > 0 keep their own logs; only the chief writes the summary.
   for (int i = 1; i < hosts; ++i) {

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
+#include "common/config.h"
 #include "worker/data/feature_spec.h"
 #include "worker/model/model.h"
 
@@ -48,6 +50,77 @@ TEST(PsSetup, ShapeAndInitialValuesAreTheModels) {
   EXPECT_EQ(std::vector<float>(row.begin(), row.begin() + d), model_row);
   EXPECT_EQ(row[d], 0.f);
   EXPECT_EQ(row[d + 1], 0.f);
+}
+
+// A worker's share of the global batch is an update of its own in ASYNC and BOUNDED: the adaptive
+// sparse optimizers' rate is scaled by sqrt(1 / N) there, and nowhere else.
+TEST(PsSetup, SparseLrScaledToAWorkersShareOnlyWhereItIsAnUpdate) {
+  Config c;
+  c.mutable_train()->set_global_batch_size(512);
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(c, 4), 0.5);  // ASYNC, ADAGRAD
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(c, 2), std::sqrt(0.5));
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(c, 1), 1.0);
+  Config ftrl = c;
+  ftrl.mutable_sparse_optimizer()->set_type(FTRL);
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(ftrl, 4), 0.5);
+  for (OptimizerType type : {SGD, ADAM}) {  // not scaled: not measured to gain
+    Config t = c;
+    t.mutable_sparse_optimizer()->set_type(type);
+    EXPECT_DOUBLE_EQ(SparseLrShareFactor(t, 4), 1.0) << OptimizerType_Name(type);
+  }
+  Config bounded = c;
+  bounded.mutable_cluster()->set_consistency(BOUNDED);
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(bounded, 4), 0.5);
+  Config sync = c;
+  sync.mutable_cluster()->set_consistency(SYNC);  // the shard applies one update of 512
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(sync, 4), 1.0);
+  Config per_tower = c;
+  per_tower.mutable_train()->set_global_batch_size(0);  // every push a full update batch
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(per_tower, 4), 1.0);
+  Config off = c;
+  off.mutable_cluster()->set_scale_sparse_lr_by_share(false);
+  EXPECT_DOUBLE_EQ(SparseLrShareFactor(off, 4), 1.0);
+}
+
+// The shard's optimizers carry the scaled rates: the job's, a fixed table's override and a
+// dynamic table's; the worker count comes from num_workers when given (a `pstrain ps` of a
+// job with more workers than shards).
+TEST(PsSetup, ShardOptimizersTakeTheScaledRates) {
+  auto parsed = ParseConfigText(R"pb(
+    features {
+      categorical_vocab_size: 1000
+      field { name: "C1" table: "own" }
+      field { name: "C2" table: "plain" }
+      field { name: "C3" table: "fresh" }
+      table { name: "own" dim: 8 rows: 100 optimizer { learning_rate: 0.2 } }
+      table { name: "plain" dim: 8 rows: 100 initializer { stddev: 0.01 } }
+      table { name: "fresh" dim: 8 dynamic { admission: ALWAYS } optimizer { learning_rate: 0.4 } }
+    }
+    model { embedding_dim: 8 hidden: [ 8 ] }
+    sparse_optimizer { type: ADAGRAD learning_rate: 0.05 }
+    train { global_batch_size: 512 }
+  )pb", "test");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const Config& config = *parsed;
+  auto four = ShardOptionsForJob(config, 0, 4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_FLOAT_EQ(four->data.sparse_optimizer.learning_rate(), 0.025f);
+  ASSERT_EQ(four->data.range_optimizers.size(), 1u);  // "own"; "plain" takes the job's
+  EXPECT_NEAR(four->data.range_optimizers[0].optimizer->LearningRate(1), 0.1, 1e-7);
+  ASSERT_EQ(four->data.dynamic_tables.size(), 1u);
+  EXPECT_NEAR(four->data.dynamic_tables[0].optimizer->LearningRate(1), 0.2, 1e-7);
+  // One shard, four workers.
+  auto one_shard = ShardOptionsForJob(config, 0, 1, {}, 4);
+  ASSERT_TRUE(one_shard.ok()) << one_shard.status();
+  EXPECT_FLOAT_EQ(one_shard->data.sparse_optimizer.learning_rate(), 0.025f);
+  // Off: the configured rates.
+  Config off = config;
+  off.mutable_cluster()->set_scale_sparse_lr_by_share(false);
+  auto unscaled = ShardOptionsForJob(off, 0, 4);
+  ASSERT_TRUE(unscaled.ok()) << unscaled.status();
+  EXPECT_FLOAT_EQ(unscaled->data.sparse_optimizer.learning_rate(), 0.05f);
+  EXPECT_NEAR(unscaled->data.range_optimizers[0].optimizer->LearningRate(1), 0.2, 1e-7);
+  EXPECT_NEAR(unscaled->data.dynamic_tables[0].optimizer->LearningRate(1), 0.4, 1e-7);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,6 +147,15 @@ TEST_F(TablesTest, PsJobsOfEveryConsistencyLearn) {
     EXPECT_THAT(summary.at("mode").string_value(), HasSubstr("ps-")) << consistency;
     EXPECT_EQ(summary.at("examples").number_value(), 6 * kTrainRows) << consistency;
     EXPECT_GT(summary.at("test_auc").number_value(), 0.7) << consistency << "\n" << out;
+    // ASYNC and BOUNDED workers push their halves of the global batch as updates: the shards
+    // scale the sparse rates (the job's and `small`'s override) by sqrt(1/2); SYNC applies one
+    // update of the whole batch and keeps them (cluster.scale_sparse_lr_by_share).
+    if (std::string(consistency) == "SYNC") {
+      EXPECT_EQ(summary.count("sparse_lr_factor"), 0u);
+    } else {
+      ASSERT_EQ(summary.count("sparse_lr_factor"), 1u) << consistency;
+      EXPECT_NEAR(summary.at("sparse_lr_factor").number_value(), std::sqrt(0.5), 1e-9);
+    }
   }
 }
 

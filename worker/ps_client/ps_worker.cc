@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "checkpoint/layout.h"
+#include "common/config.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -159,6 +160,7 @@ absl::StatusOr<TrainSummary> RunPsWorker(Config config, const PsWorkerOptions& o
                                   r.restart_log().end());
     }
     summary->staleness_mean = staleness_sum / std::max<int64_t>(1, summary->staleness_pulls);
+    summary->sparse_lr_factor = SparseLrShareFactor(config, N);
     summary->wall_seconds = absl::ToDoubleSeconds(env->MonotonicNow() - t_start);
     summary->examples_per_sec =
         summary->examples_this_run / std::max(1e-9, summary->wall_seconds);

@@ -94,6 +94,7 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s, const 
   if (s.staleness_pulls > 0) {
     j.Add("staleness_max", s.staleness_max).Add("staleness_mean", s.staleness_mean);
   }
+  if (s.sparse_lr_factor != 1) j.Add("sparse_lr_factor", s.sparse_lr_factor);
   if (s.wire_bytes >= 0) j.Add("wire_bytes", s.wire_bytes);
   if (!s.memory.empty()) j.AddRaw("memory", MemoryJson(s.memory_per, s.memory));
   if (!s.dynamic_tables.empty()) {

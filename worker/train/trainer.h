@@ -58,6 +58,10 @@ struct TrainSummary {
   int64_t staleness_pulls = 0;
   int64_t staleness_max = 0;
   double staleness_mean = 0;
+  // PS training: the factor the shards put on the sparse learning rates for the workers' shares
+  // of the global batch (common/config.h SparseLrShareFactor); summary.json
+  // "sparse_lr_factor" when it is not 1.
+  double sparse_lr_factor = 1;
   // Bytes all workers sent for parameter traffic (allreduce: the collectives, by the ring model
   // of docs/ALLREDUCE.md), set by after_training; -1 (omitted from summary.json) when the mode
   // does not count them.
