@@ -10,7 +10,10 @@
 # JOBS: one per core for targets that keep a core busy; more than the cores for those that wait on
 # loopback gRPC or threads (shard_requests, serve_requests, ps_client_answers, metrics: about half
 # idle in one process).
-# usage: scripts/fuzz_campaign.sh TARGET [JOBS, default nproc] [SECONDS, default 2700]
+# RUNS > 0: the campaign is stopped (SIGTERM to its process group) once fork mode's progress line
+# counts RUNS executions or more (fork mode ignores -runs and a SIGINT to its parent only), and
+# that stop is a success; otherwise it runs for SECONDS.
+# usage: scripts/fuzz_campaign.sh TARGET [JOBS, default nproc] [SECONDS, default 2700] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/fuzz_flags.sh
@@ -21,6 +24,7 @@ fi
 target="$1"
 jobs="${2:-$(nproc)}"
 seconds="${3:-2700}"
+runs_wanted="${4:-0}"
 if [ ! -d "fuzz/corpus/$target" ]; then
   echo "fuzz_campaign.sh: no target '$target' (no fuzz/corpus/$target/)" >&2
   exit 2
@@ -38,10 +42,27 @@ log="$dir/log"
 start=$(date +%s)
 echo "fuzz campaign $target: $jobs jobs, ${seconds} s, from $(date -u '+%F %T') UTC (log: $log)"
 set +e
-(cd "$dir" && ASAN_OPTIONS=detect_leaks=1 ../../fuzz/"${target}"_fuzzer corpus -fork="$jobs" \
-   -max_total_time="$seconds" "${FUZZ_FLAGS[@]}" \
-   -artifact_prefix=findings/ -print_final_stats=1) > "$log" 2>&1
+# Its own process group (setsid), so that a stop reaches the fork-mode workers too.
+(cd "$dir" && ASAN_OPTIONS=detect_leaks=1 exec setsid ../../fuzz/"${target}"_fuzzer corpus \
+   -fork="$jobs" -max_total_time="$seconds" "${FUZZ_FLAGS[@]}" \
+   -artifact_prefix=findings/ -print_final_stats=1) > "$log" 2>&1 &
+pid=$!
+stopped=0
+if [ "$runs_wanted" -gt 0 ]; then
+  while kill -0 "$pid" 2> /dev/null; do
+    n=$(grep -E '^#[0-9]+: cov:' "$log" | tail -1 | sed -E 's/^#([0-9]+):.*/\1/')
+    if [ "${n:-0}" -ge "$runs_wanted" ]; then
+      stopped=1
+      kill -TERM -- "-$pid" 2> /dev/null
+      break
+    fi
+    sleep 5
+  done
+fi
+wait "$pid"
 rc=$?
+# libFuzzer's exit status when interrupted (-interrupted_exitcode) is 72.
+if [ "$stopped" = 1 ] && [ "$rc" -eq 72 ]; then rc=0; fi
 set -e
 elapsed=$(( $(date +%s) - start ))
 # Fork mode's progress lines: "#<executions>: cov: <edges> ... oom/timeout/crash: a/b/c ...".
@@ -52,7 +73,8 @@ faults=$(grep -oE 'oom/timeout/crash: [0-9]+/[0-9]+/[0-9]+' <<< "$last" | cut -d
 found=$(find "$dir/findings" -type f | wc -l)
 rate=$(( ${runs:-0} / (elapsed > 0 ? elapsed : 1) ))
 echo "fuzz campaign $target: ${runs:-?} executions in $elapsed s ($rate a second), $jobs jobs," \
-     "oom/timeout/crash ${faults:-?}, coverage ${cov:-?} edges, $found findings, exit $rc"
+     "oom/timeout/crash ${faults:-?}, coverage ${cov:-?} edges, $found findings, exit $rc" \
+     "$([ "$stopped" = 1 ] && echo "(stopped past $runs_wanted executions)")"
 if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ] || [ "${faults:-?}" != 0/0/0 ]; then
   tail -40 "$log"
   exit 1
