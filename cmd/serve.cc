@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cmd/cli.h"
@@ -12,9 +11,9 @@
 #include "cmd/launcher.h"
 #include "cmd/serving_setup.h"
 #include "cmd/stop_signal.h"
-#include "common/file.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/rpc/security.h"
 #include "serving/server/predict_server.h"
 
 namespace pstrain {
@@ -45,7 +44,8 @@ void AddServeFlags(FlagSet* flags, ServeFlags* f, PredictServer::Options* o) {
   flags->Bool("watch", &f->watch, "load a newer version as soon as it appears under --model");
   flags->String("admin_token_file", &f->token_file,
                 "file holding the token the Reload RPC needs (metadata 'authorization: Bearer "
-                "<token>'); without it Reload is refused");
+                "<token>'; at least 16 printable characters, the file chmod 600); without it "
+                "Reload is refused");
   flags->Int("metrics_port", &f->metrics_port,
              "serve Prometheus metrics on http://<metrics_bind>:PORT/metrics (0 = off)");
   flags->String("metrics_bind", &f->metrics_bind,
@@ -64,16 +64,14 @@ absl::Status ServerOptionsFromFlags(const ServeFlags& f, PredictServer::Options*
     return absl::InvalidArgumentError("--threads, --batch_timeout_us and --grace_s must be >= 0");
   }
   if (!f.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadFileToString(f.token_file);
+    // As the cluster secret's file: only its owner may read it, at most 4096 bytes, at least 16
+    // printable characters without spaces (what a Bearer token in gRPC metadata can carry).
+    absl::StatusOr<std::string> token = ReadCredentialFile(f.token_file, "the admin token");
     if (!token.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--admin_token_file: ", token.status().message()));
     }
-    o->admin_token = std::string(absl::StripAsciiWhitespace(*token));
-    if (o->admin_token.size() < 16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--admin_token_file ", f.token_file, ": the token must be at least 16 characters"));
-    }
+    o->admin_token = *std::move(token);
   }
   o->model_path = f.model_path;
   o->address = absl::StrCat(f.bind, ":", f.port);

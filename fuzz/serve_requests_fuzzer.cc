@@ -8,14 +8,20 @@
 //     per process over a tiny export): the server's own parse, the row limit, the batcher, the
 //     scoring and the answer. First byte % 4 == 3: a Reload call whose authorization metadata is
 //     a piece of the input (the admin-token check; with the right token, a reload of the export
-//     directory, which holds no newer version).
+//     directory, which holds no newer version). First byte % 4 == 1: the bytes after it as the
+//     admin token's file (`--admin_token_file`, common/rpc/security.h ReadCredentialFile; the
+//     file's mode 0600, or 0644 when the first byte's bit 2 is set): a token it accepts is one
+//     gRPC metadata can carry (16 or more printable ASCII bytes, no space), or the run aborts.
 // Nothing may crash, hang (every call has a 5 s deadline; the server answers every malformed
 // request INVALID_ARGUMENT) or allocate without bound (the server's max_request_rows is 64).
 // Seed corpus: fuzz/corpus/serve_requests/ (requests in each form, by scripts/make_fuzz_corpus.sh).
+#include <sys/stat.h>
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -120,6 +126,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2:
       Call(served->stub.get(), "/pstrain.Predictor/Predict", body, "");
       break;
+    case 1: {
+      static const std::string path = fuzz::ScratchDir("serve_requests") + "/admin_token";
+      if (!fuzz::WriteFile(path, body)) break;
+      chmod(path.c_str(), (data[0] & 4) != 0 ? 0644 : 0600);
+      absl::StatusOr<std::string> token = ReadCredentialFile(path, "the admin token");
+      if (token.ok()) {
+        if ((data[0] & 4) != 0 || token->size() < 16) abort();
+        for (char c : *token) {
+          if (c <= ' ' || c > '~') abort();
+        }
+      }
+      break;
+    }
     case 3: {
       fuzz::InputReader in(data + 1, size - 1);
       std::string token = in.Byte() % 2 == 0 ? std::string("Bearer ") + kToken : in.Piece(256);

@@ -228,7 +228,8 @@ for name, data in seeds.items():
     write("shard_requests", name, data)
 
 # serve_requests: [mode byte][a pstrain.PredictRequest]; mode 0 parses only, 2 also sends it to
-# the server, 3 is a Reload ([token choice byte][token piece] then the body).
+# the server, 3 is a Reload ([token choice byte][token piece] then the body), 1 (5: mode 0644) is
+# the admin token's file.
 tsv = open(f"{tmp}/tsv/part-00000.tsv").read().splitlines()
 csv_rows = [r.replace("\t", ",") for r in tsv]
 no_label = [r.split("\t", 1)[1] for r in tsv]
@@ -247,6 +248,10 @@ for name, body in requests.items():
 write("serve_requests", "reload", b"\3\0")
 write("serve_requests", "reload_wrong_token", b"\3\1" + piece("Bearer not-the-token"))
 write("serve_requests", "garbage", b"\2\xff\xff\xff\xff\x0f")
+write("serve_requests", "token_file", b"\1  0123456789abcdef-admin-token\n")
+write("serve_requests", "token_file_others_read", b"\5" + b"0123456789abcdef-admin-token\n")
+write("serve_requests", "token_file_short", b"\1short\n")
+write("serve_requests", "token_file_space", b"\1" + b"0123456789 abcdef admin\n")
 
 # checkpoint_dir: [keep byte][kind][2-byte step][2-byte length][bytes]... (kind 0 LATEST, 1 BEST,
 # 2..4 a checkpoint's MANIFEST / shard / worker state, 5 and 6 symlinks out, 7 any file).

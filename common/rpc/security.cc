@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/file.h"
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace pstrain {
 namespace {
@@ -171,21 +172,22 @@ int64_t MaxMessageBytes(const Config& config, int num_fields, int row_dim, int64
   return std::min(kMax, std::max(kDefaultMaxMessageBytes, 2 * largest + (int64_t{1} << 20)));
 }
 
-absl::Status ValidateRpcSecurity(const RpcSecurity& s) {
-  if (!s.secret.empty()) {
-    if (s.secret.size() < kMinSecretBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("the cluster secret has ", s.secret.size(),
-                                                     " bytes; expected at least ",
-                                                     kMinSecretBytes));
-    }
-    for (char c : s.secret) {
-      if (c <= ' ' || c > '~') {
-        return absl::InvalidArgumentError(
-            "the cluster secret must be printable ASCII without spaces (e.g. `openssl rand -hex "
-            "32`)");
-      }
+absl::Status ValidateCredential(absl::string_view value, absl::string_view what) {
+  if (value.size() < kMinSecretBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", value.size(), " bytes; expected at least ", kMinSecretBytes));
+  }
+  for (char c : value) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " must be printable ASCII without spaces (e.g. `openssl rand -hex 32`)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRpcSecurity(const RpcSecurity& s) {
+  if (!s.secret.empty()) RETURN_IF_ERROR(ValidateCredential(s.secret, "the cluster secret"));
   const int tls_parts = !s.ca_pem.empty() + !s.cert_pem.empty() + !s.key_pem.empty();
   if (tls_parts != 0 && tls_parts != 3) {
     return absl::InvalidArgumentError(
@@ -217,35 +219,39 @@ absl::StatusOr<std::string> RandomSecret() {
       absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
 }
 
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, absl::string_view what) {
+  const std::string file = absl::StrCat(what, " file");  // before stat: ErrnoError reads errno
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return ErrnoError("the cluster secret file", path);
+  if (stat(path.c_str(), &st) != 0) return ErrnoError(file, path);
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the cluster secret file ", path, " is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is not a regular file"));
   }
   if ((st.st_mode & 077) != 0) {
     return absl::PermissionDeniedError(
-        absl::StrFormat("the cluster secret file %s may be read by other users (mode %03o); "
-                        "chmod 600 it",
+        absl::StrFormat("%s file %s may be read by other users (mode %03o); chmod 600 it", what,
                         path, st.st_mode & 0777));
   }
-  if (st.st_size > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("the cluster secret file ", path, " has ",
-                                                   st.st_size, " bytes; expected at most 4096"));
+  constexpr int64_t kMaxBytes = 4096;
+  if (st.st_size > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " has ", st.st_size,
+                                                   " bytes; expected at most ", kMaxBytes));
   }
-  auto text = ReadFileToString(path);
+  // Opened again as a regular file (OpenRegularFile): what replaced it since stat is refused or
+  // read to the same bound.
+  auto text = ReadFileToString(path, kMaxBytes);
   if (!text.ok()) return text.status();
-  std::string secret(absl::StripAsciiWhitespace(*text));
-  RpcSecurity check;
-  check.secret = secret;
-  if (secret.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the cluster secret file ", path, " is empty"));
+  std::string value(absl::StripAsciiWhitespace(*text));
+  if (value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
   }
-  if (absl::Status s = ValidateRpcSecurity(check); !s.ok()) {
+  if (absl::Status s = ValidateCredential(value, what); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
-  return secret;
+  return value;
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  return ReadCredentialFile(path, "the cluster secret");
 }
 
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(

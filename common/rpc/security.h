@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "pstrain/config.pb.h"
 
 namespace grpc {
@@ -81,8 +82,17 @@ absl::Status ValidateRpcSecurity(const RpcSecurity& security);
 // secret).
 absl::StatusOr<std::string> RandomSecret();
 
-// Reads a secret from a file: its content with surrounding whitespace removed. Errors name the
-// file; a file others may read (mode & 077) is refused with a message saying to chmod 600.
+// OK, or INVALID_ARGUMENT "<what> has N bytes; expected at least 16" / "<what> must be
+// printable ASCII without spaces": what a secret or token sent in gRPC metadata must be.
+absl::Status ValidateCredential(absl::string_view value, absl::string_view what);
+
+// Reads a credential from a file: its content with surrounding whitespace removed, checked by
+// ValidateCredential. The file must be a regular file (a FIFO or device is refused before a byte
+// is read) of at most 4096 bytes that only its owner may read: mode & 077 is refused with a
+// message saying to chmod 600. Errors name the file as "<what> file PATH".
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, absl::string_view what);
+
+// The cluster secret (cluster.secret_file): ReadCredentialFile(path, "the cluster secret").
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 
 // The server's credentials: SSL (client certificates required and verified) when TLS is

@@ -4,6 +4,7 @@
 // INVALID_ARGUMENT naming the row and field, and the server goes on; Reload needs the admin token;
 // a newer export is swapped in under load without losing or failing a request, a corrupt one is
 // skipped; SIGTERM answers the calls in flight and exits 0.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -41,6 +42,7 @@ using ::grpc::health::v1::Health;
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Subprocess;
 
 std::string Dir() { return absl::StrCat(::testing::TempDir(), "/serve_", getpid()); }
@@ -294,6 +296,7 @@ TEST_F(ServeTest, MetricsCountTheCalls) {
 
 TEST_F(ServeTest, BadRequestsGetClearErrorsAndTheServerGoesOn) {
   ASSERT_TRUE(WriteFileAtomic(Dir() + "/token", "0123456789abcdef-secret\n").ok());
+  ASSERT_EQ(chmod((Dir() + "/token").c_str(), 0600), 0);
   Server server({"--max_request_rows", "64", "--admin_token_file", Dir() + "/token"});
   const std::string good = g_rows[0].substr(g_rows[0].find('\t') + 1);
   struct Case {
@@ -366,6 +369,50 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndTheServerGoesOn) {
   const int status = server.Stop();
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// The admin token's file is read as the cluster secret's (common/rpc/security.h
+// ReadCredentialFile): serve refuses to start, exit 2, naming the flag and what is wrong, when
+// others may read the file, when the token is short or has a byte metadata cannot carry, and on a
+// FIFO (without waiting for a writer).
+TEST_F(ServeTest, AnAdminTokenFileOthersMayReadOrABadTokenIsRefused) {
+  const std::string token = Dir() + "/bad-token";
+  struct Case {
+    std::string content;  // "" = a FIFO
+    int mode;
+    std::string error;
+  };
+  const Case cases[] = {
+      {"0123456789abcdef-secret\n", 0644,
+       "may be read by other users (mode 644); chmod 600 it"},
+      {"0123456789abcdef-secret\n", 0640,
+       "may be read by other users (mode 640); chmod 600 it"},
+      {"short\n", 0600, "the admin token has 5 bytes; expected at least 16"},
+      {"0123456789 abcdef secret\n", 0600,
+       "the admin token must be printable ASCII without spaces"},
+      {"  \n\t", 0600, "the admin token file " + token + " is empty"},
+      {std::string(5000, 'a'), 0600, "has 5000 bytes; expected at most 4096"},
+      {"", 0600, "the admin token file " + token + " is not a regular file"},
+  };
+  for (const Case& c : cases) {
+    ASSERT_EQ(std::system(("rm -f " + token).c_str()), 0);
+    if (c.content.empty()) {
+      ASSERT_EQ(::mkfifo(token.c_str(), c.mode), 0);
+    } else {
+      ASSERT_TRUE(WriteFileAtomic(token, c.content).ok());
+      ASSERT_EQ(chmod(token.c_str(), c.mode), 0);
+    }
+    std::string out;
+    EXPECT_EQ(testing::RunShell(absl::StrCat(P(), " serve --model ", Dir(),
+                                             "/export --port 0 --admin_token_file ", token),
+                                30, &out),
+              2)
+        << c.error << "\n" << out;
+    EXPECT_THAT(out, HasSubstr("--admin_token_file: ")) << out;
+    EXPECT_THAT(out, HasSubstr(c.error)) << out;
+    EXPECT_THAT(out, Not(HasSubstr("0123456789abcdef"))) << "the token is never printed: " << out;
+  }
+  ASSERT_EQ(std::system(("rm -f " + token).c_str()), 0);
 }
 
 TEST_F(ServeTest, HotReloadUnderLoadLosesNoRequest) {
@@ -503,6 +550,7 @@ TEST_F(ServeTest, AFifoVersionIsSkippedAndAStopStillEndsTheServer) {
             0)
       << out;
   ASSERT_TRUE(WriteFileAtomic(Dir() + "/token", "0123456789abcdef-secret\n").ok());
+  ASSERT_EQ(chmod((Dir() + "/token").c_str(), 0600), 0);
   Server server({"--admin_token_file", Dir() + "/token", "--grace_s", "1"});
   auto served = [&] {
     grpc::ClientContext ctx;
