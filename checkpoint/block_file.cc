@@ -37,8 +37,8 @@ BlockWriter::BlockWriter(std::string path, int fd, std::string* out)
 
 absl::StatusOr<std::unique_ptr<BlockWriter>> BlockWriter::Create(const std::string& path) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("create", tmp);
+  // Never through a symlink planted at the temporary's name (common/file.h CreateFreshFile).
+  ASSIGN_OR_RETURN(const int fd, CreateFreshFile(tmp));
   std::unique_ptr<BlockWriter> w(new BlockWriter(path, fd, nullptr));
   w->tmp_path_ = tmp;
   char header[kBlockFileHeaderSize];

@@ -205,8 +205,8 @@ absl::Status RedirectRankStderr(const Config& config, int rank) {
   const std::string dir = absl::StrCat(config.train().model_dir(), "/rank-", rank);
   RETURN_IF_ERROR(MakeDirs(dir));
   const std::string log = dir + "/output.log";
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("open", log);
+  // Not a planted FIFO or symlink (common/file.h OpenForAppend).
+  ASSIGN_OR_RETURN(const int fd, OpenForAppend(log));
   std::fflush(stderr);
   g_console = dup(STDERR_FILENO);
   dup2(fd, STDERR_FILENO);

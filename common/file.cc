@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace pstrain {
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
@@ -25,6 +26,23 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+namespace {
+
+// FAILED_PRECONDITION "open PATH: not a regular file (a FIFO)".
+absl::Status NotRegular(const std::string& path, mode_t mode) {
+  const char* kind = S_ISFIFO(mode)   ? "a FIFO"
+                     : S_ISDIR(mode)  ? "a directory"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                     : S_ISLNK(mode)  ? "a symlink"
+                                      : "not a plain file";
+  return absl::FailedPreconditionError(
+      absl::StrCat("open ", path, ": not a regular file (", kind, ")"));
+}
+
+}  // namespace
+
 absl::StatusOr<int> OpenRegularFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return ErrnoError("open", path);
@@ -36,14 +54,7 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
-                       : S_ISDIR(st.st_mode) ? "a directory"
-                       : S_ISCHR(st.st_mode) ? "a character device"
-                       : S_ISBLK(st.st_mode) ? "a block device"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                                              : "not a plain file";
-    return absl::FailedPreconditionError(
-        absl::StrCat("open ", path, ": not a regular file (", kind, ")"));
+    return NotRegular(path, st.st_mode);
   }
   // Blocking reads from here on (a regular file never blocks on open, but its reads should not
   // return EAGAIN on filesystems that honour the flag).
@@ -78,10 +89,51 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, int64_t ma
   return out;
 }
 
+absl::StatusOr<int> CreateFreshFile(const std::string& path, mode_t mode) {
+  // A failed unlink (nothing there, or a directory) is for the open to report.
+  (void)::unlink(path.c_str());
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, mode);
+  if (fd >= 0) return fd;
+  if (errno == EEXIST) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "create ", path, ": the name is taken again as soon as it is removed; not written"));
+  }
+  return ErrnoError("create", path);
+}
+
+absl::StatusOr<int> OpenForAppend(const std::string& path, mode_t mode) {
+  const int fd =
+      ::open(path.c_str(),
+             O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, mode);
+  if (fd < 0) {
+    const int e = errno;
+    struct stat st;
+    // ELOOP: the name is a symlink (O_NOFOLLOW); ENXIO: a FIFO no one reads; EISDIR.
+    if ((e == ELOOP || e == ENXIO || e == EISDIR) && ::lstat(path.c_str(), &st) == 0) {
+      return NotRegular(path, st.st_mode);
+    }
+    errno = e;
+    return ErrnoError("open", path);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    absl::Status s = ErrnoError("stat", path);
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return NotRegular(path, st.st_mode);
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("create", tmp);
+  ASSIGN_OR_RETURN(const int fd, CreateFreshFile(tmp));
   size_t done = 0;
   while (done < contents.size()) {
     const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);

@@ -1,12 +1,14 @@
 // Small file helpers shared by the data layer, checkpoints and metrics.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace pstrain {
 
@@ -27,9 +29,25 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path);
 absl::StatusOr<std::string> ReadFileToString(const std::string& path,
                                              int64_t max_bytes = kMaxSmallFileBytes);
 
-// Writes `contents` to `path` atomically: a temporary file in the same directory is written,
-// fsync'ed and renamed over `path`, then the directory is fsync'ed. A crash leaves either the old
-// file or the new one, never a torn one.
+// Creates `path` as a new, empty regular file for writing (O_CLOEXEC) and returns the descriptor:
+// for the files pstrain names itself (temporaries, logs). Whatever the name holds already (a
+// temporary a crash left, or a symlink or FIFO planted at a predictable name) is unlinked first,
+// never opened, and the open is O_CREAT | O_EXCL | O_NOFOLLOW: a write never goes through a
+// symlink to a file outside the directory, and a name planted again between the unlink and the
+// open is ALREADY_EXISTS, not a write elsewhere. (An output the user names, `--out`, is written
+// where the user's path leads.)
+absl::StatusOr<int> CreateFreshFile(const std::string& path, mode_t mode = 0644);
+
+// Opens `path` for appending (O_CLOEXEC), creating it if missing, and returns the descriptor:
+// for the logs pstrain keeps in a job's directory. What is not a regular file is refused without
+// blocking, FAILED_PRECONDITION naming the path and what it is: a symlink (O_NOFOLLOW: a log is
+// never appended to a file outside the directory), a FIFO (opened O_NONBLOCK: one without a
+// reader fails at once, one with a reader is refused by fstat), a device, a directory.
+absl::StatusOr<int> OpenForAppend(const std::string& path, mode_t mode = 0644);
+
+// Writes `contents` to `path` atomically: a temporary file in the same directory
+// (CreateFreshFile) is written, fsync'ed and renamed over `path`, then the directory is fsync'ed.
+// A crash leaves either the old file or the new one, never a torn one.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
 
 // mkdir -p.

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 
 extern char** environ;
 
@@ -61,12 +62,12 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   }
   char** const child_env = options.env.has_value() ? envp.data() : environ;
 
-  Fd output(options.output_file.empty()
-                ? -1
-                : open(options.output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!options.output_file.empty() && output.get() < 0) {
-    return ErrnoError("open " + options.output_file, errno);
-  }
+  // A fresh file (common/file.h CreateFreshFile): never written through a symlink or FIFO
+  // planted at the log's name.
+  absl::StatusOr<int> opened =
+      options.output_file.empty() ? absl::StatusOr<int>(-1) : CreateFreshFile(options.output_file);
+  if (!opened.ok()) return opened.status();
+  Fd output(*opened);
   const int stdout_fd = output.get() >= 0 ? output.get() : options.stdout_fd;
   const bool stderr_too = output.get() >= 0;
 

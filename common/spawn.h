@@ -25,7 +25,8 @@ struct SpawnOptions {
   std::vector<std::string> argv;  // argv[0] is the path executed (no PATH search); not empty
   // The child's environment; nullopt: this process's.
   std::optional<std::vector<std::string>> env;
-  // When set, the child's stdout and stderr go to this file (created or truncated, mode 0644).
+  // When set, the child's stdout and stderr go to this file, created afresh with mode 0644
+  // (common/file.h CreateFreshFile: what the name held is replaced, never written through).
   std::string output_file;
   // When >= 0 (and output_file is empty), the child's stdout is this descriptor (dup2'd; the
   // caller keeps and closes its own copy). Otherwise stdout and stderr are inherited.
@@ -35,7 +36,7 @@ struct SpawnOptions {
 
 // Starts the child and returns its pid once exec has succeeded. The child starts with no signal
 // blocked (exec keeps a blocked mask; handlers are reset by exec anyway). Errors name the step
-// (open of output_file, pipe, fork, exec of argv[0]) and the errno text.
+// (create of output_file, pipe, fork, exec of argv[0]) and the errno text.
 absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
 
 }  // namespace pstrain

@@ -163,8 +163,15 @@ absl::StatusOr<PredictResult> RunPredict(std::shared_ptr<const ServingModel> mod
     file = stdout;
   } else if (!o.out.empty()) {
     tmp = absl::StrCat(o.out, ".tmp.", getpid());
-    file = std::fopen(tmp.c_str(), "w");
-    if (file == nullptr) return ErrnoError("open", tmp);
+    // The temporary's name is predictable: never written through what is planted there.
+    ASSIGN_OR_RETURN(const int fd, CreateFreshFile(tmp));
+    file = ::fdopen(fd, "w");
+    if (file == nullptr) {
+      absl::Status s = ErrnoError("fdopen", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
     std::setvbuf(file, nullptr, _IOFBF, 1 << 20);
   }
   OrderedOutput output(file, o.has_labels, 2 * o.towers);

@@ -2,8 +2,11 @@
 // FIFO hung `predict` and `train` (and `train` ignored SIGTERM). Every such file is opened
 // without blocking and refused for what it is (common/file.h OpenRegularFile; a checkpoint's
 // MANIFEST is checked with lstat first, checkpoint/layout.h), so each command fails at once,
-// naming the file, although nothing ever writes to the FIFO. Real processes;
-// every run is bounded by RunShell's timeout (exit 124 would be the hang).
+// naming the file, although nothing ever writes to the FIFO. The same for the files `train`
+// appends to in its model dir: a FIFO planted as metrics.jsonl hung it before it read a batch
+// (SIGTERM did not end it), and a symlink there had it append to a file outside the directory
+// (common/file.h OpenForAppend refuses both). Real processes; every run is bounded by RunShell's
+// timeout (exit 124 would be the hang).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,6 +85,30 @@ TEST_F(HostileFilesTest, AFifoAsManifestFailsPredictAndTrainAtOnce) {
   ASSERT_TRUE(WriteFileAtomic(model + "/LATEST", "ckpt-5\n").ok());
   ASSERT_EQ(::mkfifo((model + "/ckpt-5/MANIFEST").c_str(), 0600), 0);
   ExpectCommandsRefuse(model, model + "/ckpt-5/MANIFEST");
+}
+
+TEST_F(HostileFilesTest, AFifoOrASymlinkAsTrainsLogIsRefusedAtOnce) {
+  const std::string outside = Dir() + "/outside.txt";
+  ASSERT_TRUE(WriteFileAtomic(outside, "precious\n").ok());
+  for (const bool fifo : {true, false}) {
+    const std::string model = Dir() + (fifo ? "/log_fifo" : "/log_symlink");
+    const std::string log = model + "/metrics.jsonl";
+    ASSERT_TRUE(MakeDirs(model).ok());
+    if (fifo) {
+      ASSERT_EQ(::mkfifo(log.c_str(), 0600), 0);
+    } else {
+      ASSERT_EQ(::symlink(outside.c_str(), log.c_str()), 0);
+    }
+    std::string out;
+    const int code = testing::RunShell(
+        absl::StrCat("exec ", P(), " train --config ", Dir(), "/config.textproto --train '", Dir(),
+                     "/data/part-*' --model_dir ", model),
+        30, &out);
+    EXPECT_TRUE(code != 124 && code != 137) << "hung on the FIFO (" << code << "): " << out;
+    EXPECT_TRUE(code > 0 && code < 124) << code << ": " << out;
+    EXPECT_THAT(out, HasSubstr(log + ": not a regular file (" + (fifo ? "a FIFO" : "a symlink")));
+    EXPECT_EQ(ReadFileToString(outside).value_or(""), "precious\n");
+  }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // The small-file reader refuses what would hang or exhaust it (issue 26): a FIFO (a reader would
 // wait for a writer forever), a device (/dev/zero never ends), a directory, and a file longer than
 // its limit, each with an error naming the path and what it is; a regular file, or a symlink to
-// one, reads as before. The config loader and the checkpoint readers go through it.
+// one, reads as before. The config loader and the checkpoint readers go through it. The writers
+// of a job's own files are as careful: a temporary's predictable name, a log's name, never lead
+// a write through a symlink planted there to a file outside the directory, nor wait on a FIFO
+// (CreateFreshFile, OpenForAppend; WriteFileAtomic and the checkpoint BlockWriter use them).
 #include "common/file.h"
 
 #include <fcntl.h>
@@ -91,6 +94,122 @@ TEST(ReadFileToString, BoundsTheLengthAndReadsRegularFilesAndTheirSymlinks) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("longer than 10 bytes"));
   EXPECT_TRUE(ReadFileToString(file, text->size()).ok());
+}
+
+// A file outside the job's directory, and a symlink to it planted at `name`.
+std::string PlantLink(const std::string& name, const std::string& outside) {
+  EXPECT_TRUE(WriteFileAtomic(outside, "precious\n").ok());
+  ::unlink(name.c_str());
+  EXPECT_EQ(::symlink(outside.c_str(), name.c_str()), 0);
+  return outside;
+}
+
+std::string Slurp(const std::string& path) { return ReadFileToString(path).value_or("<error>"); }
+
+TEST(CreateFreshFile, ReplacesWhatIsPlantedAtTheNameAndNeverWritesThroughIt) {
+  const std::string name = Dir() + "/fresh.tmp.1";
+  const std::string outside = PlantLink(name, Dir() + "/outside-fresh.txt");
+  absl::StatusOr<int> fd = CreateFreshFile(name);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(::write(*fd, "new", 3), 3);
+  ::close(*fd);
+  EXPECT_EQ(Slurp(outside), "precious\n");
+  struct stat st;
+  ASSERT_EQ(::lstat(name.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(Slurp(name), "new");
+  // A FIFO at the name is replaced too, at once; a stale file's content is gone.
+  ASSERT_EQ(::unlink(name.c_str()), 0);
+  ASSERT_EQ(::mkfifo(name.c_str(), 0600), 0);
+  auto unblock = [&] {
+    const int r = ::open(name.c_str(), O_RDONLY | O_NONBLOCK);
+    if (r >= 0) ::close(r);
+  };
+  absl::Status s = Bounded(
+      [&]() -> absl::Status {
+        absl::StatusOr<int> f = CreateFreshFile(name);
+        if (f.ok()) ::close(*f);
+        return f.status();
+      },
+      unblock);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(::lstat(name.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_size, 0);
+  // A directory cannot be replaced: an error naming the path.
+  const std::string dir = Dir() + "/a-directory";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  fd = CreateFreshFile(dir);
+  ASSERT_FALSE(fd.ok());
+  EXPECT_THAT(std::string(fd.status().message()), HasSubstr("create " + dir));
+}
+
+TEST(OpenForAppend, AppendsToItsOwnFileAndRefusesSymlinksFifosAndDirectoriesAtOnce) {
+  const std::string log = Dir() + "/append.log";
+  ASSERT_TRUE(WriteFileAtomic(log, "first\n").ok());
+  absl::StatusOr<int> fd = OpenForAppend(log);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(::write(*fd, "second\n", 7), 7);
+  ::close(*fd);
+  EXPECT_EQ(Slurp(log), "first\nsecond\n");
+  // Missing: created.
+  const std::string created = Dir() + "/created.log";
+  fd = OpenForAppend(created);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ::close(*fd);
+  EXPECT_TRUE(PathExists(created));
+  // A symlink out: refused, the file outside untouched.
+  const std::string link = Dir() + "/linked.log";
+  const std::string outside = PlantLink(link, Dir() + "/outside-append.txt");
+  fd = OpenForAppend(link);
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition) << fd.status();
+  EXPECT_THAT(std::string(fd.status().message()),
+              HasSubstr(link + ": not a regular file (a symlink)"));
+  EXPECT_EQ(Slurp(outside), "precious\n");
+  // A FIFO with no reader, then one with a reader: refused at once, never written to.
+  const std::string fifo = Dir() + "/append.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto unblock = [&] {
+    const int r = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+    if (r >= 0) ::close(r);
+  };
+  auto open_fifo = [&]() -> absl::Status {
+    absl::StatusOr<int> f = OpenForAppend(fifo);
+    if (f.ok()) ::close(*f);
+    return f.status();
+  };
+  absl::Status s = Bounded(open_fifo, unblock);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(fifo + ": not a regular file (a FIFO)"));
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  s = Bounded(open_fifo, unblock);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(fifo + ": not a regular file (a FIFO)"));
+  char byte;
+  EXPECT_LE(::read(reader, &byte, 1), 0) << "something was written to the FIFO";
+  ::close(reader);
+  fd = OpenForAppend(Dir());
+  ASSERT_FALSE(fd.ok());
+  EXPECT_THAT(std::string(fd.status().message()), HasSubstr("not a regular file (a directory)"));
+}
+
+TEST(WriteFileAtomic, ASymlinkAtTheTemporarysNameDoesNotRedirectTheWrite) {
+  const std::string path = Dir() + "/LATEST";
+  const std::string outside =
+      PlantLink(absl::StrCat(path, ".tmp.", ::getpid()), Dir() + "/outside-latest.txt");
+  ASSERT_TRUE(WriteFileAtomic(path, "ckpt-7\n").ok());
+  EXPECT_EQ(Slurp(path), "ckpt-7\n");
+  EXPECT_EQ(Slurp(outside), "precious\n");
+  EXPECT_FALSE(PathExists(absl::StrCat(path, ".tmp.", ::getpid())));
+  // The same for a checkpoint file's writer.
+  const std::string shard = Dir() + "/shard-0";
+  const std::string outside_shard =
+      PlantLink(absl::StrCat(shard, ".tmp.", ::getpid()), Dir() + "/outside-shard.txt");
+  absl::StatusOr<std::unique_ptr<BlockWriter>> w = BlockWriter::Create(shard);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_EQ(Slurp(outside_shard), "precious\n");
+  EXPECT_TRUE(BlockReader::Open(shard).ok());
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ TEST(Spawn, AnOutputFileThatCannotBeOpenedIsAnErrorNamingIt) {
   so.output_file = "/nonexistent/dir/out.log";
   absl::StatusOr<pid_t> pid = Spawn(so);
   ASSERT_FALSE(pid.ok());
-  EXPECT_THAT(pid.status().message(), HasSubstr("open /nonexistent/dir/out.log"));
+  EXPECT_THAT(pid.status().message(), HasSubstr("create /nonexistent/dir/out.log"));
 }
 
 TEST(Spawn, OutputFileTakesStdoutAndStderr) {

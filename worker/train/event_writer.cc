@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
@@ -17,8 +18,14 @@ absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::stri
   gethostname(host, sizeof(host) - 1);
   const int64_t now = static_cast<int64_t>(env->WallSeconds());
   const std::string path = absl::StrCat(dir, "/events.out.tfevents.", now, ".", host);
-  std::FILE* f = std::fopen(path.c_str(), "ab");
-  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", path));
+  // A regular file of the job's own (common/file.h OpenForAppend): not a planted FIFO or symlink.
+  ASSIGN_OR_RETURN(const int fd, OpenForAppend(path));
+  std::FILE* f = ::fdopen(fd, "ab");
+  if (f == nullptr) {
+    absl::Status s = ErrnoError("fdopen", path);
+    ::close(fd);
+    return s;
+  }
   std::unique_ptr<EventWriter> w(new EventWriter(path, f, env));
   tensorboard::Event e;
   e.set_wall_time(env->WallSeconds());

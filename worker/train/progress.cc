@@ -1,6 +1,9 @@
 #include "worker/train/progress.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <vector>
 
@@ -98,8 +101,15 @@ absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
   p->last_flush_ = env->MonotonicSeconds();
   p->gauges_ = std::make_unique<Gauges>(worker);
   const std::string path = model_dir + "/metrics.jsonl";
-  p->jsonl_ = std::fopen(path.c_str(), "a");
-  if (p->jsonl_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
+  // A regular file of the job's own: a FIFO or a symlink planted there is refused at once
+  // (common/file.h OpenForAppend), never waited on or written through.
+  ASSIGN_OR_RETURN(const int fd, OpenForAppend(path));
+  p->jsonl_ = ::fdopen(fd, "a");
+  if (p->jsonl_ == nullptr) {
+    absl::Status s = ErrnoError("fdopen", path);
+    ::close(fd);
+    return s;
+  }
   ASSIGN_OR_RETURN(p->events_, EventWriter::Create(model_dir, env));
   return p;
 }
