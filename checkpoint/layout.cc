@@ -386,7 +386,8 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir, Env* env) {
 
 absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step) {
   const std::string ckpt = CheckpointPath(dir, step);
-  RETURN_IF_ERROR(MakeDirs(ckpt));
+  // A symlink named like this checkpoint is replaced, never written or deleted through.
+  RETURN_IF_ERROR(MakeOwnDir(ckpt));
   for (const char* name : {kManifestFileName, kPassEndFileName}) {
     const std::string path = absl::StrCat(ckpt, "/", name);
     if (std::remove(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("remove", path);

@@ -143,9 +143,10 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& dir, Env* env = 
 
 // ---- Writing a checkpoint ----
 
-// Creates <dir>/ckpt-<step> and removes a leftover MANIFEST and PASS_END in it (from an earlier
-// attempt at the same step that LATEST no longer names: they must not vouch for the new files
-// before they are complete); returns its path.
+// Creates <dir>/ckpt-<step> (common/file.h MakeOwnDir: a symlink planted at that name is replaced
+// by a real directory, never written or deleted through) and removes a leftover MANIFEST and
+// PASS_END in it (from an earlier attempt at the same step that LATEST no longer names: they must
+// not vouch for the new files before they are complete); returns its path.
 // A mode that writes a checkpoint first asks IsCommittedCheckpoint (below).
 absl::StatusOr<std::string> PrepareCheckpointDir(const std::string& dir, int64_t step);
 // Whether LATEST names ckpt-<step> and that checkpoint verifies. A checkpoint of the same step

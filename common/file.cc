@@ -183,6 +183,21 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status MakeOwnDir(const std::string& path) {
+  RETURN_IF_ERROR(MakeDirs(DirName(path)));
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("unlink", path);
+  }
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError("mkdir", path);
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoError("stat", path);
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": not a directory (something else was put there as it was made); not written"));
+  }
+  return absl::OkStatus();
+}
+
 bool PathExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

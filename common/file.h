@@ -53,6 +53,13 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
 // mkdir -p.
 absl::Status MakeDirs(const std::string& path);
 
+// MakeDirs, for a directory pstrain names itself (a checkpoint's, an export's staging): the last
+// component must end up a real directory, not a symlink to one. A symlink (or a file, a FIFO)
+// planted at that name is unlinked first (what it points to is untouched) and a real directory
+// made; a real directory already there (a crash's leftover) is kept. A name planted again in
+// between is FAILED_PRECONDITION: nothing is written through it.
+absl::Status MakeOwnDir(const std::string& path);
+
 bool PathExists(const std::string& path);
 
 // The Status for a failed system call on `path`, from errno: "what path: strerror". NOT_FOUND for

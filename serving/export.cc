@@ -154,8 +154,9 @@ absl::StatusOr<ExportInfo> WriteExport(const ServingModel& model, const std::str
         info.dir, " exists: an export version is never overwritten (pass another --version)"));
   }
   RETURN_IF_ERROR(MakeDirs(base));
+  // A predictable name: a symlink planted there is replaced, never written through.
   const std::string staging = absl::StrCat(base, "/.tmp-", info.version, ".", getpid());
-  RETURN_IF_ERROR(MakeDirs(staging));
+  RETURN_IF_ERROR(MakeOwnDir(staging));
 
   ExportHeader header;
   // Format version 1 when the config names no table (such an export is byte for byte what

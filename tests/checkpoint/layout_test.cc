@@ -245,6 +245,30 @@ TEST(CheckpointLayout, PrepareRemovesALeftoverManifest) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// A symlink planted where the next checkpoint goes (ckpt-<step> -> a directory elsewhere, with a
+// MANIFEST of its own) is replaced by a real directory: nothing is written into the target or
+// deleted from it (PrepareCheckpointDir removed the target's MANIFEST and the save wrote its
+// files there, until 2026-11-29).
+TEST(CheckpointLayout, PrepareReplacesASymlinkPlantedAtTheCheckpointsName) {
+  const std::string dir = FreshDir("prepare_symlink");
+  const std::string elsewhere = FreshDir("prepare_symlink_elsewhere");
+  ASSERT_TRUE(WriteFileAtomic(elsewhere + "/MANIFEST", "precious").ok());
+  ASSERT_EQ(::symlink(elsewhere.c_str(), CheckpointPath(dir, 5).c_str()), 0);
+  const std::string ckpt = Save(dir, 5, 1);
+  EXPECT_TRUE(Env::Default()->IsRealDirectory(ckpt));
+  CheckpointManifest m;
+  EXPECT_TRUE(VerifyCheckpoint(ckpt, &m).ok());
+  EXPECT_EQ(Slurp(elsewhere + "/MANIFEST"), "precious");
+  EXPECT_EQ(Slurp(elsewhere + "/" + ShardFileName(0, 1)).rfind("<", 0), 0u)
+      << "a shard was written outside the directory";
+  // A file there is replaced too.
+  ASSERT_TRUE(WriteFileAtomic(CheckpointPath(dir, 6), "not a directory").ok());
+  auto six = PrepareCheckpointDir(dir, 6);
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_TRUE(Env::Default()->IsRealDirectory(*six));
+  std::system(("rm -rf " + dir + " " + elsewhere).c_str());
+}
+
 // PASS_END: written only when every worker finished a pass that trained, with the pass's
 // examples; read back; a stale one is removed by PrepareCheckpointDir; a corrupt one is refused.
 TEST(CheckpointLayout, PassEndMarksAFinishedPass) {

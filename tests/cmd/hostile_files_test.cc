@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "gmock/gmock.h"
@@ -109,6 +110,39 @@ TEST_F(HostileFilesTest, AFifoOrASymlinkAsTrainsLogIsRefusedAtOnce) {
     EXPECT_THAT(out, HasSubstr(log + ": not a regular file (" + (fifo ? "a FIFO" : "a symlink")));
     EXPECT_EQ(ReadFileToString(outside).value_or(""), "precious\n");
   }
+}
+
+// A symlink named like each checkpoint `train` may write (ckpt-1 ... ckpt-20 -> a directory
+// outside, which holds a MANIFEST of its own): the checkpoint goes into a real directory of the
+// model dir, and nothing is written into the target or deleted from it (until 2026-11-29 the
+// target's MANIFEST was removed and the checkpoint written there, where no reader would take it).
+TEST_F(HostileFilesTest, ASymlinkNamedLikeTheNextCheckpointIsReplaced) {
+  const std::string model = Dir() + "/ckpt_symlink";
+  const std::string outside = Dir() + "/outside_ckpt";
+  ASSERT_TRUE(MakeDirs(model).ok());
+  ASSERT_TRUE(MakeDirs(outside).ok());
+  ASSERT_TRUE(WriteFileAtomic(outside + "/MANIFEST", "precious\n").ok());
+  for (int step = 1; step <= 20; ++step) {
+    ASSERT_EQ(::symlink(outside.c_str(), absl::StrCat(model, "/ckpt-", step).c_str()), 0);
+  }
+  std::string out;
+  ASSERT_EQ(testing::RunShell(absl::StrCat("exec ", P(), " train --config ", Dir(),
+                                           "/config.textproto --train '", Dir(),
+                                           "/data/part-*' --model_dir ", model),
+                              60, &out),
+            0)
+      << out;
+  const std::string latest = ReadFileToString(model + "/LATEST").value_or("");
+  ASSERT_FALSE(latest.empty()) << out;
+  const std::string ckpt = absl::StrCat(model, "/", absl::StripAsciiWhitespace(latest));
+  struct stat st;
+  ASSERT_EQ(::lstat(ckpt.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode)) << ckpt << " is not a real directory";
+  EXPECT_TRUE(PathExists(ckpt + "/MANIFEST"));
+  EXPECT_EQ(ReadFileToString(outside + "/MANIFEST").value_or(""), "precious\n");
+  std::string listing;
+  ASSERT_EQ(testing::RunShell("ls -A " + outside, 10, &listing), 0);
+  EXPECT_EQ(listing, "MANIFEST\n") << "written outside the model dir";
 }
 
 }  // namespace

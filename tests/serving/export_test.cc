@@ -6,6 +6,7 @@
 
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -92,6 +93,27 @@ TEST(Export, RoundTripIsExact) {
   // Stored rows come back bit for bit; the others read as the same initial values.
   EXPECT_EQ(AllRows(**read), AllRows(*model));
   std::system(("rm -rf " + base).c_str());
+}
+
+// The staging directory's name is predictable (<base>/.tmp-<version>.<pid>): a symlink planted
+// there is replaced by a real directory, so the export is not written into its target, and the
+// version that appears is a real directory (common/file.h MakeOwnDir; until 2026-11-29 the MODEL
+// went into the target and the version became the symlink).
+TEST(Export, ASymlinkAtTheStagingNameIsReplaced) {
+  const std::string base = FreshDir("export_staging_symlink");
+  const std::string elsewhere = FreshDir("export_staging_elsewhere");
+  ASSERT_TRUE(MakeDirs(base).ok());
+  ASSERT_EQ(::symlink(elsewhere.c_str(), absl::StrCat(base, "/.tmp-7.", getpid()).c_str()), 0);
+  auto model = SmallModel(SmallDescription(), 1);
+  ASSERT_NE(model, nullptr);
+  auto info = WriteExport(*model, base, ExportOptions{});
+  ASSERT_TRUE(info.ok()) << info.status();
+  struct stat st;
+  ASSERT_EQ(::lstat(info->dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode)) << info->dir << " is not a real directory";
+  EXPECT_FALSE(PathExists(elsewhere + "/MODEL")) << "the export was written outside its base";
+  EXPECT_TRUE(ReadExport(info->dir).ok());
+  std::system(("rm -rf " + base + " " + elsewhere).c_str());
 }
 
 TEST(Export, QuantizedRowsAreCloseAndSmaller) {
