@@ -41,11 +41,10 @@ absl::Status NotRegular(const std::string& path, mode_t mode) {
       absl::StrCat("open ", path, ": not a regular file (", kind, ")"));
 }
 
-}  // namespace
-
-absl::StatusOr<int> OpenRegularFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return ErrnoError("open", path);
+// `fd`, opened O_NONBLOCK from `path`, if it is a regular file, made blocking again (a regular
+// file never blocks on open, but its reads and writes should not return EAGAIN on filesystems
+// that honour the flag); otherwise closed, and NotRegular.
+absl::StatusOr<int> KeepIfRegular(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     absl::Status s = ErrnoError("stat", path);
@@ -56,11 +55,17 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path) {
     ::close(fd);
     return NotRegular(path, st.st_mode);
   }
-  // Blocking reads from here on (a regular file never blocks on open, but its reads should not
-  // return EAGAIN on filesystems that honour the flag).
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<int> OpenRegularFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return ErrnoError("open", path);
+  return KeepIfRegular(fd, path);
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, int64_t max_bytes) {
@@ -116,19 +121,7 @@ absl::StatusOr<int> OpenForAppend(const std::string& path, mode_t mode) {
     errno = e;
     return ErrnoError("open", path);
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    absl::Status s = ErrnoError("stat", path);
-    ::close(fd);
-    return s;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return NotRegular(path, st.st_mode);
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  return fd;
+  return KeepIfRegular(fd, path);
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {
